@@ -1,0 +1,361 @@
+"""Dataset discovery: which files and row groups a source holds, their schema, and a fingerprint.
+
+Reads footers only. Works for local paths, globs, lists of files and any
+pyarrow (or fsspec, wrapped) filesystem. Everything the planner needs comes out
+as plain data in `Dataset`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import posixpath
+import re
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import xxhash
+
+from ._types import ColumnSpec, column_spec
+from .errors import DatasetError, EmptyDatasetError, OptionError, SchemaMismatchError
+
+__all__ = ["Dataset", "FileInfo", "discover", "Source"]
+
+Source = "str | os.PathLike[str] | Sequence[str | os.PathLike[str]]"
+
+_DATA_SUFFIXES = (".parquet", ".parq", ".pq")
+_INT_RE = re.compile(r"^-?[0-9]+$")
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """One data file: ``path`` relative to the dataset root (POSIX form), ``location`` as the filesystem names it."""
+
+    path: str
+    location: str
+    size: int
+    mtime_ns: int | None
+    row_groups: tuple[int, ...]
+    partition_values: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Files in canonical order (relative paths compared as UTF-8 bytes), schema and units."""
+
+    root: str
+    files: tuple[FileInfo, ...]
+    schema: pa.Schema = field(repr=False)
+    partition_types: tuple[tuple[str, str], ...]
+    filesystem: pafs.FileSystem = field(repr=False)
+    fingerprint: str
+
+    @property
+    def rows(self) -> int:
+        return sum(sum(f.row_groups) for f in self.files)
+
+    @property
+    def partition_keys(self) -> tuple[str, ...]:
+        return tuple(k for k, _ in self.partition_types)
+
+    def units(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(file index, row-group index, rows) of every non-empty row group, canonical order."""
+        fi, rg, rows = [], [], []
+        for i, f in enumerate(self.files):
+            for g, n in enumerate(f.row_groups):
+                if n > 0:
+                    fi.append(i)
+                    rg.append(g)
+                    rows.append(n)
+        return (np.array(fi, dtype=np.int64), np.array(rg, dtype=np.int64), np.array(rows, dtype=np.int64))
+
+    def column_names(self) -> list[str]:
+        return [*self.schema.names, *self.partition_keys]
+
+    def specs(self, columns: Sequence[str] | None) -> list[ColumnSpec]:
+        """How each requested column is delivered; listed order, partition columns last."""
+        available = self.column_names()
+        if columns is None:
+            wanted = available
+        else:
+            if isinstance(columns, str):
+                raise OptionError(f"columns must be a list of names, got the string {columns!r}")
+            wanted = list(columns)
+            if not wanted:
+                raise OptionError("columns=[] selects nothing; pass None for every column")
+            unknown = [c for c in wanted if c not in available]
+            if unknown:
+                raise DatasetError(
+                    f"unknown column(s) {unknown}; the dataset has {available}"
+                )
+            dup = sorted({c for c in wanted if wanted.count(c) > 1})
+            if dup:
+                raise OptionError(f"columns lists {dup} more than once")
+            keys = set(self.partition_keys)
+            wanted = [c for c in wanted if c not in keys] + [c for c in self.partition_keys if c in wanted]
+        ptypes = dict(self.partition_types)
+        out = []
+        for name in wanted:
+            if name in ptypes:
+                t = pa.int64() if ptypes[name] == "int64" else pa.string()
+                out.append(column_spec(name, t, partition=True))
+            else:
+                out.append(column_spec(name, self.schema.field(name).type))
+        return out
+
+
+def _to_filesystem(filesystem: Any) -> pafs.FileSystem | None:
+    if filesystem is None or isinstance(filesystem, pafs.FileSystem):
+        return filesystem
+    try:  # an fsspec filesystem
+        from fsspec import AbstractFileSystem  # type: ignore[import-untyped]
+    except ImportError:  # pragma: no cover - fsspec absent
+        AbstractFileSystem = None
+    if AbstractFileSystem is not None and isinstance(filesystem, AbstractFileSystem):
+        return pafs.PyFileSystem(pafs.FSSpecHandler(filesystem))
+    raise OptionError(
+        f"filesystem must be a pyarrow.fs.FileSystem or an fsspec filesystem, got {type(filesystem).__name__}"
+    )
+
+
+def _resolve(path: str, filesystem: pafs.FileSystem | None) -> tuple[pafs.FileSystem, str]:
+    if filesystem is not None:
+        return filesystem, path
+    if "://" in path and not path.startswith("file://"):
+        try:
+            return pafs.FileSystem.from_uri(path)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
+            raise DatasetError(f"cannot open {path!r}: {exc}") from None
+    if path.startswith("file://"):
+        path = path[len("file://") :]
+    return pafs.LocalFileSystem(), os.path.abspath(path)
+
+
+def _hidden(rel: str) -> bool:
+    return any(part.startswith((".", "_")) for part in rel.split("/"))
+
+
+def _is_parquet_magic(fs: pafs.FileSystem, location: str) -> bool:
+    try:
+        with fs.open_input_file(location) as f:
+            return f.read(4) == b"PAR1"
+    except OSError:
+        return False
+
+
+def _list_source(source: Any, filesystem: pafs.FileSystem | None) -> tuple[pafs.FileSystem, str, list[tuple[str, int, int | None]]]:
+    """(filesystem, root, [(location, size, mtime_ns)]) of the data files a source names."""
+    if isinstance(source, (str, os.PathLike)):
+        items = [os.fspath(source)]
+        single = True
+    elif isinstance(source, Sequence) and source:
+        items = [os.fspath(s) for s in source]
+        single = False
+    else:
+        raise OptionError(f"source must be a path, a glob, a URI or a non-empty list of them, got {source!r}")
+    fs: pafs.FileSystem | None = None
+    locations: list[str] = []
+    for item in items:
+        ifs, loc = _resolve(item, filesystem)
+        if fs is None:
+            fs = ifs
+        elif type(ifs) is not type(fs):
+            raise OptionError("all files of a list must live on the same filesystem")
+        locations.append(loc)
+    assert fs is not None
+    found: list[tuple[str, int, int | None]] = []
+    root: str | None = None
+
+    def info_of(fi: pafs.FileInfo) -> tuple[str, int, int | None]:
+        mt = fi.mtime_ns if fi.mtime is not None else None
+        return fi.path, int(fi.size or 0), mt
+
+    for loc in locations:
+        if any(ch in loc for ch in "*?["):
+            base = loc
+            while any(ch in base for ch in "*?["):
+                base = posixpath.dirname(base)
+            sel = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+            hits = [fi for fi in sel if fi.type == pafs.FileType.File and fnmatch.fnmatchcase(fi.path, loc)]
+            if not hits:
+                raise FileNotFoundError(f"the glob {loc!r} matches no file")
+            found.extend(info_of(fi) for fi in hits)
+            continue
+        fi = fs.get_file_info(loc)
+        if fi.type == pafs.FileType.NotFound:
+            raise FileNotFoundError(f"dataset path {loc!r} does not exist")
+        if fi.type == pafs.FileType.Directory:
+            if single:
+                root = fi.path
+            sel = fs.get_file_info(pafs.FileSelector(fi.path, recursive=True))
+            data = []
+            for s in sel:
+                if s.type != pafs.FileType.File:
+                    continue
+                rel = posixpath.relpath(s.path, fi.path)
+                if _hidden(rel) or s.path.endswith(".crc"):
+                    continue
+                if s.path.endswith(_DATA_SUFFIXES) or _is_parquet_magic(fs, s.path):
+                    data.append(info_of(s))
+            if not data:
+                raise DatasetError(
+                    f"no Parquet data files under {loc!r} (looked for *.parquet, *.parq, *.pq "
+                    "and files starting with the Parquet magic; hidden and _-prefixed files are skipped)"
+                )
+            found.extend(data)
+        else:
+            found.append(info_of(fi))
+    if root is None:
+        parents = [posixpath.dirname(p) for p, _, _ in found]
+        root = posixpath.commonpath(parents) if parents[0].startswith("/") else _common_prefix_dir(parents)
+    # de-duplicate (a file named twice is one file)
+    uniq = {p: (p, s, m) for p, s, m in found}
+    return fs, root, list(uniq.values())
+
+
+def _common_prefix_dir(paths: list[str]) -> str:
+    split = [p.split("/") for p in paths]
+    out = []
+    for parts in zip(*split):
+        if all(x == parts[0] for x in parts):
+            out.append(parts[0])
+        else:
+            break
+    return "/".join(out)
+
+
+def _partition_values(rel: str) -> tuple[tuple[str, str], ...]:
+    vals = []
+    for part in rel.split("/")[:-1]:
+        if "=" in part:
+            k, v = part.split("=", 1)
+            vals.append((urllib.parse.unquote(k), urllib.parse.unquote(v)))
+    return tuple(vals)
+
+
+def _read_footer(fs: pafs.FileSystem, location: str) -> pq.FileMetaData:
+    try:
+        with fs.open_input_file(location) as f:
+            return pq.ParquetFile(f).metadata
+    except FileNotFoundError:
+        raise FileNotFoundError(f"data file {location!r} vanished while the dataset was listed") from None
+    except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
+        raise DatasetError(
+            f"cannot read the Parquet footer of {location!r}: {exc}. Is it a complete Parquet file? "
+            "Remove or rewrite it, or leave it out of the source."
+        ) from None
+
+
+def _type_key(t: pa.DataType) -> str:
+    # What a column yields is decided by column_spec; two files agree on a column
+    # if they yield the same thing. Unmappable types compare by their Arrow text.
+    try:
+        s = column_spec("_", t)
+        return f"{s.kind}:{s.dtype}:{s.inner}:{s.ragged_kind}"
+    except DatasetError:
+        return "arrow:" + str(t)
+
+
+def discover(
+    source: Any,
+    *,
+    filesystem: Any = None,
+    partitioning: Mapping[str, str] | None = None,
+    footer_threads: int = 16,
+) -> Dataset:
+    """List a source's data files and read their footers.
+
+    ``partitioning`` fixes Hive partition column types ({"key": "int64" | "string"});
+    without it a key is int64 when every value found is an integer, else string.
+    """
+    fs, root, listed = _list_source(source, _to_filesystem(filesystem))
+    rels = []
+    for loc, size, mt in listed:
+        rel = posixpath.relpath(loc, root) if root else loc
+        rels.append((rel, loc, size, mt))
+    rels.sort(key=lambda r: r[0].encode("utf-8"))
+    with ThreadPoolExecutor(max_workers=max(1, min(footer_threads, len(rels)))) as ex:
+        metas = list(ex.map(lambda r: _read_footer(fs, r[1]), rels))
+    files: list[FileInfo] = []
+    schema: pa.Schema | None = None
+    first_rel = ""
+    for (rel, loc, size, mt), md in zip(rels, metas):
+        s = md.schema.to_arrow_schema()
+        if schema is None:
+            schema, first_rel = s, rel
+        else:
+            _check_same_schema(schema, first_rel, s, rel)
+        rg = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
+        files.append(FileInfo(rel, loc, size, mt, rg, _partition_values(rel)))
+    assert schema is not None
+    schema = pa.schema([pa.field(f.name, f.type) for f in schema])  # drop metadata and nullability
+    ptypes = _partition_types(files, schema, partitioning)
+    if not any(n > 0 for f in files for n in f.row_groups):
+        raise EmptyDatasetError(
+            f"the dataset at {root!r} has no rows: its {len(files)} file(s) hold no non-empty row group"
+        )
+    fp = _fingerprint(files, schema, ptypes)
+    return Dataset(root, tuple(files), schema, ptypes, fs, fp)
+
+
+def _check_same_schema(a: pa.Schema, a_rel: str, b: pa.Schema, b_rel: str) -> None:
+    ta = {f.name: f.type for f in a}
+    tb = {f.name: f.type for f in b}
+    diffs = []
+    for name in sorted(set(ta) | set(tb)):
+        if name not in ta or name not in tb:
+            diffs.append(f"{name!r} only in {a_rel if name in ta else b_rel}")
+        elif _type_key(ta[name]) != _type_key(tb[name]):
+            diffs.append(f"{name!r} is {ta[name]} in {a_rel} but {tb[name]} in {b_rel}")
+    if diffs:
+        raise SchemaMismatchError(
+            f"schema drift between {a_rel} and {b_rel}: " + "; ".join(diffs)
+            + ". Rewrite the files with one schema, or select common columns with columns=[...]"
+            " (columns that exist in only some files cannot be read)."
+        )
+
+
+def _partition_types(
+    files: Sequence[FileInfo], schema: pa.Schema, explicit: Mapping[str, str] | None
+) -> tuple[tuple[str, str], ...]:
+    keysets = {tuple(k for k, _ in f.partition_values) for f in files}
+    if len(keysets) > 1:
+        raise DatasetError(
+            f"files sit under different Hive partition keys {sorted(keysets)}; every file needs the same key=value folders"
+        )
+    keys = next(iter(keysets)) if keysets else ()
+    explicit = dict(explicit or {})
+    for k, t in explicit.items():
+        if k not in keys:
+            raise OptionError(f"partitioning names {k!r}, but the partition keys found are {list(keys)}")
+        if t not in ("int64", "string"):
+            raise OptionError(f"partitioning[{k!r}] must be 'int64' or 'string', got {t!r}")
+    out = []
+    for i, k in enumerate(keys):
+        if k in schema.names:
+            raise DatasetError(f"Hive partition key {k!r} is also a column inside the files")
+        values = [f.partition_values[i][1] for f in files]
+        t = explicit.get(k) or ("int64" if all(_INT_RE.match(v) for v in values) else "string")
+        if t == "int64":
+            bad = [v for v in values if not _INT_RE.match(v)]
+            if bad:
+                raise DatasetError(f"partition key {k!r} is typed int64 but has value {bad[0]!r}")
+        out.append((k, t))
+    return tuple(out)
+
+
+def _fingerprint(files: Sequence[FileInfo], schema: pa.Schema, ptypes: Sequence[tuple[str, str]]) -> str:
+    payload = {
+        "files": [[f.path, f.size, list(f.row_groups)] for f in files],
+        "schema": [[fld.name, str(fld.type)] for fld in schema],
+        "partitions": [list(p) for p in ptypes],
+    }
+    return xxhash.xxh3_128_hexdigest(json.dumps(payload, sort_keys=True).encode())

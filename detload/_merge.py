@@ -1,0 +1,262 @@
+"""The ordered merger: takes block k from worker k mod W, and nothing else, then cuts batches.
+
+It runs in its own thread so that stitching, hashing and manifest-line
+formatting never happen in the consumer's thread. The epoch ends when the
+plan's last step has been emitted, never because queues look empty.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import _shm
+from ._block import views
+from ._pool import WorkerPool
+from ._types import Column, ColumnSpec, Ragged
+from ._worker import Task
+from .audit import batch_line, hash_batch
+from .errors import DetloadError, WorkerError, WorkerStalledError
+from .plan import Block, Plan
+
+__all__ = ["END", "Failure", "Run"]
+
+_POLL = 0.05
+
+
+class _End:
+    __slots__ = ()
+
+
+END = _End()
+
+
+@dataclass
+class Failure:
+    error: BaseException
+
+
+class _Cancelled(Exception):
+    pass
+
+
+def _slice(col: Column, lo: int, hi: int) -> Column:
+    if isinstance(col, Ragged):
+        a, b = int(col.offsets[lo]), int(col.offsets[hi])
+        offs = col.offsets[lo : hi + 1]
+        return Ragged(col.values[a:b], offs - a if a else offs, col.kind)
+    return col[lo:hi]
+
+
+def _concat(parts: Sequence[Column]) -> Column:
+    if len(parts) == 1:
+        return parts[0]
+    if isinstance(parts[0], Ragged):
+        rparts: list[Ragged] = list(parts)  # type: ignore[arg-type]
+        values = np.concatenate([p.values for p in rparts])
+        offs = [np.zeros(1, dtype=np.int64)]
+        base = 0
+        for p in rparts:
+            offs.append(p.offsets[1:] + base)
+            base += int(p.offsets[-1])
+        return Ragged(values, np.concatenate(offs), rparts[0].kind)
+    return np.concatenate(parts, axis=0)  # type: ignore[arg-type]
+
+
+def _empty(spec: ColumnSpec) -> Column:
+    if spec.kind == "ragged":
+        return Ragged(np.empty(0, dtype=np.dtype(spec.dtype)), np.zeros(1, dtype=np.int64), spec.ragged_kind)
+    return np.empty((0, *spec.inner), dtype=np.dtype(spec.dtype))
+
+
+class Run:
+    """One pass over an epoch (from ``start_step``) for one loader iteration."""
+
+    def __init__(self, pool: WorkerPool, plan: Plan, specs: Sequence[ColumnSpec], *, gen: int,
+                 start_step: int, unit_files: np.ndarray, unit_rgs: np.ndarray,
+                 stall_timeout: float | None, ready_depth: int = 4, ordered: bool = True,
+                 hash_batches: bool = True) -> None:
+        self.pool = pool
+        self.plan = plan
+        self.specs = list(specs)
+        self.gen = gen
+        self.start_step = start_step
+        self.stall_timeout = stall_timeout
+        self.ordered = ordered
+        self.hash_batches = hash_batches
+        self.ready: queue.Queue[Any] = queue.Queue(maxsize=ready_depth)
+        self._cancel = threading.Event()
+        self.schedule = plan.schedule_from(start_step)
+        W = pool.workers
+        self._tasks: list[list[Task]] = [[] for _ in range(W)]
+        opts = plan.options
+        for k, b in enumerate(self.schedule):
+            units = tuple((int(unit_files[u]), int(unit_rgs[u])) for u in b.units)
+            self._tasks[k % W].append(
+                Task(k, b.partition, b.number, units, b.rows, opts.seed, plan.epoch, opts.shuffle)
+            )
+        self.merge_wait = 0.0
+        self.thread = threading.Thread(target=self._main, name="detload-merger", daemon=True)
+
+    def start(self) -> None:
+        self.pool.submit(self.gen, self._tasks)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Cancel: the merger exits, workers drop the rest, queued blocks are freed."""
+        self._cancel.set()
+        self.pool.cancel(self.gen)
+        if self.thread.is_alive() and threading.current_thread() is not self.thread:
+            self.thread.join(timeout=5.0)
+        while True:
+            try:
+                self.ready.get_nowait()
+            except queue.Empty:
+                break
+        self.pool.drain()
+
+    # -- merger thread -------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            self._merge()
+            self._emit(END)
+        except _Cancelled:
+            return
+        except BaseException as exc:  # noqa: BLE001 - every failure must reach the consumer
+            self.pool.cancel(self.gen)
+            try:
+                self._emit(Failure(exc))
+            except _Cancelled:
+                pass
+
+    def _emit(self, item: Any) -> None:
+        while True:
+            if self._cancel.is_set():
+                raise _Cancelled
+            try:
+                self.ready.put(item, timeout=_POLL)
+                return
+            except queue.Full:
+                continue
+
+    def _take(self, w: int, k: int) -> dict[str, Column]:
+        pool = self.pool
+        last_status = pool.statuses[w].get()
+        deadline = time.monotonic() + self.stall_timeout if self.stall_timeout else None
+        t0 = time.perf_counter()
+        while True:
+            if self._cancel.is_set():
+                raise _Cancelled
+            try:
+                item = pool.get(w, timeout=_POLL)
+            except queue.Empty:
+                st = pool.statuses[w].get()
+                if not pool.alive(w):
+                    raise WorkerError(
+                        f"{pool.describe_death(w)} while producing block {k} "
+                        f"({self._where(st)}). Its data was not delivered; nothing after "
+                        "the last yielded batch was lost. Check the system log for an "
+                        "out-of-memory kill.",
+                        worker=w, unit=self._unit(st),
+                    ) from None
+                if st != last_status:
+                    last_status = st
+                    deadline = time.monotonic() + self.stall_timeout if self.stall_timeout else None
+                elif deadline is not None and time.monotonic() > deadline:
+                    raise WorkerStalledError(
+                        f"worker {w} made no progress for {self.stall_timeout:g} s on block {k} "
+                        f"({self._where(st)}). A stalled read (network, disk)? Raise "
+                        "stall_timeout, or pass stall_timeout=None to wait forever.",
+                        worker=w, unit=self._unit(st),
+                    )
+                continue
+            except (EOFError, OSError) as exc:
+                raise WorkerError(f"lost the queue of worker {w}: {exc}", worker=w) from None
+            if item[1] != self.gen:
+                pool.release(item)
+                continue
+            if item[0] == "err":
+                self._raise_worker_error(w, item)
+            _, _, kk, payload, layout, _timings = item
+            if kk != k:  # pragma: no cover - would be a scheduling bug
+                raise DetloadError(f"internal error: worker {w} sent block {kk}, expected {k}")
+            self.merge_wait += time.perf_counter() - t0
+            buf = payload if pool.shm_dir is None else _shm.attach(pool.shm_dir, payload, layout.nbytes)
+            return views(buf, layout)
+
+    def _unit(self, st: tuple[int, int, int, int]) -> tuple[str, int] | None:
+        _, _, f, rg = st
+        return (self.pool.cfg.files[f].path, rg) if f >= 0 else None
+
+    def _where(self, st: tuple[int, int, int, int]) -> str:
+        u = self._unit(st)
+        return f"reading {u[0]} row group {u[1]}" if u else "between row groups"
+
+    def _raise_worker_error(self, w: int, item: tuple[Any, ...]) -> None:
+        _, _, k, (tname, msg, tb, exc), unit = item
+        where = f"{unit[0]} row group {unit[1]}" if unit else f"block {k}"
+        if isinstance(exc, DetloadError):
+            # Our own errors already name column, file and row group; keep their type.
+            raise exc
+        err = WorkerError(
+            f"worker {w} failed on {where}: {tname}: {msg}\n\nWorker traceback:\n{tb}",
+            worker=w, unit=unit, traceback=tb,
+        )
+        if exc is not None:
+            raise err from exc
+        raise err
+
+    def _merge(self) -> None:
+        plan = self.plan
+        owned = list(plan.owned_partitions)
+        buffers: dict[int, deque[tuple[int, dict[str, Column]]]] = {p: deque() for p in owned}
+        step = self.start_step
+        W = self.pool.workers
+        for k, block in enumerate(self.schedule):
+            while step < min(block.first_step, plan.steps):
+                self._emit_step(step, owned, buffers)
+                step += 1
+            cols = self._take(k % W, k)
+            buffers[block.partition].append((block.start, cols))
+            del cols
+        while step < plan.steps:
+            self._emit_step(step, owned, buffers)
+            step += 1
+
+    def _micro(self, p: int, step: int, buf: deque[tuple[int, dict[str, Column]]]) -> dict[str, Column]:
+        lo, hi = self.plan.micro_range(p, step)
+        pieces: list[dict[str, Column]] = []
+        for start, cols in buf:
+            n = len(next(iter(cols.values())))
+            a, b = max(lo, start), min(hi, start + n)
+            if a < b:
+                pieces.append({k: _slice(c, a - start, b - start) for k, c in cols.items()})
+        # Rows below hi are never needed again.
+        while buf and buf[0][0] + len(next(iter(buf[0][1].values()))) <= hi:
+            buf.popleft()
+        if not pieces:
+            return {s.name: _empty(s) for s in self.specs}
+        if len(pieces) == 1:
+            return pieces[0]
+        return {s.name: _concat([pc[s.name] for pc in pieces]) for s in self.specs}
+
+    def _emit_step(self, step: int, owned: list[int], buffers: dict[int, deque[tuple[int, dict[str, Column]]]]) -> None:
+        micros = [self._micro(p, step, buffers[p]) for p in owned]
+        if len(micros) == 1:
+            batch = micros[0]
+        else:
+            batch = {s.name: _concat([m[s.name] for m in micros]) for s in self.specs}
+        rows = len(next(iter(batch.values())))
+        line = None
+        if self.hash_batches:
+            parts = [hash_batch(m) for m in micros]
+            digest, cols = parts[0] if len(micros) == 1 else hash_batch(batch)
+            line = batch_line(self.plan.epoch, step, rows, digest, cols, [p[0] for p in parts])
+        self._emit((batch, step, line))

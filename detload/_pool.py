@@ -1,0 +1,165 @@
+"""Worker pools: a set of persistent workers (threads or processes), one bounded queue each.
+
+The pool only starts, feeds, watches and stops workers; it decides nothing
+about order. Processes are started with forkserver (spawn where unavailable),
+never fork: forking a process that already runs pyarrow or torch threads can
+deadlock the child.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import threading
+import time
+import uuid
+from typing import Any, Literal
+
+from . import _shm
+from ._worker import Status, Task, WorkerConfig, _SharedInt, process_main, worker_loop
+
+__all__ = ["WorkerPool"]
+
+PoolKind = Literal["thread", "process"]
+
+
+def _context() -> Any:
+    methods = mp.get_all_start_methods()
+    ctx = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if "forkserver" in methods:
+        # Each worker then forks from a server that already imported pyarrow.
+        ctx.set_forkserver_preload(["detload._worker"])
+    return ctx
+
+
+class WorkerPool:
+    def __init__(self, cfg_factory: Any, workers: int, kind: PoolKind, prefetch: int) -> None:
+        self.kind = kind
+        self.workers = workers
+        self.token = uuid.uuid4().hex[:10]
+        self.shm_dir = _shm.SHM_DIR if kind == "process" else None
+        self.shm_prefix = _shm.segment_prefix(os.getpid(), self.token)
+        self.cfg: WorkerConfig = cfg_factory(self.shm_dir, self.shm_prefix)
+        self._closed = False
+        self.inboxes: list[Any] = []
+        self.outboxes: list[Any] = []
+        self.statuses: list[Status] = []
+        self.handles: list[Any] = []
+        if kind == "thread":
+            self.generation: Any = _SharedInt(0)
+            for i in range(workers):
+                inbox: Any = queue.Queue()
+                outbox: Any = queue.Queue(maxsize=prefetch)
+                st = Status()
+                t = threading.Thread(
+                    target=worker_loop, args=(self.cfg, i, inbox, outbox, self.generation, st),
+                    name=f"detload-worker-{i}", daemon=True,
+                )
+                self.inboxes.append(inbox)
+                self.outboxes.append(outbox)
+                self.statuses.append(st)
+                self.handles.append(t)
+                t.start()
+        else:
+            _shm.sweep_dead()
+            ctx = _context()
+            self.generation = ctx.RawValue("q", 0)
+            for i in range(workers):
+                inbox = ctx.Queue()
+                outbox = ctx.Queue(maxsize=prefetch)
+                arr = ctx.RawArray("q", [0, -1, -1, -1])
+                p = ctx.Process(
+                    target=process_main, args=(self.cfg, i, inbox, outbox, self.generation, arr),
+                    name=f"detload-worker-{i}", daemon=True,
+                )
+                self.inboxes.append(inbox)
+                self.outboxes.append(outbox)
+                self.statuses.append(Status(arr))
+                self.handles.append(p)
+            for p in self.handles:
+                p.start()
+
+    # -- feeding -----------------------------------------------------------
+    def submit(self, gen: int, schedules: list[list[Task]]) -> None:
+        self.generation.value = gen
+        for inbox, tasks in zip(self.inboxes, schedules):
+            inbox.put((gen, tasks))
+
+    def cancel(self, gen: int) -> None:
+        """Make generation ``gen`` stale: workers drop its remaining tasks."""
+        if self.generation.value == gen:
+            self.generation.value = gen + 1
+
+    def get(self, w: int, timeout: float) -> Any:
+        return self.outboxes[w].get(timeout=timeout)
+
+    def release(self, item: Any) -> None:
+        """Free a block that will never be used (stale or unwanted)."""
+        if self.shm_dir is not None and item and item[0] == "ok" and isinstance(item[3], str):
+            _shm.discard(self.shm_dir, item[3])
+
+    def drain(self) -> None:
+        for q in self.outboxes:
+            while True:
+                try:
+                    self.release(q.get_nowait())
+                except (queue.Empty, OSError, EOFError, ValueError):
+                    break
+
+    # -- watching ----------------------------------------------------------
+    def alive(self, w: int) -> bool:
+        return bool(self.handles[w].is_alive())
+
+    def describe_death(self, w: int) -> str:
+        h = self.handles[w]
+        if self.kind == "thread":
+            return f"worker thread {w} exited"
+        code = h.exitcode
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        return f"worker process {w} (pid {h.pid}) {how}"
+
+    def pids(self) -> list[int]:
+        return [h.pid for h in self.handles] if self.kind == "process" else []
+
+    # -- stopping ----------------------------------------------------------
+    def close(self, timeout: float = 2.0) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.generation.value = self.generation.value + 1
+        for inbox in self.inboxes:
+            try:
+                inbox.put(None)
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + timeout
+        # Empty the queues so no worker stays blocked on a full one.
+        while any(h.is_alive() for h in self.handles) and time.monotonic() < deadline:
+            self.drain()
+            for h in self.handles:
+                h.join(timeout=0.02)
+        self.drain()
+        if self.kind == "process":
+            for h in self.handles:
+                if h.is_alive():
+                    h.terminate()
+            for h in self.handles:
+                h.join(timeout=1.0)
+                if h.is_alive():
+                    h.kill()
+                    h.join(timeout=1.0)
+            for q in self.inboxes + self.outboxes:
+                try:
+                    # Never wait on a feeder thread whose reader is gone.
+                    q.cancel_join_thread()
+                    q.close()
+                except (OSError, ValueError, AssertionError):
+                    pass
+            for h in self.handles:
+                try:
+                    h.close()
+                except ValueError:
+                    pass
+            assert self.shm_dir is not None
+            _shm.sweep(self.shm_dir, self.shm_prefix)

@@ -1,0 +1,332 @@
+"""Workers: read a block's row groups, convert them to NumPy, permute, hand the block over.
+
+The same loop runs in a thread or in a process (started with forkserver or
+spawn, configured with plain picklable data). Each worker fills only its own
+bounded queue; the merger decides what is taken when. Errors travel back as
+values carrying the worker's traceback and the unit it was on.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+import traceback
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import xxhash
+
+from . import _shm
+from ._block import Layout, assemble
+from ._types import Column, ColumnSpec, Ragged, convert_column
+from .plan import block_permutation
+
+__all__ = ["DebugHooks", "Task", "UnitReader", "WorkerConfig", "worker_loop"]
+
+_POLL = 0.05
+
+
+@dataclass(frozen=True)
+class DebugHooks:
+    """Test hooks (never set in production): random per-unit delays and injected failures.
+
+    ``delay_max`` seconds of delay, pseudo-random per (seed, epoch, unit) from
+    ``delay_seed``; ``fail_unit`` a (relative path, row group) whose read raises
+    ``fail_exc`` (an exception instance); ``stall_unit`` a unit whose read blocks
+    for ``stall_seconds``; ``die_unit`` a unit whose read kills the process.
+    """
+
+    delay_max: float = 0.0
+    delay_seed: int = 0
+    fail_unit: tuple[str, int] | None = None
+    fail_exc: BaseException | None = None
+    stall_unit: tuple[str, int] | None = None
+    stall_seconds: float = 3600.0
+    die_unit: tuple[str, int] | None = None
+
+
+@dataclass(frozen=True)
+class FileRef:
+    location: str
+    path: str
+    partition_values: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker needs, as plain picklable data."""
+
+    files: tuple[FileRef, ...]
+    filesystem: pafs.FileSystem
+    specs: tuple[ColumnSpec, ...]
+    null_fill: Mapping[str, Any]
+    shm_dir: str | None  # None: thread workers, blocks stay in the heap
+    shm_prefix: str
+    parent_pid: int
+    debug: DebugHooks | None = None
+    open_files: int = 32
+
+
+@dataclass(frozen=True)
+class Task:
+    """One block to produce: k is its position in the rank's schedule."""
+
+    k: int
+    partition: int
+    number: int
+    units: tuple[tuple[int, int], ...]  # (file index, row group)
+    rows: int
+    seed: int
+    epoch: int
+    shuffle: bool
+
+
+@dataclass
+class Timings:
+    read: float = 0.0
+    convert: float = 0.0
+    permute: float = 0.0
+    queue_wait: float = 0.0
+    units: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class UnitReader:
+    """Reads and converts single row groups; keeps a few files open."""
+
+    def __init__(self, cfg: WorkerConfig) -> None:
+        self.cfg = cfg
+        self._open: OrderedDict[int, pq.ParquetFile] = OrderedDict()
+        self._file_cols = [s.name for s in cfg.specs if not s.partition]
+
+    def _file(self, i: int) -> pq.ParquetFile:
+        pf = self._open.get(i)
+        if pf is not None:
+            self._open.move_to_end(i)
+            return pf
+        f = self.cfg.filesystem.open_input_file(self.cfg.files[i].location)
+        pf = pq.ParquetFile(f)
+        self._open[i] = pf
+        if len(self._open) > self.cfg.open_files:
+            _, old = self._open.popitem(last=False)
+            old.close()
+        return pf
+
+    def close(self) -> None:
+        for pf in self._open.values():
+            pf.close()
+        self._open.clear()
+
+    def read(self, file_idx: int, rg: int, t: Timings) -> dict[str, Column]:
+        ref = self.cfg.files[file_idx]
+        t0 = time.perf_counter()
+        table = self._file(file_idx).read_row_group(rg, columns=self._file_cols, use_threads=False)
+        t1 = time.perf_counter()
+        out: dict[str, Column] = {}
+        where = (ref.path, rg)
+        pvals = dict(ref.partition_values)
+        for spec in self.cfg.specs:
+            if spec.partition:
+                out[spec.name] = _constant(spec, pvals[spec.name], table.num_rows)
+            else:
+                out[spec.name] = convert_column(spec, table.column(spec.name), where, self.cfg.null_fill.get(spec.name))
+        t.read += t1 - t0
+        t.convert += time.perf_counter() - t1
+        t.units += 1
+        return out
+
+
+def _constant(spec: ColumnSpec, value: str, rows: int) -> Column:
+    if spec.kind == "fixed":
+        return np.full(rows, int(value), dtype=np.dtype(spec.dtype))
+    raw = np.frombuffer(value.encode("utf-8"), dtype=np.uint8)
+    return Ragged(np.tile(raw, rows), np.arange(rows + 1, dtype=np.int64) * raw.shape[0], "utf8")
+
+
+def _debug_before_read(cfg: WorkerConfig, task: Task, file_idx: int, rg: int) -> None:
+    d = cfg.debug
+    if d is None:
+        return
+    unit = (cfg.files[file_idx].path, rg)
+    if d.delay_max > 0:
+        h = xxhash.xxh3_64_intdigest(f"{d.delay_seed}/{task.epoch}/{unit}/{time.monotonic_ns()}".encode())
+        time.sleep(d.delay_max * (h % 10_000) / 10_000)
+    if d.fail_unit == unit and d.fail_exc is not None:
+        raise d.fail_exc
+    if d.stall_unit == unit:
+        time.sleep(d.stall_seconds)
+    if d.die_unit == unit and cfg.shm_dir is not None:
+        os.kill(os.getpid(), 9)
+
+
+class Status:
+    """What a worker is doing, readable by the merger even after the worker died.
+
+    Slots: generation, block k, file index, row group (-1 when idle).
+    """
+
+    def __init__(self, shared: Any = None) -> None:
+        self.slots = shared if shared is not None else [0, -1, -1, -1]
+
+    def set(self, gen: int, k: int, f: int, rg: int) -> None:
+        s = self.slots
+        s[0], s[1], s[2], s[3] = gen, k, f, rg
+
+    def get(self) -> tuple[int, int, int, int]:
+        s = self.slots
+        return int(s[0]), int(s[1]), int(s[2]), int(s[3])
+
+
+def _produce(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, index: int,
+             status: Status, seq: list[int]) -> tuple[Any, Layout, Timings]:
+    t = Timings()
+    units = []
+    for f, rg in task.units:
+        status.set(gen, task.k, f, rg)
+        _debug_before_read(cfg, task, f, rg)
+        units.append(reader.read(f, rg, t))
+    t0 = time.perf_counter()
+    perm = (
+        block_permutation(task.seed, task.epoch, task.partition, task.number, task.rows)
+        if task.shuffle else None
+    )
+    if cfg.shm_dir is None:
+        buf, layout = assemble(cfg.specs, units, perm, lambda n: np.empty(n, dtype=np.uint8))
+        payload: Any = buf
+    else:
+        seq[0] += 1
+        name = f"{cfg.shm_prefix}{index}-{seq[0]}"
+        holder: list[Any] = []
+
+        def alloc(n: int) -> np.ndarray:
+            arr, mm = _shm.create(cfg.shm_dir, name, n)  # type: ignore[arg-type]
+            holder.append(mm)
+            return arr
+
+        buf, layout = assemble(cfg.specs, units, perm, alloc)
+        del buf
+        try:
+            holder[0].close()
+        except BufferError:  # a view is still alive somewhere; unmapped when it goes
+            pass
+        payload = name
+    t.permute += time.perf_counter() - t0
+    return payload, layout, t
+
+
+def _release(cfg: WorkerConfig, payload: Any) -> None:
+    if cfg.shm_dir is not None and isinstance(payload, str):
+        _shm.discard(cfg.shm_dir, payload)
+
+
+def _parent_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generation: Any,
+                status: Status) -> None:
+    """Serve (gen, tasks) messages from ``inbox`` until a None arrives.
+
+    Tasks of an old generation (the consumer restarted the epoch) are dropped;
+    a block built for one is released rather than queued.
+    """
+    reader = UnitReader(cfg)
+    seq = [0]
+    try:
+        while True:
+            try:
+                msg = inbox.get(timeout=1.0)
+            except queue.Empty:
+                if not _parent_alive(cfg.parent_pid):
+                    return
+                continue
+            if msg is None:
+                return
+            gen, tasks = msg
+            for task in tasks:
+                if generation.value != gen:
+                    break
+                try:
+                    payload, layout, t = _produce(cfg, reader, task, gen, index, status, seq)
+                except BaseException as exc:  # carried back as a value, re-raised by the merger
+                    _, k, f, rg = status.get()
+                    unit = (cfg.files[f].path, rg) if f >= 0 else None
+                    _put(outbox, ("err", gen, task.k, _pack_exception(exc), unit), generation, gen, cfg, None)
+                    reader.close()
+                    reader = UnitReader(cfg)
+                    break
+                status.set(gen, task.k, -1, -1)
+                t0 = time.perf_counter()
+                ok = _put(outbox, ("ok", gen, task.k, payload, layout, t), generation, gen, cfg, payload)
+                t.queue_wait += time.perf_counter() - t0
+                if not ok:
+                    break
+    finally:
+        reader.close()
+
+
+def _put(outbox: Any, item: tuple[Any, ...], generation: Any, gen: int, cfg: WorkerConfig,
+         payload: Any) -> bool:
+    while True:
+        if generation.value != gen:
+            _release(cfg, payload)
+            return False
+        try:
+            outbox.put(item, timeout=_POLL)
+            return True
+        except queue.Full:
+            if not _parent_alive(cfg.parent_pid):
+                _release(cfg, payload)
+                return False
+
+
+def _pack_exception(exc: BaseException) -> tuple[str, str, str, BaseException | None]:
+    """(type name, message, formatted traceback, the exception if it pickles)."""
+    import pickle
+
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        clean = pickle.loads(pickle.dumps(exc))
+    except Exception:
+        clean = None
+    return type(exc).__qualname__, str(exc), tb, clean
+
+
+class _SharedInt:
+    """Thread-side stand-in for multiprocessing.Value."""
+
+    def __init__(self, v: int = 0) -> None:
+        self.value = v
+
+
+def process_main(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generation: Any,
+                 status_arr: Any) -> None:
+    """Entry point of a worker process."""
+    import signal
+
+    # Ctrl-C reaches the whole process group; the parent decides how to stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # One worker is one core of parallelism; pyarrow's own pool would compete.
+    pa.set_cpu_count(1)
+    pa.set_io_thread_count(2)
+    try:
+        worker_loop(cfg, index, inbox, outbox, generation, Status(status_arr))
+    except KeyboardInterrupt:  # the parent handles Ctrl-C; just leave
+        pass
+
+
+def parse_units(units: Sequence[int], file_index: np.ndarray, rg_index: np.ndarray) -> tuple[tuple[int, int], ...]:
+    return tuple((int(file_index[u]), int(rg_index[u])) for u in units)

@@ -1,0 +1,343 @@
+"""`Loader`: the training-facing object. Plans each epoch, runs the pool and merger, writes the manifest.
+
+The consumer's per-batch work is a queue get, a manifest write and a counter:
+conversion, permutation, stitching and hashing happen in workers and in the
+merger's thread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import xxhash
+
+from . import __version__
+from ._dataset import Dataset, discover
+from ._merge import END, Failure, Run
+from ._pool import WorkerPool
+from ._types import TYPE_MAPPING_VERSION, Column, ColumnSpec
+from ._worker import DebugHooks, FileRef, WorkerConfig
+from .audit import MANIFEST_FORMAT, MANIFEST_VERSION, ManifestWriter
+from .errors import OptionError, StateError
+from .plan import PLAN_FORMAT_VERSION, OrderOptions, Plan, make_plan
+
+__all__ = ["Loader", "STATE_FORMAT_VERSION", "resolve_workers"]
+
+STATE_FORMAT_VERSION = 1
+PoolKind = Literal["thread", "process"]
+_MAX_WORKERS = 256
+
+
+def resolve_workers(workers: int | str) -> int:
+    """``"auto"``: one worker per usable core, at most 16; workers never change the batches."""
+    if workers == "auto":
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # pragma: no cover - not Linux
+            cores = os.cpu_count() or 1
+        return max(1, min(cores, 16))
+    if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)):
+        raise OptionError(f"workers must be an int >= 1 or 'auto', got {workers!r}")
+    if not 1 <= workers <= _MAX_WORKERS:
+        raise OptionError(f"workers must be in [1, {_MAX_WORKERS}], got {workers}")
+    return int(workers)
+
+
+def _distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    r = w = None
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            r, w = dist.get_rank(), dist.get_world_size()
+    except ImportError:
+        pass
+    if r is None:
+        env_r, env_w = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+        if env_r is not None and env_w is not None:
+            try:
+                r, w = int(env_r), int(env_w)
+            except ValueError:
+                raise OptionError(f"RANK={env_r!r} / WORLD_SIZE={env_w!r} are not integers") from None
+    r = rank if rank is not None else (r if r is not None else 0)
+    w = world_size if world_size is not None else (w if w is not None else 1)
+    return r, w
+
+
+class Loader:
+    """Deterministic parallel Parquet loader. Iterating yields ``dict[str, ndarray | Ragged]``.
+
+    The batches are a pure function of the dataset, ``seed``, the epoch and the
+    order options (batch_size x world size, shuffle, shuffle_window, columns,
+    drop_last, partitions, null_fill) — never of ``workers``, ``pool``,
+    ``prefetch`` or timing. See docs/loader.md for every option.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        batch_size: int,
+        seed: int,
+        workers: int | str = 1,
+        pool: PoolKind = "thread",
+        columns: Sequence[str] | None = None,
+        shuffle: bool = True,
+        shuffle_window: int = 4,
+        drop_last: bool = False,
+        prefetch: int = 2,
+        manifest: str | os.PathLike[str] | None = None,
+        null_fill: Mapping[str, Any] | None = None,
+        partitions: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        filesystem: Any = None,
+        partitioning: Mapping[str, str] | None = None,
+        stall_timeout: float | None = 300.0,
+        _debug: DebugHooks | None = None,
+    ) -> None:
+        self.workers = resolve_workers(workers)
+        if pool not in ("thread", "process"):
+            raise OptionError(f"pool must be 'thread' or 'process', got {pool!r}")
+        self.pool_kind: PoolKind = pool
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+            raise OptionError(f"prefetch must be an int >= 1 (blocks per worker), got {prefetch!r}")
+        self.prefetch = prefetch
+        if stall_timeout is not None and (isinstance(stall_timeout, bool) or not isinstance(stall_timeout, (int, float)) or stall_timeout <= 0):
+            raise OptionError(f"stall_timeout must be a positive number of seconds or None, got {stall_timeout!r}")
+        self.stall_timeout = stall_timeout
+        self.rank, world = _distributed_defaults(rank, world_size)
+        if partitions is None:
+            partitions = world
+        self.options = OrderOptions(
+            seed=seed, batch_size=batch_size, shuffle=shuffle, shuffle_window=shuffle_window,
+            drop_last=drop_last, partitions=partitions, world_size=world,
+        )
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or not 0 <= self.rank < world:
+            raise OptionError(f"rank must be an int in [0, {world}), got {self.rank!r}")
+        if null_fill is not None and not isinstance(null_fill, Mapping):
+            raise OptionError(f"null_fill must be a dict {{column: value}}, got {null_fill!r}")
+        self.null_fill = dict(null_fill or {})
+        self.dataset: Dataset = discover(source, filesystem=filesystem, partitioning=partitioning)
+        self.specs: list[ColumnSpec] = self.dataset.specs(columns)
+        names = [s.name for s in self.specs]
+        unknown_fill = [k for k in self.null_fill if k not in names]
+        if unknown_fill:
+            raise OptionError(f"null_fill names {unknown_fill}, which are not among the loaded columns {names}")
+        self._unit_files, self._unit_rgs, self._unit_rows = self.dataset.units()
+        self.order = {
+            **self.options.order_dict(),
+            "columns": names,
+            "null_fill": {k: _jsonable(v) for k, v in sorted(self.null_fill.items())},
+            "type_mapping": TYPE_MAPPING_VERSION,
+            "plan_format": PLAN_FORMAT_VERSION,
+            "dataset": self.dataset.fingerprint,
+        }
+        self.fingerprint = xxhash.xxh3_128_hexdigest(json.dumps(self.order, sort_keys=True).encode())
+        self._debug = _debug
+        self._epoch = 0
+        self._plans: dict[int, Plan] = {}
+        self._resume_step = 0
+        self._position = 0  # batches of the current epoch already yielded
+        self._gen = 0
+        self._run: Run | None = None
+        self._pool: WorkerPool | None = None
+        self._lock = threading.Lock()
+        self._manifest_path = manifest
+        self._writer: ManifestWriter | None = None
+        self._resume_manifest = False
+        self._finalizer = weakref.finalize(self, Loader._cleanup, [None], [None], [None])
+
+    # -- planning ------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Plan epoch ``epoch`` next. Workers persist; only the plan changes."""
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or not 0 <= epoch < 2**32:
+            raise OptionError(f"epoch must be an int in [0, 2**32), got {epoch!r}")
+        if int(epoch) != self._epoch:
+            self._stop_run()
+            self._epoch = int(epoch)
+            self._resume_step = 0
+            self._position = 0
+
+    def plan(self, epoch: int | None = None) -> Plan:
+        e = self._epoch if epoch is None else epoch
+        p = self._plans.get(e)
+        if p is None:
+            p = make_plan(self._unit_rows, self.options, epoch=e, rank=self.rank,
+                          dataset_fingerprint=self.fingerprint)
+            if len(self._plans) > 4:
+                self._plans.clear()
+            self._plans[e] = p
+        return p
+
+    def __len__(self) -> int:
+        """Batches in the current epoch (for this rank; all ranks get the same count)."""
+        return self.plan().steps
+
+    @property
+    def column_specs(self) -> list[ColumnSpec]:
+        return list(self.specs)
+
+    # -- iteration -------------------------------------------------------------
+    def _ensure_pool(self) -> WorkerPool:
+        if self._pool is None:
+            ds = self.dataset
+            files = tuple(FileRef(f.location, f.path, f.partition_values) for f in ds.files)
+
+            def make_cfg(shm_dir: str | None, prefix: str) -> WorkerConfig:
+                return WorkerConfig(files, ds.filesystem, tuple(self.specs), self.null_fill, shm_dir,
+                                    prefix, os.getpid(), self._debug)
+
+            self._pool = WorkerPool(make_cfg, self.workers, self.pool_kind, self.prefetch)
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, Loader._cleanup, [self._pool], [None], [self._writer])
+        return self._pool
+
+    def _header(self) -> dict[str, Any]:
+        return {
+            "format": MANIFEST_FORMAT,
+            "version": MANIFEST_VERSION,
+            "detload_version": __version__,
+            "order": self.order,
+            "fingerprint": self.fingerprint,
+            "batch_size": self.options.batch_size,
+            "rank": self.rank,
+            "world_size": self.options.world_size,
+            "partitions": self.options.partitions,
+            "owned_partitions": list(self.plan().owned_partitions),
+            "workers": self.workers,
+            "pool": self.pool_kind,
+        }
+
+    def _ensure_writer(self) -> ManifestWriter | None:
+        if self._manifest_path is not None and self._writer is None:
+            self._writer = ManifestWriter(self._manifest_path, self._header(), resume=self._resume_manifest)
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, Loader._cleanup, [self._pool], [None], [self._writer])
+        return self._writer
+
+    def _stop_run(self) -> None:
+        run, self._run = self._run, None
+        if run is not None:
+            run.stop()
+
+    def __iter__(self) -> Iterator[dict[str, Column]]:
+        with self._lock:
+            self._stop_run()
+            plan = self.plan()
+            start = self._resume_step
+            self._resume_step = 0
+            pool = self._ensure_pool()
+            writer = self._ensure_writer()
+            self._gen = pool.generation.value + 1
+            run = Run(pool, plan, self.specs, gen=self._gen, start_step=start,
+                      unit_files=self._unit_files, unit_rgs=self._unit_rgs,
+                      stall_timeout=self.stall_timeout, hash_batches=True)
+            self._run = run
+            if writer is not None:
+                writer.start_epoch(plan.epoch, plan.steps, plan.dropped_rows, plan.fingerprint, start)
+            self._position = start
+            run.start()
+        return self._consume(run, writer, plan.epoch)
+
+    def _consume(self, run: Run, writer: ManifestWriter | None, epoch: int) -> Iterator[dict[str, Column]]:
+        ready = run.ready
+        try:
+            while True:
+                item = ready.get()
+                if item is END:
+                    return
+                if type(item) is Failure:
+                    raise item.error
+                batch, step, line = item
+                if writer is not None:
+                    writer.write_batch(epoch, step, line)
+                self._position = step + 1
+                yield batch
+        finally:
+            if self._run is run:
+                self._run = None
+            run.stop()
+
+    # -- resume ----------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where the consumer is: epoch and batches yielded (not prefetched). JSON-able."""
+        return {
+            "format": STATE_FORMAT_VERSION,
+            "fingerprint": self.fingerprint,
+            "epoch": self._epoch,
+            "step": self._position,
+            "order": dict(self.order),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue at ``state``'s step on the next iteration; reads nothing for skipped steps."""
+        if not isinstance(state, Mapping) or "format" not in state:
+            raise StateError("not a detload state: expected the dict that Loader.state_dict() returns")
+        if state["format"] != STATE_FORMAT_VERSION:
+            raise StateError(f"state format {state['format']} cannot be read by this detload (format {STATE_FORMAT_VERSION})")
+        theirs = state.get("order", {})
+        diffs = [k for k in sorted(set(theirs) | set(self.order)) if theirs.get(k) != self.order.get(k)]
+        if diffs:
+            detail = ", ".join(f"{k}: {theirs.get(k)!r} in the state, {self.order.get(k)!r} here" for k in diffs)
+            what = "the dataset changed" if diffs == ["dataset"] else "order options differ"
+            raise StateError(f"cannot resume: {what} ({detail})")
+        if state.get("fingerprint") != self.fingerprint:
+            raise StateError("cannot resume: the state's plan fingerprint does not match this loader's")
+        epoch, step = state.get("epoch"), state.get("step")
+        if not isinstance(epoch, int) or not isinstance(step, int) or epoch < 0 or step < 0:
+            raise StateError(f"state has a bad position: epoch={epoch!r}, step={step!r}")
+        self.set_epoch(epoch)
+        steps = self.plan().steps
+        if step > steps:
+            raise StateError(f"state step {step} is past the {steps} steps of epoch {epoch}")
+        self._resume_step = step
+        self._position = step
+        self._resume_manifest = True
+
+    # -- lifetime --------------------------------------------------------------
+    def close(self) -> None:
+        """Stop workers, free shared memory, close the manifest. Idempotent."""
+        self._stop_run()
+        self._finalizer()
+        self._pool = None
+        self._writer = None
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def _cleanup(pool: list[Any], _run: list[Any], writer: list[Any]) -> None:
+        if writer[0] is not None:
+            writer[0].close()
+        if pool[0] is not None:
+            pool[0].close()
+
+    def __repr__(self) -> str:
+        return (f"Loader({self.dataset.root!r}, files={len(self.dataset.files)}, rows={self.dataset.rows}, "
+                f"batch_size={self.options.batch_size}, workers={self.workers}, pool={self.pool_kind!r})")
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, (np.generic,)):
+        return v.item()
+    if isinstance(v, bytes):
+        return v.decode("latin-1")
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    return v
