@@ -139,7 +139,7 @@ def assemble(
                 np.concatenate(parts, axis=0, out=dst)  # type: ignore[arg-type]
             else:
                 src = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)  # type: ignore[arg-type]
-                np.take(src, perm, axis=0, out=dst)
+                np.take(src, perm, axis=0, out=dst)  # type: ignore[arg-type]
         else:
             assert isinstance(dst, Ragged)
             src_r = ragged[spec.name]

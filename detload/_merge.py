@@ -24,7 +24,7 @@ from ._types import Column, ColumnSpec, Ragged
 from ._worker import Task
 from .audit import batch_line, hash_batch
 from .errors import DetloadError, WorkerError, WorkerStalledError
-from .plan import Block, Plan
+from .plan import Plan
 
 __all__ = ["END", "Failure", "Run"]
 
@@ -175,7 +175,7 @@ class Run:
                         f"({self._where(st)}). A stalled read (network, disk)? Raise "
                         "stall_timeout, or pass stall_timeout=None to wait forever.",
                         worker=w, unit=self._unit(st),
-                    )
+                    ) from None
                 continue
             except (EOFError, OSError) as exc:
                 raise WorkerError(f"lost the queue of worker {w}: {exc}", worker=w) from None

@@ -151,7 +151,7 @@ class Loader:
         self._run: Run | None = None
         self._pool: WorkerPool | None = None
         self._lock = threading.Lock()
-        self._manifest_path = manifest
+        self._manifest_path = _manifest_file(manifest, self.rank) if manifest is not None else None
         self._writer: ManifestWriter | None = None
         self._resume_manifest = False
         self._finalizer = weakref.finalize(self, Loader._cleanup, [None], [None], [None])
@@ -220,6 +220,11 @@ class Loader:
             "workers": self.workers,
             "pool": self.pool_kind,
         }
+
+    @property
+    def manifest_path(self) -> str | None:
+        """The manifest file this loader writes (a rank file inside a run directory), if any."""
+        return self._manifest_path
 
     def _ensure_writer(self) -> ManifestWriter | None:
         if self._manifest_path is not None and self._writer is None:
@@ -331,6 +336,14 @@ class Loader:
     def __repr__(self) -> str:
         return (f"Loader({self.dataset.root!r}, files={len(self.dataset.files)}, rows={self.dataset.rows}, "
                 f"batch_size={self.options.batch_size}, workers={self.workers}, pool={self.pool_kind!r})")
+
+
+def _manifest_file(manifest: str | os.PathLike[str], rank: int) -> str:
+    """A directory (existing, or named with a trailing slash) holds one file per rank."""
+    path = os.fspath(manifest)
+    if path.endswith(("/", os.sep)) or os.path.isdir(path):
+        return os.path.join(path, f"rank-{rank:05d}.jsonl")
+    return path
 
 
 def _jsonable(v: Any) -> Any:

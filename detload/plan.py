@@ -267,7 +267,7 @@ def make_plan(
     if n == 0:
         raise EmptyDatasetError("the dataset has no rows: every file is empty")
     P = options.partitions
-    if P > n:
+    if n < P:
         raise OptionError(
             f"partitions={P} exceeds the {n} non-empty row groups of the dataset: "
             "some partitions would hold no data. Use fewer partitions or smaller row groups."

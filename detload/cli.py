@@ -1,0 +1,260 @@
+"""The ``detload`` command line: a thin layer over the library (argparse, no hand-rolled parsing).
+
+Commands: run, verify, inspect, plan, demo. Exit codes: 0 success, 1 a
+verification found a difference, 2 bad input or usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from . import __version__
+from .errors import DetloadError, ManifestError
+
+
+def _common_loader_args(p: argparse.ArgumentParser, *, need_seed: bool = True) -> None:
+    p.add_argument("source", help="a Parquet file, directory, glob or URI (s3://bucket/prefix)")
+    p.add_argument("--batch-size", type=int, required=True, help="rows per batch (per rank)")
+    p.add_argument("--seed", type=int, required=need_seed, help="the seed that fixes the order")
+    p.add_argument("--columns", type=lambda s: [c for c in s.split(",") if c],
+                   help="comma-separated columns (default: all, schema order)")
+    p.add_argument("--shuffle-window", type=int, default=4, help="row groups whose rows are mixed together (default 4)")
+    p.add_argument("--no-shuffle", action="store_true", help="canonical order: files, then row groups, then rows")
+    p.add_argument("--drop-last", action="store_true", help="drop the last incomplete batch")
+    p.add_argument("--partitions", type=int, default=None, help="canonical partitions (default: world size)")
+    p.add_argument("--rank", type=int, default=None)
+    p.add_argument("--world-size", type=int, default=None)
+
+
+def _loader_kwargs(a: argparse.Namespace) -> dict[str, Any]:
+    return dict(
+        batch_size=a.batch_size, seed=a.seed, columns=a.columns, shuffle=not a.no_shuffle,
+        shuffle_window=a.shuffle_window, drop_last=a.drop_last, partitions=a.partitions,
+        rank=a.rank, world_size=a.world_size,
+    )
+
+
+def _workers(s: str) -> int | str:
+    return s if s == "auto" else int(s)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="detload", description="Deterministic, audited Parquet loading for ML training.")
+    ap.add_argument("--version", action="version", version=f"detload {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("run", help="iterate a dataset and write the manifest of every batch",
+                       description="Iterate SOURCE for --epochs epochs as a training job would, writing the manifest.")
+    _common_loader_args(p)
+    p.add_argument("--workers", type=_workers, default=1, help="worker count or 'auto' (default 1)")
+    p.add_argument("--pool", choices=["thread", "process"], default="thread")
+    p.add_argument("--prefetch", type=int, default=2, help="blocks queued per worker (default 2)")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--start-epoch", type=int, default=0)
+    p.add_argument("--manifest", required=True, help="manifest file, or a directory for rank-NNNNN.jsonl files")
+
+    p = sub.add_parser("verify", help="compare two manifests or run directories step by step",
+                       description="Exit 0 when identical, 1 at the first difference or truncation, 2 on unreadable input.")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    p = sub.add_parser("inspect", help="files, row groups, rows, schema and fingerprint of a dataset")
+    p.add_argument("source")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("plan", help="print an epoch's plan: units, blocks and per-worker schedules")
+    _common_loader_args(p)
+    p.add_argument("--epoch", type=int, default=0)
+    p.add_argument("--workers", type=_workers, default=1)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("demo", help="generate an example dataset, load it at 1 and 4 process workers, verify")
+    p.add_argument("--dir", default="detload-demo", help="where the dataset and manifests go (default ./detload-demo)")
+    p.add_argument("--rows", type=int, default=200_000)
+    return ap
+
+
+def _cmd_run(a: argparse.Namespace) -> int:
+    from .loader import Loader
+
+    t0 = time.perf_counter()
+    with Loader(a.source, workers=a.workers, pool=a.pool, prefetch=a.prefetch, manifest=a.manifest,
+                **_loader_kwargs(a)) as loader:
+        print(f"{loader!r}")
+        for epoch in range(a.start_epoch, a.start_epoch + a.epochs):
+            loader.set_epoch(epoch)
+            t = time.perf_counter()
+            rows = batches = 0
+            for batch in loader:
+                rows += len(next(iter(batch.values()))) if batch else 0
+                batches += 1
+            dt = time.perf_counter() - t
+            plan = loader.plan()
+            print(f"epoch {epoch}: {batches} batches, {rows} rows, {plan.dropped_rows} dropped, "
+                  f"{rows / dt if dt > 0 else float('inf'):,.0f} rows/s")
+        print(f"manifest: {loader.manifest_path}  ({time.perf_counter() - t0:.2f} s)")
+    return 0
+
+
+def _cmd_verify(a: argparse.Namespace) -> int:
+    from .verify import verify
+
+    try:
+        res = verify(a.a, a.b)
+    except ManifestError as exc:
+        if a.json:
+            print(json.dumps({"identical": False, "kind": "unreadable", "message": str(exc)}))
+        else:
+            print(f"detload verify: {exc}", file=sys.stderr)
+        return 2
+    if a.json:
+        print(json.dumps(res.to_dict(), indent=2, default=str))
+    else:
+        print(res.message)
+        for k, (va, vb) in res.info.items():
+            if va != vb:
+                print(f"  (not order-determining) {k}: A={va!r} B={vb!r}")
+    return 0 if res.identical else 1
+
+
+def _cmd_inspect(a: argparse.Namespace) -> int:
+    from ._dataset import discover
+
+    ds = discover(a.source)
+    specs = ds.specs(None) if _all_mappable(ds) else None
+    info = {
+        "root": ds.root,
+        "fingerprint": ds.fingerprint,
+        "files": [{"path": f.path, "size": f.size, "row_groups": list(f.row_groups), "rows": sum(f.row_groups)}
+                  for f in ds.files],
+        "rows": ds.rows,
+        "row_groups": sum(len(f.row_groups) for f in ds.files),
+        "schema": [{"name": fld.name, "arrow": str(fld.type)} for fld in ds.schema],
+        "partitions": [{"key": k, "type": t} for k, t in ds.partition_types],
+    }
+    delivered = {}
+    for fld in ds.schema:
+        try:
+            delivered[fld.name] = ds.specs([fld.name])[0].describe()
+        except DetloadError as exc:
+            delivered[fld.name] = f"unsupported: {exc}".split(".")[0]
+    for k, _ in ds.partition_types:
+        delivered[k] = ds.specs([k])[0].describe() + " (Hive partition)"
+    info["numpy"] = delivered
+    del specs
+    if a.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"dataset {ds.root}")
+    print(f"  fingerprint {ds.fingerprint}")
+    print(f"  {len(ds.files)} files, {info['row_groups']} row groups, {ds.rows:,} rows")
+    for f in ds.files:
+        rg = list(f.row_groups)
+        shown = ", ".join(map(str, rg[:8])) + (", ..." if len(rg) > 8 else "")
+        print(f"  {f.path}  {f.size:,} B  {sum(rg):,} rows in {len(rg)} row groups [{shown}]")
+    print("  columns:")
+    for fld in ds.schema:
+        print(f"    {fld.name}: {fld.type} -> {delivered[fld.name]}")
+    for k, t in ds.partition_types:
+        print(f"    {k}: {t} -> {delivered[k]}")
+    return 0
+
+
+def _all_mappable(ds: Any) -> bool:
+    try:
+        ds.specs(None)
+        return True
+    except DetloadError:
+        return False
+
+
+def _cmd_plan(a: argparse.Namespace) -> int:
+    from ._dataset import discover
+    from .loader import _distributed_defaults, resolve_workers
+    from .plan import OrderOptions, make_plan
+
+    ds = discover(a.source)
+    rank, world = _distributed_defaults(a.rank, a.world_size)
+    opts = OrderOptions(seed=a.seed, batch_size=a.batch_size, shuffle=not a.no_shuffle,
+                        shuffle_window=a.shuffle_window, drop_last=a.drop_last,
+                        partitions=a.partitions or world, world_size=world)
+    files, rgs, rows = ds.units()
+    plan = make_plan(rows, opts, epoch=a.epoch, rank=rank, dataset_fingerprint=ds.fingerprint)
+    workers = resolve_workers(a.workers)
+    d: dict[str, Any] = plan.to_dict(workers)
+    names = [f"{ds.files[f].path}#{g}" for f, g in zip(files, rgs)]
+    d["unit_names"] = names
+    if a.json:
+        print(json.dumps(d, indent=2))
+        return 0
+    print(f"plan {plan.fingerprint} (format {d['plan_format']}) epoch {plan.epoch} rank {plan.rank}")
+    print(f"  {d['units']} units, {d['rows']:,} rows -> {plan.steps} steps of {opts.batch_size} rows, "
+          f"{plan.dropped_rows} dropped; partitions {opts.partitions}, rows per partition {list(plan.partition_rows)}")
+    print("  unit order: " + " ".join(str(u) for u in plan.unit_order[:32]) + (" ..." if d["units"] > 32 else ""))
+    for blk in d["blocks"]:
+        units = ", ".join(names[u] for u in blk["units"])
+        print(f"  block k={blk['k']:<4} partition {blk['partition']} #{blk['number']:<3} worker {blk['worker']:<3} "
+              f"rows {blk['rows']:<7} steps {blk['steps'][0]}-{blk['steps'][1]}  [{units}]")
+    for w, sched in enumerate(plan.worker_schedules(workers)):
+        print(f"  worker {w}: blocks " + " ".join(f"p{b.partition}#{b.number}" for b in sched))
+    return 0
+
+
+def _cmd_demo(a: argparse.Namespace) -> int:
+    from ._demo import write_demo_dataset
+    from .loader import Loader
+    from .verify import verify
+
+    data = os.path.join(a.dir, "data")
+    print(f"1. writing an example dataset ({a.rows:,} rows, 6 files with odd row-group sizes, one empty) to {data}")
+    write_demo_dataset(data, rows=a.rows)
+    manifests = []
+    for workers in (1, 4):
+        path = os.path.join(a.dir, f"manifest-w{workers}.jsonl")
+        t = time.perf_counter()
+        rows = 0
+        with Loader(data, batch_size=4096, seed=42, workers=workers, pool="process", shuffle_window=4,
+                    manifest=path) as loader:
+            for epoch in range(2):
+                loader.set_epoch(epoch)
+                for batch in loader:
+                    rows += len(batch["id"])
+        dt = time.perf_counter() - t
+        print(f"2. loaded 2 epochs with {workers} process worker(s): {rows:,} rows in {dt:.2f} s -> {path}")
+        manifests.append(path)
+    res = verify(*manifests)
+    print(f"3. detload verify {manifests[0]} {manifests[1]}: {res.message}")
+    if not res.identical:
+        return 1
+    print("   Same seed, different worker counts: byte-identical batches, step by step.")
+    print(f"   Try: detload verify {manifests[0]} {manifests[1]}   |   detload inspect {data}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = _parser()
+    a = ap.parse_args(argv)
+    cmd = {"run": _cmd_run, "verify": _cmd_verify, "inspect": _cmd_inspect, "plan": _cmd_plan, "demo": _cmd_demo}
+    try:
+        return cmd[a.command](a)
+    except (DetloadError, FileNotFoundError, ValueError) as exc:
+        print(f"detload {a.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # output piped into `head` and closed early
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
