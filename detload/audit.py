@@ -43,7 +43,7 @@ def _update_array(h: xxhash.xxh3_128, a: np.ndarray) -> None:
     h.update(struct.pack(f"<{1 + a.ndim}q", a.ndim, *a.shape))
     # A byte view of the memory: no copy, and works for dtypes (datetime64)
     # that do not export the buffer protocol themselves.
-    h.update(memoryview(a.reshape(-1).view(np.uint8)))
+    h.update(a.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
 
 def column_digest(name: str, col: Column) -> bytes:
