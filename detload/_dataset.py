@@ -16,7 +16,7 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 import pyarrow as pa
@@ -29,7 +29,8 @@ from .errors import DatasetError, EmptyDatasetError, OptionError, SchemaMismatch
 
 __all__ = ["Dataset", "FileInfo", "discover", "Source"]
 
-Source = "str | os.PathLike[str] | Sequence[str | os.PathLike[str]]"
+#: What ``Loader`` and ``discover`` accept as a source.
+Source = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
 
 _DATA_SUFFIXES = (".parquet", ".parq", ".pq")
 _INT_RE = re.compile(r"^-?[0-9]+$")
@@ -187,6 +188,10 @@ def _list_source(source: Any, filesystem: pafs.FileSystem | None) -> tuple[pafs.
             hits = [fi for fi in sel if fi.type == pafs.FileType.File and fnmatch.fnmatchcase(fi.path, loc)]
             if not hits:
                 raise FileNotFoundError(f"the glob {loc!r} matches no file")
+            if single:
+                # The folder above the first wildcard, so key=value folders the
+                # glob walks through stay partition columns.
+                root = base
             found.extend(info_of(fi) for fi in hits)
             continue
         fi = fs.get_file_info(loc)
