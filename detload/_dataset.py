@@ -58,6 +58,7 @@ class Dataset:
     partition_types: tuple[tuple[str, str], ...]
     filesystem: pafs.FileSystem = field(repr=False)
     fingerprint: str
+    file_schemas: tuple[pa.Schema, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def rows(self) -> int:
@@ -102,6 +103,7 @@ class Dataset:
                 raise OptionError(f"columns lists {dup} more than once")
             keys = set(self.partition_keys)
             wanted = [c for c in wanted if c not in keys] + [c for c in self.partition_keys if c in wanted]
+        self.check_drift([c for c in wanted if c not in self.partition_keys])
         ptypes = dict(self.partition_types)
         out = []
         for name in wanted:
@@ -111,6 +113,14 @@ class Dataset:
             else:
                 out.append(column_spec(name, self.schema.field(name).type))
         return out
+
+
+    def check_drift(self, names: Sequence[str]) -> None:
+        """Raise SchemaMismatchError if files disagree on any of ``names`` (ignoring nullability)."""
+        first = self.file_schemas[0] if self.file_schemas else None
+        for f, s in zip(self.files[1:], self.file_schemas[1:]):
+            if first is not None and s is not first and not s.equals(first):
+                _check_same_schema(first, self.files[0].path, s, f.path, names)
 
 
 def _to_filesystem(filesystem: Any) -> pafs.FileSystem | None:
@@ -290,32 +300,28 @@ def discover(
     with ThreadPoolExecutor(max_workers=max(1, min(footer_threads, len(rels)))) as ex:
         metas = list(ex.map(lambda r: _read_footer(fs, r[1]), rels))
     files: list[FileInfo] = []
-    schema: pa.Schema | None = None
-    first_rel = ""
+    schemas: list[pa.Schema] = []
     for (rel, loc, size, mt), md in zip(rels, metas):
         s = md.schema.to_arrow_schema()
-        if schema is None:
-            schema, first_rel = s, rel
-        else:
-            _check_same_schema(schema, first_rel, s, rel)
+        # Files written alike share one schema object: drift checks then cost nothing.
+        schemas.append(schemas[0] if schemas and s.equals(schemas[0]) else s)
         rg = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
         files.append(FileInfo(rel, loc, size, mt, rg, _partition_values(rel)))
-    assert schema is not None
-    schema = pa.schema([pa.field(f.name, f.type) for f in schema])  # drop metadata and nullability
+    schema = pa.schema([pa.field(f.name, f.type) for f in schemas[0]])  # drop metadata and nullability
     ptypes = _partition_types(files, schema, partitioning)
     if not any(n > 0 for f in files for n in f.row_groups):
         raise EmptyDatasetError(
             f"the dataset at {root!r} has no rows: its {len(files)} file(s) hold no non-empty row group"
         )
     fp = _fingerprint(files, schema, ptypes)
-    return Dataset(root, tuple(files), schema, ptypes, fs, fp)
+    return Dataset(root, tuple(files), schema, ptypes, fs, fp, tuple(schemas))
 
 
-def _check_same_schema(a: pa.Schema, a_rel: str, b: pa.Schema, b_rel: str) -> None:
+def _check_same_schema(a: pa.Schema, a_rel: str, b: pa.Schema, b_rel: str, names: Sequence[str]) -> None:
     ta = {f.name: f.type for f in a}
     tb = {f.name: f.type for f in b}
     diffs = []
-    for name in sorted(set(ta) | set(tb)):
+    for name in names:
         if name not in ta or name not in tb:
             diffs.append(f"{name!r} only in {a_rel if name in ta else b_rel}")
         elif _type_key(ta[name]) != _type_key(tb[name]):
@@ -323,8 +329,7 @@ def _check_same_schema(a: pa.Schema, a_rel: str, b: pa.Schema, b_rel: str) -> No
     if diffs:
         raise SchemaMismatchError(
             f"schema drift between {a_rel} and {b_rel}: " + "; ".join(diffs)
-            + ". Rewrite the files with one schema, or select common columns with columns=[...]"
-            " (columns that exist in only some files cannot be read)."
+            + ". Rewrite the files with one schema, or leave these columns out with columns=[...]."
         )
 
 

@@ -121,6 +121,11 @@ class Run:
             except queue.Empty:
                 break
         self.pool.drain()
+        # An iterator still holding this run must end, not wait forever.
+        self.ready.put_nowait(Failure(DetloadError(
+            "this iteration was stopped: the loader started a new iteration, changed epoch "
+            "or was closed. Iterate the loader again for a fresh pass."
+        )))
 
     # -- merger thread -------------------------------------------------------
     def _main(self) -> None:
@@ -162,8 +167,7 @@ class Run:
                     raise WorkerError(
                         f"{pool.describe_death(w)} while producing block {k} "
                         f"({self._where(st)}). Its data was not delivered; nothing after "
-                        "the last yielded batch was lost. Check the system log for an "
-                        "out-of-memory kill.",
+                        "the last yielded batch was lost.",
                         worker=w, unit=self._unit(st),
                     ) from None
                 if st != last_status:

@@ -117,7 +117,14 @@ class WorkerPool:
             return f"worker thread {w} exited"
         code = h.exitcode
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
-        return f"worker process {w} (pid {h.pid}) {how}"
+        hint = ""
+        if code == 1:
+            hint = (" (it raised at start-up; see its traceback on stderr. With pool='process' a "
+                    "script must create the Loader under `if __name__ == \"__main__\":`, because "
+                    "worker processes import the main module)")
+        elif code is not None and code < 0:
+            hint = " (an out-of-memory kill? check the system log)"
+        return f"worker process {w} (pid {h.pid}) {how}{hint}"
 
     def pids(self) -> list[int]:
         return [h.pid for h in self.handles] if self.kind == "process" else []

@@ -16,7 +16,7 @@ import tempfile
 
 import numpy as np
 
-from .errors import DetloadError
+from .errors import SharedMemoryError
 
 __all__ = ["SHM_DIR", "attach", "create", "discard", "sweep", "sweep_dead"]
 
@@ -29,14 +29,14 @@ def segment_prefix(pid: int, token: str) -> str:
     return f"{_PREFIX}{pid}-{token}-"
 
 
-def _space_error(directory: str, nbytes: int, exc: OSError | None = None) -> DetloadError:
+def _space_error(directory: str, nbytes: int, exc: OSError | None = None) -> SharedMemoryError:
     free = "unknown"
     try:
         st = os.statvfs(directory)
         free = f"{st.f_bavail * st.f_frsize / 2**20:.0f} MiB"
     except OSError:
         pass
-    return DetloadError(
+    return SharedMemoryError(
         f"not enough shared memory in {directory} for a {nbytes / 2**20:.1f} MiB block "
         f"(free: {free}). Raise its size (Docker: --shm-size=8g; Kubernetes: an emptyDir "
         "with medium: Memory), lower prefetch or shuffle_window, or use pool='thread', "

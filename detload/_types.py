@@ -213,14 +213,14 @@ def convert_column(
                 "to replace them."
             )
     if spec.kind == "fixed":
+        if pa.types.is_fixed_size_binary(arr.type):
+            return _primitive(spec, arr, where)
         if spec.inner:
             values = arr
             for _ in spec.inner:
                 values = values.flatten()
             out = _primitive(spec, values, where)
             return out.reshape((len(arr), *spec.inner))
-        if pa.types.is_fixed_size_binary(arr.type):
-            raise AssertionError("fixed_size_binary has inner width")  # pragma: no cover
         return _primitive(spec, arr, where)
     return _ragged(spec, arr, where)
 
@@ -233,8 +233,10 @@ def _primitive(spec: ColumnSpec, arr: pa.Array, where: tuple[str, int]) -> np.nd
         return raw.reshape(len(arr), w)
     if arr.null_count and spec.null == "error":
         raise DataError(
-            f"{_where(spec.name, where)} holds {arr.null_count} null(s) inside its values, "
-            f"which {spec.dtype} cannot represent. Pass null_fill={{{spec.name!r}: value}}."
+            f"{_where(spec.name, where)} holds {arr.null_count} null(s) inside its list "
+            f"elements, which {spec.dtype} cannot represent and null_fill (which replaces "
+            "whole-row nulls) cannot reach. Rewrite the column without null elements, or "
+            "as a float list (nulls become NaN)."
         )
     out = arr.to_numpy(zero_copy_only=False)
     want = np.dtype(spec.dtype)

@@ -87,6 +87,8 @@ class ManifestWriter:
             existing = read_manifest(self.path)
             _check_header_compatible(existing.header, header, self.path)
             self._f: IO[bytes] = open(self.path, "r+b")  # noqa: SIM115 - lives as long as the loader
+            # Drop a torn last line (a crash mid-write) before appending after it.
+            self._f.truncate(existing.valid_bytes)
             self._f.seek(0, os.SEEK_END)
             self._offsets = existing.offsets
         else:
@@ -169,6 +171,7 @@ class Manifest:
     epochs: dict[int, EpochRecord]
     offsets: dict[tuple[int, int], int]
     torn_tail: bool = False
+    valid_bytes: int = 0  # length of the complete lines
 
     def batches(self) -> Iterator[dict[str, Any]]:
         for rec in self.epochs.values():
@@ -231,4 +234,4 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
                 raise
             raise ManifestError(f"{path} line {n}: malformed {kind} record ({exc})") from None
     assert header is not None
-    return Manifest(path, header, epochs, offsets, torn)
+    return Manifest(path, header, epochs, offsets, torn, pos)

@@ -26,7 +26,8 @@ def _common_loader_args(p: argparse.ArgumentParser, *, need_seed: bool = True) -
                    help="comma-separated columns (default: all, schema order)")
     p.add_argument("--shuffle-window", type=int, default=4, help="row groups whose rows are mixed together (default 4)")
     p.add_argument("--no-shuffle", action="store_true", help="canonical order: files, then row groups, then rows")
-    p.add_argument("--drop-last", action="store_true", help="drop the last incomplete batch")
+    p.add_argument("--drop-last", action="store_true",
+                   help="drop the ragged tail (the last incomplete batch; with partitions, the rows past the shortest partition's last full micro-batch)")
     p.add_argument("--partitions", type=int, default=None, help="canonical partitions (default: world size)")
     p.add_argument("--rank", type=int, default=None)
     p.add_argument("--world-size", type=int, default=None)
@@ -176,17 +177,14 @@ def _all_mappable(ds: Any) -> bool:
 
 
 def _cmd_plan(a: argparse.Namespace) -> int:
-    from ._dataset import discover
-    from .loader import _distributed_defaults, resolve_workers
-    from .plan import OrderOptions, make_plan
+    from .loader import Loader, resolve_workers
 
-    ds = discover(a.source)
-    rank, world = _distributed_defaults(a.rank, a.world_size)
-    opts = OrderOptions(seed=a.seed, batch_size=a.batch_size, shuffle=not a.no_shuffle,
-                        shuffle_window=a.shuffle_window, drop_last=a.drop_last,
-                        partitions=a.partitions or world, world_size=world)
-    files, rgs, rows = ds.units()
-    plan = make_plan(rows, opts, epoch=a.epoch, rank=rank, dataset_fingerprint=ds.fingerprint)
+    # A Loader plans exactly as a run would (same fingerprint); it starts no worker.
+    loader = Loader(a.source, **_loader_kwargs(a))
+    ds = loader.dataset
+    opts = loader.options
+    files, rgs, _rows = ds.units()
+    plan = loader.plan(a.epoch)
     workers = resolve_workers(a.workers)
     d: dict[str, Any] = plan.to_dict(workers)
     names = [f"{ds.files[f].path}#{g}" for f, g in zip(files, rgs)]

@@ -11,6 +11,7 @@ Hierarchy (every class also derives from the built-in a caller would expect)::
     ├── DataError(DetloadError, ValueError)          bad values met while reading (nulls in ints)
     ├── WorkerError(DetloadError, RuntimeError)      a worker failed, died or stalled
     │   └── WorkerStalledError(…, TimeoutError)
+    ├── SharedMemoryError(DetloadError, OSError)     /dev/shm too small for a block
     ├── StateError(DetloadError, ValueError)         a resume state that does not fit this loader
     └── ManifestError(DetloadError, ValueError)      an unreadable or inconsistent manifest
 
@@ -28,6 +29,7 @@ __all__ = [
     "ManifestError",
     "OptionError",
     "SchemaMismatchError",
+    "SharedMemoryError",
     "StateError",
     "UnsupportedTypeError",
     "WorkerError",
@@ -86,6 +88,10 @@ class WorkerError(DetloadError, RuntimeError):
 
 class WorkerStalledError(WorkerError, TimeoutError):
     """A worker produced nothing for longer than ``stall_timeout`` seconds."""
+
+
+class SharedMemoryError(DetloadError, OSError):
+    """Not enough shared memory (/dev/shm) for a process worker's block."""
 
 
 class StateError(DetloadError, ValueError):

@@ -132,6 +132,9 @@ class Loader:
         unknown_fill = [k for k in self.null_fill if k not in names]
         if unknown_fill:
             raise OptionError(f"null_fill names {unknown_fill}, which are not among the loaded columns {names}")
+        for spec in self.specs:
+            if spec.name in self.null_fill:
+                _check_fill(spec, self.dataset, self.null_fill[spec.name])
         self._unit_files, self._unit_rgs, self._unit_rows = self.dataset.units()
         self.order = {
             **self.options.order_dict(),
@@ -336,6 +339,19 @@ class Loader:
     def __repr__(self) -> str:
         return (f"Loader({self.dataset.root!r}, files={len(self.dataset.files)}, rows={self.dataset.rows}, "
                 f"batch_size={self.options.batch_size}, workers={self.workers}, pool={self.pool_kind!r})")
+
+
+def _check_fill(spec: ColumnSpec, dataset: Dataset, value: Any) -> None:
+    """Reject a null_fill value that does not fit its column now, not at the first null."""
+    import pyarrow as pa
+
+    t = pa.int64() if spec.partition else dataset.schema.field(spec.name).type
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    try:
+        pa.scalar(value, type=t)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+        raise OptionError(f"null_fill[{spec.name!r}] = {value!r} does not fit the column's type {t}: {exc}") from None
 
 
 def _manifest_file(manifest: str | os.PathLike[str], rank: int) -> str:
