@@ -267,8 +267,12 @@ def observations(runs: list[dict], summary: list[dict]) -> list[str]:
             out.append(f"{label}: every epoch of every run delivered all {rs[0]['expected_rows_per_epoch']:,} rows.")
     torch_in_order = {r["config"]: r["sequence_hash"] for r in runs if r["family"] == "torch" and r["in_order"]}
     if len(torch_in_order) > 1:
-        out.append(f"torch DataLoader with in_order=True: {len(set(torch_in_order.values()))} distinct sequence(s) "
-                   f"across its {len(torch_in_order)} worker/shard settings.")
+        groups: dict[str, list[str]] = {}
+        for name, seq in torch_in_order.items():
+            groups.setdefault(seq, []).append(name)
+        same = ["; ".join(" = ".join(g) for g in groups.values() if len(g) > 1)]
+        out.append(f"torch DataLoader with in_order=True: {len(groups)} distinct sequence(s) across its "
+                   f"{len(torch_in_order)} worker/shard settings" + (f" (same order: {same[0]})." if same[0] else "."))
     seeds = [x for x in summary if x["family"] == "detload-seeds"]
     if seeds:
         x = seeds[0]
@@ -288,15 +292,23 @@ def plot(runs: list[dict], cfgs: list[Config], path: Path) -> bool:
         return False
     names = [c.name for c in cfgs if any(r["config"] == c.name for r in runs)]
     colors = {"petastorm": "tab:red", "torch": "tab:orange", "detload": "tab:blue", "detload-seeds": "tab:gray"}
-    fig, ax = plt.subplots(figsize=(10, 0.45 * len(names) + 1.6))
+    fig, ax = plt.subplots(figsize=(10, 0.38 * len(names) + 1.6))
     for i, name in enumerate(names):
         rs = [r for r in runs if r["config"] == name]
         offs = np.linspace(-0.25, 0.25, len(rs)) if len(rs) > 1 else np.zeros(1)
-        ax.scatter([r["auc"] for r in rs], i + offs, s=22, color=colors[rs[0]["family"]], zorder=3)
+        short = np.array([any(n < r["expected_rows_per_epoch"] for n in r["rows_per_epoch"]) for r in rs])
+        x = np.array([r["auc"] for r in rs])
+        c = colors[rs[0]["family"]]
+        ax.scatter(x[~short], (i + offs)[~short], s=22, color=c, zorder=3)
+        if short.any():
+            ax.scatter(x[short], (i + offs)[short], s=40, color=c, marker="x", zorder=3,
+                       label="run that saw fewer rows than the dataset has")
     det = [r["auc"] for r in runs if r["family"] == "detload"]
     if det:
         ax.axvline(det[0], color="tab:blue", lw=0.8, ls="--", zorder=1, label=f"detload seed {SEED}")
-        ax.legend(loc="lower right", fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        # Below the axes: inside, it would cover whichever configuration happens to sit there.
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.07), ncol=2, fontsize=8, frameon=False)
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("held-out ROC AUC (one dot per training run; repeats spread vertically)")
@@ -304,7 +316,7 @@ def plot(runs: list[dict], cfgs: list[Config], path: Path) -> bool:
     ax.set_title("Same model, same seed, same data: AUC per run by loader configuration", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True
 
