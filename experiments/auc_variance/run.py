@@ -342,7 +342,7 @@ def machine() -> dict:
 def report_markdown(meta: dict, summary: list[dict], runs: list[dict], image_rel: str | None) -> str:
     s = meta["settings"]
     lines = [
-        "## AUC variance: what nondeterministic data order costs",
+        "### Latest full run",
         "",
         f"Run on {meta['date']} on {meta['machine']['cpu']} ({meta['machine']['cores']} cores usable), "
         f"Python {meta['machine']['python']}, torch {meta['machine']['torch']}, pyarrow {meta['machine']['pyarrow']}, "
