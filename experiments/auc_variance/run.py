@@ -15,6 +15,7 @@ import datetime as dt
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -434,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(),
-        "command": "python experiments/auc_variance/run.py" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip(),
+        "command": shlex.join(["python", "experiments/auc_variance/run.py", *(argv if argv is not None else sys.argv[1:])]),
         "settings": {**s.spec.__dict__, "batch_size": s.batch_size, "epochs": s.epochs, "repeats": s.repeats,
                      "shuffle_window": s.shuffle_window, "seed": SEED, "quick": args.quick},
         "runs": len(runs), "wall_s": time.perf_counter() - t_start, "load_start": load_start,
