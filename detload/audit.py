@@ -83,6 +83,7 @@ class ManifestWriter:
         if parent:
             os.makedirs(parent, exist_ok=True)
         self.header = header
+        self._continued = False
         if resume and os.path.exists(self.path) and os.path.getsize(self.path) > 0:
             existing = read_manifest(self.path)
             _check_header_compatible(existing.header, header, self.path)
@@ -91,6 +92,7 @@ class ManifestWriter:
             self._f.truncate(existing.valid_bytes)
             self._f.seek(0, os.SEEK_END)
             self._offsets = existing.offsets
+            self._continued = True
         else:
             self._f = open(self.path, "wb")  # noqa: SIM115
             self._offsets = {}
@@ -113,6 +115,14 @@ class ManifestWriter:
             self._offsets = {k: v for k, v in self._offsets.items() if v < pos}
 
     def start_epoch(self, epoch: int, steps: int, dropped_rows: int, plan_fingerprint: str, start_step: int) -> None:
+        if self._continued and start_step > 0 and (epoch, start_step - 1) not in self._offsets:
+            have = sorted(s for e, s in self._offsets if e == epoch and s >= 0)
+            where = f"its epoch {epoch} ends at step {have[-1]}" if have else f"it has no batch of epoch {epoch}"
+            raise ManifestError(
+                f"cannot continue manifest {self.path} at epoch {epoch} step {start_step}: {where}, so "
+                "the continued record would have a gap. Is this the manifest the interrupted run wrote? "
+                "Otherwise write the resumed run to a new manifest path."
+            )
         self.cut_to(epoch, start_step if start_step > 0 else -1)
         if start_step == 0 or (epoch, -1) not in self._offsets:
             self._offsets[(epoch, -1)] = self._f.tell()

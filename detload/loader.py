@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -27,7 +28,7 @@ from .audit import MANIFEST_FORMAT, MANIFEST_VERSION, ManifestWriter
 from .errors import OptionError, StateError
 from .plan import PLAN_FORMAT_VERSION, OrderOptions, Plan, make_plan
 
-__all__ = ["Loader", "STATE_FORMAT_VERSION", "resolve_workers"]
+__all__ = ["STATE_FORMAT_VERSION", "Loader", "compare_ranks", "resolve_workers"]
 
 STATE_FORMAT_VERSION = 1
 PoolKind = Literal["thread", "process"]
@@ -50,16 +51,18 @@ def resolve_workers(workers: int | str) -> int:
 
 
 def _distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Explicit values, else an initialised torch.distributed, else RANK/WORLD_SIZE, else (0, 1).
+
+    torch is only consulted when something already imported it: an initialised
+    process group implies ``torch.distributed`` is in ``sys.modules``, and
+    importing torch here would cost seconds for users who never touch it.
+    """
     if rank is not None and world_size is not None:
         return rank, world_size
     r = w = None
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            r, w = dist.get_rank(), dist.get_world_size()
-    except ImportError:
-        pass
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        r, w = dist.get_rank(), dist.get_world_size()
     if r is None:
         env_r, env_w = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
         if env_r is not None and env_w is not None:
@@ -281,7 +284,12 @@ class Loader:
 
     # -- resume ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Where the consumer is: epoch and batches yielded (not prefetched). JSON-able."""
+        """Where the consumer is: epoch and batches yielded (not prefetched). JSON-able.
+
+        ``step`` is a global step: the same number on every rank, and valid at any
+        world size that keeps ``partitions`` and the global batch size. The dict
+        holds no rank, worker count or pool, so it restores under other ones.
+        """
         return {
             "format": STATE_FORMAT_VERSION,
             "fingerprint": self.fingerprint,
@@ -291,22 +299,31 @@ class Loader:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue at ``state``'s step on the next iteration; reads nothing for skipped steps."""
-        if not isinstance(state, Mapping) or "format" not in state:
+        """Continue at ``state``'s step on the next iteration; reads nothing for skipped steps.
+
+        Raises StateError naming every option that differs when the state comes
+        from another dataset or another order. A manifest this loader writes is
+        continued: lines from the resumed step on are cut, new ones appended.
+        """
+        if not isinstance(state, Mapping) or "format" not in state or "order" not in state:
             raise StateError("not a detload state: expected the dict that Loader.state_dict() returns")
         if state["format"] != STATE_FORMAT_VERSION:
-            raise StateError(f"state format {state['format']} cannot be read by this detload (format {STATE_FORMAT_VERSION})")
-        theirs = state.get("order", {})
+            raise StateError(f"state format {state['format']!r} cannot be read by this detload "
+                             f"(it reads format {STATE_FORMAT_VERSION})")
+        theirs = state["order"]
+        if not isinstance(theirs, Mapping):
+            raise StateError("not a detload state: its 'order' is not a dict")
         diffs = [k for k in sorted(set(theirs) | set(self.order)) if theirs.get(k) != self.order.get(k)]
         if diffs:
-            detail = ", ".join(f"{k}: {theirs.get(k)!r} in the state, {self.order.get(k)!r} here" for k in diffs)
-            what = "the dataset changed" if diffs == ["dataset"] else "order options differ"
-            raise StateError(f"cannot resume: {what} ({detail})")
+            raise StateError("cannot resume: " + "; ".join(self._describe_diff(k, theirs.get(k)) for k in diffs))
         if state.get("fingerprint") != self.fingerprint:
-            raise StateError("cannot resume: the state's plan fingerprint does not match this loader's")
+            raise StateError("cannot resume: the state's plan fingerprint does not match this loader's "
+                             "(the state was edited, or made by an incompatible detload)")
         epoch, step = state.get("epoch"), state.get("step")
-        if not isinstance(epoch, int) or not isinstance(step, int) or epoch < 0 or step < 0:
+        if (isinstance(epoch, bool) or isinstance(step, bool) or not isinstance(epoch, int)
+                or not isinstance(step, int) or not 0 <= epoch < 2**32 or step < 0):
             raise StateError(f"state has a bad position: epoch={epoch!r}, step={step!r}")
+        self._stop_run()
         self.set_epoch(epoch)
         steps = self.plan().steps
         if step > steps:
@@ -314,6 +331,52 @@ class Loader:
         self._resume_step = step
         self._position = step
         self._resume_manifest = True
+
+    def _describe_diff(self, key: str, theirs: Any) -> str:
+        mine = self.order.get(key)
+        if key == "dataset":
+            return (f"the dataset changed (fingerprint {theirs!r} in the state, {mine!r} here): "
+                    "files, row groups or schema differ")
+        what = f"{key}: {theirs!r} in the state, {mine!r} here"
+        if key == "global_batch_size":
+            what += (f" (batch_size {self.options.batch_size} x world size {self.options.world_size}; "
+                     "batch_size is per rank, so at another world size scale it to keep the global batch)")
+        elif key == "partitions" and self.options.partitions == self.options.world_size:
+            what += " (partitions defaults to the world size: pass partitions= explicitly to change world size)"
+        return what
+
+    # -- distributed -------------------------------------------------------------
+    def rank_info(self) -> dict[str, Any]:
+        """What every rank of one job must agree on (besides its own rank), JSON-able."""
+        return {
+            "rank": self.rank,
+            "world_size": self.options.world_size,
+            "batch_size": self.options.batch_size,
+            "epoch": self._epoch,
+            "start_step": self._resume_step,
+            "fingerprint": self.fingerprint,
+            "order": dict(self.order),
+        }
+
+    def check_ranks(self, gather: Callable[[Any], Sequence[Any]] | None = None) -> None:
+        """Fail fast when the ranks of one job were given different options.
+
+        ``gather(obj)`` must return every rank's ``obj`` in rank order (a
+        collective: every rank calls it). Default: ``torch.distributed``'s
+        ``all_gather_object`` when a process group is initialised, else nothing
+        is checked. Raises OptionError naming each differing option and the ranks.
+        """
+        if gather is None:
+            dist = sys.modules.get("torch.distributed")
+            if dist is None or not (dist.is_available() and dist.is_initialized()):
+                return
+
+            def gather(obj: Any) -> Sequence[Any]:
+                out: list[Any] = [None] * dist.get_world_size()
+                dist.all_gather_object(out, obj)
+                return out
+
+        compare_ranks(list(gather(self.rank_info())))
 
     # -- lifetime --------------------------------------------------------------
     def close(self) -> None:
@@ -370,3 +433,34 @@ def _jsonable(v: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return [_jsonable(x) for x in v]
     return v
+
+
+def compare_ranks(infos: Sequence[Mapping[str, Any]]) -> None:
+    """Raise OptionError unless the ``Loader.rank_info()`` of every rank (in rank order) agree."""
+    if not infos:
+        return
+    problems: list[str] = []
+    ranks = [i.get("rank") for i in infos]
+    if ranks != list(range(len(infos))):
+        problems.append(f"the loaders' ranks are {ranks} for {len(infos)} processes (expected 0..{len(infos) - 1}): "
+                        "pass rank= and world_size= from torch.distributed, or leave them unset")
+    fields: list[tuple[str, Callable[[Mapping[str, Any]], Any]]] = [
+        ("world_size", lambda i: i.get("world_size")),
+        ("batch_size", lambda i: i.get("batch_size")),
+        ("epoch", lambda i: i.get("epoch")),
+        ("resume step", lambda i: i.get("start_step")),
+    ]
+    keys = sorted({k for i in infos for k in i.get("order", {})})
+    fields += [(k, (lambda key: lambda i: i.get("order", {}).get(key))(k)) for k in keys if k != "global_batch_size"]
+    for name, get in fields:
+        groups: dict[str, list[int]] = {}
+        for n, info in enumerate(infos):
+            groups.setdefault(json.dumps(get(info), sort_keys=True, default=str), []).append(n)
+        if len(groups) > 1:
+            problems.append(f"{name} differs: " + ", ".join(f"{v} on ranks {r}" for v, r in groups.items()))
+    if problems:
+        raise OptionError(
+            "the ranks of this job were given different loader options, so they would read "
+            "inconsistent data: " + "; ".join(problems)
+            + ". Every rank must build its Loader with the same options (and resume from the same state)."
+        )

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .audit import NON_ORDER_FIELDS, Manifest, read_manifest
 from .errors import ManifestError
 
-__all__ = ["Run", "VerifyResult", "load_run", "verify"]
+__all__ = ["Continued", "Run", "VerifyResult", "load_run", "load_side", "verify"]
 
 
 @dataclass
@@ -70,8 +71,85 @@ def load_run(path: str) -> Run:
                 f"{path} holds manifests of ranks {ranks} for world size {world}; every rank "
                 "0..world_size-1 must have its file"
             )
+        prints = [m.header.get("fingerprint") for m in manifests]
+        if len(set(prints)) > 1:
+            odd = [r for r, p in enumerate(prints) if p != prints[0]]
+            raise ManifestError(
+                f"{path}: the rank manifests disagree on the order (ranks {odd} have another "
+                "fingerprint than rank 0): its ranks ran with different options"
+            )
         return Run(path, manifests)
     return Run(path, [read_manifest(path)])
+
+
+class Continued:
+    """A run that was interrupted and resumed: segments in the order they ran.
+
+    Each segment (a manifest or a run directory, at any world size) starts at
+    its first recorded (epoch, step); from there on it replaces everything the
+    earlier segments recorded, as a resumed run that continues the same file
+    cuts what came after the resumed step.
+    """
+
+    def __init__(self, runs: list[Run]) -> None:
+        self.runs = runs
+        self.path = " + ".join(r.path for r in runs)
+        self.starts = [_start(r) for r in runs]
+        self.manifests = runs[0].manifests
+
+    @property
+    def header(self) -> dict[str, Any]:
+        return self.runs[0].header
+
+    def _segment(self, epoch: int, step: int) -> Run | None:
+        chosen = None
+        for run, start in zip(self.runs, self.starts):
+            if start is not None and start <= (epoch, step):
+                chosen = run
+        return chosen
+
+    def epochs(self) -> list[int]:
+        return sorted({e for r in self.runs for e in r.epochs()})
+
+    def announced(self, epoch: int) -> int | None:
+        for run in reversed(self.runs):
+            n = run.announced(epoch)
+            if n is not None:
+                return n
+        return None
+
+    def step(self, epoch: int, step: int) -> tuple[list[str], list[dict[str, Any]]] | None:
+        run = self._segment(epoch, step)
+        return None if run is None else run.step(epoch, step)
+
+
+def _start(run: Run) -> tuple[int, int] | None:
+    """The first (epoch, step) every rank of ``run`` recorded, None when it holds no batch."""
+    firsts = []
+    for m in run.manifests:
+        batches = [(rec.epoch, rec.batches[0]["step"]) for rec in m.epochs.values() if rec.batches]
+        if not batches:
+            return None
+        firsts.append(min(batches))
+    return max(firsts)
+
+
+def load_side(paths: str | Sequence[str]) -> Run | Continued:
+    """One side of a comparison: a path, or several paths of one run resumed in new places."""
+    if isinstance(paths, (str, os.PathLike)):
+        return load_run(os.fspath(paths))
+    runs = [load_run(os.fspath(p)) for p in paths]
+    if not runs:
+        raise ManifestError("no manifest given")
+    if len(runs) == 1:
+        return runs[0]
+    prints = {r.header.get("fingerprint") for r in runs}
+    if len(prints) > 1:
+        raise ManifestError(
+            f"{' + '.join(r.path for r in runs)} cannot be one resumed run: their manifests were "
+            "written with different order options (fingerprints differ)"
+        )
+    return Continued(runs)
 
 
 @dataclass
@@ -95,15 +173,19 @@ def _order(h: dict[str, Any]) -> dict[str, Any]:
     return {**h.get("order", {}), "fingerprint": h.get("fingerprint")}
 
 
-def verify(a_path: str, b_path: str) -> VerifyResult:
-    """Compare two runs. Raises ManifestError when either cannot be read."""
-    a, b = load_run(a_path), load_run(b_path)
+def verify(a_path: str | Sequence[str], b_path: str | Sequence[str]) -> VerifyResult:
+    """Compare two runs. Raises ManifestError when either cannot be read.
+
+    Either side may be a list of paths: an interrupted run followed by the
+    places its resumed continuations wrote to (see ``Continued``).
+    """
+    a, b = load_side(a_path), load_side(b_path)
+    a_path, b_path = a.path, b.path
     oa, ob = _order(a.header), _order(b.header)
     option_diffs = {k: [oa.get(k), ob.get(k)] for k in sorted(set(oa) | set(ob)) if oa.get(k) != ob.get(k)}
     info = {k: [a.header.get(k), b.header.get(k)] for k in sorted(NON_ORDER_FIELDS | {"batch_size"})
             if k in a.header or k in b.header}
     res = VerifyResult(True, "", option_diffs=option_diffs, info=info)
-    same_layout = a.header.get("world_size") == b.header.get("world_size")
     compared = 0
     for e in sorted(set(a.epochs()) | set(b.epochs())):
         na, nb = a.announced(e), b.announced(e)
@@ -125,7 +207,7 @@ def verify(a_path: str, b_path: str) -> VerifyResult:
                 res.partitions = [i for i, (x, y) in enumerate(zip(pa_, pb_)) if x != y]
                 if len(pa_) != len(pb_):
                     res.partitions = list(range(max(len(pa_), len(pb_))))
-                if same_layout:
+                if len(sa[1]) == len(sb[1]):  # same world size: rank lines compare column by column
                     cols: set[str] = set()
                     for la, lb in zip(sa[1], sb[1]):
                         ca, cb = la.get("columns", {}), lb.get("columns", {})
