@@ -59,11 +59,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--start-epoch", type=int, default=0)
     p.add_argument("--manifest", required=True, help="manifest file, or a directory for rank-NNNNN.jsonl files")
+    p.add_argument("--save-state", action="store_true",
+                   help="after every batch, write the resume state beside the manifest (m.jsonl -> m.state.json, "
+                        "rank-00000.jsonl -> rank-00000.state.json)")
+    p.add_argument("--resume", metavar="FROM",
+                   help="continue an interrupted run: FROM is a state file, or the manifest / run directory of a "
+                        "run made with --save-state (a directory resumes at the step every rank reached). Give the "
+                        "same --start-epoch/--epochs as the first run; at another world size keep --partitions and "
+                        "the global batch, and write --manifest to a new directory")
 
     p = sub.add_parser("verify", help="compare two manifests or run directories step by step",
                        description="Exit 0 when identical, 1 at the first difference or truncation, 2 on unreadable input.")
     p.add_argument("a")
     p.add_argument("b")
+    p.add_argument("b_continued", nargs="*", metavar="B_RESUMED",
+                   help="where B's resumed continuations wrote (run directories or manifests, in order): each "
+                        "replaces B from its first recorded step on")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
     p = sub.add_parser("inspect", help="files, row groups, rows, schema and fingerprint of a dataset")
@@ -89,13 +100,24 @@ def _cmd_run(a: argparse.Namespace) -> int:
     with Loader(a.source, workers=a.workers, pool=a.pool, prefetch=a.prefetch, manifest=a.manifest,
                 **_loader_kwargs(a)) as loader:
         print(f"{loader!r}")
-        for epoch in range(a.start_epoch, a.start_epoch + a.epochs):
+        first = a.start_epoch
+        if a.resume:
+            state = read_resume_state(a.resume)
+            loader.load_state_dict(state)
+            first = state["epoch"]
+            print(f"resuming at epoch {state['epoch']} step {state['step']} (from {a.resume})")
+        state_path = state_file(loader.manifest_path) if a.save_state and loader.manifest_path else None
+        for epoch in range(first, a.start_epoch + a.epochs):
             loader.set_epoch(epoch)
             t = time.perf_counter()
             rows = batches = 0
             for batch in loader:
                 rows += len(next(iter(batch.values()))) if batch else 0
                 batches += 1
+                if state_path is not None:
+                    _write_json_atomic(state_path, loader.state_dict())
+            if state_path is not None:  # an epoch without batches to go still records its end
+                _write_json_atomic(state_path, loader.state_dict())
             dt = time.perf_counter() - t
             plan = loader.plan()
             print(f"epoch {epoch}: {batches} batches, {rows} rows, {plan.dropped_rows} dropped, "
@@ -104,11 +126,56 @@ def _cmd_run(a: argparse.Namespace) -> int:
     return 0
 
 
+def state_file(manifest_path: str) -> str:
+    """Where ``run --save-state`` keeps the state of the run writing ``manifest_path``."""
+    stem = manifest_path[: -len(".jsonl")] if manifest_path.endswith(".jsonl") else manifest_path
+    return stem + ".state.json"
+
+
+def read_resume_state(where: str) -> dict[str, Any]:
+    """The state to resume from: a state file, or the saved states of a manifest or run directory.
+
+    Ranks of a directory may have been killed at different steps; the run
+    resumes at the earliest, which every rank reached.
+    """
+    import glob
+
+    if os.path.isdir(where):
+        paths = sorted(glob.glob(os.path.join(where, "rank-*.state.json")))
+    elif where.endswith(".jsonl"):
+        paths = [state_file(where)]
+    else:
+        paths = [where]
+    paths = [p for p in paths if os.path.exists(p)]
+    if not paths:
+        raise FileNotFoundError(f"no saved state in {where} (was the run started with --save-state?)")
+    states = []
+    for p in paths:
+        try:
+            with open(p, encoding="utf-8") as f:
+                states.append(json.load(f))
+        except (OSError, ValueError) as exc:
+            raise ManifestError(f"cannot read the state {p}: {exc}") from None
+    for st in states:
+        if not isinstance(st, dict) or "epoch" not in st or "step" not in st:
+            raise ManifestError(f"{where} does not hold detload states")
+    if len({json.dumps(st.get("order"), sort_keys=True) for st in states}) > 1:
+        raise ManifestError(f"the states in {where} were saved with different options")
+    return min(states, key=lambda st: (st["epoch"], st["step"]))
+
+
+def _write_json_atomic(path: str, obj: Any) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)  # a kill leaves the old state or the new one, never half of one
+
+
 def _cmd_verify(a: argparse.Namespace) -> int:
     from .verify import verify
 
     try:
-        res = verify(a.a, a.b)
+        res = verify(a.a, [a.b, *a.b_continued] if a.b_continued else a.b)
     except ManifestError as exc:
         if a.json:
             print(json.dumps({"identical": False, "kind": "unreadable", "message": str(exc)}))

@@ -188,6 +188,11 @@ class Loader:
             self._plans[e] = p
         return p
 
+    @property
+    def position(self) -> int:
+        """Batches of the current epoch already yielded (the ``step`` of ``state_dict()``)."""
+        return self._position
+
     def __len__(self) -> int:
         """Batches in the current epoch (for this rank; all ranks get the same count)."""
         return self.plan().steps

@@ -1,0 +1,332 @@
+"""PyTorch adapter: detload batches as ``torch.Tensor``, pinned in a background thread, copied to the GPU ahead of the step.
+
+Import it only where torch is installed (``import detload`` never imports
+torch). See docs/distributed.md for DDP, resume and PyTorch Lightning.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import queue
+import threading
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from ._types import Column, Ragged
+from .errors import OptionError
+from .loader import Loader
+
+__all__ = ["RaggedTensor", "TorchLoader", "to_torch"]
+
+_POLL = 0.05
+
+
+class RaggedTensor(NamedTuple):
+    """A variable-length column as two tensors: row ``i`` is ``values[offsets[i]:offsets[i+1]]``.
+
+    ``offsets`` is int64 with ``rows + 1`` entries starting at 0; strings and
+    binary hold their bytes as uint8 ``values`` (``kind`` is ``"utf8"``,
+    ``"binary"`` or ``"list"``). A NamedTuple, so collate/transfer helpers that
+    walk tuples (Lightning's ``move_data_to_device``) move both tensors.
+    """
+
+    values: torch.Tensor
+    offsets: torch.Tensor
+    kind: str
+
+    @property
+    def rows(self) -> int:
+        return int(self.offsets.shape[0]) - 1
+
+    def to(self, *args: Any, **kwargs: Any) -> RaggedTensor:
+        return RaggedTensor(self.values.to(*args, **kwargs), self.offsets.to(*args, **kwargs), self.kind)
+
+    def pin_memory(self) -> RaggedTensor:
+        return RaggedTensor(self.values.pin_memory(), self.offsets.pin_memory(), self.kind)
+
+    def lengths(self) -> torch.Tensor:
+        return self.offsets[1:] - self.offsets[:-1]
+
+    def to_nested(self) -> torch.Tensor:
+        """A jagged nested tensor sharing ``values`` (for ``list`` columns of numbers)."""
+        return torch.nested.nested_tensor_from_jagged(self.values, self.offsets)
+
+
+TorchColumn = torch.Tensor | RaggedTensor
+TorchBatch = dict[str, TorchColumn]
+
+
+def _tensor(name: str, a: np.ndarray) -> torch.Tensor:
+    if a.dtype.kind in "mM":
+        # datetime64/timedelta64: torch has no such dtype; the int64 ticks keep the bytes.
+        a = a.view(np.int64)
+    elif a.dtype.kind not in "biufc":
+        raise OptionError(f"column {name!r} has dtype {a.dtype}, which torch cannot hold; leave it out with columns=")
+    if not a.flags.writeable:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # shares memory on purpose, as documented
+            return torch.from_numpy(a)
+    return torch.from_numpy(a)
+
+
+def to_torch(batch: Mapping[str, Column]) -> TorchBatch:
+    """Wrap a detload batch as tensors sharing its memory (no copy)."""
+    out: TorchBatch = {}
+    for name, col in batch.items():
+        if isinstance(col, Ragged):
+            out[name] = RaggedTensor(_tensor(name, col.values), _tensor(name, col.offsets), col.kind)
+        else:
+            out[name] = _tensor(name, col)
+    return out
+
+
+def _apply(batch: TorchBatch, fn: Callable[[torch.Tensor], torch.Tensor]) -> TorchBatch:
+    return {k: RaggedTensor(fn(v.values), fn(v.offsets), v.kind) if isinstance(v, RaggedTensor) else fn(v)
+            for k, v in batch.items()}
+
+
+def _each(batch: TorchBatch, fn: Callable[[torch.Tensor], Any]) -> None:
+    for v in batch.values():
+        if isinstance(v, RaggedTensor):
+            fn(v.values)
+            fn(v.offsets)
+        else:
+            fn(v)
+
+
+def _record(x: torch.Tensor, stream: Any) -> None:
+    x.record_stream(stream)
+
+
+class _End:
+    pass
+
+
+class _Failed:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class TorchLoader:
+    """Iterate a `Loader` as dicts of tensors; what a training loop iterates directly.
+
+    ``TorchLoader(source, batch_size=..., seed=..., device=..., **loader_options)``
+    or ``TorchLoader(loader, device=...)``.
+
+    - ``device=None`` and ``pin_memory=False``: tensors share the NumPy batch's
+      memory (``torch.from_numpy``), no thread, no copy.
+    - ``pin_memory=True``: a background thread copies each batch into pinned
+      memory, ``prefetch`` batches ahead (needs an accelerator; without one it
+      warns and stays off, as torch's DataLoader does).
+    - ``device="cuda"`` (or ``"cuda:N"``): the thread pins and copies each batch
+      with ``non_blocking=True`` on its own CUDA stream, ``prefetch`` batches
+      ahead of the step that runs; the consumer's stream waits for the copy
+      before the batch is used. ``device="cpu"`` uses the same thread.
+
+    ``state_dict()`` counts batches handed to the training loop, never the ones
+    prefetched. When ``torch.distributed`` is initialised, every iteration
+    first checks that all ranks were given the same options, resume position and
+    epoch (``check_ranks=False`` turns this collective off).
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        device: str | torch.device | None = None,
+        pin_memory: bool = False,
+        prefetch: int = 2,
+        check_ranks: bool = True,
+        **loader_options: Any,
+    ) -> None:
+        if isinstance(source, Loader):
+            if loader_options:
+                raise OptionError(f"options {sorted(loader_options)} apply when TorchLoader builds the Loader; "
+                                  "pass them to Loader(...) instead")
+            self.loader = source
+        else:
+            self.loader = Loader(source, **loader_options)
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+            raise OptionError(f"prefetch must be an int >= 1 (batches), got {prefetch!r}")
+        self.prefetch = prefetch
+        self.check_ranks = bool(check_ranks)
+        dev = torch.device(device) if device is not None else None
+        if dev is not None and dev.type == "cuda":
+            if not torch.cuda.is_available():
+                raise OptionError(f"device={str(device)!r} but torch.cuda.is_available() is False: "
+                                  "use device=None (CPU tensors) on a machine without a GPU")
+            if dev.index is None:
+                # The feeder thread has its own current device; fix the consumer's now.
+                dev = torch.device("cuda", torch.cuda.current_device())
+            pin_memory = True  # asynchronous host-to-device copies need pinned memory
+        elif pin_memory and not torch.cuda.is_available():
+            warnings.warn("pin_memory=True but no accelerator is available: batches are not pinned",
+                          stacklevel=2)
+            pin_memory = False
+        self.device = dev
+        self.pin_memory = bool(pin_memory)
+        self._threaded = self.pin_memory or dev is not None
+        self._pos: int | None = None  # batches of this epoch handed to the training loop
+        self._stop: threading.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- pass-through ------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    @property
+    def epoch(self) -> int:
+        return self.loader.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        if int(epoch) != self.loader.epoch:
+            self._shutdown()
+            self._pos = None
+        self.loader.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's state at the last batch the training loop received (JSON-able)."""
+        state = self.loader.state_dict()
+        if self._pos is not None:
+            state["step"] = self._pos
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._shutdown()
+        self.loader.load_state_dict(state)
+        self._pos = None
+
+    def close(self) -> None:
+        self._shutdown()
+        self.loader.close()
+
+    def __enter__(self) -> TorchLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"TorchLoader({self.loader!r}, device={self.device}, pin_memory={self.pin_memory})"
+
+    # -- iteration -----------------------------------------------------------------
+    def __iter__(self) -> Iterator[TorchBatch]:
+        self._shutdown()
+        if self.check_ranks:
+            self.loader.check_ranks()
+        it = iter(self.loader)
+        self._pos = self.loader.position
+        if not self._threaded:
+            return self._direct(it)
+        q: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
+        th = threading.Thread(target=self._feed, args=(it, q, stop), name="detload-torch-feeder", daemon=True)
+        self._stop, self._thread = stop, th
+        th.start()
+        return self._consume(q, stop, th)
+
+    def _direct(self, it: Iterator[dict[str, Column]]) -> Iterator[TorchBatch]:
+        loader = self.loader
+        try:
+            for batch in it:
+                self._pos = loader.position
+                yield to_torch(batch)
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+
+    def _feed(self, it: Iterator[dict[str, Column]], q: queue.Queue[Any], stop: threading.Event) -> None:
+        """Background thread: convert, pin, start the device copy; ``prefetch`` batches ahead."""
+        dev = self.device
+        cuda = dev is not None and dev.type == "cuda"
+        try:
+            stream = torch.cuda.Stream(dev) if cuda else None
+            for batch in it:
+                pos = self.loader.position
+                t = to_torch(batch)
+                del batch
+                if self.pin_memory:
+                    t = _apply(t, lambda x: x.pin_memory())
+                event = None
+                if cuda:
+                    with torch.cuda.device(dev), torch.cuda.stream(stream):
+                        t = _apply(t, lambda x: x.to(dev, non_blocking=True))
+                        event = torch.cuda.Event()
+                        event.record(stream)
+                elif dev is not None:
+                    t = _apply(t, lambda x: x.to(dev))
+                if not _put(q, (t, pos, event), stop):
+                    return
+            _put(q, _End(), stop)
+        except BaseException as exc:  # noqa: BLE001 - carried to the training loop
+            _put(q, _Failed(exc), stop)
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()  # stops the loader's run: workers drop the rest, shared memory is freed
+
+    def _consume(self, q: queue.Queue[Any], stop: threading.Event, th: threading.Thread) -> Iterator[TorchBatch]:
+        dev = self.device
+        try:
+            while True:
+                try:
+                    item = q.get(timeout=_POLL)
+                except queue.Empty:
+                    if not th.is_alive() and q.empty():
+                        raise RuntimeError("detload's torch feeder thread ended without a result") from None
+                    continue
+                if isinstance(item, _End):
+                    return
+                if isinstance(item, _Failed):
+                    raise item.error
+                t, pos, event = item
+                if event is not None:
+                    current = torch.cuda.current_stream(dev)
+                    current.wait_event(event)
+                    # The memory was allocated on the side stream; tell the allocator
+                    # the training stream uses it, so it is not reused too early.
+                    _each(t, functools.partial(_record, stream=current))
+                self._pos = pos
+                yield t
+        finally:
+            self._halt(stop, th, q)
+
+    def _halt(self, stop: threading.Event, th: threading.Thread, q: queue.Queue[Any] | None) -> None:
+        stop.set()
+        if th is not threading.current_thread():
+            th.join(timeout=30.0)
+        if q is not None:
+            while True:
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    break
+        if self._thread is th:
+            self._stop = self._thread = None
+
+    def _shutdown(self) -> None:
+        if self._stop is not None and self._thread is not None:
+            self._halt(self._stop, self._thread, None)
+
+
+def _put(q: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=_POLL)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def local_device() -> torch.device:
+    """``cuda:LOCAL_RANK`` under torchrun with GPUs, else the CPU: a convenience for DDP scripts."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
