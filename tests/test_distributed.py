@@ -14,10 +14,10 @@ import socket
 import subprocess
 import sys
 
+import _distdata
 import numpy as np
 import pytest
 
-import _distdata
 import detload._worker as worker_mod
 from detload import Loader, ManifestError, OptionError
 from detload.cli import main as cli_main
@@ -77,7 +77,7 @@ def test_elastic_world_sizes_give_identical_global_steps(ds, tmp_path, drop_last
     assert len(np.unique(ids)) == len(ids), "ranks' batches are disjoint"
     total = sum(map(sum, _distdata.LAYOUT.values()))
     if drop_last:
-        header = json.loads(open(tmp_path / "r4" / "rank-00000.jsonl").readline())
+        header = json.loads((tmp_path / "r4" / "rank-00000.jsonl").read_text().split("\n")[0])
         assert header["world_size"] == 4
         plan = Loader(ds, batch_size=16, seed=7, partitions=4, rank=0, world_size=4, drop_last=True).plan()
         assert len(ids) + plan.dropped_rows == total
@@ -242,6 +242,6 @@ def test_torchrun_ddp_ranks_and_elastic_resume(ds, tmp_path, nproc):
     run_ranks(ds, 1, P=P, global_batch=64, out=str(tmp_path / "full"))
     args = ["verify", str(tmp_path / "full"), str(tmp_path / "interrupted"), str(tmp_path / "resumed")]
     assert cli_main(args) == 0
-    first = json.loads(open(tmp_path / "resumed" / "rank-00000.jsonl").readlines()[2])
+    first = json.loads((tmp_path / "resumed" / "rank-00000.jsonl").read_text().split("\n")[2])
     assert first["step"] == killed_at
 

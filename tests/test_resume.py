@@ -14,12 +14,12 @@ import subprocess
 import sys
 import time
 
+import _distdata
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import _distdata
 import detload._worker as worker_mod
 from detload import Loader, ManifestError, StateError
 from detload.cli import main as cli_main
@@ -259,7 +259,8 @@ def test_cli_run_killed_and_resumed(ds, tmp_path):
     finally:
         proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
-    killed = json.load(open(state_path))
+    with open(state_path) as f:
+        killed = json.load(f)
     assert (killed["epoch"], killed["step"]) < (1, 0)
     assert cli_main(_cli_run(ds, path, "--save-state", "--resume", path, "--workers", "2", "--pool", "process")) == 0
     assert cli_main(["verify", full_path, path]) == 0
