@@ -1,0 +1,154 @@
+"""The PyTorch adapter: zero-copy tensors, the background feeder, state that counts what the loop received.
+
+There is no GPU here: the CUDA path's guard is tested, and its thread logic
+runs with ``device="cpu"`` (same feeder thread, same hand-over).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import threading
+import time
+
+import _distdata
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from detload import Loader, OptionError, WorkerError, hash_batch  # noqa: E402
+from detload._worker import DebugHooks  # noqa: E402
+from detload.torch import RaggedTensor, TorchLoader, to_torch  # noqa: E402
+
+OPTS = dict(batch_size=40, seed=5, columns=["id", "s", "x"])
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory) -> str:
+    root = str(tmp_path_factory.mktemp("torch") / "ds")
+    _distdata.write(root)
+    return root
+
+
+def feeders() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "detload-torch-feeder" and t.is_alive()]
+
+
+def back_to_numpy(batch) -> dict:
+    out = {}
+    for k, v in batch.items():
+        if isinstance(v, RaggedTensor):
+            from detload import Ragged
+            out[k] = Ragged(v.values.numpy(), v.offsets.numpy(), v.kind)
+        else:
+            out[k] = v.numpy()
+    return out
+
+
+def reference(ds: str, epoch: int = 0) -> list[str]:
+    with Loader(ds, **OPTS) as loader:
+        loader.set_epoch(epoch)
+        return [hash_batch(b)[0] for b in loader]
+
+
+def test_to_torch_shares_memory_and_maps_types():
+    ids = np.arange(6, dtype=np.int64)
+    vals = np.frombuffer(b"abcdef", dtype=np.uint8).copy()
+    from detload import Ragged
+    batch = {"id": ids, "s": Ragged(vals, np.array([0, 2, 2, 6], dtype=np.int64), "utf8"),
+             "t": np.array([1, 2], dtype="datetime64[ms]")}
+    t = to_torch(batch)
+    assert t["id"].data_ptr() == ids.ctypes.data, "no copy on the CPU"
+    assert t["s"].values.data_ptr() == vals.ctypes.data and t["s"].kind == "utf8"
+    assert t["s"].rows == 3 and t["s"].lengths().tolist() == [2, 0, 4]
+    assert t["t"].dtype == torch.int64 and t["t"].tolist() == [1, 2]
+    moved = t["s"].to("cpu")
+    assert isinstance(moved, RaggedTensor) and torch.equal(moved.offsets, t["s"].offsets)
+    ro = np.arange(3.0)
+    ro.setflags(write=False)
+    assert to_torch({"r": ro})["r"].tolist() == [0.0, 1.0, 2.0]
+    with pytest.raises(OptionError, match="column 'u' has dtype <U1, which torch cannot hold"):
+        to_torch({"u": np.array(["a"])})
+    nested = RaggedTensor(torch.arange(5.0), torch.tensor([0, 2, 5]), "list").to_nested()
+    assert [x.tolist() for x in nested.unbind()] == [[0.0, 1.0], [2.0, 3.0, 4.0]]
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_batches_are_the_loaders_batches(ds, device):
+    with TorchLoader(ds, device=device, workers=2, **OPTS) as tl:
+        assert len(tl) == len(reference(ds))
+        got = [hash_batch(back_to_numpy(b))[0] for b in tl]
+        assert got == reference(ds)
+        tl.set_epoch(1)
+        assert tl.epoch == 1 and [hash_batch(back_to_numpy(b))[0] for b in tl] == reference(ds, 1)
+        batch = next(iter(tl))
+        assert isinstance(batch["id"], torch.Tensor) and batch["id"].dtype == torch.int64
+        assert isinstance(batch["s"], RaggedTensor) and batch["x"].dtype == torch.float32
+    assert not feeders()
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_state_counts_batches_received_not_prefetched(ds, device):
+    with TorchLoader(ds, device=device, prefetch=4, **OPTS) as tl:
+        it = iter(tl)
+        for _ in range(3):
+            next(it)
+        time.sleep(0.2)  # the feeder runs ahead
+        state = json.loads(json.dumps(tl.state_dict()))
+        assert state["step"] == 3
+        if device is not None:
+            assert tl.loader.position > 3, "the feeder prefetched"
+    with TorchLoader(Loader(ds, workers=3, pool="process", **OPTS), device=device) as tl2:
+        tl2.load_state_dict(state)
+        assert tl2.state_dict()["step"] == 3
+        rest = [hash_batch(back_to_numpy(b))[0] for b in tl2]
+    assert rest == reference(ds)[3:]
+
+
+def test_breaking_out_stops_the_feeder(ds):
+    tl = TorchLoader(ds, device="cpu", prefetch=2, **OPTS)
+    for i, _ in enumerate(tl):
+        if i == 1:
+            break
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while feeders() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not feeders()
+    # A new iteration after an abandoned one starts the epoch over.
+    assert sum(1 for _ in tl) == len(tl)
+    tl.close()
+
+
+def test_worker_errors_reach_the_training_loop(ds):
+    bad = ("a.parquet", 1)
+    hooks = DebugHooks(fail_unit=bad, fail_exc=OSError("disk on fire"))
+    with TorchLoader(Loader(ds, _debug=hooks, **OPTS), device="cpu") as tl, \
+            pytest.raises(WorkerError, match="disk on fire"):
+        for _ in tl:
+            pass
+    assert not feeders()
+
+
+def test_guards(ds):
+    if not torch.cuda.is_available():
+        with pytest.raises(OptionError, match=r"device='cuda' but torch.cuda.is_available\(\) is False"):
+            TorchLoader(ds, device="cuda", **OPTS)
+        with pytest.warns(UserWarning, match="pin_memory=True but no accelerator"):
+            tl = TorchLoader(ds, pin_memory=True, **OPTS)
+        assert tl.pin_memory is False
+    with pytest.raises(OptionError, match=r"options \['seed'\] apply when TorchLoader builds the Loader"):
+        TorchLoader(Loader(ds, **OPTS), seed=3)
+    with pytest.raises(OptionError, match="prefetch must be an int >= 1"):
+        TorchLoader(ds, prefetch=0, **OPTS)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_batches_match_and_arrive_on_the_device(ds):  # pragma: no cover - no GPU in CI
+    with TorchLoader(ds, device="cuda", workers=2, **OPTS) as tl:
+        got = []
+        for b in tl:
+            assert b["id"].is_cuda and b["s"].values.is_cuda
+            got.append(hash_batch(back_to_numpy({k: v.to("cpu") for k, v in b.items()}))[0])
+    assert got == reference(ds)
