@@ -216,7 +216,7 @@ def test_torchrun_ddp_ranks_and_elastic_resume(ds, tmp_path, nproc):
     P = 4
     # The interrupted job ran at a world size other than this one, and with thread workers.
     killed_at = 5
-    first_R = 1 if nproc != 1 else 2
+    first_R = 4 if nproc == 2 else 2
     state = _interrupted_state(ds, str(tmp_path / "interrupted"), R=first_R, P=P, global_batch=64, stop=killed_at)
     (tmp_path / "state.json").write_text(json.dumps(state))
     torchrun(nproc, ds, str(tmp_path))

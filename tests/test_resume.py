@@ -128,38 +128,66 @@ def test_resume_reads_nothing_for_skipped_steps(ds, monkeypatch):
     assert len(needed) < len(names) / 2
 
 
-def test_elastic_resume_from_four_ranks_to_two(ds, tmp_path):
-    P, G, stop = 4, 64, 4
-
-    def ranks(R: int, out: str, state: dict | None = None, stop: int | None = None) -> dict:
-        saved = None
-        for r in range(R):
-            with Loader(ds, batch_size=G // R, seed=11, partitions=P, rank=r, world_size=R,
-                        manifest=out + "/", workers=1 + r % 2, pool="thread") as loader:
-                if state is not None:
-                    loader.load_state_dict(state)
-                for i, _ in enumerate(loader):
-                    if stop is not None and i + 1 == stop:
+def _ranks(ds: str, R: int, out: str, *, P: int = 4, G: int = 64, state: dict | None = None,
+           stop: int | None = None, epochs: int = 2) -> dict | None:
+    """Ranks simulated one after another; with ``stop``, each is killed after that many batches."""
+    saved = None
+    for r in range(R):
+        with Loader(ds, batch_size=G // R, seed=11, partitions=P, rank=r, world_size=R,
+                    manifest=out + "/", workers=1 + r % 2, pool="thread") as loader:
+            if state is not None:
+                loader.load_state_dict(state)
+            n = 0
+            for e in range(loader.epoch, epochs):
+                loader.set_epoch(e)
+                for _ in loader:
+                    n += 1
+                    if n == stop:
                         break
-                saved = loader.state_dict()
-        return saved
+                if n == stop:
+                    break
+            saved = loader.state_dict()
+    return saved
 
-    ranks(1, str(tmp_path / "full"))
-    state = ranks(4, str(tmp_path / "part1"), stop=stop)
-    assert state["step"] == stop and "rank" not in state and "world_size" not in state
-    ranks(2, str(tmp_path / "part2"), state=state)
-    res = verify(str(tmp_path / "full"), [str(tmp_path / "part1"), str(tmp_path / "part2")])
+
+@pytest.fixture(scope="module")
+def elastic_full(ds, tmp_path_factory) -> str:
+    out = str(tmp_path_factory.mktemp("elastic") / "full")
+    _ranks(ds, 1, out)
+    return out
+
+
+@settings(max_examples=12 if os.environ.get("DETLOAD_FULL") == "1" else 4)
+@given(before=st.sampled_from([1, 2, 4]), after=st.sampled_from([1, 2, 4]), stop=st.integers(1, 60))
+def test_elastic_resume_matches_the_uninterrupted_run(ds, elastic_full, tmp_path_factory, before, after, stop):
+    tmp = tmp_path_factory.mktemp("el")
+    state = _ranks(ds, before, str(tmp / "part1"), stop=stop)
+    assert state is not None and "rank" not in state and "world_size" not in state
+    _ranks(ds, after, str(tmp / "part2"), state=state)
+    res = verify(elastic_full, [str(tmp / "part1"), str(tmp / "part2")])
     assert res.identical, res.message
-    assert cli_main(["verify", str(tmp_path / "full"), str(tmp_path / "part1"), str(tmp_path / "part2")]) == 0
+
+
+def test_verify_of_resumed_runs(ds, elastic_full, tmp_path):
+    stop = 4
+    state = _ranks(ds, 4, str(tmp_path / "part1"), stop=stop)
+    assert state == {**state, "epoch": 0, "step": stop}
+    _ranks(ds, 2, str(tmp_path / "part2"), state=state)
+    assert cli_main(["verify", elastic_full, str(tmp_path / "part1"), str(tmp_path / "part2")]) == 0
     # The interrupted run alone stops early: reported as truncated at the step it was killed.
-    alone = verify(str(tmp_path / "full"), str(tmp_path / "part1"))
+    alone = verify(elastic_full, str(tmp_path / "part1"))
     assert alone.kind == "truncated" and alone.step == stop
+    # A continuation that starts after a gap is truncated too.
+    later = {**state, "step": stop + 3}
+    _ranks(ds, 2, str(tmp_path / "late"), state=later)
+    gap = verify(elastic_full, [str(tmp_path / "part1"), str(tmp_path / "late")])
+    assert gap.kind == "truncated" and gap.step == stop
     # A continuation with other order options is not part of the same run.
-    ranks(1, str(tmp_path / "other"), state=None)
-    with Loader(ds, batch_size=G, seed=12, partitions=P, rank=0, world_size=1, manifest=str(tmp_path / "x") + "/") as x:
+    with Loader(ds, batch_size=64, seed=12, partitions=4, rank=0, world_size=1,
+                manifest=str(tmp_path / "x") + "/") as x:
         list(x)
     with pytest.raises(ManifestError, match="different order options"):
-        verify(str(tmp_path / "full"), [str(tmp_path / "part1"), str(tmp_path / "x")])
+        verify(elastic_full, [str(tmp_path / "part1"), str(tmp_path / "x")])
 
 
 def test_rejected_states_name_what_differs(ds, tmp_path):
