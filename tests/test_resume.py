@@ -75,7 +75,7 @@ def finish(loader: Loader, epochs: int = 2) -> list[np.ndarray]:
     return got
 
 
-@settings(max_examples=12 if os.environ.get("DETLOAD_FULL") == "1" else 4)
+@settings(max_examples=12 if os.environ.get("DETLOAD_FULL") == "1" else 4, deadline=None)
 @given(data=st.data())
 def test_resume_at_any_step_matches_the_uninterrupted_run(ds, full, tmp_path_factory, data):
     full_path, full_ids = full
@@ -157,7 +157,7 @@ def elastic_full(ds, tmp_path_factory) -> str:
     return out
 
 
-@settings(max_examples=12 if os.environ.get("DETLOAD_FULL") == "1" else 4)
+@settings(max_examples=12 if os.environ.get("DETLOAD_FULL") == "1" else 4, deadline=None)
 @given(before=st.sampled_from([1, 2, 4]), after=st.sampled_from([1, 2, 4]), stop=st.integers(1, 60))
 def test_elastic_resume_matches_the_uninterrupted_run(ds, elastic_full, tmp_path_factory, before, after, stop):
     tmp = tmp_path_factory.mktemp("el")
