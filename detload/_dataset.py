@@ -102,7 +102,7 @@ class Dataset:
             if dup:
                 raise OptionError(f"columns lists {dup} more than once")
             keys = set(self.partition_keys)
-            wanted = [c for c in wanted if c not in keys] + [c for c in self.partition_keys if c in wanted]
+            wanted = [c for c in wanted if c not in keys] + [c for c in wanted if c in keys]
         self.check_drift([c for c in wanted if c not in self.partition_keys])
         ptypes = dict(self.partition_types)
         out = []
