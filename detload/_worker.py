@@ -25,7 +25,8 @@ import xxhash
 
 from . import _shm
 from ._block import Layout, assemble
-from ._types import Column, ColumnSpec, Ragged, convert_column
+from ._types import Column, ColumnSpec, Ragged, column_spec, convert_column
+from .errors import DataError, DetloadError
 from .plan import block_permutation
 
 __all__ = ["DebugHooks", "Task", "UnitReader", "WorkerConfig", "worker_loop"]
@@ -54,9 +55,12 @@ class DebugHooks:
 
 @dataclass(frozen=True)
 class FileRef:
+    """A data file as planned; ``row_groups`` (rows per row group) lets a worker notice a changed file."""
+
     location: str
     path: str
     partition_values: tuple[tuple[str, str], ...]
+    row_groups: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -106,13 +110,20 @@ class UnitReader:
         self._open: OrderedDict[int, pq.ParquetFile] = OrderedDict()
         self._file_cols = [s.name for s in cfg.specs if not s.partition]
 
-    def _file(self, i: int) -> pq.ParquetFile:
+    def _file(self, i: int, rg: int) -> pq.ParquetFile:
         pf = self._open.get(i)
         if pf is not None:
             self._open.move_to_end(i)
             return pf
         f = self.cfg.filesystem.open_input_file(self.cfg.files[i].location)
-        pf = pq.ParquetFile(f)
+        # Pages written with CRCs are checked: garbage in an uncompressed or
+        # zstd page would otherwise decode into wrong values without a word.
+        pf = pq.ParquetFile(f, page_checksum_verification=True)
+        try:
+            _check_unchanged(pf, self.cfg.files[i], rg, self.cfg.specs)
+        except BaseException:
+            pf.close()
+            raise
         self._open[i] = pf
         if len(self._open) > self.cfg.open_files:
             _, old = self._open.popitem(last=False)
@@ -127,7 +138,7 @@ class UnitReader:
     def read(self, file_idx: int, rg: int, t: Timings) -> dict[str, Column]:
         ref = self.cfg.files[file_idx]
         t0 = time.perf_counter()
-        table = self._file(file_idx).read_row_group(rg, columns=self._file_cols, use_threads=False)
+        table = self._file(file_idx, rg).read_row_group(rg, columns=self._file_cols, use_threads=False)
         t1 = time.perf_counter()
         out: dict[str, Column] = {}
         where = (ref.path, rg)
@@ -141,6 +152,49 @@ class UnitReader:
         t.convert += time.perf_counter() - t1
         t.units += 1
         return out
+
+
+def _check_unchanged(pf: pq.ParquetFile, ref: FileRef, rg: int, specs: Sequence[ColumnSpec]) -> None:
+    """Refuse a file whose row groups or column types differ from what was planned.
+
+    The plan cut batches from the footers read at planning; a file rewritten
+    since then (same path, other rows or types) would shift or silently re-type
+    every later row, so it stops the epoch here, naming the file.
+    """
+    md = pf.metadata
+    problems = []
+    if ref.row_groups is not None:
+        now = tuple(md.row_group(g).num_rows for g in range(md.num_row_groups))
+        if now != ref.row_groups:
+            problems.append(f"its row groups hold {_rows_text(now)} rows, the plan has {_rows_text(ref.row_groups)}")
+    schema = pf.schema_arrow
+    for spec in specs:
+        if spec.partition:
+            continue
+        idx = schema.get_field_index(spec.name)
+        if idx < 0:
+            problems.append(f"column {spec.name!r} is missing")
+            continue
+        t = schema.field(idx).type
+        try:
+            got = column_spec(spec.name, t)
+            same = (got.kind, got.dtype, got.inner, got.ragged_kind) == (spec.kind, spec.dtype, spec.inner, spec.ragged_kind)
+        except DetloadError:
+            same = False
+        if not same:
+            problems.append(f"column {spec.name!r} is {t}, planned as {spec.arrow_type}")
+    if problems:
+        raise DataError(
+            f"{ref.path} row group {rg}: the file changed after the loader planned the epoch: "
+            + "; ".join(problems)
+            + ". Batches up to here were delivered intact. Do not rewrite a dataset while it is "
+            "being loaded; create a new Loader to plan the new files."
+        )
+
+
+def _rows_text(rows: Sequence[int]) -> str:
+    shown = ", ".join(map(str, rows[:8])) + (", ..." if len(rows) > 8 else "")
+    return f"[{shown}]"
 
 
 def _constant(spec: ColumnSpec, value: str, rows: int) -> Column:
@@ -326,6 +380,11 @@ def process_main(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generat
         worker_loop(cfg, index, inbox, outbox, generation, Status(status_arr))
     except KeyboardInterrupt:  # the parent handles Ctrl-C; just leave
         pass
+    finally:
+        # A parent killed with SIGKILL cannot sweep; the segments it never
+        # mapped would stay in /dev/shm until the next pool starts.
+        if cfg.shm_dir is not None and not _parent_alive(cfg.parent_pid):
+            _shm.sweep(cfg.shm_dir, cfg.shm_prefix)
 
 
 def parse_units(units: Sequence[int], file_index: np.ndarray, rg_index: np.ndarray) -> tuple[tuple[int, int], ...]:

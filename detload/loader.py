@@ -205,7 +205,7 @@ class Loader:
     def _ensure_pool(self) -> WorkerPool:
         if self._pool is None:
             ds = self.dataset
-            files = tuple(FileRef(f.location, f.path, f.partition_values) for f in ds.files)
+            files = tuple(FileRef(f.location, f.path, f.partition_values, f.row_groups) for f in ds.files)
 
             def make_cfg(shm_dir: str | None, prefix: str) -> WorkerConfig:
                 return WorkerConfig(files, ds.filesystem, tuple(self.specs), self.null_fill, shm_dir,
