@@ -165,9 +165,10 @@ class Run:
                 st = pool.statuses[w].get()
                 if not pool.alive(w):
                     raise WorkerError(
-                        f"{pool.describe_death(w)} while producing block {k} "
-                        f"({self._where(st)}). Its data was not delivered; nothing after "
-                        "the last yielded batch was lost.",
+                        f"{pool.describe_death(w)} while producing block "
+                        f"{st[1] if st[0] == self.gen and st[1] >= 0 else k} ({self._where(st)}); "
+                        f"block {k} is the first it did not hand over. Every batch yielded "
+                        "before this error is intact.",
                         worker=w, unit=self._unit(st),
                     ) from None
                 if st != last_status:

@@ -1,0 +1,201 @@
+"""Helpers of the fault-injection suite: the test dataset, clean-run hashes, plan look-ups, leak checks.
+
+The dataset's columns are functions of a unique ``id`` (so a delivered row can
+be checked on its own) and its pages carry CRCs, so corrupted bytes are caught.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from detload import Loader
+from detload.audit import hash_batch
+
+FULL = os.environ.get("DETLOAD_FULL") == "1"
+SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+SCHEMA = pa.schema([
+    pa.field("id", pa.int64()),
+    pa.field("x", pa.float64()),
+    pa.field("s", pa.string()),
+])
+
+
+def table_for(ids: np.ndarray) -> pa.Table:
+    return pa.table(
+        [pa.array(ids, pa.int64()), pa.array(ids * 0.5), pa.array([f"r{i}" for i in ids], pa.string())],
+        schema=SCHEMA,
+    )
+
+
+@dataclass
+class FaultData:
+    root: str
+    units: list[tuple[str, int, np.ndarray]] = field(default_factory=list)  # canonical order
+
+    def path(self, rel: str) -> str:
+        return os.path.join(self.root, rel)
+
+    @property
+    def files(self) -> list[str]:
+        return sorted({rel for rel, _, _ in self.units})
+
+
+def write_fault_dataset(root: str, *, files: int = 4, row_groups: int = 4, rows: int = 250,
+                        compression: str = "snappy") -> FaultData:
+    """``files`` files of ``row_groups`` row groups of ``rows`` rows, page CRCs written."""
+    os.makedirs(root, exist_ok=True)
+    data = FaultData(root)
+    next_id = 0
+    for f in range(files):
+        rel = f"part-{f:03d}.parquet"
+        with pq.ParquetWriter(os.path.join(root, rel), SCHEMA, compression=compression,
+                              write_page_checksum=True, use_dictionary=False) as w:
+            for g in range(row_groups):
+                ids = np.arange(next_id, next_id + rows, dtype=np.int64)
+                next_id += rows
+                w.write_table(table_for(ids), row_group_size=rows)
+                data.units.append((rel, g, ids))
+    return data
+
+
+def check_batch(batch: dict[str, Any]) -> None:
+    """Every column matches its row's id (so a delivered prefix is intact row by row)."""
+    ids = batch["id"]
+    np.testing.assert_array_equal(batch["x"], ids * 0.5)
+    assert batch["s"].to_list() == [f"r{i}" for i in ids]
+
+
+def clean_hashes(root: str, **opts: Any) -> list[str]:
+    """Batch hashes of an undisturbed run (thread pool, one worker)."""
+    opts = {**opts, "workers": 1, "pool": "thread"}
+    with Loader(root, **opts) as loader:
+        return [hash_batch(b)[0] for b in loader]
+
+
+def first_step_needing(loader: Loader, rel: str, rg: int) -> int:
+    """The first step of the current epoch whose batch needs unit (rel, rg)."""
+    files = [f.path for f in loader.dataset.files]
+    unit = next(j for j, (f, g) in enumerate(zip(loader._unit_files, loader._unit_rgs))
+                if files[f] == rel and g == rg)
+    return min(b.first_step for b in loader.plan().schedule if unit in b.units)
+
+
+def consume(loader: Iterable[dict[str, Any]], hashes: list[str]) -> None:
+    """Iterate, checking rows and recording batch hashes, until the loader stops or raises."""
+    for batch in loader:
+        check_batch(batch)
+        hashes.append(hash_batch(batch)[0])
+
+
+# -- leaks ---------------------------------------------------------------------
+
+def shm_segments(pid: int | None = None) -> list[str]:
+    if SHM_DIR is None:
+        return []
+    prefix = f"detload-{os.getpid() if pid is None else pid}-"
+    return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(prefix))
+
+
+def detload_threads() -> list[str]:
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("detload-") and t.is_alive())
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _is_mp_helper(p: psutil.Process) -> bool:
+    try:
+        cmd = " ".join(p.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+    return "multiprocessing.forkserver" in cmd or "multiprocessing.resource_tracker" in cmd
+
+
+def worker_children() -> list[int]:
+    """Live descendants other than multiprocessing's own helpers (forkserver, resource tracker)."""
+    me = psutil.Process()
+    out = []
+    for c in me.children(recursive=True):
+        try:
+            if c.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if c.ppid() == me.pid and _is_mp_helper(c):
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        out.append(c.pid)
+    return out
+
+
+def wait_until(cond: Any, timeout: float, step: float = 0.02) -> float:
+    """Seconds until ``cond()`` held; raises AssertionError after ``timeout``."""
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"condition {getattr(cond, '__name__', cond)} not met within {timeout} s")
+        time.sleep(step)
+    return time.monotonic() - t0
+
+
+class LeakWatch:
+    """Remembers worker pids; `assert_clean` checks that processes, threads and segments are gone."""
+
+    def __init__(self) -> None:
+        self.pids: set[int] = set()
+
+    def track(self, loader: Loader) -> list[int]:
+        pool = loader._pool
+        pids = list(pool.pids()) if pool is not None else []
+        self.pids.update(pids)
+        return pids
+
+    def problems(self) -> list[str]:
+        out = []
+        alive = sorted(p for p in self.pids if pid_alive(p))
+        if alive:
+            out.append(f"worker processes alive: {alive}")
+        kids = worker_children()
+        if kids:
+            out.append(f"child processes left: {kids}")
+        segs = shm_segments()
+        if segs:
+            out.append(f"/dev/shm segments left: {segs}")
+        threads = detload_threads()
+        if threads:
+            out.append(f"detload threads left: {threads}")
+        return out
+
+    def clean_within(self, seconds: float) -> float:
+        """Seconds until everything was gone; fails (listing what is left) after ``seconds``."""
+        t0 = time.monotonic()
+        while True:
+            problems = self.problems()
+            elapsed = time.monotonic() - t0
+            if not problems:
+                return elapsed
+            if elapsed > seconds:
+                raise AssertionError(f"not clean after {seconds} s: " + "; ".join(problems))
+            time.sleep(0.02)
+
+    def assert_clean(self, grace: float = 1.0) -> None:
+        self.clean_within(grace)
+
+
+def kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
