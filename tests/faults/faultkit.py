@@ -199,3 +199,19 @@ class LeakWatch:
 
 def kill(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
+
+
+class PicklesOnlyAtHome(Exception):
+    """Pickles in the process that made it (so test hooks can carry it to a worker), nowhere else.
+
+    Raised inside a worker it is therefore an exception that cannot travel back.
+    """
+
+    def __init__(self, message: str, home: int | None = None) -> None:
+        super().__init__(message)
+        self.home = os.getpid() if home is None else home
+
+    def __reduce__(self) -> Any:
+        if os.getpid() != self.home:
+            raise TypeError("PicklesOnlyAtHome cannot be pickled here")
+        return (type(self), (self.args[0], self.home))
