@@ -47,7 +47,8 @@ def test_truncated_footer_reported_at_planning(fault_data, cut):
     data = fault_data(files=3)
     rel = data.files[1]
     path = data.path(rel)
-    raw = open(path, "rb").read()
+    with open(path, "rb") as f:
+        raw = f.read()
     new = {"half": raw[: len(raw) // 2], "no_footer_length": raw[:-6], "empty": b"",
            "garbage": b"PAR1" + os.urandom(3000)}[cut]
     with open(path, "wb") as f:
