@@ -1,0 +1,156 @@
+"""Stalled workers and slow consumers: a stall is reported (naming worker and unit), memory stays bounded.
+
+The bound (docs/reliability.md): live blocks <= W*(prefetch+1) + P_owned*(ceil(B/b_min)+1)
++ (ready_depth+2), where W is the worker count, B the micro-batch rows, b_min
+the smallest block's rows and ready_depth (4) the merger's queue of cut batches.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import numpy as np
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from faultkit import check_batch, clean_hashes, first_step_needing, shm_segments
+
+from detload import Loader, WorkerStalledError
+from detload._worker import DebugHooks
+from detload.audit import hash_batch
+
+OPTS = dict(batch_size=100, seed=9, shuffle_window=2)
+READY_DEPTH = 4  # detload._merge.Run's queue of cut batches
+SLACK = 48 * 2**20  # RSS noise: allocator pools, thread stacks, page tables
+
+
+def test_default_stall_timeout_is_on():
+    import inspect
+
+    assert inspect.signature(Loader).parameters["stall_timeout"].default == 300.0
+
+
+@pytest.mark.parametrize("pool,workers", [("thread", 2), ("process", 1), ("process", 3)])
+def test_stalled_worker_reported(fault_data, leaks, pool, workers):
+    data = fault_data(files=3)
+    clean = clean_hashes(data.root, **OPTS)
+    rel, rg = data.units[7][0], data.units[7][1]
+    # A thread cannot be interrupted: keep its stall short so it ends soon after the test.
+    hooks = DebugHooks(stall_unit=(rel, rg), stall_seconds=3.0 if pool == "thread" else 600.0)
+    got: list[str] = []
+    with Loader(data.root, workers=workers, pool=pool, stall_timeout=1.0, _debug=hooks, **OPTS) as loader:
+        first = first_step_needing(loader, rel, rg)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerStalledError) as ei:
+            for batch in loader:
+                leaks.track(loader)
+                check_batch(batch)
+                got.append(hash_batch(batch)[0])
+                t0 = time.monotonic()
+        waited = time.monotonic() - t0
+    err = ei.value
+    assert isinstance(err, TimeoutError)
+    assert err.unit == (rel, rg)
+    assert f"worker {err.worker} made no progress for 1 s" in str(err)
+    assert f"reading {rel} row group {rg}" in str(err) and "stall_timeout" in str(err)
+    # Reported after the timeout, not much later (the worker may have reached the
+    # unit before the consumer asked for it, so it can also come sooner).
+    assert waited < 1.0 + 3.0, waited
+    assert got == clean[:first]
+    leaks.clean_within(3.0)
+
+
+@pytest.mark.parametrize("timeout", [None, 5.0])
+def test_slow_but_progressing_worker_is_not_reported(fault_data, leaks, timeout):
+    """A 1.5 s hiccup is waited out with stall_timeout=None or a larger timeout."""
+    data = fault_data(files=2)
+    clean = clean_hashes(data.root, **OPTS)
+    rel, rg = data.units[3][0], data.units[3][1]
+    hooks = DebugHooks(stall_unit=(rel, rg), stall_seconds=1.5)
+    with Loader(data.root, workers=2, pool="process", stall_timeout=timeout, _debug=hooks, **OPTS) as loader:
+        leaks.track(loader)
+        assert [hash_batch(b)[0] for b in loader] == clean
+
+
+# -- memory --------------------------------------------------------------------
+
+def _write_wide(root: str, units: int, rows: int) -> int:
+    """``units`` single-row-group files of ``rows`` rows, 80 bytes a row; returns bytes per unit."""
+    os.makedirs(root, exist_ok=True)
+    for u in range(units):
+        ids = np.arange(u * rows, (u + 1) * rows, dtype=np.int64)
+        emb = pa.FixedSizeListArray.from_arrays(pa.array(np.repeat(ids, 16).astype(np.float32)), 16)
+        t = pa.table({"id": ids, "x": ids * 0.5, "emb": emb})
+        pq.write_table(t, os.path.join(root, f"u{u:03d}.parquet"), compression="none")
+    return rows * 80
+
+
+def _live_segments() -> int:
+    """Blocks alive now: mapped in this process (unlinked) plus waiting in /dev/shm."""
+    prefix = f"/dev/shm/detload-{os.getpid()}-"
+    with open("/proc/self/maps") as f:
+        mapped = {line.split(None, 5)[5].strip() for line in f if prefix in line}
+    return len(mapped) + len(shm_segments())
+
+
+def _rss(loader: Loader) -> int:
+    total = psutil.Process().memory_info().rss
+    for pid in loader._pool.pids():
+        try:
+            total += psutil.Process(pid).memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
+@pytest.mark.parametrize("workers,prefetch", [(2, 1), (3, 2)])
+def test_slow_consumer_memory_bound(tmp_path, leaks, workers, prefetch):
+    units, rows, batch = 64, 20_000, 2_500
+    unit_bytes = _write_wide(str(tmp_path / "wide"), units, rows)
+    bound_blocks = workers * (prefetch + 1) + 1 * (math.ceil(batch / rows) + 1) + (READY_DEPTH + 2)
+    # A loader that held on to blocks would break both bounds: the exact count of live
+    # segments, and (coarser: RSS counts allocator pools and shared pages) the RSS one.
+    assert bound_blocks * unit_bytes + SLACK < units * unit_bytes
+    opts = dict(batch_size=batch, seed=1, shuffle_window=1, workers=workers, pool="process", prefetch=prefetch)
+    with Loader(str(tmp_path / "wide"), **opts) as loader:
+        for _ in loader:  # warm-up epoch: allocator pools, imports, page cache
+            leaks.track(loader)
+        base = _rss(loader)
+        loader.set_epoch(1)
+        peak_blocks = peak_rss = 0
+        for i, b in enumerate(loader):
+            assert b["id"].shape == (batch,)
+            del b
+            time.sleep(0.01)  # slower than the workers: every queue fills up
+            if i % 2 == 0:
+                peak_blocks = max(peak_blocks, _live_segments())
+                peak_rss = max(peak_rss, _rss(loader))
+    print(f"W={workers} prefetch={prefetch}: peak live blocks {peak_blocks} (bound {bound_blocks}), "
+          f"RSS growth {(peak_rss - base) / 2**20:.1f} MiB (bound {bound_blocks * unit_bytes / 2**20:.1f} MiB + 48)")
+    assert 0 < peak_blocks <= bound_blocks
+    assert peak_rss - base <= bound_blocks * unit_bytes + SLACK
+    leaks.clean_within(2.0)
+
+
+def test_slow_consumer_thread_pool_rss_bound(tmp_path, leaks):
+    units, rows, batch, workers, prefetch = 64, 20_000, 2_500, 2, 1
+    unit_bytes = _write_wide(str(tmp_path / "wide"), units, rows)
+    bound_blocks = workers * (prefetch + 1) + 2 + (READY_DEPTH + 2)
+    with Loader(str(tmp_path / "wide"), batch_size=batch, seed=1, shuffle_window=1, workers=workers,
+                pool="thread", prefetch=prefetch) as loader:
+        for _ in loader:
+            pass
+        base = psutil.Process().memory_info().rss
+        loader.set_epoch(1)
+        peak = 0
+        for i, b in enumerate(loader):
+            del b
+            time.sleep(0.01)
+            if i % 2 == 0:
+                peak = max(peak, psutil.Process().memory_info().rss)
+    print(f"thread pool: RSS growth {(peak - base) / 2**20:.1f} MiB (bound {bound_blocks * unit_bytes / 2**20:.1f} MiB + 48)")
+    assert peak - base <= bound_blocks * unit_bytes + SLACK
