@@ -90,6 +90,8 @@ class Dataset:
         else:
             if isinstance(columns, str):
                 raise OptionError(f"columns must be a list of names, got the string {columns!r}")
+            if not isinstance(columns, Sequence) or isinstance(columns, bytes):  # a set has no order
+                raise OptionError(f"columns must be a list of names or None, got {type(columns).__name__} {columns!r}")
             wanted = list(columns)
             if not wanted:
                 raise OptionError("columns=[] selects nothing; pass None for every column")

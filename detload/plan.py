@@ -87,6 +87,9 @@ class OrderOptions:
         _check_int("shuffle_window", self.shuffle_window, 1)
         _check_int("partitions", self.partitions, 1)
         _check_int("world_size", self.world_size, 1)
+        for name in ("seed", "batch_size", "shuffle_window", "partitions", "world_size"):
+            # A NumPy integer passes the checks but breaks the JSON of the fingerprint.
+            object.__setattr__(self, name, int(getattr(self, name)))
         for name in ("shuffle", "drop_last"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionError(f"{name} must be True or False, got {getattr(self, name)!r}")
