@@ -123,7 +123,7 @@ class LeakCheck:
             out.append(f"detload threads left: {threads}")
         return out
 
-    def assert_clean(self, grace: float = 1.0) -> None:
+    def assert_clean(self, grace: float = 3.0) -> None:
         """Everything is gone now, or within ``grace`` seconds (process reaping is asynchronous)."""
         deadline = time.monotonic() + grace
         while True:

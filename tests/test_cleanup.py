@@ -181,7 +181,7 @@ def test_cleanup_after_a_data_error(tmp_path, leak_check):
 
 # -- stopping never leaves a consumer waiting forever ------------------------------------
 
-def _next_in_thread(it, timeout: float = 5.0) -> dict:
+def _next_in_thread(it, timeout: float = 10.0) -> dict:
     """next(it) in a helper thread; {'hang': True} if it has not returned after ``timeout`` s."""
     out: dict = {}
 
@@ -238,7 +238,7 @@ def test_newer_iteration_survives_the_older_iterator_ending(small_dataset, leak_
 
     E.g. ``it = iter(loader); peek = next(it)`` followed by ``for b in loader:``; ``it`` goes away later.
     """
-    with _loader(small_dataset.root, pool, stall_timeout=5) as loader:
+    with _loader(small_dataset.root, pool, stall_timeout=8) as loader:
         it1 = iter(loader)
         next(it1)
         it2 = iter(loader)
@@ -264,11 +264,11 @@ def test_close_from_another_thread_wakes_the_consumer(small_dataset, leak_check)
     it = iter(loader)
     leak_check.track(loader)
     result: dict = {}
-    t = threading.Thread(target=lambda: result.update(_next_in_thread(it, timeout=5)), daemon=True)
+    t = threading.Thread(target=lambda: result.update(_next_in_thread(it, timeout=15)), daemon=True)
     t.start()
     time.sleep(0.5)
     loader.close()
-    t.join(10)
+    t.join(20)
     assert not result.get("hang"), "the consumer still waits after close()"
     assert isinstance(result.get("error"), DetloadError), result
     leak_check.assert_clean()
