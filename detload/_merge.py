@@ -110,7 +110,13 @@ class Run:
         self.thread.start()
 
     def stop(self) -> None:
-        """Cancel: the merger exits, workers drop the rest, queued blocks are freed."""
+        """Cancel: the merger exits, workers drop the rest, queued blocks are freed.
+
+        Only the first call acts: a later one (an old iterator ending after a newer
+        pass started) must not drain the queues that now feed the newer pass.
+        """
+        if self._cancel.is_set():
+            return
         self._cancel.set()
         self.pool.cancel(self.gen)
         if self.thread.is_alive() and threading.current_thread() is not self.thread:
