@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
-import time
 from collections.abc import Callable, Iterator
 
-import psutil
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -43,95 +40,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # -- leak checking -------------------------------------------------------------
 
-SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
-
-
-def shm_segments(pid: int | None = None) -> list[str]:
-    """The shared-memory segments detload made for process ``pid`` (default: us)."""
-    if SHM_DIR is None:
-        return []
-    prefix = f"detload-{os.getpid() if pid is None else pid}-"
-    return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(prefix))
-
-
-def detload_threads() -> list[str]:
-    return sorted(t.name for t in threading.enumerate() if t.name.startswith("detload-") and t.is_alive())
-
-
-def _is_mp_helper(p: psutil.Process) -> bool:
-    try:
-        cmd = " ".join(p.cmdline())
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return False
-    return "multiprocessing.forkserver" in cmd or "multiprocessing.resource_tracker" in cmd
-
-
-def stray_children() -> list[psutil.Process]:
-    """Descendants of this process other than multiprocessing's own helpers.
-
-    Worker processes are forked by the forkserver, so they are grandchildren and
-    carry the forkserver's command line: a process counts as a helper only if it
-    is our direct child.
-    """
-    me = psutil.Process()
-    out = []
-    for c in me.children(recursive=True):
-        try:
-            if c.status() == psutil.STATUS_ZOMBIE:
-                continue
-            if c.ppid() == me.pid and _is_mp_helper(c):
-                continue
-        except psutil.NoSuchProcess:
-            continue
-        out.append(c)
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-class LeakCheck:
-    """Records a loader's worker pids; `assert_clean` checks everything it started is gone."""
-
-    def __init__(self) -> None:
-        self.pids: set[int] = set()
-
-    def track(self, loader: object) -> list[int]:
-        """Remember the worker pids of ``loader`` (call while its pool runs)."""
-        pool = getattr(loader, "_pool", None)
-        pids = list(pool.pids()) if pool is not None else []
-        self.pids.update(pids)
-        return pids
-
-    def problems(self) -> list[str]:
-        out = []
-        alive = sorted(p for p in self.pids if _alive(p))
-        if alive:
-            out.append(f"worker processes still alive: {alive}")
-        strays = stray_children()
-        if strays:
-            out.append(f"child processes left: {[(c.pid, c.name()) for c in strays]}")
-        segs = shm_segments()
-        if segs:
-            out.append(f"/dev/shm segments left: {segs}")
-        threads = detload_threads()
-        if threads:
-            out.append(f"detload threads left: {threads}")
-        return out
-
-    def assert_clean(self, grace: float = 3.0) -> None:
-        """Everything is gone now, or within ``grace`` seconds (process reaping is asynchronous)."""
-        deadline = time.monotonic() + grace
-        while True:
-            problems = self.problems()
-            if not problems or time.monotonic() > deadline:
-                break
-            time.sleep(0.02)
-        assert not problems, "; ".join(problems)
+from leaks import LeakCheck  # noqa: E402
 
 
 @pytest.fixture

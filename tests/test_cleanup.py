@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import detload_threads, shm_segments, stray_children
+from leaks import detload_threads, shm_segments, stray_children
 from strategies import check_rows
 
 from detload import DataError, DetloadError, Loader, WorkerError
