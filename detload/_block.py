@@ -1,5 +1,10 @@
 """Assembling one block: concatenate its units' columns and apply the row permutation.
 
+The gather is the hot loop of a worker: ``np.take(..., mode="clip")`` writes
+straight into the destination (with the default ``mode="raise"`` NumPy gathers
+into a temporary and copies it again), and several units are concatenated into
+one reused scratch buffer rather than a fresh array per column.
+
 The output of a block lives in one flat byte buffer (heap memory for thread
 workers, a shared-memory segment for process workers). `Layout` describes where
 each column lies in it, so the consumer side can rebuild zero-copy views.
@@ -111,7 +116,7 @@ def _ragged_take(src: Ragged, perm: np.ndarray, out_offsets: np.ndarray, out_val
     shift = np.repeat(src.offsets[:-1][perm] - out_offsets[:-1], lengths)
     idx = np.arange(total, dtype=np.int64)
     idx += shift
-    np.take(src.values, idx, out=out_values)
+    np.take(src.values, idx, out=out_values, mode="clip")
 
 
 def assemble(
@@ -130,6 +135,7 @@ def assemble(
     layout = _plan_layout(specs, rows, {k: int(v.values.shape[0]) for k, v in ragged.items()})
     buf = allocate(layout.nbytes)
     out = views(buf, layout)
+    scratch = np.empty(0, dtype=np.uint8)
     for spec in specs:
         dst = out[spec.name]
         if spec.kind == "fixed":
@@ -138,8 +144,15 @@ def assemble(
             if perm is None:
                 np.concatenate(parts, axis=0, out=dst)  # type: ignore[arg-type]
             else:
-                src = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)  # type: ignore[arg-type]
-                np.take(src, perm, axis=0, out=dst)  # type: ignore[arg-type]
+                if len(parts) == 1:
+                    src = parts[0]
+                else:
+                    if scratch.nbytes < dst.nbytes:
+                        scratch = np.empty(dst.nbytes, dtype=np.uint8)
+                    src = scratch[: dst.nbytes].view(dst.dtype).reshape(dst.shape)
+                    np.concatenate(parts, axis=0, out=src)  # type: ignore[arg-type]
+                # Every index is in range (a permutation), so "clip" changes nothing but speed.
+                np.take(src, perm, axis=0, out=dst, mode="clip")  # type: ignore[arg-type]
         else:
             assert isinstance(dst, Ragged)
             src_r = ragged[spec.name]

@@ -2,7 +2,8 @@
 
 It runs in its own thread so that stitching, hashing and manifest-line
 formatting never happen in the consumer's thread. The epoch ends when the
-plan's last step has been emitted, never because queues look empty.
+plan's last step has been emitted, never because queues look empty. It also
+records the stage spans (its own and the workers') in the loader's tracer.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 from . import _shm
 from ._block import views
 from ._pool import WorkerPool
+from ._trace import MERGER, Tracer
 from ._types import Column, ColumnSpec, Ragged
 from ._worker import Task
 from .audit import batch_line, hash_batch
@@ -77,12 +79,17 @@ def _empty(spec: ColumnSpec) -> Column:
 
 
 class Run:
-    """One pass over an epoch (from ``start_step``) for one loader iteration."""
+    """One pass over an epoch (from ``start_step``) for one loader iteration.
+
+    ``ordered=False`` is for the determinism-tax benchmark only: the merger then
+    takes whichever block is ready first, so the batches depend on timing. No
+    public option reaches it, and a loader with a manifest refuses it.
+    """
 
     def __init__(self, pool: WorkerPool, plan: Plan, specs: Sequence[ColumnSpec], *, gen: int,
                  start_step: int, unit_files: np.ndarray, unit_rgs: np.ndarray,
                  stall_timeout: float | None, ready_depth: int = 4, ordered: bool = True,
-                 hash_batches: bool = True) -> None:
+                 hash_batches: bool = True, tracer: Tracer | None = None) -> None:
         self.pool = pool
         self.plan = plan
         self.specs = list(specs)
@@ -103,6 +110,7 @@ class Run:
                 Task(k, b.partition, b.number, units, b.rows, opts.seed, plan.epoch, opts.shuffle)
             )
         self.merge_wait = 0.0
+        self.tracer = tracer if tracer is not None else Tracer(max_events=0)
         self.thread = threading.Thread(target=self._main, name="detload-merger", daemon=True)
 
     def start(self) -> None:
@@ -148,14 +156,30 @@ class Run:
                 pass
 
     def _emit(self, item: Any) -> None:
+        try:
+            self.ready.put_nowait(item)
+            return
+        except queue.Full:
+            pass
+        t0 = time.perf_counter()
         while True:
             if self._cancel.is_set():
                 raise _Cancelled
             try:
                 self.ready.put(item, timeout=_POLL)
-                return
+                break
             except queue.Full:
                 continue
+        self.tracer.span("merge_output_wait", MERGER, t0, time.perf_counter())
+
+    def _sample_depths(self, t: float) -> None:
+        depths = []
+        for q in self.pool.outboxes:
+            try:
+                depths.append(q.qsize())
+            except (NotImplementedError, OSError, ValueError):  # macOS mp queues
+                depths.append(-1)
+        self.tracer.depth(t, tuple(depths), self.ready.qsize())
 
     def _take(self, w: int, k: int) -> dict[str, Column]:
         pool = self.pool
@@ -195,12 +219,51 @@ class Run:
                 continue
             if item[0] == "err":
                 self._raise_worker_error(w, item)
-            _, _, kk, payload, layout, _timings = item
+            _, _, kk, payload, layout, timings = item
             if kk != k:  # pragma: no cover - would be a scheduling bug
                 raise DetloadError(f"internal error: worker {w} sent block {kk}, expected {k}")
-            self.merge_wait += time.perf_counter() - t0
-            buf = payload if pool.shm_dir is None else _shm.attach(pool.shm_dir, payload, layout.nbytes)
-            return views(buf, layout)
+            return self._accept(w, t0, payload, layout, timings)
+
+    def _accept(self, w: int, t0: float, payload: Any, layout: Any, timings: Any) -> dict[str, Column]:
+        pool = self.pool
+        buf = payload if pool.shm_dir is None else _shm.attach(pool.shm_dir, payload, layout.nbytes)
+        t1 = time.perf_counter()
+        self.merge_wait += t1 - t0
+        tr = self.tracer
+        tr.span("merge_wait", MERGER, t0, t1)
+        tr.worker_spans(w, timings.spans, timings.pid)
+        self._sample_depths(t1)
+        return views(buf, layout)
+
+    def _take_any(self, rr: list[int]) -> tuple[int, dict[str, Column]]:
+        """Benchmark-only unordered mode: the first block any worker has ready."""
+        pool = self.pool
+        W = pool.workers
+        t0 = time.perf_counter()
+        while True:
+            if self._cancel.is_set():
+                raise _Cancelled
+            for i in range(W):
+                w = (rr[0] + i) % W
+                if rr[1 + w] <= 0:
+                    continue
+                try:
+                    item = pool.outboxes[w].get_nowait()
+                except queue.Empty:
+                    continue
+                if item[1] != self.gen:
+                    pool.release(item)
+                    continue
+                if item[0] == "err":
+                    self._raise_worker_error(w, item)
+                rr[0] = (w + 1) % W
+                rr[1 + w] -= 1
+                _, _, kk, payload, layout, timings = item
+                return kk, self._accept(w, t0, payload, layout, timings)
+            for w in range(W):
+                if rr[1 + w] > 0 and not pool.alive(w):
+                    raise WorkerError(f"{pool.describe_death(w)}", worker=w)
+            time.sleep(0.0005)
 
     def _unit(self, st: tuple[int, int, int, int]) -> tuple[str, int] | None:
         _, _, f, rg = st
@@ -225,6 +288,9 @@ class Run:
         raise err
 
     def _merge(self) -> None:
+        if not self.ordered:
+            self._merge_unordered()
+            return
         plan = self.plan
         owned = list(plan.owned_partitions)
         buffers: dict[int, deque[tuple[int, dict[str, Column]]]] = {p: deque() for p in owned}
@@ -237,6 +303,35 @@ class Run:
             cols = self._take(k % W, k)
             buffers[block.partition].append((block.start, cols))
             del cols
+        while step < plan.steps:
+            self._emit_step(step, owned, buffers)
+            step += 1
+
+    def _merge_unordered(self) -> None:
+        """Blocks in completion order, each appended where its partition's stream has reached."""
+        plan = self.plan
+        owned = list(plan.owned_partitions)
+        buffers: dict[int, deque[tuple[int, dict[str, Column]]]] = {p: deque() for p in owned}
+        rr = [0] + [len(t) for t in self._tasks]
+        # The schedule's block starts, per partition, in stream order: reassigned by arrival.
+        starts: dict[int, deque[int]] = {p: deque() for p in owned}
+        ends: dict[int, int] = dict.fromkeys(owned, 0)
+        for b in self.schedule:
+            starts[b.partition].append(b.start)
+        received: dict[int, int] = {p: (starts[p][0] if starts[p] else 0) for p in owned}
+        part_of = {k: b.partition for k, b in enumerate(self.schedule)}
+        step = self.start_step
+        for _ in range(len(self.schedule)):
+            k, cols = self._take_any(rr)
+            p = part_of[k]
+            n = len(next(iter(cols.values())))
+            buffers[p].append((received[p], cols))
+            received[p] += n
+            ends[p] = received[p]
+            del cols
+            while step < plan.steps and all(plan.micro_range(q, step)[1] <= ends[q] for q in owned):
+                self._emit_step(step, owned, buffers)
+                step += 1
         while step < plan.steps:
             self._emit_step(step, owned, buffers)
             step += 1
@@ -259,15 +354,20 @@ class Run:
         return {s.name: _concat([pc[s.name] for pc in pieces]) for s in self.specs}
 
     def _emit_step(self, step: int, owned: list[int], buffers: dict[int, deque[tuple[int, dict[str, Column]]]]) -> None:
+        t0 = time.perf_counter()
         micros = [self._micro(p, step, buffers[p]) for p in owned]
         if len(micros) == 1:
             batch = micros[0]
         else:
             batch = {s.name: _concat([m[s.name] for m in micros]) for s in self.specs}
         rows = len(next(iter(batch.values())))
+        t1 = time.perf_counter()
+        tr = self.tracer
+        tr.span("stitch", MERGER, t0, t1)
         line = None
         if self.hash_batches:
             parts = [hash_batch(m) for m in micros]
             digest, cols = parts[0] if len(micros) == 1 else hash_batch(batch)
             line = batch_line(self.plan.epoch, step, rows, digest, cols, [p[0] for p in parts])
-        self._emit((batch, step, line))
+            tr.span("hash", MERGER, t1, time.perf_counter())
+        self._emit((batch, step, line, rows))

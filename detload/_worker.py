@@ -51,6 +51,7 @@ class DebugHooks:
     stall_unit: tuple[str, int] | None = None
     stall_seconds: float = 3600.0
     die_unit: tuple[str, int] | None = None
+    block_delay_max: float = 0.0  # benchmark/test: pseudo-random sleep before each block
 
 
 @dataclass(frozen=True)
@@ -94,12 +95,35 @@ class Task:
 
 @dataclass
 class Timings:
+    """A block's stage timings; travels with the block to the merger, which records the spans.
+
+    ``spans`` holds (stage, start, end) in ``time.perf_counter`` seconds, which on
+    Linux is the system-wide monotonic clock, so worker processes and the consumer
+    share one time axis.
+    """
+
     read: float = 0.0
     convert: float = 0.0
     permute: float = 0.0
     queue_wait: float = 0.0
     units: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+    spans: list[tuple[str, float, float]] = field(default_factory=list)
+    pid: int = 0
+
+    def add(self, stage: str, t0: float, t1: float) -> None:
+        self.spans.append((stage, t0, t1))
+        d = t1 - t0
+        if stage == "read":
+            self.read += d
+        elif stage == "convert":
+            self.convert += d
+        elif stage == "permute":
+            self.permute += d
+        elif stage == "worker_queue_wait":
+            self.queue_wait += d
+        else:
+            self.extra[stage] = self.extra.get(stage, 0.0) + d
 
 
 class UnitReader:
@@ -148,8 +172,8 @@ class UnitReader:
                 out[spec.name] = _constant(spec, pvals[spec.name], table.num_rows)
             else:
                 out[spec.name] = convert_column(spec, table.column(spec.name), where, self.cfg.null_fill.get(spec.name))
-        t.read += t1 - t0
-        t.convert += time.perf_counter() - t1
+        t.add("read", t0, t1)
+        t.add("convert", t1, time.perf_counter())
         t.units += 1
         return out
 
@@ -209,6 +233,9 @@ def _debug_before_read(cfg: WorkerConfig, task: Task, file_idx: int, rg: int) ->
     if d is None:
         return
     unit = (cfg.files[file_idx].path, rg)
+    if d.block_delay_max > 0 and (file_idx, rg) == task.units[0]:
+        h = xxhash.xxh3_64_intdigest(f"{d.delay_seed}/{task.epoch}/{task.k}/{time.monotonic_ns()}".encode())
+        time.sleep(d.block_delay_max * (h % 10_000) / 10_000)
     if d.delay_max > 0:
         h = xxhash.xxh3_64_intdigest(f"{d.delay_seed}/{task.epoch}/{unit}/{time.monotonic_ns()}".encode())
         time.sleep(d.delay_max * (h % 10_000) / 10_000)
@@ -239,8 +266,7 @@ class Status:
 
 
 def _produce(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, index: int,
-             status: Status, seq: list[int]) -> tuple[Any, Layout, Timings]:
-    t = Timings()
+             status: Status, seq: list[int], t: Timings) -> tuple[Any, Layout, Timings]:
     units = []
     for f, rg in task.units:
         status.set(gen, task.k, f, rg)
@@ -271,7 +297,7 @@ def _produce(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, index:
         except BufferError:  # a view is still alive somewhere; unmapped when it goes
             pass
         payload = name
-    t.permute += time.perf_counter() - t0
+    t.add("permute", t0, time.perf_counter())
     return payload, layout, t
 
 
@@ -299,6 +325,10 @@ def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generati
     """
     reader = UnitReader(cfg)
     seq = [0]
+    pid = os.getpid() if cfg.shm_dir is not None else 0
+    # A block's wait on the full queue is known only after it was queued: it
+    # travels with the worker's next block.
+    last_wait: tuple[str, float, float] | None = None
     try:
         while True:
             try:
@@ -313,8 +343,12 @@ def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generati
             for task in tasks:
                 if generation.value != gen:
                     break
+                t = Timings(pid=pid)
+                if last_wait is not None:
+                    t.spans.append(last_wait)
+                    last_wait = None
                 try:
-                    payload, layout, t = _produce(cfg, reader, task, gen, index, status, seq)
+                    payload, layout, t = _produce(cfg, reader, task, gen, index, status, seq, t)
                 except BaseException as exc:  # carried back as a value, re-raised by the merger
                     _, k, f, rg = status.get()
                     unit = (cfg.files[f].path, rg) if f >= 0 else None
@@ -325,7 +359,7 @@ def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generati
                 status.set(gen, task.k, -1, -1)
                 t0 = time.perf_counter()
                 ok = _put(outbox, ("ok", gen, task.k, payload, layout, t), generation, gen, cfg, payload)
-                t.queue_wait += time.perf_counter() - t0
+                last_wait = ("worker_queue_wait", t0, time.perf_counter())
                 if not ok:
                     break
     finally:

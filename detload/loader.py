@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
@@ -22,11 +23,13 @@ from . import __version__
 from ._dataset import Dataset, discover
 from ._merge import END, Failure, Run
 from ._pool import WorkerPool
+from ._trace import CONSUMER, Tracer
 from ._types import TYPE_MAPPING_VERSION, Column, ColumnSpec
 from ._worker import DebugHooks, FileRef, WorkerConfig
 from .audit import MANIFEST_FORMAT, MANIFEST_VERSION, ManifestWriter
 from .errors import OptionError, StateError
 from .plan import PLAN_FORMAT_VERSION, OrderOptions, Plan, make_plan
+from .stats import Stats, summarize
 
 __all__ = ["STATE_FORMAT_VERSION", "Loader", "compare_ranks", "resolve_workers"]
 
@@ -106,6 +109,7 @@ class Loader:
         partitioning: Mapping[str, str] | None = None,
         stall_timeout: float | None = 300.0,
         _debug: DebugHooks | None = None,
+        _benchmark_unordered: bool = False,
     ) -> None:
         self.workers = resolve_workers(workers)
         if pool not in ("thread", "process"):
@@ -149,6 +153,12 @@ class Loader:
         }
         self.fingerprint = xxhash.xxh3_128_hexdigest(json.dumps(self.order, sort_keys=True).encode())
         self._debug = _debug
+        # Benchmark-only (the determinism-tax measurement): the merger takes blocks in
+        # completion order, so batches depend on timing. Never for training runs.
+        if _benchmark_unordered and manifest is not None:
+            raise OptionError("_benchmark_unordered is a benchmark-only switch and cannot write a manifest")
+        self._ordered = not _benchmark_unordered
+        self._tracer = Tracer()
         self._epoch = 0
         self._plans: dict[int, Plan] = {}
         self._resume_step = 0
@@ -260,8 +270,10 @@ class Loader:
             self._gen = pool.generation.value + 1
             run = Run(pool, plan, self.specs, gen=self._gen, start_step=start,
                       unit_files=self._unit_files, unit_rgs=self._unit_rgs,
-                      stall_timeout=self.stall_timeout, hash_batches=True)
+                      stall_timeout=self.stall_timeout, hash_batches=True, ordered=self._ordered,
+                      tracer=self._tracer)
             self._run = run
+            self._tracer.run_started(self.workers, self.pool_kind)
             if writer is not None:
                 writer.start_epoch(plan.epoch, plan.steps, plan.dropped_rows, plan.fingerprint, start)
             self._position = start
@@ -270,22 +282,42 @@ class Loader:
 
     def _consume(self, run: Run, writer: ManifestWriter | None, epoch: int) -> Iterator[dict[str, Column]]:
         ready = run.ready
+        tr = self._tracer
+        span = tr.span
+        clock = time.perf_counter
+        t_back = 0.0  # when the training loop handed control back to us
         try:
             while True:
+                t0 = clock()
                 item = ready.get()
+                t1 = clock()
+                if t_back:
+                    span("consumer_step", CONSUMER, t_back, t0)
+                span("consumer_wait", CONSUMER, t0, t1)
                 if item is END:
                     return
                 if type(item) is Failure:
                     raise item.error
-                batch, step, line = item
+                batch, step, line, rows = item
                 if writer is not None:
                     writer.write_batch(epoch, step, line)
                 self._position = step + 1
+                tr.batches += 1
+                tr.rows += rows
                 yield batch
+                t_back = clock()
         finally:
+            tr.run_ended()
             if self._run is run:
                 self._run = None
             run.stop()
+
+    # -- observability ---------------------------------------------------------
+    def stats(self) -> Stats:
+        """Per-stage counts, totals and percentiles, queue depths and the stage bounding
+        throughput, over everything this loader has yielded so far. ``stats().table()``
+        prints them; ``stats().write_trace(path)`` writes a Chrome trace-event file."""
+        return summarize(self._tracer)
 
     # -- resume ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

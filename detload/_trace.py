@@ -1,0 +1,130 @@
+"""Stage tracing: spans of every pipeline stage and queue depths over time, recorded cheaply.
+
+Workers time their own stages and send the spans along with each block; the
+merger thread records them together with its own, the consumer records its
+waits. Each stage is written by exactly one thread, so recording takes no lock.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from typing import Any
+
+__all__ = ["CONSUMER", "MERGER", "STAGES", "Tracer"]
+
+# Where each stage runs, in pipeline order.
+STAGES: dict[str, str] = {
+    "read": "worker",               # pyarrow read_row_group: file I/O and Parquet decoding
+    "convert": "worker",            # Arrow -> NumPy
+    "permute": "worker",            # assembling the block into its buffer in permuted row order
+    "worker_queue_wait": "worker",  # blocked on the worker's own full queue (the merger is behind)
+    "merge_wait": "merger",         # waiting for the next block of the plan from its worker
+    "stitch": "merger",             # cutting a batch: a view, or a copy where it spans blocks
+    "hash": "merger",               # xxh3-128 of the batch for the manifest
+    "merge_output_wait": "merger",  # blocked on the full ready queue (the consumer is behind)
+    "consumer_wait": "consumer",    # the training loop waiting for its next batch
+    "consumer_step": "consumer",    # the training loop holding a batch (its own work)
+}
+
+MERGER = -1
+CONSUMER = -2
+_MAX_SAMPLES = 50_000   # per stage, for percentiles (the most recent ones)
+_MAX_EVENTS = 300_000   # for the trace file (the most recent ones)
+
+
+class Tracer:
+    """Counts, totals, recent samples and recent events per stage, plus queue-depth samples."""
+
+    def __init__(self, max_events: int = _MAX_EVENTS) -> None:
+        self.origin = time.perf_counter()
+        self.pid = os.getpid()
+        self.count: dict[str, int] = dict.fromkeys(STAGES, 0)
+        self.total: dict[str, float] = dict.fromkeys(STAGES, 0.0)
+        self.samples: dict[str, deque[float]] = {s: deque(maxlen=_MAX_SAMPLES) for s in STAGES}
+        # (stage, track, start, end, pid); track: worker index, MERGER or CONSUMER.
+        self.events: deque[tuple[str, int, float, float, int]] = deque(maxlen=max_events)
+        # (time, worker queue depths, ready-queue depth)
+        self.depths: deque[tuple[float, tuple[int, ...], int]] = deque(maxlen=max_events)
+        self.wall = 0.0          # seconds during which a run was active (closed runs)
+        self._open_since: float | None = None
+        self.workers = 0
+        self.pool = ""
+        self.batches = 0
+        self.rows = 0
+        self.worker_pids: dict[int, int] = {}
+
+    # -- recording (one writer thread per stage) ---------------------------
+    def span(self, stage: str, track: int, t0: float, t1: float, pid: int = 0) -> None:
+        d = t1 - t0
+        self.count[stage] += 1
+        self.total[stage] += d
+        self.samples[stage].append(d)
+        self.events.append((stage, track, t0, t1, pid or self.pid))
+
+    def worker_spans(self, w: int, spans: Any, pid: int) -> None:
+        if pid:
+            self.worker_pids[w] = pid
+        for stage, t0, t1 in spans:
+            self.span(stage, w, t0, t1, pid)
+
+    def depth(self, t: float, workers: tuple[int, ...], ready: int) -> None:
+        self.depths.append((t, workers, ready))
+
+    def run_started(self, workers: int, pool: str) -> None:
+        self.workers, self.pool = workers, pool
+        if self._open_since is None:
+            self._open_since = time.perf_counter()
+
+    def run_ended(self) -> None:
+        if self._open_since is not None:
+            self.wall += time.perf_counter() - self._open_since
+            self._open_since = None
+
+    def wall_now(self) -> float:
+        extra = time.perf_counter() - self._open_since if self._open_since is not None else 0.0
+        return self.wall + extra
+
+    # -- trace file ------------------------------------------------------------
+    def chrome_trace(self) -> dict[str, Any]:
+        """Chrome trace-event format: complete ("X") events per stage and track, counter ("C")
+        events for queue depths, and metadata ("M") events naming processes and threads."""
+        us = 1e6
+        o = self.origin
+        out: list[dict[str, Any]] = []
+        names: dict[tuple[int, int], str] = {}
+        for stage, track, t0, t1, pid in list(self.events):
+            tid = _tid(track)
+            names.setdefault((pid, tid), _track_name(track))
+            out.append({"name": stage, "cat": STAGES[stage], "ph": "X", "ts": round((t0 - o) * us, 3),
+                        "dur": round(max(t1 - t0, 0.0) * us, 3), "pid": pid, "tid": tid})
+        for t, wq, rq in list(self.depths):
+            args = {f"worker {i}": d for i, d in enumerate(wq)}
+            out.append({"name": "worker queue depth (blocks)", "ph": "C", "ts": round((t - o) * us, 3),
+                        "pid": self.pid, "args": args})
+            out.append({"name": "ready queue depth (batches)", "ph": "C", "ts": round((t - o) * us, 3),
+                        "pid": self.pid, "args": {"ready": rq}})
+        meta: list[dict[str, Any]] = []
+        for pid in sorted({p for p, _ in names} | {self.pid}):
+            label = "detload consumer process" if pid == self.pid else f"detload worker process (pid {pid})"
+            meta.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": label}})
+        for (pid, tid), label in sorted(names.items()):
+            meta.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": label}})
+        return {"traceEvents": meta + out, "displayTimeUnit": "ms"}
+
+
+def _tid(track: int) -> int:
+    if track == CONSUMER:
+        return 1
+    if track == MERGER:
+        return 2
+    return 10 + track
+
+
+def _track_name(track: int) -> str:
+    if track == CONSUMER:
+        return "consumer (training loop)"
+    if track == MERGER:
+        return "merger"
+    return f"worker {track}"

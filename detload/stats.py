@@ -1,0 +1,142 @@
+"""`Stats`: what `Loader.stats()` returns — per-stage counts, totals and percentiles, queue
+depths, and the stage that bounds throughput, with a plain-language explanation.
+
+Also writes the Chrome trace-event file (opens in Perfetto or chrome://tracing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._trace import STAGES, Tracer
+
+__all__ = ["StageStats", "Stats", "summarize"]
+
+# Below this share of wall time spent waiting for data, the loader is keeping up.
+FED_WAIT_FRACTION = 0.05
+
+
+@dataclass(frozen=True)
+class StageStats:
+    name: str
+    where: str          # worker, merger or consumer
+    count: int
+    total_s: float
+    mean_ms: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    max_ms: float
+    busy: float         # total / (wall x threads running the stage): how saturated it is
+
+
+@dataclass(frozen=True)
+class Stats:
+    """A snapshot of the loader's stage timings since it was created (all epochs)."""
+
+    wall_s: float
+    batches: int
+    rows: int
+    workers: int
+    pool: str
+    stages: dict[str, StageStats]
+    worker_queue_depth_mean: float
+    ready_queue_depth_mean: float
+    consumer_wait_fraction: float
+    bottleneck: str       # a stage name from STAGES
+    verdict: str
+    _tracer: Tracer | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.wall_s if self.wall_s > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("_tracer", None)
+        d["rows_per_s"] = self.rows_per_s
+        return d
+
+    def table(self) -> str:
+        lines = [f"{'stage':<18} {'where':<8} {'count':>7} {'total s':>8} {'busy':>6} "
+                 f"{'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8}"]
+        for s in self.stages.values():
+            if not s.count:
+                continue
+            mark = "  <- bound" if s.name == self.bottleneck else ""
+            lines.append(f"{s.name:<18} {s.where:<8} {s.count:>7} {s.total_s:>8.3f} {s.busy:>6.0%} "
+                         f"{s.p50_ms:>8.3f} {s.p90_ms:>8.3f} {s.p99_ms:>8.3f} {s.max_ms:>8.3f}{mark}")
+        lines.append(f"wall {self.wall_s:.2f} s, {self.batches} batches, {self.rows:,} rows "
+                     f"({self.rows_per_s:,.0f} rows/s), {self.workers} {self.pool} worker(s); mean queue "
+                     f"depth: worker {self.worker_queue_depth_mean:.2f} blocks, ready "
+                     f"{self.ready_queue_depth_mean:.2f} batches; consumer waited "
+                     f"{self.consumer_wait_fraction:.0%} of the time")
+        lines.append(f"bound by: {self.bottleneck} -- {self.verdict}")
+        return "\n".join(lines)
+
+    def write_trace(self, path: str | os.PathLike[str]) -> None:
+        """Write the Chrome trace-event JSON of the recorded spans and queue depths."""
+        if self._tracer is None:
+            raise ValueError("these stats carry no trace events")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self._tracer.chrome_trace(), f)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def summarize(tr: Tracer) -> Stats:
+    wall = tr.wall_now()
+    W = max(tr.workers, 1)
+    stages: dict[str, StageStats] = {}
+    for name, where in STAGES.items():
+        samples = np.fromiter(tr.samples[name], dtype=np.float64) * 1e3
+        p = np.percentile(samples, [50, 90, 99]) if samples.size else np.zeros(3)
+        threads = W if where == "worker" else 1
+        total = tr.total[name]
+        n = tr.count[name]
+        stages[name] = StageStats(
+            name, where, n, total, total / n * 1e3 if n else 0.0, float(p[0]), float(p[1]), float(p[2]),
+            float(samples.max()) if samples.size else 0.0, total / (wall * threads) if wall > 0 else 0.0,
+        )
+    depths = list(tr.depths)
+    wq = float(np.mean([np.mean(d[1]) for d in depths if d[1]])) if depths else 0.0
+    rq = float(np.mean([d[2] for d in depths])) if depths else 0.0
+    cw = stages["consumer_wait"].total_s / wall if wall > 0 else 0.0
+    bottleneck, verdict = _bottleneck(stages, cw, W)
+    return Stats(wall, tr.batches, tr.rows, tr.workers, tr.pool, stages, wq, rq, cw, bottleneck, verdict, tr)
+
+
+def _bottleneck(st: dict[str, StageStats], consumer_wait: float, workers: int) -> tuple[str, str]:
+    if st["consumer_wait"].count == 0:
+        return "consumer_wait", "nothing was consumed yet"
+    if consumer_wait < FED_WAIT_FRACTION:
+        return "consumer_step", (
+            f"the training loop's own work: it waited for data only {consumer_wait:.1%} of the time, "
+            "so the loader keeps up and a faster loader would not help")
+    worker_busy = sum(st[s].busy for s in ("read", "convert", "permute"))
+    merger_busy = st["stitch"].busy + st["hash"].busy
+    cores = _cores()
+    if worker_busy >= merger_busy:
+        stage = max(("read", "convert", "permute"), key=lambda s: st[s].total_s)
+        share = st[stage].total_s / max(sum(st[s].total_s for s in ("read", "convert", "permute")), 1e-12)
+        if worker_busy > 0.6:
+            hint = (f"all {cores} cores are in use: faster storage/decoding or more cores would help"
+                    if workers >= cores else f"more workers would help (this machine has {cores} cores)")
+        else:
+            hint = ("no stage is saturated: the consumer waits on latency -- raise prefetch, or check "
+                    "the worker_queue_wait and merge_wait rows in the trace")
+        return stage, (f"the consumer waited {consumer_wait:.0%} of the time; workers were busy "
+                       f"{worker_busy:.0%}, {share:.0%} of it in {stage}; {hint}")
+    stage = "hash" if st["hash"].total_s >= st["stitch"].total_s else "stitch"
+    return stage, (f"the consumer waited {consumer_wait:.0%} of the time; the merger thread was busy "
+                   f"{merger_busy:.0%}, mostly in {stage}")
