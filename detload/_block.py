@@ -152,7 +152,7 @@ def assemble(
                     src = scratch[: dst.nbytes].view(dst.dtype).reshape(dst.shape)
                     np.concatenate(parts, axis=0, out=src)  # type: ignore[arg-type]
                 # Every index is in range (a permutation), so "clip" changes nothing but speed.
-                np.take(src, perm, axis=0, out=dst, mode="clip")  # type: ignore[arg-type]
+                np.take(src, perm, axis=0, out=dst, mode="clip")  # type: ignore[arg-type,call-overload]
         else:
             assert isinstance(dst, Ragged)
             src_r = ragged[spec.name]
