@@ -25,6 +25,8 @@ from .errors import (  # noqa: E402
 )
 from .loader import Loader  # noqa: E402
 from .plan import OrderOptions, Plan, make_plan  # noqa: E402
+from .starvation import StarvationReport, starvation_check  # noqa: E402
+from .stats import StageStats, Stats  # noqa: E402
 
 __all__ = [
     "ColumnSpec",
@@ -40,7 +42,10 @@ __all__ = [
     "Ragged",
     "SchemaMismatchError",
     "SharedMemoryError",
+    "StageStats",
+    "StarvationReport",
     "StateError",
+    "Stats",
     "UnsupportedTypeError",
     "WorkerError",
     "WorkerStalledError",
@@ -48,4 +53,5 @@ __all__ = [
     "hash_batch",
     "make_plan",
     "read_manifest",
+    "starvation_check",
 ]

@@ -1,6 +1,6 @@
 """The ``detload`` command line: a thin layer over the library (argparse, no hand-rolled parsing).
 
-Commands: run, verify, inspect, plan, demo. Exit codes: 0 success, 1 a
+Commands: run, verify, inspect, plan, demo, bench. Exit codes: 0 success, 1 a
 verification found a difference, 2 bad input or usage.
 """
 
@@ -90,6 +90,22 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="generate an example dataset, load it at 1 and 4 process workers, verify")
     p.add_argument("--dir", default="detload-demo", help="where the dataset and manifests go (default ./detload-demo)")
     p.add_argument("--rows", type=int, default=200_000)
+
+    p = sub.add_parser("bench", help="measure throughput per stage and name the stage that bounds it",
+                       description="Iterate SOURCE as fast as possible (no training step), print rows/s per "
+                                   "epoch and the per-stage table naming the bounding stage; optionally write "
+                                   "a Chrome trace-event file (open it in https://ui.perfetto.dev or chrome://tracing).")
+    p.add_argument("source", help="a Parquet file, directory, glob or URI")
+    p.add_argument("--workers", type=_workers, default="auto", help="worker count or 'auto' (default auto)")
+    p.add_argument("--pool", choices=["thread", "process"], default="thread")
+    p.add_argument("--batch-size", type=int, default=4096)
+    p.add_argument("--epochs", type=int, default=2, help="epochs; workers persist across them (default 2)")
+    p.add_argument("--shuffle-window", type=int, default=4)
+    p.add_argument("--prefetch", type=int, default=2)
+    p.add_argument("--columns", type=lambda s: [c for c in s.split(",") if c])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace", help="write the Chrome trace-event JSON here")
+    p.add_argument("--json", action="store_true", help="print the stats as JSON")
     return ap
 
 
@@ -169,6 +185,33 @@ def _write_json_atomic(path: str, obj: Any) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(obj, f)
     os.replace(tmp, path)  # a kill leaves the old state or the new one, never half of one
+
+
+def _cmd_bench(a: argparse.Namespace) -> int:
+    from .loader import Loader
+
+    t0 = time.perf_counter()
+    with Loader(a.source, batch_size=a.batch_size, seed=a.seed, workers=a.workers, pool=a.pool,
+                prefetch=a.prefetch, shuffle_window=a.shuffle_window, columns=a.columns) as loader:
+        for epoch in range(a.epochs):
+            loader.set_epoch(epoch)
+            t = time.perf_counter()
+            rows = 0
+            for batch in loader:
+                rows += len(next(iter(batch.values()))) if batch else 0
+            dt = time.perf_counter() - t
+            what = " (includes worker start-up)" if epoch == 0 else ""
+            print(f"epoch {epoch}: {rows:,} rows in {dt:.2f} s, {rows / dt if dt > 0 else 0:,.0f} rows/s{what}")
+        st = loader.stats()
+        if a.json:
+            print(json.dumps(st.as_dict(), indent=2, default=str))
+        else:
+            print(st.table())
+        if a.trace:
+            st.write_trace(a.trace)
+            print(f"trace: {a.trace} (open in https://ui.perfetto.dev or chrome://tracing)")
+    print(f"total {time.perf_counter() - t0:.2f} s")
+    return 0
 
 
 def _cmd_verify(a: argparse.Namespace) -> int:
@@ -306,7 +349,8 @@ def _cmd_demo(a: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = _parser()
     a = ap.parse_args(argv)
-    cmd = {"run": _cmd_run, "verify": _cmd_verify, "inspect": _cmd_inspect, "plan": _cmd_plan, "demo": _cmd_demo}
+    cmd = {"run": _cmd_run, "verify": _cmd_verify, "inspect": _cmd_inspect, "plan": _cmd_plan, "demo": _cmd_demo,
+           "bench": _cmd_bench}
     try:
         return cmd[a.command](a)
     except (DetloadError, FileNotFoundError, ValueError) as exc:

@@ -1,0 +1,358 @@
+"""Side-by-side throughput benchmark: raw pyarrow, torch DataLoader, Petastorm and detload in one run.
+
+Every (loader, run) executes in a fresh subprocess, so pools, allocators and peak RSS do not
+leak between loaders. Prints one table (medians over --runs, ratios taken within each run) and,
+with --write, puts it into docs/benchmarks.md with the date, machine and command.
+    PYTHONPATH=. python experiments/bench/bench.py --runs 3 --write docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+BATCH = 4096
+W_SET = (1, 2)
+
+
+# -- one loader in this process (the subprocess side) ----------------------------------------
+class RssSampler:
+    """Peak of the summed RSS of this process and its children, sampled every `period` s.
+
+    Shared-memory pages mapped by two processes at once count twice, so this over-states."""
+
+    def __init__(self, period: float = 0.02) -> None:
+        import psutil
+
+        self.proc = psutil.Process()
+        self.period = period
+        self.peak = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def total(self) -> int:
+        n = 0
+        for p in [self.proc, *self.proc.children(recursive=True)]:
+            try:
+                n += p.memory_info().rss
+            except Exception:  # a child that just exited
+                pass
+        return n
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            self.peak = max(self.peak, self.total())
+
+    def __enter__(self) -> RssSampler:
+        self._t.start()
+        return self
+
+    def __exit__(self, *a: object) -> None:
+        self._stop.set()
+        self._t.join()
+
+
+def rss_bound(loader, baseline: int) -> dict:
+    """The documented bound (docs/benchmarks.md, "Peak memory"): baseline plus
+    block_bytes x (W x (prefetch + 2) + 2) + 5 x batch_bytes, block_bytes = shuffle_window x
+    the largest row group's rows x bytes per row of the converted columns."""
+    import numpy as np
+
+    from detload._types import ColumnSpec
+
+    def row_bytes(spec: ColumnSpec) -> float:
+        inner = int(np.prod(spec.inner)) if spec.inner else 1
+        return np.dtype(spec.dtype).itemsize * inner + (8 if spec.kind == "ragged" else 0)
+
+    rb = sum(row_bytes(s) for s in loader.specs)
+    # Ragged values: use the dataset's average bytes per row (from the Parquet metadata).
+    ragged = [s.name for s in loader.specs if s.kind == "ragged"]
+    if ragged:
+        rb += _ragged_bytes_per_row(loader, ragged)
+    R = int(loader._unit_rows.max())
+    S = loader.options.shuffle_window
+    W = loader.workers
+    block = S * R * rb
+    data = block * (W * (loader.prefetch + 2) + 2) + 5 * BATCH * rb
+    return {"bound_bytes": int(baseline + data), "data_bound_bytes": int(data), "block_bytes": int(block),
+            "row_bytes": rb, "baseline_bytes": baseline}
+
+
+def _ragged_bytes_per_row(loader, names) -> float:
+    import pyarrow.parquet as pq
+
+    tot = rows = 0
+    for f in loader.dataset.files:
+        md = pq.read_metadata(f.location)
+        for g in range(md.num_row_groups):
+            rg = md.row_group(g)
+            rows += rg.num_rows
+            for c in range(rg.num_columns):
+                col = rg.column(c)
+                if col.path_in_schema.split(".")[0] in names:
+                    tot += col.total_uncompressed_size
+    return tot / max(rows, 1)
+
+
+def run_one(spec: dict) -> dict:
+    from measure import dataset_rows, measure_epochs
+
+    kind, path, epochs = spec["kind"], spec["path"], spec["epochs"]
+    if kind == "raw_pyarrow":
+        from baselines import raw_pyarrow
+
+        with RssSampler() as rs:
+            res = raw_pyarrow(path, batch_size=BATCH, epochs=epochs)
+        res["peak_rss"] = rs.peak
+        return res
+    if kind == "torch":
+        from baselines import torch_dataloader
+
+        with RssSampler() as rs:
+            res = torch_dataloader(path, batch_size=BATCH, workers=spec["workers"], epochs=epochs)
+        if res is None:
+            return {"loader": "torch_dataloader", "skipped": "torch not importable"}
+        res["peak_rss"] = rs.peak
+        return res
+    if kind == "petastorm":
+        from baselines import petastorm_subprocess
+
+        res = petastorm_subprocess(path, batch_size=BATCH, workers=spec["workers"], epochs=epochs,
+                                   python=spec.get("petastorm_python"))
+        return res or {"loader": "petastorm", "skipped": "petastorm venv missing"}
+    if kind == "detload":
+        from detload import Loader
+        from detload._worker import DebugHooks
+
+        debug = DebugHooks(block_delay_max=spec["block_delay"], delay_seed=1) if spec.get("block_delay") else None
+        state: dict = {}
+        sampler = RssSampler()
+
+        def open_loader():
+            ld = Loader(path, batch_size=BATCH, seed=1234, workers=spec["workers"], pool=spec["pool"],
+                        shuffle=True, shuffle_window=4, prefetch=2, _debug=debug,
+                        _benchmark_unordered=not spec.get("ordered", True))
+            t0 = time.perf_counter()
+            ld._ensure_pool()
+            state["pool_start_s"] = time.perf_counter() - t0
+            time.sleep(0.3)  # let worker processes settle before the baseline sample (not timed)
+            state["baseline"] = sampler.total()
+            return ld
+
+        def epoch_batches(ld, epoch):
+            ld.set_epoch(epoch)
+            return iter(ld)
+
+        def close(ld):
+            state["stats"] = ld.stats()
+            state["bound"] = rss_bound(ld, state["baseline"])
+            ld.close()
+
+        with sampler:
+            res = measure_epochs(
+                loader=f"detload_{spec['pool']}" + ("" if spec.get("ordered", True) else "_unordered"),
+                workers=spec["workers"], epochs=epochs, open_loader=open_loader,
+                epoch_batches=epoch_batches, close_loader=close, expected_rows=dataset_rows(path))
+        st = state["stats"]
+        res["startup_s"] -= 0.3
+        res.update(peak_rss=sampler.peak, pool_start_s=state["pool_start_s"], **state["bound"],
+                   bottleneck=st.bottleneck, verdict=st.verdict, stage_table=st.table())
+        if spec.get("trace"):
+            st.write_trace(spec["trace"])
+        return res
+    raise SystemExit(f"unknown loader kind {kind}")
+
+
+# -- the driver ------------------------------------------------------------------------------
+def steady_rows_per_s(res: dict) -> float:
+    """Rows/s over the epochs after the first (workers persist; the first epoch includes warm-up)."""
+    eps = res["epochs"][1:] or res["epochs"]
+    return sum(e["timed_rows"] for e in eps) / sum(e["seconds"] for e in eps)
+
+
+def spawn(spec: dict, timeout: float = 900) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, __file__, "_one", json.dumps(spec)], capture_output=True,
+                          text=True, timeout=timeout, env=env, check=False)
+    if done.returncode != 0:
+        return {"loader": spec["kind"], "error": done.stderr[-2000:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def specs_for(path: str, epochs: int, petastorm_python: str | None, shape: str) -> list[tuple[str, dict]]:
+    out: list[tuple[str, dict]] = [("raw pyarrow (sequential, default threads)", {"kind": "raw_pyarrow"})]
+    for w in W_SET:
+        out.append((f"torch DataLoader W={w}", {"kind": "torch", "workers": w}))
+    if petastorm_python and shape == "ctr":
+        for w in W_SET:
+            out.append((f"petastorm 0.13.1 W={w}", {"kind": "petastorm", "workers": w,
+                                                    "petastorm_python": petastorm_python}))
+    for pool in ("thread", "process"):
+        for w in W_SET:
+            out.append((f"detload {pool} W={w}", {"kind": "detload", "pool": pool, "workers": w}))
+    for _, s in out:
+        s.update(path=path, epochs=epochs)
+    return out
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv and argv[0] == "_one":
+        print(json.dumps(run_one(json.loads(argv[1]))))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=str(HERE / "data"), help="where the generated datasets go")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--tax-epochs", type=int, default=5)
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--shapes", nargs="+", default=["ctr", "text_list"], choices=["ctr", "text_list"])
+    ap.add_argument("--petastorm-python", default=str(HERE / ".venv-petastorm" / "bin" / "python"))
+    ap.add_argument("--trace", default=None, help="write the Chrome trace of the last detload process W=2 run")
+    ap.add_argument("--write", default=None, help="write the tables into this markdown file")
+    a = ap.parse_args(argv)
+    import datagen
+
+    pet = a.petastorm_python if Path(a.petastorm_python).exists() else None
+    if pet is None:
+        print(f"note: {a.petastorm_python} missing, petastorm skipped (make_petastorm_env.sh)", file=sys.stderr)
+    load = os.getloadavg()
+    started = time.strftime("%Y-%m-%d %H:%M")
+    results: dict[str, dict[str, list[dict]]] = {}
+    for shape in a.shapes:
+        path = str(Path(a.data) / shape)
+        (datagen.make_ctr if shape == "ctr" else datagen.make_text_list)(path, rows=a.rows)
+        results[shape] = {}
+        for r in range(a.runs):
+            for label, spec in specs_for(path, a.epochs, pet, shape):
+                if a.trace and label == "detload process W=2" and r == a.runs - 1 and shape == "ctr":
+                    spec["trace"] = a.trace
+                res = spawn(spec)
+                results[shape].setdefault(label, []).append(res)
+                print(f"[{shape} run {r + 1}/{a.runs}] {label}: " + (
+                    f"{steady_rows_per_s(res):,.0f} rows/s" if "epochs" in res else str(res)[:300]),
+                    file=sys.stderr, flush=True)
+    tax: dict[str, list[dict]] = {}
+    ctr = str(Path(a.data) / "ctr")
+    for r in range(a.runs):
+        for pool in ("thread", "process"):
+            for ordered in (True, False):
+                spec = {"kind": "detload", "pool": pool, "workers": 2, "ordered": ordered, "block_delay": 0.02,
+                        "path": ctr, "epochs": a.tax_epochs}
+                res = spawn(spec)
+                tax.setdefault(f"{pool} {'ordered' if ordered else 'unordered'}", []).append(res)
+                print(f"[tax run {r + 1}] {pool} ordered={ordered}: "
+                      + (f"{steady_rows_per_s(res):,.0f} rows/s" if "epochs" in res else str(res)[:300]),
+                      file=sys.stderr, flush=True)
+    load_after = os.getloadavg()
+    text = report(results, tax, a, started, load, load_after)
+    print(text)
+    if a.write:
+        write_doc(Path(a.write), text)
+    return 0
+
+
+def _ok(res: dict) -> bool:
+    return "epochs" in res
+
+
+def report(results, tax, a, started, load, load_after) -> str:
+    cmd = "PYTHONPATH=. python experiments/bench/bench.py " + " ".join(sys.argv[1:])
+    lines = [
+        f"Measured {started} on {platform.node() and 'this machine'}: {os.cpu_count()} cores "
+        f"({platform.processor() or platform.machine()}), Python {platform.python_version()}, "
+        f"load average {load[0]:.2f} before / {load_after[0]:.2f} after (other jobs shared the machine).",
+        f"Command: `{cmd}`", "",
+        f"Batches of {BATCH} rows; {a.epochs} epochs per loader; rows/s = steady state over epochs 2..{a.epochs} "
+        f"(workers persist); medians of {a.runs} runs; ratios are per run, then the median.", "",
+    ]
+    for shape, per in results.items():
+        raw = per.get("raw pyarrow (sequential, default threads)", [])
+        lines += [f"### {shape}", "",
+                  "| loader | rows/s (median) | x raw pyarrow | start-up s | consumer CPU us/batch (median / mean) "
+                  "| rows/epoch ok | peak RSS MiB | RSS bound MiB |",
+                  "|---|---:|---:|---:|---:|---|---:|---:|"]
+        for label, runs in per.items():
+            good = [x for x in runs if _ok(x)]
+            if not good:
+                why = runs[0].get("skipped") or (runs[0].get("error") or "")[-200:].replace("\n", " ")
+                lines.append(f"| {label} | n/a ({why}) | | | | | | |")
+                continue
+            rps = median([steady_rows_per_s(x) for x in good])
+            ratios = [steady_rows_per_s(x) / steady_rows_per_s(rr) for x, rr in zip(runs, raw)
+                      if _ok(x) and _ok(rr)]
+            su = median([x["startup_s"] for x in good])
+            cm = median([x["consumer_cpu_us_per_batch_median"] for x in good])
+            cmean = median([x["consumer_cpu_us_per_batch_mean"] for x in good])
+            rows_ok = all(e["rows"] == x["dataset_rows"] for x in good for e in x["epochs"])
+            peak = [x["peak_rss"] for x in good if x.get("peak_rss")]
+            bound = [x["bound_bytes"] for x in good if x.get("bound_bytes")]
+            lines.append(f"| {label} | {rps:,.0f} | {median(ratios):.2f} | {su:.2f} | {cm:.1f} / {cmean:.1f} | "
+                         f"{'yes' if rows_ok else 'NO'} | {median(peak) / 2**20:.0f} | "
+                         f"{(f'{median(bound) / 2**20:.0f}' if bound else '')} |")
+        pet = per.get("petastorm 0.13.1 W=2")
+        best = {}
+        for pool in ("thread", "process"):
+            rs = per.get(f"detload {pool} W=2")
+            if rs:
+                best[pool] = rs
+        if pet and best and all(_ok(x) for x in pet):
+            for pool, rs in best.items():
+                rr = [steady_rows_per_s(x) / steady_rows_per_s(p) for x, p in zip(rs, pet) if _ok(x) and _ok(p)]
+                lines.append(f"\ndetload {pool} W=2 / petastorm W=2 (median of per-run ratios): {median(rr):.2f}x")
+        lines.append("")
+        for label, runs in per.items():
+            if label.startswith("detload") and _ok(runs[-1]):
+                lines.append(f"- {label}: bound by `{runs[-1]['bottleneck']}` -- {runs[-1]['verdict']}")
+        lines.append("")
+    if tax:
+        lines += ["### Determinism tax", "",
+                  f"W=2, random per-block delays of 0-20 ms, {a.tax_epochs} epochs, steady-state rows/s "
+                  "(medians; ratio per run, then the median).", "",
+                  "| pool | ordered rows/s | unordered rows/s | ordered / unordered |", "|---|---:|---:|---:|"]
+        for pool in ("thread", "process"):
+            o, u = tax.get(f"{pool} ordered", []), tax.get(f"{pool} unordered", [])
+            pairs = [(x, y) for x, y in zip(o, u) if _ok(x) and _ok(y)]
+            if not pairs:
+                continue
+            lines.append(f"| {pool} | {median([steady_rows_per_s(x) for x, _ in pairs]):,.0f} | "
+                         f"{median([steady_rows_per_s(y) for _, y in pairs]):,.0f} | "
+                         f"{median([steady_rows_per_s(x) / steady_rows_per_s(y) for x, y in pairs]):.3f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+
+def write_doc(path: Path, text: str) -> None:
+    """Replace the generated block of the document (or append one)."""
+    old = path.read_text() if path.exists() else "# Benchmarks\n"
+    block = f"{BEGIN}\n{text}\n{END}"
+    if BEGIN in old and END in old:
+        new = old[: old.index(BEGIN)] + block + old[old.index(END) + len(END):]
+    else:
+        new = old.rstrip() + "\n\n" + block + "\n"
+    path.write_text(new)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
