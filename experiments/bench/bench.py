@@ -34,18 +34,25 @@ class RssSampler:
 
     Shared-memory pages mapped by two processes at once count twice, so this over-states."""
 
-    def __init__(self, period: float = 0.02) -> None:
+    def __init__(self, period: float = 0.1) -> None:
         import psutil
 
         self.proc = psutil.Process()
         self.period = period
         self.peak = 0
+        self._kids: list = []
+        self._listed = 0.0
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
 
-    def total(self) -> int:
+    def total(self, refresh: bool = True) -> int:
+        # Listing children scans /proc: do it once a second, not at every sample.
+        now = time.monotonic()
+        if refresh or now - self._listed > 1.0:
+            self._kids = self.proc.children(recursive=True)
+            self._listed = now
         n = 0
-        for p in [self.proc, *self.proc.children(recursive=True)]:
+        for p in [self.proc, *self._kids]:
             try:
                 n += p.memory_info().rss
             except Exception:  # a child that just exited
@@ -54,7 +61,7 @@ class RssSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.period):
-            self.peak = max(self.peak, self.total())
+            self.peak = max(self.peak, self.total(refresh=False))
 
     def __enter__(self) -> RssSampler:
         self._t.start()

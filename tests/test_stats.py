@@ -1,0 +1,112 @@
+"""Stage tracing: Loader.stats(), the Chrome trace file, `detload bench`, and the benchmark-only unordered merge."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from _perfdata import write_small
+
+import detload
+from detload import Loader, OptionError
+from detload._trace import STAGES
+from detload.cli import main
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write_small(tmp_path_factory.mktemp("stats") / "d")
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_stats_count_every_stage_and_name_the_bound(data, pool):
+    with Loader(data, batch_size=256, seed=3, workers=2, pool=pool) as ld:
+        rows = sum(len(b["id"]) for b in ld)
+        st = ld.stats()
+    assert rows == 9000 and st.rows == 9000 and st.batches == len(ld)
+    assert set(st.stages) == set(STAGES)
+    units = 18  # 3 files x 6 row groups
+    assert st.stages["read"].count == units and st.stages["convert"].count == units
+    assert st.stages["permute"].count == 5  # blocks of 4 units
+    assert st.stages["merge_wait"].count == 5
+    assert st.stages["hash"].count == st.batches
+    assert st.stages["consumer_wait"].count == st.batches + 1  # the last get returns the end marker
+    for s in st.stages.values():
+        assert s.total_s >= 0 and s.p50_ms <= s.p90_ms <= s.p99_ms <= s.max_ms + 1e-9
+    assert st.bottleneck in STAGES
+    assert st.bottleneck in st.table() and "bound by" in st.table()
+    assert st.wall_s > 0 and 0 <= st.consumer_wait_fraction <= 1
+
+
+def test_a_slow_consumer_is_named_as_the_bound(data):
+    import time
+
+    with Loader(data, batch_size=1000, seed=3, workers=2) as ld:
+        for _ in ld:
+            time.sleep(0.05)
+        st = ld.stats()
+    assert st.bottleneck == "consumer_step", st.table()
+    assert "training loop" in st.verdict
+
+
+def test_chrome_trace_has_complete_counter_and_name_events(data, tmp_path):
+    with Loader(data, batch_size=256, seed=3, workers=2, pool="process") as ld:
+        for _ in ld:
+            pass
+        out = tmp_path / "trace.json"
+        ld.stats().write_trace(out)
+        worker_pids = set(ld._pool.pids())
+    doc = json.loads(out.read_text())
+    ev = doc["traceEvents"]
+    assert isinstance(ev, list) and ev
+    complete = [e for e in ev if e["ph"] == "X"]
+    for e in complete:
+        assert {"name", "ts", "dur", "pid", "tid"} <= set(e) and e["dur"] >= 0 and e["name"] in STAGES
+    assert {e["name"] for e in complete} >= {"read", "convert", "permute", "merge_wait", "hash", "consumer_wait"}
+    # Worker stages carry the worker process's pid; merger and consumer the loader's.
+    assert {e["pid"] for e in complete if e["name"] == "read"} <= worker_pids
+    import os
+
+    assert {e["pid"] for e in complete if e["name"] in ("hash", "consumer_wait")} == {os.getpid()}
+    counters = [e for e in ev if e["ph"] == "C"]
+    assert counters and all(isinstance(v, (int, float)) for e in counters for v in e["args"].values())
+    names = [e for e in ev if e["ph"] == "M"]
+    assert any(e["name"] == "thread_name" and e["args"]["name"] == "merger" for e in names)
+
+
+def test_tracing_does_not_change_batches(data):
+    """The same options give byte-identical hashes whatever the pool (tracing included)."""
+
+    def hashes(pool, workers):
+        with Loader(data, batch_size=333, seed=5, workers=workers, pool=pool) as ld:
+            return [detload.hash_batch(b)[0] for b in ld]
+
+    assert hashes("thread", 1) == hashes("process", 2) == hashes("thread", 3)
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_unordered_benchmark_switch_still_delivers_every_row_once(data, pool):
+    with Loader(data, batch_size=256, seed=3, workers=2, pool=pool, _benchmark_unordered=True) as ld:
+        ids = np.concatenate([b["id"] for b in ld])
+    assert np.array_equal(np.sort(ids), np.arange(9000))
+
+
+def test_unordered_switch_refuses_a_manifest(data, tmp_path):
+    with pytest.raises(OptionError, match="benchmark-only"):
+        Loader(data, batch_size=256, seed=3, manifest=tmp_path / "m.jsonl", _benchmark_unordered=True)
+
+
+def test_bench_command_prints_the_bound_and_writes_a_trace(data, tmp_path, capsys):
+    out = tmp_path / "t.json"
+    assert main(["bench", str(data), "--workers", "2", "--epochs", "2", "--batch-size", "500",
+                 "--trace", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "epoch 1:" in text and "bound by:" in text
+    assert json.loads(out.read_text())["traceEvents"]
+
+
+def test_stats_before_iterating(data):
+    with Loader(data, batch_size=256, seed=3) as ld:
+        st = ld.stats()
+    assert st.batches == 0 and st.bottleneck == "consumer_wait" and "nothing was consumed" in st.verdict
