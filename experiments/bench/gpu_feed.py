@@ -1,0 +1,290 @@
+"""GPU feed measurement: how much of a CTR model's training throughput each loader keeps.
+
+A CTR model (one EmbeddingBag per categorical column + a 3-layer MLP, AdamW) is trained fed by:
+pinned in-memory tensors (the upper bound), a torch DataLoader over row groups, and detload
+(thread and process pools), at several worker counts and two model sizes. Feed efficiency =
+a feeder's rows/s / the in-memory loop's rows/s with the same model in the same run.
+Without CUDA the same loop runs on the CPU (use --tiny there; CI does).
+
+    PYTHONPATH=. python experiments/bench/gpu_feed.py              # CUDA, ~6 min on one H200
+    PYTHONPATH=. python experiments/bench/gpu_feed.py --tiny       # CPU smoke run, seconds
+Needs only torch, pyarrow, numpy, xxhash and detload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+N_DENSE, N_CAT = 32, 8
+
+
+def build_model(torch, hidden: int, cardinality: int, dim: int):
+    nn = torch.nn
+
+    class CTR(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.ModuleList(nn.EmbeddingBag(cardinality, dim, mode="sum") for _ in range(N_CAT))
+            self.mlp = nn.Sequential(
+                nn.Linear(N_DENSE + N_CAT * dim, hidden), nn.ReLU(),
+                nn.Linear(hidden, hidden), nn.ReLU(),
+                nn.Linear(hidden, 1),
+            )
+
+        def forward(self, dense, cats):
+            # One id per row and table: EmbeddingBag with a 2-D input bags each row on its own.
+            embs = [e(cats[:, i : i + 1]) for i, e in enumerate(self.emb)]
+            return self.mlp(torch.cat([dense, *embs], dim=1)).squeeze(1)
+
+    return CTR()
+
+
+class Trainer:
+    """One training step from host tensors; the host->device copy is pinned and non-blocking."""
+
+    def __init__(self, torch, model, device):
+        self.torch = torch
+        self.model = model.to(device)
+        self.device = device
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        self.loss = torch.nn.BCEWithLogitsLoss()
+
+    def step(self, dense, cats, label):
+        d = self.device
+        nb = d.type == "cuda"
+        dense, cats, label = (t.to(d, non_blocking=nb) for t in (dense, cats, label))
+        self.opt.zero_grad(set_to_none=True)
+        out = self.loss(self.model(dense, cats), label)
+        out.backward()
+        self.opt.step()
+
+    def sync(self):
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize()
+
+
+class Staging:
+    """Turns a dict-of-columns batch into (dense, cats, label) host tensors with one copy each,
+    straight into a ring of pinned buffers (on CUDA); a slot is reused only after the copy that
+    read it has finished (an event per slot)."""
+
+    def __init__(self, torch, batch: int, device, cardinality: int, slots: int = 4):
+        self.torch = torch
+        # The generated ids lie in [0, 100000); smaller tables (--tiny) fold them.
+        self.fold = cardinality if cardinality < 100_000 else 0
+        pin = device.type == "cuda"
+        self.bufs = [(torch.empty((batch, N_DENSE), dtype=torch.float32, pin_memory=pin),
+                      torch.empty((batch, N_CAT), dtype=torch.int64, pin_memory=pin),
+                      torch.empty((batch,), dtype=torch.float32, pin_memory=pin)) for _ in range(slots)]
+        self.events = [None] * slots
+        self.cuda = pin
+        self.i = 0
+
+    def __call__(self, b: dict):
+        i = self.i = (self.i + 1) % len(self.bufs)
+        if self.events[i] is not None:
+            self.events[i].synchronize()
+        dense, cats, label = self.bufs[i]
+        n = len(b["label"])
+        dn, cn, ln = dense[:n].numpy(), cats[:n].numpy(), label[:n].numpy()
+        for j in range(N_DENSE):
+            dn[:, j] = b[f"dense_{j}"]
+        for j in range(N_CAT):
+            cn[:, j] = b[f"cat_{j}"]
+        if self.fold:
+            np.remainder(cn, self.fold, out=cn)
+        ln[:] = b["label"]
+        return dense[:n], cats[:n], label[:n], i
+
+    def done(self, i):
+        if self.cuda:
+            ev = self.torch.cuda.Event()
+            ev.record()
+            self.events[i] = ev
+
+
+def columns(path) -> list[str]:
+    return ["label", *[f"dense_{j}" for j in range(N_DENSE)], *[f"cat_{j}" for j in range(N_CAT)]]
+
+
+def run_feeder(torch, trainer, make_iter, staging, warmup: int, seconds: float, max_steps: int) -> dict:
+    """Warm up, then train until `seconds` or `max_steps`; time in next() is the data wait."""
+    it = make_iter()
+    for _ in range(warmup):
+        dense, cats, label, i = staging(next(it))
+        trainer.step(dense, cats, label)
+        staging.done(i)
+    trainer.sync()
+    clock = time.perf_counter
+    waited = 0.0
+    rows = steps = 0
+    t0 = clock()
+    while steps < max_steps and clock() - t0 < seconds:
+        a = clock()
+        try:
+            b = next(it)
+        except StopIteration:
+            it = make_iter()
+            b = next(it)
+        waited += clock() - a
+        dense, cats, label, i = staging(b)
+        trainer.step(dense, cats, label)
+        staging.done(i)
+        rows += len(label)
+        steps += 1
+    trainer.sync()
+    wall = clock() - t0
+    close = getattr(it, "close", None)
+    if close:
+        close()
+    return {"rows_per_s": rows / wall, "steps_per_s": steps / wall, "wait_fraction": waited / wall,
+            "steps": steps}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=str(HERE / "data" / "gpu_ctr"))
+    ap.add_argument("--rows", type=int, default=2_000_000)
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--hidden", type=int, nargs="+", default=[1024, 4096], help="light and heavy MLP widths")
+    ap.add_argument("--cardinality", type=int, default=100_000)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=4096)
+    ap.add_argument("--seconds", type=float, default=6.0, help="measured seconds per feeder")
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--max-steps", type=int, default=100_000)
+    ap.add_argument("--feeders", nargs="+", default=["torch", "detload-thread", "detload-process"])
+    ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    ap.add_argument("--tiny", action="store_true", help="CPU smoke configuration (CI)")
+    ap.add_argument("--json", default=None, help="also write the results as JSON here")
+    a = ap.parse_args(argv)
+    if a.tiny:
+        a.rows, a.workers, a.hidden, a.cardinality, a.dim = 20_000, [1, 2], [16, 32], 1000, 4
+        a.batch_size, a.seconds, a.warmup, a.max_steps = 512, 0.3, 2, 5
+        if a.data == str(HERE / "data" / "gpu_ctr"):
+            a.data = str(HERE / "data" / "gpu_ctr_tiny")
+
+    import torch
+
+    import datagen
+    from baselines import RowGroupDataset
+    from measure import rebatch
+
+    from detload import Loader
+
+    device = torch.device("cuda" if a.device == "cuda" or (a.device == "auto" and torch.cuda.is_available())
+                          else "cpu")
+    t_start = time.perf_counter()
+    datagen.make_ctr(a.data, rows=a.rows, files=8, row_group_rows=min(16384, max(a.rows // 64, 256)))
+    cols = columns(a.data)
+
+    # The upper bound: the whole dataset as pinned tensors, sliced per batch.
+    import pyarrow.parquet as pq
+    from measure import parquet_files
+
+    tables = [pq.read_table(f, columns=cols) for f in parquet_files(a.data)]
+    pin = device.type == "cuda"
+
+    def cat_col(name, dtype):
+        return torch.from_numpy(np.concatenate([t.column(name).to_numpy() for t in tables]).astype(dtype))
+
+    mem_dense = torch.stack([cat_col(f"dense_{j}", np.float32) for j in range(N_DENSE)], dim=1)
+    mem_cats = torch.stack([cat_col(f"cat_{j}", np.int64) for j in range(N_CAT)], dim=1)
+    if a.cardinality < 100_000:
+        mem_cats %= a.cardinality
+    mem_label = cat_col("label", np.float32)
+    if pin:
+        mem_dense, mem_cats, mem_label = mem_dense.pin_memory(), mem_cats.pin_memory(), mem_label.pin_memory()
+    del tables
+    N, B = len(mem_label), a.batch_size
+
+    results = []
+    for hidden in a.hidden:
+        torch.manual_seed(0)
+        trainer = Trainer(torch, build_model(torch, hidden, a.cardinality, a.dim), device)
+        nparams = sum(p.numel() for p in trainer.model.parameters())
+
+        class MemStaging:
+            def __call__(self, b):
+                return (*b, 0)
+
+            def done(self, i):
+                pass
+
+        def mem_iter():
+            for s in range(0, N - B + 1, B):
+                yield mem_dense[s : s + B], mem_cats[s : s + B], mem_label[s : s + B]
+
+        ref = run_feeder(torch, trainer, mem_iter, MemStaging(), a.warmup, a.seconds, a.max_steps)
+        results.append({"hidden": hidden, "params": nparams, "feeder": "in-memory pinned tensors", "workers": 0,
+                        **ref, "efficiency": 1.0})
+        print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+        staging = Staging(torch, B, device, a.cardinality)
+        for feeder in a.feeders:
+            for w in a.workers:
+                if feeder == "torch":
+                    from torch.utils.data import DataLoader
+
+                    dl = DataLoader(RowGroupDataset(a.data, cols), batch_size=None, shuffle=True,
+                                    generator=torch.Generator().manual_seed(0), num_workers=w,
+                                    persistent_workers=True)
+
+                    def make(dl=dl):
+                        return rebatch(({k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in item.items()}
+                                        for item in dl), B)
+
+                    closer = None
+                    label = f"torch DataLoader W={w}"
+                else:
+                    pool = feeder.split("-")[1]
+                    ld = Loader(a.data, batch_size=B, seed=0, workers=w, pool=pool, columns=cols,
+                                shuffle_window=4, prefetch=2)
+                    epoch = [0]
+
+                    def make(ld=ld, epoch=epoch):
+                        ld.set_epoch(epoch[0])
+                        epoch[0] += 1
+                        return iter(ld)
+
+                    closer = ld.close
+                    label = f"detload {pool} W={w}"
+                try:
+                    r = run_feeder(torch, trainer, make, staging, a.warmup, a.seconds, a.max_steps)
+                finally:
+                    if closer:
+                        closer()
+                    else:
+                        it = getattr(dl, "_iterator", None)
+                        if it is not None and hasattr(it, "_shutdown_workers"):
+                            it._shutdown_workers()
+                results.append({"hidden": hidden, "params": nparams, "feeder": label, "workers": w, **r,
+                                "efficiency": r["rows_per_s"] / ref["rows_per_s"]})
+                print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+
+    dev = torch.cuda.get_device_name(0) if device.type == "cuda" else (platform.processor() or platform.machine())
+    print(f"device: {device.type} ({dev}), {os.cpu_count()} cores, torch {torch.__version__}, "
+          f"{N:,} rows, batch {B}, {a.seconds:g} s per feeder, total {time.perf_counter() - t_start:.0f} s")
+    print("| hidden | params | feeder | rows/s | steps/s | feed efficiency | data-wait fraction |")
+    print("|---:|---:|---|---:|---:|---:|---:|")
+    for r in results:
+        print(f"| {r['hidden']} | {r['params'] / 1e6:.1f}M | {r['feeder']} | {r['rows_per_s']:,.0f} | "
+              f"{r['steps_per_s']:,.1f} | {r['efficiency']:.3f} | {r['wait_fraction']:.3f} |")
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

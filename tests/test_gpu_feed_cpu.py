@@ -1,0 +1,35 @@
+"""experiments/bench/gpu_feed.py in its tiny CPU configuration: every feeder runs and reports."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+BENCH = Path(__file__).resolve().parent.parent / "experiments" / "bench"
+
+
+def test_gpu_feed_tiny_on_cpu(tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    spec = importlib.util.spec_from_file_location("gpu_feed", BENCH / "gpu_feed.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "r.json"
+    assert mod.main(["--tiny", "--device", "cpu", "--data", str(tmp_path / "d"), "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    feeders = {(r["hidden"], r["feeder"]) for r in res}
+    for h in (16, 32):
+        assert (h, "in-memory pinned tensors") in feeders
+        for w in (1, 2):
+            assert {(h, f"torch DataLoader W={w}"), (h, f"detload thread W={w}"), (h, f"detload process W={w}")} <= feeders
+    for r in res:
+        assert r["steps"] >= 1 and r["rows_per_s"] > 0 and 0 <= r["wait_fraction"] <= 1
+        if r["feeder"].startswith("in-memory"):
+            assert r["efficiency"] == 1.0
+    table = capsys.readouterr().out
+    assert "feed efficiency" in table and "device: cpu" in table
+    sys.modules.pop("gpu_feed", None)
