@@ -30,9 +30,9 @@ W_SET = (1, 2)
 
 # -- one loader in this process (the subprocess side) ----------------------------------------
 class RssSampler:
-    """Peak of the summed RSS of this process and its children, sampled every `period` s.
-
-    Shared-memory pages mapped by two processes at once count twice, so this over-states."""
+    """Peak of the summed PSS (proportional set size) of this process and its children,
+    sampled every `period` s. PSS splits a shared page between the processes mapping it, so
+    shared-memory blocks count once; on systems without PSS it falls back to RSS."""
 
     def __init__(self, period: float = 0.1) -> None:
         import psutil
@@ -54,7 +54,7 @@ class RssSampler:
         n = 0
         for p in [self.proc, *self._kids]:
             try:
-                n += p.memory_info().rss
+                n += _pss(p)
             except Exception:  # a child that just exited
                 pass
         return n
@@ -72,10 +72,21 @@ class RssSampler:
         self._t.join()
 
 
+def _pss(p) -> int:
+    try:
+        return int(p.memory_full_info().pss)
+    except (AttributeError, OSError):
+        return int(p.memory_info().rss)
+
+
+# Blocks alive at once, per worker and overall (docs/benchmarks.md, "Peak memory").
+PER_WORKER_BLOCKS = 6  # + prefetch: one being built, its decoded Arrow units, two kept for reuse, allocator slack
+SHARED_BLOCKS = 4      # the merger's current and next block, the batches in the ready queue, the consumer's
+
+
 def rss_bound(loader, baseline: int) -> dict:
-    """The documented bound (docs/benchmarks.md, "Peak memory"): baseline plus
-    block_bytes x (W x (prefetch + 2) + 2) + 5 x batch_bytes, block_bytes = shuffle_window x
-    the largest row group's rows x bytes per row of the converted columns."""
+    """The documented bound: baseline + block_bytes x (W x (prefetch + 6) + 4) + 5 x batch_bytes,
+    block_bytes = shuffle_window x the largest row group's rows x bytes per row once converted."""
     import numpy as np
 
     from detload._types import ColumnSpec
@@ -93,7 +104,7 @@ def rss_bound(loader, baseline: int) -> dict:
     S = loader.options.shuffle_window
     W = loader.workers
     block = S * R * rb
-    data = block * (W * (loader.prefetch + 2) + 2) + 5 * BATCH * rb
+    data = block * (W * (loader.prefetch + PER_WORKER_BLOCKS) + SHARED_BLOCKS) + 5 * BATCH * rb
     return {"bound_bytes": int(baseline + data), "data_bound_bytes": int(data), "block_bytes": int(block),
             "row_bytes": rb, "baseline_bytes": baseline}
 
@@ -295,7 +306,7 @@ def report(results, tax, a, started, load, load_after) -> str:
         raw = per.get("raw pyarrow (sequential, default threads)", [])
         lines += [f"### {shape}", "",
                   "| loader | rows/s (median) | x raw pyarrow | start-up s | consumer CPU us/batch (median / mean) "
-                  "| rows/epoch ok | peak RSS MiB | RSS bound MiB |",
+                  "| rows/epoch ok | peak memory MiB (PSS) | memory bound MiB |",
                   "|---|---:|---:|---:|---:|---|---:|---:|"]
         for label, runs in per.items():
             good = [x for x in runs if _ok(x)]
@@ -328,7 +339,12 @@ def report(results, tax, a, started, load, load_after) -> str:
         lines.append("")
         for label, runs in per.items():
             if label.startswith("detload") and _ok(runs[-1]):
-                lines.append(f"- {label}: bound by `{runs[-1]['bottleneck']}` -- {runs[-1]['verdict']}")
+                r = runs[-1]
+                lines.append(f"- {label}: bound by `{r['bottleneck']}` -- {r['verdict']}. Memory: peak "
+                             f"{r['peak_rss'] / 2**20:.0f} MiB, bound {r['bound_bytes'] / 2**20:.0f} MiB = baseline "
+                             f"{r['baseline_bytes'] / 2**20:.0f} + {r['data_bound_bytes'] / 2**20:.0f} "
+                             f"(block {r['block_bytes'] / 2**20:.1f} MiB); start-up of the pool "
+                             f"{r['pool_start_s']:.2f} s")
         lines.append("")
     if tax:
         lines += ["### Determinism tax", "",

@@ -176,9 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.data == str(HERE / "data" / "gpu_ctr"):
             a.data = str(HERE / "data" / "gpu_ctr_tiny")
 
-    import torch
-
     import datagen
+    import torch
     from baselines import RowGroupDataset
     from measure import rebatch
 
@@ -197,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     tables = [pq.read_table(f, columns=cols) for f in parquet_files(a.data)]
     pin = device.type == "cuda"
 
-    def cat_col(name, dtype):
+    def cat_col(name, dtype, tables=tables):
         return torch.from_numpy(np.concatenate([t.column(name).to_numpy() for t in tables]).astype(dtype))
 
     mem_dense = torch.stack([cat_col(f"dense_{j}", np.float32) for j in range(N_DENSE)], dim=1)
