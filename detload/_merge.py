@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _shm
 from ._block import views
 from ._pool import WorkerPool
 from ._trace import MERGER, Tracer
@@ -214,7 +215,7 @@ class Run:
             except (EOFError, OSError) as exc:
                 raise WorkerError(f"lost the queue of worker {w}: {exc}", worker=w) from None
             if item[1] != self.gen:
-                pool.release(item, w)
+                pool.release(item)
                 continue
             if item[0] == "err":
                 self._raise_worker_error(w, item)
@@ -225,11 +226,7 @@ class Run:
 
     def _accept(self, w: int, t0: float, payload: Any, layout: Any, timings: Any) -> dict[str, Column]:
         pool = self.pool
-        if pool.shm_dir is None:
-            buf = payload
-        else:
-            buf = pool.attach(w, payload, layout.nbytes)
-            pool.send_back()
+        buf = payload if pool.shm_dir is None else _shm.attach(pool.shm_dir, payload, layout.nbytes)
         t1 = time.perf_counter()
         self.merge_wait += t1 - t0
         tr = self.tracer
@@ -255,7 +252,7 @@ class Run:
                 except queue.Empty:
                     continue
                 if item[1] != self.gen:
-                    pool.release(item, w)
+                    pool.release(item)
                     continue
                 if item[0] == "err":
                     self._raise_worker_error(w, item)

@@ -14,10 +14,7 @@ import queue
 import threading
 import time
 import uuid
-from collections import deque
 from typing import Any, Literal
-
-import numpy as np
 
 from . import _shm
 from ._worker import Status, Task, WorkerConfig, _SharedInt, process_main, worker_loop
@@ -49,11 +46,6 @@ class WorkerPool:
         self.outboxes: list[Any] = []
         self.statuses: list[Status] = []
         self.handles: list[Any] = []
-        # Process pools: per worker, the queue on which segment names go back for reuse,
-        # and the names whose last consumer-side view died (appended by finalizers, from
-        # any thread; sent back by the merger).
-        self.returns: list[Any] = []
-        self.freed: deque[tuple[int, str]] = deque()
         if kind == "thread":
             self.generation: Any = _SharedInt(0)
             for i in range(workers):
@@ -77,10 +69,8 @@ class WorkerPool:
                 inbox = ctx.Queue()
                 outbox = ctx.Queue(maxsize=prefetch)
                 arr = ctx.RawArray("q", [0, -1, -1, -1])
-                returns = ctx.Queue()
-                self.returns.append(returns)
                 p = ctx.Process(
-                    target=process_main, args=(self.cfg, i, inbox, outbox, self.generation, arr, returns),
+                    target=process_main, args=(self.cfg, i, inbox, outbox, self.generation, arr),
                     name=f"detload-worker-{i}", daemon=True,
                 )
                 self.inboxes.append(inbox)
@@ -104,46 +94,18 @@ class WorkerPool:
     def get(self, w: int, timeout: float) -> Any:
         return self.outboxes[w].get(timeout=timeout)
 
-    def attach(self, w: int, name: str, nbytes: int) -> np.ndarray:
-        """Map worker ``w``'s segment; it goes back to ``w`` when no array views it any more."""
-        assert self.shm_dir is not None
-        freed = self.freed
-        return _shm.map_segment(self.shm_dir, name, nbytes, lambda: freed.append((w, name)))
-
-    def send_back(self) -> None:
-        """Return the segments whose views have all died to their workers for reuse."""
-        freed = self.freed
-        while freed:
-            try:
-                w, name = freed.popleft()
-            except IndexError:
-                break
-            self._give(w, name)
-
-    def _give(self, w: int, name: str) -> None:
-        if self._closed or self.shm_dir is None:
-            return
-        if self.handles[w].is_alive():
-            try:
-                self.returns[w].put(name)
-                return
-            except (OSError, ValueError):
-                pass
-        _shm.discard(self.shm_dir, name)
-
-    def release(self, item: Any, w: int) -> None:
-        """Give back a block that will never be used (stale or unwanted)."""
+    def release(self, item: Any) -> None:
+        """Free a block that will never be used (stale or unwanted)."""
         if self.shm_dir is not None and item and item[0] == "ok" and isinstance(item[3], str):
-            self._give(w, item[3])
+            _shm.discard(self.shm_dir, item[3])
 
     def drain(self) -> None:
-        for w, q in enumerate(self.outboxes):
+        for q in self.outboxes:
             while True:
                 try:
-                    self.release(q.get_nowait(), w)
+                    self.release(q.get_nowait())
                 except (queue.Empty, OSError, EOFError, ValueError):
                     break
-        self.send_back()
 
     # -- watching ----------------------------------------------------------
     def alive(self, w: int) -> bool:
@@ -194,7 +156,7 @@ class WorkerPool:
                 if h.is_alive():
                     h.kill()
                     h.join(timeout=1.0)
-            for q in self.inboxes + self.outboxes + self.returns:
+            for q in self.inboxes + self.outboxes:
                 try:
                     # Never wait on a feeder thread whose reader is gone.
                     q.cancel_join_thread()

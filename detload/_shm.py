@@ -1,12 +1,9 @@
 """Shared-memory segments for process workers: plain files in /dev/shm, mapped with mmap.
 
-A worker writes a block into a segment and sends its name; the consumer side
-maps it (`map_segment`) and, once the last array viewing that mapping is gone,
-hands the name back so the worker reuses the segment (`Segments`): fresh tmpfs
-pages cost a page fault and a zeroing each, about as much as building the block.
-A kept batch never changes, because a segment is reused only after every view
-of it in the consumer has died. Names carry the consumer's pid and a loader
-token, so `sweep` can reclaim what a killed process left behind.
+A worker creates a segment per block, writes the block into it and sends its
+name; the consumer side maps it and unlinks it at once, so the memory lives
+exactly as long as the last array viewing it. Names carry the consumer's pid
+and a loader token, so `sweep` can reclaim what a killed process left behind.
 """
 
 from __future__ import annotations
@@ -14,18 +11,14 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-import queue
 import re
 import tempfile
-import weakref
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 from .errors import SharedMemoryError
 
-__all__ = ["SHM_DIR", "Segments", "attach", "create", "discard", "map_segment", "sweep", "sweep_dead"]
+__all__ = ["SHM_DIR", "attach", "create", "discard", "sweep", "sweep_dead"]
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 _PREFIX = "detload-"
@@ -81,95 +74,6 @@ def attach(directory: str, name: str, nbytes: int) -> np.ndarray:
         os.close(fd)
         os.unlink(path)
     return np.frombuffer(mm, dtype=np.uint8)
-
-
-def map_segment(directory: str, name: str, nbytes: int, on_free: Callable[[], None]) -> np.ndarray:
-    """Map a segment without unlinking it; ``on_free()`` runs once no array views it any more."""
-    fd = os.open(os.path.join(directory, name), os.O_RDWR)
-    try:
-        mm = mmap.mmap(fd, nbytes)
-    finally:
-        os.close(fd)
-    fin = weakref.finalize(mm, on_free)
-    fin.atexit = False
-    return np.frombuffer(mm, dtype=np.uint8)
-
-
-_ROUND = 1 << 20
-
-
-class Segments:
-    """A process worker's segments: new ones as needed, returned ones reused.
-
-    ``returns`` is a queue on which the consumer side sends back the names it no
-    longer views. At most ``keep`` free segments are kept; more are unlinked.
-    """
-
-    def __init__(self, directory: str, prefix: str, returns: Any, keep: int = 2) -> None:
-        self.dir = directory
-        self.prefix = prefix
-        self.returns = returns
-        self.keep = keep
-        self.seq = 0
-        self.maps: dict[str, tuple[mmap.mmap, int]] = {}
-        self.free: list[str] = []
-
-    def _collect(self) -> None:
-        if self.returns is None:
-            return
-        while True:
-            try:
-                name = self.returns.get_nowait()
-            except (queue.Empty, OSError, EOFError, ValueError):
-                break
-            if name in self.maps and name not in self.free:
-                self.free.append(name)
-
-    def get(self, nbytes: int) -> tuple[str, np.ndarray]:
-        """A segment of at least ``nbytes`` bytes that nobody views: (name, writable array)."""
-        self._collect()
-        fits = [n for n in self.free if self.maps[n][1] >= nbytes]
-        if fits:
-            name = min(fits, key=lambda n: self.maps[n][1])
-            self.free.remove(name)
-            mm = self.maps[name][0]
-            return name, np.frombuffer(mm, dtype=np.uint8, count=nbytes)
-        self._trim(self.keep - 1)
-        self.seq += 1
-        name = f"{self.prefix}{self.seq}"
-        size = -(-nbytes // _ROUND) * _ROUND
-        arr, mm = create(self.dir, name, size)
-        self.maps[name] = (mm, size)
-        return name, arr[:nbytes]
-
-    def put_back(self, name: str) -> None:
-        """A segment that was never handed over (its block became stale)."""
-        if name in self.maps and name not in self.free:
-            self.free.append(name)
-        self._trim(self.keep)
-
-    def _trim(self, keep: int) -> None:
-        while len(self.free) > max(keep, 0):
-            self._drop(self.free.pop(0))
-
-    def _drop(self, name: str) -> None:
-        mm, _ = self.maps.pop(name)
-        try:
-            mm.close()
-        except BufferError:  # an array of ours still views it; unmapped when it goes
-            pass
-        discard(self.dir, name)
-
-    def close(self, unlink: bool) -> None:
-        for name in list(self.maps):
-            mm, _ = self.maps.pop(name)
-            try:
-                mm.close()
-            except BufferError:
-                pass
-            if unlink:
-                discard(self.dir, name)
-        self.free.clear()
 
 
 def discard(directory: str, name: str) -> None:

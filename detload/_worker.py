@@ -265,8 +265,8 @@ class Status:
         return int(s[0]), int(s[1]), int(s[2]), int(s[3])
 
 
-def _produce(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: Status,
-             segments: _shm.Segments | None, t: Timings) -> tuple[Any, Layout, Timings]:
+def _produce(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, index: int,
+             status: Status, seq: list[int], t: Timings) -> tuple[Any, Layout, Timings]:
     units = []
     for f, rg in task.units:
         status.set(gen, task.k, f, rg)
@@ -277,32 +277,33 @@ def _produce(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status
         block_permutation(task.seed, task.epoch, task.partition, task.number, task.rows)
         if task.shuffle else None
     )
-    if segments is None:
+    if cfg.shm_dir is None:
         buf, layout = assemble(cfg.specs, units, perm, lambda n: np.empty(n, dtype=np.uint8))
         payload: Any = buf
     else:
-        got: list[str] = []
+        seq[0] += 1
+        name = f"{cfg.shm_prefix}{index}-{seq[0]}"
+        holder: list[Any] = []
 
         def alloc(n: int) -> np.ndarray:
-            name, arr = segments.get(n)
-            got.append(name)
+            arr, mm = _shm.create(cfg.shm_dir, name, n)  # type: ignore[arg-type]
+            holder.append(mm)
             return arr
 
-        try:
-            buf, layout = assemble(cfg.specs, units, perm, alloc)
-        except BaseException:
-            for name in got:
-                segments.put_back(name)
-            raise
+        buf, layout = assemble(cfg.specs, units, perm, alloc)
         del buf
-        payload = got[0]
+        try:
+            holder[0].close()
+        except BufferError:  # a view is still alive somewhere; unmapped when it goes
+            pass
+        payload = name
     t.add("permute", t0, time.perf_counter())
     return payload, layout, t
 
 
-def _release(segments: _shm.Segments | None, payload: Any) -> None:
-    if segments is not None and isinstance(payload, str):
-        segments.put_back(payload)
+def _release(cfg: WorkerConfig, payload: Any) -> None:
+    if cfg.shm_dir is not None and isinstance(payload, str):
+        _shm.discard(cfg.shm_dir, payload)
 
 
 def _parent_alive(pid: int) -> bool:
@@ -316,15 +317,14 @@ def _parent_alive(pid: int) -> bool:
 
 
 def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generation: Any,
-                status: Status, returns: Any = None) -> None:
+                status: Status) -> None:
     """Serve (gen, tasks) messages from ``inbox`` until a None arrives.
 
     Tasks of an old generation (the consumer restarted the epoch) are dropped;
     a block built for one is released rather than queued.
     """
     reader = UnitReader(cfg)
-    segments = (_shm.Segments(cfg.shm_dir, f"{cfg.shm_prefix}{index}-", returns)
-                if cfg.shm_dir is not None else None)
+    seq = [0]
     pid = os.getpid() if cfg.shm_dir is not None else 0
     # A block's wait on the full queue is known only after it was queued: it
     # travels with the worker's next block.
@@ -348,40 +348,36 @@ def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generati
                     t.spans.append(last_wait)
                     last_wait = None
                 try:
-                    payload, layout, t = _produce(cfg, reader, task, gen, status, segments, t)
+                    payload, layout, t = _produce(cfg, reader, task, gen, index, status, seq, t)
                 except BaseException as exc:  # carried back as a value, re-raised by the merger
                     _, k, f, rg = status.get()
                     unit = (cfg.files[f].path, rg) if f >= 0 else None
-                    _put(outbox, ("err", gen, task.k, _pack_exception(exc), unit), generation, gen, cfg, None, None)
+                    _put(outbox, ("err", gen, task.k, _pack_exception(exc), unit), generation, gen, cfg, None)
                     reader.close()
                     reader = UnitReader(cfg)
                     break
                 status.set(gen, task.k, -1, -1)
                 t0 = time.perf_counter()
-                ok = _put(outbox, ("ok", gen, task.k, payload, layout, t), generation, gen, cfg, payload, segments)
+                ok = _put(outbox, ("ok", gen, task.k, payload, layout, t), generation, gen, cfg, payload)
                 last_wait = ("worker_queue_wait", t0, time.perf_counter())
                 if not ok:
                     break
     finally:
         reader.close()
-        if segments is not None:
-            # Normally the parent sweeps every segment after the workers exit; an
-            # orphaned worker (the parent was killed) cleans up after itself.
-            segments.close(unlink=not _parent_alive(cfg.parent_pid))
 
 
 def _put(outbox: Any, item: tuple[Any, ...], generation: Any, gen: int, cfg: WorkerConfig,
-         payload: Any, segments: _shm.Segments | None) -> bool:
+         payload: Any) -> bool:
     while True:
         if generation.value != gen:
-            _release(segments, payload)
+            _release(cfg, payload)
             return False
         try:
             outbox.put(item, timeout=_POLL)
             return True
         except queue.Full:
             if not _parent_alive(cfg.parent_pid):
-                _release(segments, payload)
+                _release(cfg, payload)
                 return False
 
 
@@ -405,7 +401,7 @@ class _SharedInt:
 
 
 def process_main(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generation: Any,
-                 status_arr: Any, returns: Any = None) -> None:
+                 status_arr: Any) -> None:
     """Entry point of a worker process."""
     import signal
 
@@ -415,7 +411,7 @@ def process_main(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generat
     pa.set_cpu_count(1)
     pa.set_io_thread_count(2)
     try:
-        worker_loop(cfg, index, inbox, outbox, generation, Status(status_arr), returns)
+        worker_loop(cfg, index, inbox, outbox, generation, Status(status_arr))
     except KeyboardInterrupt:  # the parent handles Ctrl-C; just leave
         pass
     finally:
