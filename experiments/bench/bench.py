@@ -85,44 +85,32 @@ SHARED_BLOCKS = 4      # the merger's current and next block, the batches in the
 
 
 def rss_bound(loader, baseline: int) -> dict:
-    """The documented bound: baseline + block_bytes x (W x (prefetch + 6) + 4) + 5 x batch_bytes,
-    block_bytes = shuffle_window x the largest row group's rows x bytes per row once converted."""
+    """The documented bound: baseline + block_bytes x (W x (prefetch + 6) + 4) + 5 x batch_bytes
+    + W x ragged_scratch. block_bytes = shuffle_window x the largest row group's rows x bytes per
+    row once converted (measured on the first row group: values plus offsets); ragged_scratch is
+    the permutation's index arrays and temporaries for variable-length columns (24 bytes per value of a block, measured)."""
     import numpy as np
 
-    from detload._types import ColumnSpec
+    from detload._types import Ragged
+    from detload._worker import FileRef, Timings, UnitReader, WorkerConfig
 
-    def row_bytes(spec: ColumnSpec) -> float:
-        inner = int(np.prod(spec.inner)) if spec.inner else 1
-        return np.dtype(spec.dtype).itemsize * inner + (8 if spec.kind == "ragged" else 0)
-
-    rb = sum(row_bytes(s) for s in loader.specs)
-    # Ragged values: use the dataset's average bytes per row (from the Parquet metadata).
-    ragged = [s.name for s in loader.specs if s.kind == "ragged"]
-    if ragged:
-        rb += _ragged_bytes_per_row(loader, ragged)
-    R = int(loader._unit_rows.max())
+    ds = loader.dataset
+    files = tuple(FileRef(f.location, f.path, f.partition_values) for f in ds.files)
+    reader = UnitReader(WorkerConfig(files, ds.filesystem, tuple(loader.specs), loader.null_fill, None, "", 0))
+    f0, g0 = int(loader._unit_files[0]), int(loader._unit_rgs[0])
+    cols = reader.read(f0, g0, Timings())
+    reader.close()
+    n = int(loader._unit_rows[0])
+    rb = sum((c.values.nbytes + c.offsets.nbytes) if isinstance(c, Ragged) else c.nbytes for c in cols.values()) / n
+    ragged_values = sum(c.values.shape[0] for c in cols.values() if isinstance(c, Ragged)) / n
+    R = int(np.max(loader._unit_rows))
     S = loader.options.shuffle_window
     W = loader.workers
     block = S * R * rb
-    data = block * (W * (loader.prefetch + PER_WORKER_BLOCKS) + SHARED_BLOCKS) + 5 * BATCH * rb
+    scratch = 24 * ragged_values * S * R
+    data = block * (W * (loader.prefetch + PER_WORKER_BLOCKS) + SHARED_BLOCKS) + 5 * BATCH * rb + W * scratch
     return {"bound_bytes": int(baseline + data), "data_bound_bytes": int(data), "block_bytes": int(block),
             "row_bytes": rb, "baseline_bytes": baseline}
-
-
-def _ragged_bytes_per_row(loader, names) -> float:
-    import pyarrow.parquet as pq
-
-    tot = rows = 0
-    for f in loader.dataset.files:
-        md = pq.read_metadata(f.location)
-        for g in range(md.num_row_groups):
-            rg = md.row_group(g)
-            rows += rg.num_rows
-            for c in range(rg.num_columns):
-                col = rg.column(c)
-                if col.path_in_schema.split(".")[0] in names:
-                    tot += col.total_uncompressed_size
-    return tot / max(rows, 1)
 
 
 def run_one(spec: dict) -> dict:
