@@ -7,6 +7,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from ._cache import CacheWarning  # noqa: E402
 from ._types import ColumnSpec, Ragged  # noqa: E402
 from .audit import hash_batch, read_manifest  # noqa: E402
 from .errors import (  # noqa: E402
@@ -27,6 +28,7 @@ from .loader import Loader  # noqa: E402
 from .plan import OrderOptions, Plan, make_plan  # noqa: E402
 
 __all__ = [
+    "CacheWarning",
     "ColumnSpec",
     "DataError",
     "DatasetError",

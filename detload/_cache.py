@@ -12,6 +12,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import math
 import mmap
 import os
 import shutil
@@ -404,7 +405,7 @@ def _load(path: str, expect: str | None) -> dict[str, Column] | None:
 def _view(mm: mmap.mmap, slot: list[Any]) -> np.ndarray:
     offset, dtype, shape = slot
     dt = np.dtype(dtype)
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     if count == 0:
         return np.empty(shape, dtype=dt)
     return np.frombuffer(mm, dtype=dt, count=count, offset=offset).reshape(shape)

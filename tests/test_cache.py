@@ -22,8 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _s3server import write_sample_dataset  # noqa: E402
 
-from detload import Loader, OptionError  # noqa: E402
-from detload._cache import CacheWarning, cache_info, parse_size  # noqa: E402
+from detload import CacheWarning, Loader, OptionError  # noqa: E402
+from detload._cache import cache_info, parse_size  # noqa: E402
 from detload.cli import main as cli_main  # noqa: E402
 from detload.verify import verify  # noqa: E402
 
