@@ -94,6 +94,14 @@ def s3_from_uri(uri: str) -> tuple[RetryingS3FileSystem, str]:
         options["region"] = "us-east-1"
     options.setdefault("connect_timeout", DEFAULT_CONNECT_TIMEOUT)
     options.setdefault("request_timeout", DEFAULT_REQUEST_TIMEOUT)
+    # Credentials from the environment are made explicit so that process workers get them too:
+    # a forkserver started before they were set would not pass them on.
+    key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if key and secret and not options.get("anonymous"):
+        options.update(access_key=key, secret_key=secret)
+        token = os.environ.get("AWS_SESSION_TOKEN")
+        if token:
+            options["session_token"] = token
     attempts = _env_int("AWS_MAX_ATTEMPTS", DEFAULT_MAX_ATTEMPTS)
     path = (parts.netloc + "/" + parts.path.lstrip("/")).rstrip("/")
     return RetryingS3FileSystem(max_attempts=attempts, **options), path

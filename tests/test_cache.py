@@ -310,18 +310,23 @@ def test_entry_format_is_self_describing(data, tmp_path):
     """An entry can be read with json, numpy and xxhash alone, as docs/remote.md describes."""
     cache = tmp_path / "cache"
     run(data, tmp_path / "c.jsonl", cache_dir=cache, epochs=1, columns=["id", "s", "emb"], shuffle=False)
-    path = os.path.join(cache, sorted(entries(cache))[0])
-    with open(path, "rb") as f:
-        raw = f.read()
-    assert raw[:8] == b"DLCACHE1"
-    hlen = int.from_bytes(raw[8:16], "little")
-    assert xxhash.xxh3_128_digest(raw[32:]) == raw[16:32]
-    header = json.loads(raw[32:32 + hlen])
-    cols = {c["name"]: c for c in header["columns"]}
-    off, dtype, shape = cols["id"]["data"]
-    assert off % 64 == 0
-    ids = np.frombuffer(raw, dtype=dtype, count=int(np.prod(shape)), offset=off)
-    assert ids[0] == 0 and len(ids) == 300  # a.parquet, row group 0
+    found = []
+    for rel in sorted(entries(cache)):
+        with open(os.path.join(cache, rel), "rb") as f:
+            raw = f.read()
+        assert raw[:8] == b"DLCACHE1"
+        hlen = int.from_bytes(raw[8:16], "little")
+        assert xxhash.xxh3_128_digest(raw[32:]) == raw[16:32]
+        header = json.loads(raw[32:32 + hlen])
+        cols = {c["name"]: c for c in header["columns"]}
+        off, dtype, shape = cols["id"]["data"]
+        assert off % 64 == 0
+        ids = np.frombuffer(raw, dtype=dtype, count=int(np.prod(shape)), offset=off)
+        if ids[0] == 0:
+            found.append((len(ids), cols))
+    assert len(found) == 1
+    n, cols = found[0]
+    assert n == 300  # a.parquet, row group 0
     assert cols["s"]["kind"] == "ragged" and cols["emb"]["data"][2] == [300, 4]
 
 

@@ -18,7 +18,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _s3server import BUCKET, FaultProxy, MotoServer, s3_env, write_sample_dataset  # noqa: E402
+from _s3server import BUCKET, CREDENTIALS, FaultProxy, MotoServer, s3_env, write_sample_dataset  # noqa: E402
 
 from detload import Loader, OptionError, WorkerError, WorkerStalledError  # noqa: E402
 from detload._cache import cache_info  # noqa: E402
@@ -169,7 +169,8 @@ def test_replaced_object_is_not_served_stale(s3, proxy, tmp_path):
 
 def test_explicit_filesystem(s3, proxy, tmp_path):
     _, _, _, _, ref = s3
-    fs = pafs.S3FileSystem(endpoint_override=proxy.endpoint.split("://")[1], scheme="http", region="us-east-1")
+    fs = pafs.S3FileSystem(endpoint_override=proxy.endpoint.split("://")[1], scheme="http", region="us-east-1",
+                           access_key=CREDENTIALS["AWS_ACCESS_KEY_ID"], secret_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
     run(f"{BUCKET}/ds", tmp_path / "explicit.jsonl", filesystem=fs, pool="process", workers=2)
     same(ref, tmp_path / "explicit.jsonl")
 
@@ -183,6 +184,10 @@ def test_s3_uri_options_and_environment(monkeypatch):
     assert path == "bucket/some/prefix"
     assert fs.options["endpoint_override"] == "127.0.0.1:9" and fs.options["scheme"] == "http"
     assert fs.options["region"] == "us-east-1" and fs.max_attempts == 4
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    fs, _ = s3_from_uri("s3://bucket/p")
+    assert pickle.loads(pickle.dumps(fs)).options["access_key"] == "k"  # reaches process workers
     fs, _ = s3_from_uri("s3://bucket/p?endpoint_override=localhost:1&region=eu-west-1&scheme=http")
     assert fs.options["endpoint_override"] == "localhost:1" and fs.options["region"] == "eu-west-1"
     with pytest.raises(OptionError, match="unknown option 'colour'"):
