@@ -96,9 +96,9 @@ def s3_from_uri(uri: str) -> tuple[RetryingS3FileSystem, str]:
     options.setdefault("request_timeout", DEFAULT_REQUEST_TIMEOUT)
     # Credentials from the environment are made explicit so that process workers get them too:
     # a forkserver started before they were set would not pass them on.
-    key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
-    if key and secret and not options.get("anonymous"):
-        options.update(access_key=key, secret_key=secret)
+    access, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if access and secret and not options.get("anonymous"):
+        options.update(access_key=access, secret_key=secret)
         token = os.environ.get("AWS_SESSION_TOKEN")
         if token:
             options["session_token"] = token
