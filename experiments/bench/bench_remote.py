@@ -124,7 +124,7 @@ def main(argv=None) -> int:
            f"16,384-row row groups), batch {BATCH}, detload workers={a.workers} pool={a.pool}, shuffle on; "
            f"{a.runs} runs, medians; ratios taken within each run, median over runs. Machine: {os.cpu_count()} cores, "
            f"{platform.python_version()}, pyarrow {pa.__version__}; 1-min load average during the runs "
-           f"{min(loads):.1f}-{max(loads):.1f} (other jobs were running).")
+           f"{min(loads):.1f}-{max(loads):.1f} (a machine shared with other jobs).")
     print("\n".join(lines))
     print("\n".join(summary))
     print(env)
