@@ -7,6 +7,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from ._cache import CacheWarning  # noqa: E402
 from ._types import ColumnSpec, Ragged  # noqa: E402
 from .audit import hash_batch, read_manifest  # noqa: E402
 from .errors import (  # noqa: E402
@@ -29,6 +30,7 @@ from .starvation import StarvationReport, starvation_check  # noqa: E402
 from .stats import StageStats, Stats  # noqa: E402
 
 __all__ = [
+    "CacheWarning",
     "ColumnSpec",
     "DataError",
     "DatasetError",

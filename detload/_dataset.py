@@ -24,6 +24,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import xxhash
 
+from ._remote import s3_from_uri
 from ._types import ColumnSpec, column_spec
 from .errors import DatasetError, EmptyDatasetError, OptionError, SchemaMismatchError
 
@@ -46,6 +47,9 @@ class FileInfo:
     mtime_ns: int | None
     row_groups: tuple[int, ...]
     partition_values: tuple[tuple[str, str], ...] = ()
+    #: The object's ETag where the filesystem reports one (S3); with size and
+    #: mtime it identifies this version of the file for the cache.
+    etag: str | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,11 @@ def _to_filesystem(filesystem: Any) -> pafs.FileSystem | None:
 def _resolve(path: str, filesystem: pafs.FileSystem | None) -> tuple[pafs.FileSystem, str]:
     if filesystem is not None:
         return filesystem, path
+    if path.startswith(("s3://", "s3a://")):
+        try:
+            return s3_from_uri(path)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise DatasetError(f"cannot open {path!r}: {exc}") from None
     if "://" in path and not path.startswith("file://"):
         try:
             return pafs.FileSystem.from_uri(path)
@@ -258,10 +267,11 @@ def _partition_values(rel: str) -> tuple[tuple[str, str], ...]:
     return tuple(vals)
 
 
-def _read_footer(fs: pafs.FileSystem, location: str) -> pq.FileMetaData:
+def _read_footer(fs: pafs.FileSystem, location: str) -> tuple[pq.FileMetaData, str | None]:
+    """The footer, and the object's ETag where the filesystem reports one (S3 does)."""
     try:
         with fs.open_input_file(location) as f:
-            return pq.ParquetFile(f).metadata
+            return pq.ParquetFile(f).metadata, _etag(f)
     except FileNotFoundError:
         raise FileNotFoundError(f"data file {location!r} vanished while the dataset was listed") from None
     except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
@@ -269,6 +279,18 @@ def _read_footer(fs: pafs.FileSystem, location: str) -> pq.FileMetaData:
             f"cannot read the Parquet footer of {location!r}: {exc}. Is it a complete Parquet file? "
             "Remove or rewrite it, or leave it out of the source."
         ) from None
+
+
+def _etag(f: Any) -> str | None:
+    try:
+        meta = f.metadata()
+    except (AttributeError, OSError, pa.ArrowException):
+        return None
+    for key, value in (meta or {}).items():
+        if str(key).lower() == "etag":
+            text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+            return text.strip('"') or None
+    return None
 
 
 def _type_key(t: pa.DataType) -> str:
@@ -303,12 +325,12 @@ def discover(
         metas = list(ex.map(lambda r: _read_footer(fs, r[1]), rels))
     files: list[FileInfo] = []
     schemas: list[pa.Schema] = []
-    for (rel, loc, size, mt), md in zip(rels, metas):
+    for (rel, loc, size, mt), (md, etag) in zip(rels, metas):
         s = md.schema.to_arrow_schema()
         # Files written alike share one schema object: drift checks then cost nothing.
         schemas.append(schemas[0] if schemas and s.equals(schemas[0]) else s)
         rg = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
-        files.append(FileInfo(rel, loc, size, mt, rg, _partition_values(rel)))
+        files.append(FileInfo(rel, loc, size, mt, rg, _partition_values(rel), etag))
     schema = pa.schema([pa.field(f.name, f.type) for f in schemas[0]])  # drop metadata and nullability
     ptypes = _partition_types(files, schema, partitioning)
     if not any(n > 0 for f in files for n in f.row_groups):

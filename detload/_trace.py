@@ -16,8 +16,10 @@ __all__ = ["CONSUMER", "MERGER", "STAGES", "Tracer"]
 
 # Where each stage runs, in pipeline order.
 STAGES: dict[str, str] = {
+    "cache_read": "worker",         # a row group served by the local row-group cache
     "read": "worker",               # pyarrow read_row_group: file I/O and Parquet decoding
     "convert": "worker",            # Arrow -> NumPy
+    "cache_write": "worker",        # storing a converted row group in the cache
     "permute": "worker",            # assembling the block into its buffer in permuted row order
     "worker_queue_wait": "worker",  # blocked on the worker's own full queue (the merger is behind)
     "merge_wait": "merger",         # waiting for the next block of the plan from its worker

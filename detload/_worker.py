@@ -25,6 +25,8 @@ import xxhash
 
 from . import _shm
 from ._block import Layout, assemble
+from ._cache import CacheConfig, RowGroupCache
+from ._remote import describe_attempts
 from ._types import Column, ColumnSpec, Ragged, column_spec, convert_column
 from .errors import DataError, DetloadError
 from .plan import block_permutation
@@ -62,6 +64,8 @@ class FileRef:
     path: str
     partition_values: tuple[tuple[str, str], ...]
     row_groups: tuple[int, ...] | None = None
+    cache_key: str = ""  # this version of the file in the row-group cache (_cache.object_key)
+    uri: str = ""  # the object's full name, for messages
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,7 @@ class WorkerConfig:
     parent_pid: int
     debug: DebugHooks | None = None
     open_files: int = 32
+    cache: CacheConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -127,12 +132,17 @@ class Timings:
 
 
 class UnitReader:
-    """Reads and converts single row groups; keeps a few files open."""
+    """Reads and converts single row groups; keeps a few files open; uses the row-group cache."""
 
     def __init__(self, cfg: WorkerConfig) -> None:
         self.cfg = cfg
         self._open: OrderedDict[int, pq.ParquetFile] = OrderedDict()
         self._file_cols = [s.name for s in cfg.specs if not s.partition]
+        # Nothing to cache when only Hive partition columns (constants) are asked for.
+        self._cache = (RowGroupCache(cfg.cache, cfg.specs, cfg.null_fill)
+                       if cfg.cache is not None and self._file_cols else None)
+        # Remote reads: fetch the requested column chunks in a few coalesced ranged requests.
+        self._pre_buffer = cfg.filesystem.type_name != "local"
 
     def _file(self, i: int, rg: int) -> pq.ParquetFile:
         pf = self._open.get(i)
@@ -142,7 +152,7 @@ class UnitReader:
         f = self.cfg.filesystem.open_input_file(self.cfg.files[i].location)
         # Pages written with CRCs are checked: garbage in an uncompressed or
         # zstd page would otherwise decode into wrong values without a word.
-        pf = pq.ParquetFile(f, page_checksum_verification=True)
+        pf = pq.ParquetFile(f, page_checksum_verification=True, pre_buffer=self._pre_buffer)
         try:
             _check_unchanged(pf, self.cfg.files[i], rg, self.cfg.specs)
         except BaseException:
@@ -162,20 +172,51 @@ class UnitReader:
     def read(self, file_idx: int, rg: int, t: Timings) -> dict[str, Column]:
         ref = self.cfg.files[file_idx]
         t0 = time.perf_counter()
-        table = self._file(file_idx, rg).read_row_group(rg, columns=self._file_cols, use_threads=False)
-        t1 = time.perf_counter()
+        cache = self._cache
+        cols = cache.get(ref.cache_key, rg, ref.uri) if cache is not None and ref.cache_key else None
+        if cols is not None:
+            rows = len(next(iter(cols.values())))
+            t.add("cache_read", t0, time.perf_counter())
+            t.extra["cache_hits"] = t.extra.get("cache_hits", 0.0) + 1
+        else:
+            cols, rows = self._read_source(file_idx, rg, t)
+            if cache is not None and ref.cache_key:
+                t1 = time.perf_counter()
+                cache.put(ref.cache_key, rg, cols, ref.uri)
+                t.add("cache_write", t1, time.perf_counter())
         out: dict[str, Column] = {}
-        where = (ref.path, rg)
         pvals = dict(ref.partition_values)
         for spec in self.cfg.specs:
             if spec.partition:
-                out[spec.name] = _constant(spec, pvals[spec.name], table.num_rows)
+                out[spec.name] = _constant(spec, pvals[spec.name], rows)
             else:
+                out[spec.name] = cols[spec.name]
+        t.units += 1
+        return out
+
+    def _read_source(self, file_idx: int, rg: int, t: Timings) -> tuple[dict[str, Column], int]:
+        ref = self.cfg.files[file_idx]
+        t0 = time.perf_counter()
+        try:
+            table = self._file(file_idx, rg).read_row_group(rg, columns=self._file_cols, use_threads=False)
+        except OSError as exc:
+            # Name the object, the row group and the last response (pyarrow's text carries it).
+            what = ref.uri or ref.location
+            msg = f"cannot read row group {rg} of {what}{describe_attempts(self.cfg.filesystem)}: {exc}"
+            try:
+                err = type(exc)(msg)
+            except Exception:
+                err = OSError(msg)
+            raise err from exc
+        t1 = time.perf_counter()
+        out: dict[str, Column] = {}
+        where = (ref.path, rg)
+        for spec in self.cfg.specs:
+            if not spec.partition:
                 out[spec.name] = convert_column(spec, table.column(spec.name), where, self.cfg.null_fill.get(spec.name))
         t.add("read", t0, t1)
         t.add("convert", t1, time.perf_counter())
-        t.units += 1
-        return out
+        return out, table.num_rows
 
 
 def _check_unchanged(pf: pq.ParquetFile, ref: FileRef, rg: int, specs: Sequence[ColumnSpec]) -> None:

@@ -1,6 +1,6 @@
 """The ``detload`` command line: a thin layer over the library (argparse, no hand-rolled parsing).
 
-Commands: run, verify, inspect, plan, demo, bench. Exit codes: 0 success, 1 a
+Commands: run, verify, inspect, plan, demo, cache (info, clear), bench. Exit codes: 0 success, 1 a
 verification found a difference, 2 bad input or usage.
 """
 
@@ -67,6 +67,8 @@ def _parser() -> argparse.ArgumentParser:
                         "run made with --save-state (a directory resumes at the step every rank reached). Give the "
                         "same --start-epoch/--epochs as the first run; at another world size keep --partitions and "
                         "the global batch, and write --manifest to a new directory")
+    p.add_argument("--cache-dir", default=None, help="row-group cache directory (local SSD); see docs/remote.md")
+    p.add_argument("--cache-limit", default=None, help="cache size limit, e.g. 50GB (default: no limit)")
 
     p = sub.add_parser("verify", help="compare two manifests or run directories step by step",
                        description="Exit 0 when identical, 1 at the first difference or truncation, 2 on unreadable input.")
@@ -86,6 +88,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--epoch", type=int, default=0)
     p.add_argument("--workers", type=_workers, default=1)
     p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("cache", help="look at or empty a row-group cache directory")
+    csub = p.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
+    c = csub.add_parser("info", help="entries, bytes and objects in a cache directory")
+    c.add_argument("dir")
+    c.add_argument("--verify", action="store_true", help="check every entry's checksum")
+    c.add_argument("--json", action="store_true")
+    c = csub.add_parser("clear", help="delete every entry of a cache directory")
+    c.add_argument("dir")
 
     p = sub.add_parser("demo", help="generate an example dataset, load it at 1 and 4 process workers, verify")
     p.add_argument("--dir", default="detload-demo", help="where the dataset and manifests go (default ./detload-demo)")
@@ -114,7 +125,7 @@ def _cmd_run(a: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     with Loader(a.source, workers=a.workers, pool=a.pool, prefetch=a.prefetch, manifest=a.manifest,
-                **_loader_kwargs(a)) as loader:
+                cache_dir=a.cache_dir, cache_limit=a.cache_limit, **_loader_kwargs(a)) as loader:
         print(f"{loader!r}")
         first = a.start_epoch
         if a.resume:
@@ -315,6 +326,28 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_cache(a: argparse.Namespace) -> int:
+    from ._cache import cache_info, clear_cache
+
+    if a.cache_command == "clear":
+        freed = clear_cache(a.dir)
+        print(f"cleared {a.dir}: freed {freed:,} bytes")
+        return 0
+    info = cache_info(a.dir, verify=a.verify)
+    if a.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"cache {info['dir']} (format v{info['format']}; formats present: {', '.join(info['formats_present'])})")
+    print(f"  {info['entries']} entries of {info['objects']} files, {info['bytes']:,} bytes"
+          f" (usage counter {info['usage_counter']:,}), {info['temp_files']} temp files")
+    if a.verify:
+        bad = info["corrupt"]
+        print(f"  checksums: {'all good' if not bad else f'{len(bad)} damaged'}")
+        for path in bad:
+            print(f"    damaged: {path}")
+    return 0
+
+
 def _cmd_demo(a: argparse.Namespace) -> int:
     from ._demo import write_demo_dataset
     from .loader import Loader
@@ -350,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = _parser()
     a = ap.parse_args(argv)
     cmd = {"run": _cmd_run, "verify": _cmd_verify, "inspect": _cmd_inspect, "plan": _cmd_plan, "demo": _cmd_demo,
-           "bench": _cmd_bench}
+            "cache": _cmd_cache, "bench": _cmd_bench}
     try:
         return cmd[a.command](a)
     except (DetloadError, FileNotFoundError, ValueError) as exc:

@@ -20,9 +20,11 @@ import numpy as np
 import xxhash
 
 from . import __version__
+from ._cache import object_key, open_cache
 from ._dataset import Dataset, discover
 from ._merge import END, Failure, Run
 from ._pool import WorkerPool
+from ._remote import object_uri
 from ._trace import CONSUMER, Tracer
 from ._types import TYPE_MAPPING_VERSION, Column, ColumnSpec
 from ._worker import DebugHooks, FileRef, WorkerConfig
@@ -108,7 +110,10 @@ class Loader:
         filesystem: Any = None,
         partitioning: Mapping[str, str] | None = None,
         stall_timeout: float | None = 300.0,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
         _debug: DebugHooks | None = None,
+        _cache_fail_after_bytes: int | None = None,
         _benchmark_unordered: bool = False,
     ) -> None:
         self.workers = resolve_workers(workers)
@@ -143,6 +148,11 @@ class Loader:
             if spec.name in self.null_fill:
                 _check_fill(spec, self.dataset, self.null_fill[spec.name])
         self._unit_files, self._unit_rgs, self._unit_rows = self.dataset.units()
+        # Cache state never enters `order`: cold, warm and uncached runs yield the same bytes.
+        fs = self.dataset.filesystem
+        self._cache_keys = [object_key(fs, f.location, f.size, f.mtime_ns, f.etag) for f in self.dataset.files]
+        self._uris = [object_uri(fs, f.location) for f in self.dataset.files]
+        self.cache = open_cache(cache_dir, cache_limit, self._cache_keys, fail_after_bytes=_cache_fail_after_bytes)
         self.order = {
             **self.options.order_dict(),
             "columns": names,
@@ -215,11 +225,12 @@ class Loader:
     def _ensure_pool(self) -> WorkerPool:
         if self._pool is None:
             ds = self.dataset
-            files = tuple(FileRef(f.location, f.path, f.partition_values, f.row_groups) for f in ds.files)
+            files = tuple(FileRef(f.location, f.path, f.partition_values, f.row_groups, key, uri)
+                          for f, key, uri in zip(ds.files, self._cache_keys, self._uris))
 
             def make_cfg(shm_dir: str | None, prefix: str) -> WorkerConfig:
                 return WorkerConfig(files, ds.filesystem, tuple(self.specs), self.null_fill, shm_dir,
-                                    prefix, os.getpid(), self._debug)
+                                    prefix, os.getpid(), self._debug, cache=self.cache)
 
             self._pool = WorkerPool(make_cfg, self.workers, self.pool_kind, self.prefetch)
             self._finalizer.detach()

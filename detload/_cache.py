@@ -1,0 +1,595 @@
+"""The row-group cache: converted NumPy arrays of one row group per file, memory-mapped on read.
+
+One cache serves both purposes: a local copy of remote data and a cache of the
+Arrow→NumPy conversion, so a warm epoch neither fetches nor decodes. Entries
+are stored before the block permutation, so warm and cold runs yield the same
+bytes. Layout, policy and the entry format are described in docs/remote.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import math
+import mmap
+import os
+import shutil
+import socket
+import struct
+import uuid
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow.fs as pafs
+import xxhash
+
+from ._remote import object_uri
+from ._types import TYPE_MAPPING_VERSION, Column, ColumnSpec, Ragged
+from .errors import OptionError
+
+__all__ = [
+    "CACHE_FORMAT",
+    "CONVERTER_VERSION",
+    "CacheConfig",
+    "CacheWarning",
+    "RowGroupCache",
+    "cache_info",
+    "clear_cache",
+    "object_key",
+    "open_cache",
+    "parse_size",
+]
+
+#: Bumped when the entry file format changes; entries live under ``v{CACHE_FORMAT}/``.
+CACHE_FORMAT = 1
+#: Bumped when convert_column's output changes without a TYPE_MAPPING_VERSION bump.
+CONVERTER_VERSION = 1
+
+_MAGIC = b"DLCACHE1"
+_PREFIX = struct.Struct("<8sQ16s")  # magic, header length, xxh3-128 of everything after the prefix
+_ALIGN = 64
+_MARKER = "DETLOAD_CACHE"
+_SUFFIX = ".dlc"
+
+
+class CacheWarning(UserWarning):
+    """The cache could not be used as asked (corrupt entry, disk full); loading went on."""
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """What a worker needs to use the cache; plain picklable data."""
+
+    root: str  # <cache_dir>/v<CACHE_FORMAT>
+    limit: int | None
+    session: str  # one loader: warnings are given once per session
+    #: Test hook: act as if the disk were full once this many bytes were written by one worker.
+    fail_after_bytes: int | None = None
+
+
+def parse_size(value: int | str | None) -> int | None:
+    """``cache_limit``: bytes as an int, or a string such as "500MB", "20GiB", "1.5T"."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise OptionError(f"cache_limit must be a byte count or a size such as '20GiB', got {value!r}")
+    if isinstance(value, (int, np.integer)):
+        n = int(value)
+    elif isinstance(value, str):
+        text = value.strip().upper().replace(" ", "")
+        units = {"": 1, "B": 1}
+        for i, p in enumerate("KMGT", start=1):
+            units[p] = units[p + "B"] = 1000**i
+            units[p + "I"] = units[p + "IB"] = 1024**i
+        num = text.rstrip("KMGTIB")
+        unit = text[len(num):]
+        try:
+            n = int(float(num) * units[unit])
+        except (ValueError, KeyError):
+            raise OptionError(f"cache_limit {value!r} is not a size; use bytes or e.g. '500MB', '20GiB'") from None
+    else:
+        raise OptionError(f"cache_limit must be a byte count or a size such as '20GiB', got {value!r}")
+    if n <= 0:
+        raise OptionError(f"cache_limit must be positive, got {value!r}")
+    return n
+
+
+def _h64(text: str) -> str:
+    return xxhash.xxh3_64_hexdigest(text.encode("utf-8"))
+
+
+def object_key(fs: pafs.FileSystem, location: str, size: int, mtime_ns: int | None, etag: str | None) -> str:
+    """``<uri hash>/<version hash>``: the folder holding the entries of one version of one file.
+
+    A file's version is its size and ETag (S3) or mtime in nanoseconds; when it
+    changes, the entries of the old version are evicted (see `open_cache`).
+    """
+    uri = object_uri(fs, location)
+    version = json.dumps([uri, size, etag if etag is not None else mtime_ns])
+    return f"{_h64(uri)}/{_h64(version)}"
+
+
+def _entry_name(rg: int, specs_key: str) -> str:
+    return f"rg{rg:06d}-{specs_key}{_SUFFIX}"
+
+
+def specs_key(specs: Sequence[ColumnSpec], null_fill: Mapping[str, Any]) -> str:
+    """Hash of what decides the converted bytes besides the file: columns, fills, versions."""
+    cols = [s for s in specs if not s.partition]
+    payload = {
+        "columns": [[s.name, s.arrow_type, s.kind, s.dtype, list(s.inner), s.ragged_kind, s.null] for s in cols],
+        "null_fill": {s.name: repr(null_fill[s.name]) for s in cols if s.name in null_fill},
+        "type_mapping": TYPE_MAPPING_VERSION,
+        "converter": CONVERTER_VERSION,
+        "format": CACHE_FORMAT,
+    }
+    return _h64(json.dumps(payload, sort_keys=True))
+
+
+# -- shared bookkeeping: an fcntl-locked byte counter, no index of entries ------
+
+
+class _Store:
+    """Paths and the locked usage counter of one cache directory."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.objects = os.path.join(root, "objects")
+        self.tmp = os.path.join(root, "tmp")
+        self._lock_path = os.path.join(root, "lock")
+        self._usage_path = os.path.join(root, "usage")
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing drops the lock
+
+    def usage(self) -> int:
+        try:
+            with open(self._usage_path, "rb") as f:
+                return int(f.read().strip() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def set_usage(self, n: int) -> None:
+        # Written in place under the lock: a few bytes, never torn in practice,
+        # and a bad value only mis-sizes the limit until the next rescan.
+        fd = os.open(self._usage_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(max(0, n)).encode(), 0)
+        finally:
+            os.close(fd)
+
+    def release(self, n: int) -> None:
+        with self.locked():
+            self.set_usage(self.usage() - n)
+
+    def rescan(self) -> int:
+        """Recount the bytes on disk (call under the lock); removes temp files of dead writers."""
+        total = 0
+        host = socket.gethostname()
+        with contextlib.suppress(FileNotFoundError):
+            for e in os.scandir(self.tmp):
+                if _dead_writer(e.name, host):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(e.path)
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    total += e.stat().st_size
+        for _, _, size in _walk_entries(self.objects):
+            total += size
+        self.set_usage(total)
+        return total
+
+
+def _walk_entries(objects: str) -> Iterator[tuple[str, str, int]]:
+    """(object key, entry path, size) of every entry file."""
+    with contextlib.suppress(FileNotFoundError):
+        for a in os.scandir(objects):
+            if not a.is_dir():
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                for b in os.scandir(a.path):
+                    if not b.is_dir():
+                        continue
+                    with contextlib.suppress(FileNotFoundError):
+                        for e in os.scandir(b.path):
+                            if e.name.endswith(_SUFFIX):
+                                with contextlib.suppress(FileNotFoundError):
+                                    yield f"{a.name}/{b.name}", e.path, e.stat().st_size
+
+
+def _dead_writer(name: str, host: str) -> bool:
+    """Temp and marker names carry ``<host>-<pid>-``; a writer of this host that is gone left them."""
+    parts = name.split("-")
+    if len(parts) < 3 or parts[0] != _safe_host(host) or not parts[1].isdigit():
+        return False
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _safe_host(host: str) -> str:
+    return "".join(c for c in host if c.isalnum()) or "host"
+
+
+# -- warnings: once per loader, across its worker processes ---------------------
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_once(cfg: CacheConfig, kind: str, message: str) -> None:
+    """Warn once per loader session and kind; a marker file in tmp/ tells the other worker processes."""
+    key = (cfg.session, kind)
+    if key in _warned:
+        return
+    _warned.add(key)
+    marker = os.path.join(cfg.root, "tmp", f"{cfg.session}-warned-{kind}")
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return
+    except OSError:
+        pass  # no marker (disk full?): warning in each worker process is the lesser evil
+    warnings.warn(message, CacheWarning, stacklevel=3)
+
+
+# -- the loader-side set-up ------------------------------------------------------
+
+
+def open_cache(cache_dir: str | os.PathLike[str] | None, cache_limit: int | str | None,
+               objects: Sequence[str], *, fail_after_bytes: int | None = None) -> CacheConfig | None:
+    """Validate the options, create the folders, evict entries of replaced files, recount usage.
+
+    ``objects`` are the `object_key` of every file of the dataset. Returns None
+    (after one warning) when the directory cannot be used; loading goes on uncached.
+    """
+    limit = parse_size(cache_limit)
+    if cache_dir is None:
+        if cache_limit is not None:
+            raise OptionError("cache_limit needs cache_dir")
+        return None
+    base = os.path.abspath(os.fspath(cache_dir))
+    if os.path.exists(base) and not os.path.isdir(base):
+        raise OptionError(f"cache_dir {base!r} exists and is not a directory")
+    root = os.path.join(base, f"v{CACHE_FORMAT}")
+    session = f"{_safe_host(socket.gethostname())}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    cfg = CacheConfig(root, limit, session, fail_after_bytes)
+    store = _Store(root)
+    try:
+        os.makedirs(store.objects, exist_ok=True)
+        os.makedirs(store.tmp, exist_ok=True)
+        marker = os.path.join(base, _MARKER)
+        if not os.path.exists(marker):
+            with open(marker, "w") as f:
+                f.write(json.dumps({"what": "detload row-group cache", "format": CACHE_FORMAT}) + "\n")
+        with store.locked():
+            _evict_replaced(store, objects)
+            store.rescan()
+    except OSError as exc:
+        _warn_once(cfg, "unusable", f"cache_dir {base!r} cannot be used ({exc}); loading without a cache")
+        return None
+    return cfg
+
+
+def _evict_replaced(store: _Store, objects: Sequence[str]) -> None:
+    """Remove the entries of other versions of the dataset's files (a replaced file)."""
+    current: dict[str, set[str]] = {}
+    for key in objects:
+        uri_h, ver_h = key.split("/")
+        current.setdefault(uri_h, set()).add(ver_h)
+    for uri_h, keep in current.items():
+        folder = os.path.join(store.objects, uri_h)
+        with contextlib.suppress(FileNotFoundError):
+            for e in os.scandir(folder):
+                if e.name not in keep and e.is_dir():
+                    shutil.rmtree(e.path, ignore_errors=True)
+
+
+def cache_info(cache_dir: str | os.PathLike[str], *, verify: bool = False) -> dict[str, Any]:
+    """What a cache directory holds (and, with ``verify``, which entries fail their checksum)."""
+    base = os.path.abspath(os.fspath(cache_dir))
+    _check_is_cache(base)
+    root = os.path.join(base, f"v{CACHE_FORMAT}")
+    store = _Store(root)
+    objects: set[str] = set()
+    entries = 0
+    size = 0
+    bad: list[str] = []
+    for key, path, n in _walk_entries(store.objects):
+        objects.add(key.split("/")[0])
+        entries += 1
+        size += n
+        if verify:
+            try:
+                _load(path, None)
+            except (_Corrupt, OSError):
+                bad.append(path)
+    tmp = 0
+    with contextlib.suppress(FileNotFoundError):
+        tmp = sum(1 for e in os.scandir(store.tmp) if e.name.endswith(".tmp"))
+    formats = sorted(e.name for e in os.scandir(base) if e.is_dir() and e.name.startswith("v"))
+    out: dict[str, Any] = {"dir": base, "format": CACHE_FORMAT, "formats_present": formats, "objects": len(objects),
+                           "entries": entries, "bytes": size, "usage_counter": store.usage(), "temp_files": tmp}
+    if verify:
+        out["corrupt"] = bad
+    return out
+
+
+def clear_cache(cache_dir: str | os.PathLike[str]) -> int:
+    """Delete every entry (all formats); returns the bytes freed. Safe while no loader writes."""
+    base = os.path.abspath(os.fspath(cache_dir))
+    _check_is_cache(base)
+    freed = 0
+    for e in os.scandir(base):
+        if e.is_dir() and e.name.startswith("v") and e.name[1:].isdigit():
+            store = _Store(e.path)
+            with store.locked():
+                freed += sum(n for _, _, n in _walk_entries(store.objects))
+                shutil.rmtree(store.objects, ignore_errors=True)
+                os.makedirs(store.objects, exist_ok=True)
+                store.rescan()
+    return freed
+
+
+def _check_is_cache(base: str) -> None:
+    if not os.path.isdir(base):
+        raise FileNotFoundError(f"cache directory {base!r} does not exist")
+    if not os.path.exists(os.path.join(base, _MARKER)):
+        raise OptionError(f"{base!r} is not a detload cache directory (no {_MARKER} file); refusing to touch it")
+
+
+# -- entries -----------------------------------------------------------------------
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def _flat_bytes(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+def _load(path: str, expect: str | None) -> dict[str, Column] | None:
+    """The columns of an entry, memory-mapped; None if missing; raises _Corrupt if damaged."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        if size < _PREFIX.size:
+            raise _Corrupt(f"{size} bytes, shorter than the entry prefix")
+        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
+    magic, hlen, digest = _PREFIX.unpack_from(mm, 0)
+    if magic != _MAGIC:
+        raise _Corrupt("bad magic")
+    if _PREFIX.size + hlen > size:
+        raise _Corrupt("header runs past the end")
+    with memoryview(mm) as mv, mv[_PREFIX.size:] as body:
+        if xxhash.xxh3_128_digest(body) != digest:
+            raise _Corrupt("checksum mismatch")
+    try:
+        header = json.loads(mm[_PREFIX.size:_PREFIX.size + hlen])
+        if expect is not None and header["key"] != expect:
+            raise _Corrupt("entry holds another key")
+        if header["size"] != size:
+            raise _Corrupt("size differs from the header")
+        out: dict[str, Column] = {}
+        for c in header["columns"]:
+            if c["kind"] == "fixed":
+                out[c["name"]] = _view(mm, c["data"])
+            else:
+                out[c["name"]] = Ragged(_view(mm, c["values"]), _view(mm, c["offsets"]), c["ragged_kind"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _Corrupt(f"bad header ({exc})") from None
+    return out
+
+
+def _view(mm: mmap.mmap, slot: list[Any]) -> np.ndarray:
+    offset, dtype, shape = slot
+    dt = np.dtype(dtype)
+    count = math.prod(shape)
+    if count == 0:
+        return np.empty(shape, dtype=dt)
+    return np.frombuffer(mm, dtype=dt, count=count, offset=offset).reshape(shape)
+
+
+def _pwrite_all(fd: int, data: Any, at: int) -> None:
+    view = memoryview(data).cast("B")
+    while view.nbytes:
+        n = os.pwrite(fd, view, at)
+        view, at = view[n:], at + n
+
+
+class _Corrupt(Exception):
+    pass
+
+
+class _DiskFull(Exception):
+    pass
+
+
+class RowGroupCache:
+    """One worker's handle on the cache: `get` a row group's columns or `put` them."""
+
+    def __init__(self, cfg: CacheConfig, specs: Sequence[ColumnSpec], null_fill: Mapping[str, Any]) -> None:
+        self.cfg = cfg
+        self.store = _Store(cfg.root)
+        self.specs = [s for s in specs if not s.partition]
+        self.specs_key = specs_key(specs, null_fill)
+        self.writes_on = True
+        self._written = 0
+        self.hits = 0
+        self.misses = 0
+
+    def _path(self, obj: str, rg: int) -> str:
+        return os.path.join(self.store.objects, obj, _entry_name(rg, self.specs_key))
+
+    def _key(self, obj: str, rg: int) -> str:
+        return f"{obj}/{_entry_name(rg, self.specs_key)}"
+
+    def get(self, obj: str, rg: int, uri: str) -> dict[str, Column] | None:
+        path = self._path(obj, rg)
+        try:
+            cols = _load(path, self._key(obj, rg))
+        except _Corrupt as exc:
+            self._discard(path)
+            _warn_once(self.cfg, "corrupt",
+                       f"cache entry {path} (row group {rg} of {uri}) is damaged ({exc}); it was "
+                       "discarded and the row group read again. Further damaged entries are handled "
+                       "the same way without another warning.")
+            cols = None
+        except OSError:
+            cols = None  # unreadable (EIO, permissions): read the source instead
+        if cols is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return cols
+
+    def _discard(self, path: str) -> None:
+        try:
+            with self.store.locked():
+                size = os.stat(path).st_size
+                os.unlink(path)
+                self.store.set_usage(self.store.usage() - size)
+        except OSError:
+            pass
+
+    def put(self, obj: str, rg: int, cols: Mapping[str, Column], uri: str) -> None:
+        if not self.writes_on:
+            return
+        try:
+            self._write(obj, rg, cols)
+        except _DiskFull as exc:
+            self.writes_on = False
+            _warn_once(self.cfg, "full",
+                       f"the cache directory {os.path.dirname(self.cfg.root)} is full ({exc}); "
+                       "loading goes on without writing to the cache (entries already there are still used)")
+        except OSError as exc:
+            self.writes_on = False
+            _warn_once(self.cfg, "write",
+                       f"cannot write to the cache directory {os.path.dirname(self.cfg.root)} ({exc}); "
+                       "loading goes on without writing to the cache")
+
+    def _write(self, obj: str, rg: int, cols: Mapping[str, Column]) -> None:
+        final = self._path(obj, rg)
+        if os.path.exists(final):
+            return
+        # Lay out: prefix, header (padded), then each array at a 64-byte boundary.
+        pieces: list[np.ndarray] = []
+        columns: list[dict[str, Any]] = []
+        pos = 0  # relative to the payload start, fixed below
+
+        def slot(a: np.ndarray) -> list[Any]:
+            nonlocal pos
+            start = pos
+            pieces.append(_flat_bytes(a))
+            pos = _aligned(pos + a.nbytes)
+            return [start, np.dtype(a.dtype).str, list(a.shape)]
+
+        for s in self.specs:
+            c = cols[s.name]
+            if isinstance(c, Ragged):
+                columns.append({"name": s.name, "kind": "ragged", "ragged_kind": c.kind,
+                                "offsets": slot(c.offsets), "values": slot(c.values)})
+            else:
+                columns.append({"name": s.name, "kind": "fixed", "data": slot(c)})
+        header: dict[str, Any] = {"format": CACHE_FORMAT, "key": self._key(obj, rg), "columns": columns, "size": 0}
+        # The payload offset depends on the header length, which depends on the offsets:
+        # fix the header's size with generous padding, then fill in the real numbers.
+        draft = json.dumps(header).encode()
+        payload_start = _aligned(_PREFIX.size + len(draft) + 32 + 24 * 3 * len(pieces))
+        for entry in columns:
+            for k in ("data", "offsets", "values"):
+                if k in entry:
+                    entry[k][0] += payload_start
+        total = payload_start + pos
+        header["size"] = total
+        hbytes = json.dumps(header).encode()
+        if _PREFIX.size + len(hbytes) > payload_start:  # pragma: no cover - padding too small
+            return
+        hbytes = hbytes.ljust(payload_start - _PREFIX.size, b" ")
+        if self.cfg.fail_after_bytes is not None and self._written + total > self.cfg.fail_after_bytes:
+            raise _DiskFull("[test hook] " + os.strerror(errno.ENOSPC))
+        tmp = self._reserve(total)
+        if tmp is None:
+            return  # over cache_limit: what is cached stays, this row group is not added
+        try:
+            h = xxhash.xxh3_128()
+            fd = os.open(tmp, os.O_WRONLY)
+            try:
+                _pwrite_all(fd, hbytes, _PREFIX.size)
+                h.update(hbytes)
+                at = payload_start
+                for piece in pieces:
+                    _pwrite_all(fd, piece, at)
+                    h.update(piece)  # type: ignore[arg-type]
+                    end = at + piece.nbytes
+                    pad = _aligned(end - payload_start) + payload_start - end
+                    if pad and end < total:
+                        h.update(b"\0" * pad)
+                    at = end + pad
+                _pwrite_all(fd, _PREFIX.pack(_MAGIC, len(hbytes), h.digest()), 0)
+            finally:
+                os.close(fd)
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            try:
+                os.link(tmp, final)  # atomic, and never replaces an entry another writer made
+            except FileExistsError:
+                self.store.release(total)
+            except FileNotFoundError:
+                self.store.release(total)  # the folder was evicted meanwhile
+        except OSError as exc:
+            self.store.release(total)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise _DiskFull(os.strerror(exc.errno)) from None
+            raise
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        self._written += total
+
+    def _reserve(self, n: int) -> str | None:
+        """Under the lock: check the limit, create a temp file holding ``n`` bytes of disk, count them."""
+        with self.store.locked():
+            used = self.store.usage()
+            if self.cfg.limit is not None and used + n > self.cfg.limit:
+                return None
+            host = _safe_host(socket.gethostname())
+            tmp = os.path.join(self.store.tmp, f"{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                try:
+                    os.posix_fallocate(fd, 0, n)
+                except OSError as exc:
+                    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                        os.close(fd)
+                        fd = -1
+                        os.unlink(tmp)
+                        raise _DiskFull(os.strerror(exc.errno)) from None
+                    if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                        raise
+                    os.ftruncate(fd, n)
+            finally:
+                if fd >= 0:
+                    os.close(fd)
+            self.store.set_usage(used + n)
+        return tmp

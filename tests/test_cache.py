@@ -1,0 +1,375 @@
+"""The row-group cache on local sources: determinism across cache states, integrity, limits, disk full.
+
+Every run is compared with an uncached reference through `detload.verify.verify`,
+so "the same bytes" means the same manifest, step by step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import warnings
+
+import numpy as np
+import pytest
+import xxhash
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _s3server import write_sample_dataset  # noqa: E402
+
+from detload import CacheWarning, Loader, OptionError  # noqa: E402
+from detload._cache import cache_info, parse_size  # noqa: E402
+from detload.cli import main as cli_main  # noqa: E402
+from detload.verify import verify  # noqa: E402
+
+FILES = {"a.parquet": [300, 200, 157], "b.parquet": [250, 250], "sub/c.parquet": [211]}
+OPTS = dict(batch_size=128, seed=7, shuffle_window=2)
+
+
+@pytest.fixture
+def data(tmp_path):
+    return write_sample_dataset(tmp_path / "data", FILES)
+
+
+def run(source, manifest, *, epochs=2, **kw):
+    """Iterate ``epochs`` epochs, writing a manifest; returns the loader's cache config."""
+    opts = {**OPTS, **kw}
+    with Loader(source, manifest=str(manifest), **opts) as loader:
+        for e in range(epochs):
+            loader.set_epoch(e)
+            for _ in loader:
+                pass
+        return loader.cache
+
+
+def same(a, b):
+    res = verify(str(a), str(b))
+    assert res.identical, res.message
+
+
+def entries(cache_dir):
+    out = {}
+    for dirpath, _, names in os.walk(os.path.join(cache_dir, "v1", "objects")):
+        for n in names:
+            p = os.path.join(dirpath, n)
+            st = os.stat(p)
+            out[os.path.relpath(p, cache_dir)] = (st.st_ino, st.st_mtime_ns, st.st_size)
+    return out
+
+
+@pytest.mark.parametrize("pool,workers", [("thread", 1), ("thread", 3), ("process", 2)])
+def test_cold_warm_and_uncached_runs_yield_identical_manifests(data, tmp_path, pool, workers):
+    ref = tmp_path / "ref.jsonl"
+    run(data, ref)
+    cache = tmp_path / "cache"
+    run(data, tmp_path / "cold.jsonl", cache_dir=cache, pool=pool, workers=workers)
+    info = cache_info(cache, verify=True)
+    assert info["entries"] == 6 and info["corrupt"] == []
+    assert info["usage_counter"] == info["bytes"]
+    before = entries(cache)
+    run(data, tmp_path / "warm.jsonl", cache_dir=cache, pool=pool, workers=workers % 3 + 1)
+    same(ref, tmp_path / "cold.jsonl")
+    same(ref, tmp_path / "warm.jsonl")
+    assert entries(cache) == before  # a warm run rewrites nothing
+
+
+class CountingFS:
+    """A local filesystem (fsspec, wrapped for pyarrow) that counts files opened for reading."""
+
+    def __init__(self):
+        import fsspec
+
+        counter = self.opened = []
+
+        class Local(type(fsspec.filesystem("file"))):
+            def _open(self, path, mode="rb", **kw):
+                counter.append(path)
+                return super()._open(path, mode=mode, **kw)
+
+        self.fs = Local(skip_instance_cache=True)
+
+
+def test_warm_epochs_read_nothing_from_the_source(data, tmp_path):
+    counting = CountingFS()
+    cache = tmp_path / "cache"
+    with Loader(data, filesystem=counting.fs, cache_dir=cache, **OPTS) as loader:
+        for _ in loader:  # epoch 0: cold
+            pass
+        counting.opened.clear()
+        for e in (1, 2):
+            loader.set_epoch(e)
+            for _ in loader:
+                pass
+    assert counting.opened == []
+
+
+def test_partly_evicted_cache_gives_the_same_manifest(data, tmp_path):
+    ref = tmp_path / "ref.jsonl"
+    run(data, ref)
+    cache = tmp_path / "cache"
+    run(data, tmp_path / "cold.jsonl", cache_dir=cache, workers=2)
+    for i, path in enumerate(sorted(entries(cache))):
+        if i % 2:
+            os.unlink(os.path.join(cache, path))
+    run(data, tmp_path / "partial.jsonl", cache_dir=cache, workers=2, pool="process")
+    same(ref, tmp_path / "partial.jsonl")
+    assert cache_info(cache)["entries"] == 6
+
+
+def _flip(path, at):
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+def test_corrupt_entries_are_detected_refetched_and_warned_once(data, tmp_path):
+    ref = tmp_path / "ref.jsonl"
+    run(data, ref)
+    cache = tmp_path / "cache"
+    run(data, tmp_path / "cold.jsonl", cache_dir=cache)
+    paths = sorted(entries(cache))
+    for p in paths[:2]:  # two damaged entries, one warning
+        full = os.path.join(cache, p)
+        _flip(full, os.path.getsize(full) // 2)
+    with open(os.path.join(cache, paths[2]), "r+b") as f:  # and one torn (truncated) entry
+        f.truncate(100)
+    assert len(cache_info(cache, verify=True)["corrupt"]) == 3
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(data, tmp_path / "fixed.jsonl", cache_dir=cache, workers=3)
+    ours = [w for w in caught if issubclass(w.category, CacheWarning)]
+    assert len(ours) == 1, [str(w.message) for w in ours]
+    msg = str(ours[0].message)
+    assert "damaged" in msg and "row group" in msg and "read again" in msg
+    same(ref, tmp_path / "fixed.jsonl")
+    info = cache_info(cache, verify=True)
+    assert info["corrupt"] == [] and info["entries"] == 6
+    assert info["usage_counter"] == info["bytes"]
+
+
+def test_cache_limit_keeps_what_was_cached_first(data, tmp_path):
+    ref = tmp_path / "ref.jsonl"
+    run(data, ref, epochs=3)
+    cache = tmp_path / "probe"
+    run(data, tmp_path / "probe.jsonl", cache_dir=cache, epochs=1)
+    sizes = sorted(s for _, _, s in entries(cache).values())
+    limit = sum(sizes[:3]) + 10  # room for about half of the six entries
+    cache = tmp_path / "cache"
+    with Loader(data, cache_dir=cache, cache_limit=limit, manifest=str(tmp_path / "limited.jsonl"), **OPTS) as loader:
+        for _ in loader:
+            pass
+        first = entries(cache)
+        assert 0 < len(first) < 6 and sum(s for _, _, s in first.values()) <= limit
+        for e in (1, 2):
+            loader.set_epoch(e)
+            for _ in loader:
+                pass
+    assert entries(cache) == first  # nothing evicted, nothing rewritten: no thrash
+    same(ref, tmp_path / "limited.jsonl")
+    assert cache_info(cache)["usage_counter"] <= limit
+
+
+def test_replaced_local_file_is_not_served_stale_and_its_entries_go(tmp_path):
+    data = write_sample_dataset(tmp_path / "data", FILES, compression="none")
+    cache = tmp_path / "cache"
+    run(data, tmp_path / "v1.jsonl", cache_dir=cache)
+    old = set(entries(cache))
+    target = os.path.join(data, "a.parquet")
+    size, mtime = os.path.getsize(target), os.stat(target).st_mtime_ns
+    write_sample_dataset(tmp_path / "other", {"a.parquet": FILES["a.parquet"]}, seed=99, compression="none")
+    shutil.copyfile(tmp_path / "other" / "a.parquet", target)
+    assert os.path.getsize(target) == size  # same size: only the mtime tells the versions apart
+    os.utime(target, ns=(mtime + 1, mtime + 1))
+    run(data, tmp_path / "ref2.jsonl")
+    run(data, tmp_path / "v2.jsonl", cache_dir=cache)
+    same(tmp_path / "ref2.jsonl", tmp_path / "v2.jsonl")
+    assert not verify(str(tmp_path / "v1.jsonl"), str(tmp_path / "v2.jsonl")).identical
+    now = set(entries(cache))
+    assert len(now) == 6 and len(old - now) == 3  # a.parquet's three old entries were evicted
+
+
+def test_entries_depend_on_columns_and_null_fill(data, tmp_path):
+    cache = tmp_path / "cache"
+    for i, kw in enumerate([dict(columns=["id", "x"]), dict(columns=["x", "s"]), dict(columns=["x"], null_fill={"x": 0.5})]):
+        run(data, tmp_path / f"ref{i}.jsonl", epochs=1, **kw)
+        run(data, tmp_path / f"c{i}.jsonl", epochs=1, cache_dir=cache, **kw)
+        same(tmp_path / f"ref{i}.jsonl", tmp_path / f"c{i}.jsonl")
+    assert cache_info(cache)["entries"] == 18
+
+
+def test_hive_partition_columns_with_the_cache(tmp_path):
+    data = write_sample_dataset(tmp_path / "data", {"day=1/a.parquet": [100, 80], "day=2/b.parquet": [90]})
+    run(data, tmp_path / "ref.jsonl")
+    run(data, tmp_path / "cold.jsonl", cache_dir=tmp_path / "cache")
+    run(data, tmp_path / "warm.jsonl", cache_dir=tmp_path / "cache", columns=["x", "day"])
+    run(data, tmp_path / "ref2.jsonl", columns=["x", "day"])
+    same(tmp_path / "ref.jsonl", tmp_path / "cold.jsonl")
+    same(tmp_path / "ref2.jsonl", tmp_path / "warm.jsonl")
+    run(data, tmp_path / "only.jsonl", cache_dir=tmp_path / "cache", columns=["day"])
+
+
+def test_disk_full_goes_on_uncached_with_one_warning(data, tmp_path):
+    run(data, tmp_path / "ref.jsonl")
+    cache = tmp_path / "cache"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # Test hook: every worker acts as if the disk filled up after its first entry.
+        run(data, tmp_path / "full.jsonl", cache_dir=cache, workers=3, _cache_fail_after_bytes=1)
+    ours = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
+    assert len(ours) == 1 and "is full" in ours[0] and "without writing" in ours[0], ours
+    same(tmp_path / "ref.jsonl", tmp_path / "full.jsonl")
+    assert cache_info(cache)["entries"] == 0
+
+
+_TINY_FS_SCRIPT = """
+import sys, warnings
+sys.path.insert(0, {tests!r})
+from detload import Loader
+from detload._cache import CacheWarning
+def main():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Loader({data!r}, cache_dir={cache!r}, manifest={manifest!r}, workers=2, pool="process",
+                    **{opts!r}) as loader:
+            for e in range(2):
+                loader.set_epoch(e)
+                for _ in loader:
+                    pass
+    print("WARNINGS", sum(issubclass(w.category, CacheWarning) for w in caught))
+    for w in caught:
+        print("W", w.message)
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_tiny_filesystem_goes_on_uncached(data, tmp_path):
+    """A real full disk: a 64 KiB tmpfs mounted in a private mount namespace (needs root).
+
+    Process workers print their warnings to the inherited stderr; across the parent and both
+    workers the warning must appear exactly once.
+    """
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare to mount a tiny tmpfs")
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {mnt}"],
+                           capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {probe.stderr.decode().strip()}")
+    run(data, tmp_path / "ref.jsonl")
+    script = tmp_path / "tiny.py"
+    script.write_text(_TINY_FS_SCRIPT.format(tests=os.path.dirname(__file__), data=data, cache=str(mnt / "cache"),
+                                             manifest=str(tmp_path / "tiny.jsonl"), opts=OPTS))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    res = subprocess.run(["unshare", "-m", "sh", "-c",
+                          f"mount -t tmpfs -o size=64k tmpfs {mnt} && exec {sys.executable} {script}"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    shown = res.stdout.count("is full") + res.stderr.count("is full")
+    assert shown == 1, res.stdout + res.stderr[-2000:]
+    same(tmp_path / "ref.jsonl", tmp_path / "tiny.jsonl")
+
+
+def test_unusable_cache_dir_warns_and_loads_uncached(data, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    run(data, tmp_path / "ref.jsonl", epochs=1)
+    with pytest.warns(CacheWarning, match="cannot be used"):
+        run(data, tmp_path / "x.jsonl", epochs=1, cache_dir=blocker / "cache")
+    same(tmp_path / "ref.jsonl", tmp_path / "x.jsonl")
+
+
+def test_two_loaders_sharing_a_cache_dir(data, tmp_path):
+    run(data, tmp_path / "ref.jsonl")
+    cache = tmp_path / "cache"
+    errors = []
+
+    def one(i):
+        try:
+            run(data, tmp_path / f"shared{i}.jsonl", cache_dir=cache, workers=2, pool="process" if i else "thread")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for i in range(2):
+        same(tmp_path / "ref.jsonl", tmp_path / f"shared{i}.jsonl")
+    info = cache_info(cache, verify=True)
+    assert info["entries"] == 6 and info["corrupt"] == [] and info["temp_files"] == 0
+    assert info["usage_counter"] == info["bytes"]
+
+
+def test_entry_format_is_self_describing(data, tmp_path):
+    """An entry can be read with json, numpy and xxhash alone, as docs/remote.md describes."""
+    cache = tmp_path / "cache"
+    run(data, tmp_path / "c.jsonl", cache_dir=cache, epochs=1, columns=["id", "s", "emb"], shuffle=False)
+    found = []
+    for rel in sorted(entries(cache)):
+        with open(os.path.join(cache, rel), "rb") as f:
+            raw = f.read()
+        assert raw[:8] == b"DLCACHE1"
+        hlen = int.from_bytes(raw[8:16], "little")
+        assert xxhash.xxh3_128_digest(raw[32:]) == raw[16:32]
+        header = json.loads(raw[32:32 + hlen])
+        cols = {c["name"]: c for c in header["columns"]}
+        off, dtype, shape = cols["id"]["data"]
+        assert off % 64 == 0
+        ids = np.frombuffer(raw, dtype=dtype, count=int(np.prod(shape)), offset=off)
+        if ids[0] == 0:
+            found.append((len(ids), cols))
+    assert len(found) == 1
+    n, cols = found[0]
+    assert n == 300  # a.parquet, row group 0
+    assert cols["s"]["kind"] == "ragged" and cols["emb"]["data"][2] == [300, 4]
+
+
+def test_cache_options_are_checked(data, tmp_path):
+    with pytest.raises(OptionError, match="cache_limit needs cache_dir"):
+        Loader(data, cache_limit="1GB", **OPTS)
+    with pytest.raises(OptionError, match="is not a size"):
+        Loader(data, cache_dir=tmp_path / "c", cache_limit="lots", **OPTS)
+    with pytest.raises(OptionError, match="must be positive"):
+        Loader(data, cache_dir=tmp_path / "c", cache_limit=0, **OPTS)
+    f = tmp_path / "f"
+    f.write_text("")
+    with pytest.raises(OptionError, match="not a directory"):
+        Loader(data, cache_dir=f, **OPTS)
+
+
+def test_parse_size():
+    assert parse_size(None) is None
+    assert parse_size(1234) == 1234
+    assert parse_size("500MB") == 500 * 10**6
+    assert parse_size("20GiB") == 20 * 2**30
+    assert parse_size("1.5 k") == 1500
+    with pytest.raises(OptionError):
+        parse_size(True)
+
+
+def test_cli_cache_info_and_clear(data, tmp_path, capsys):
+    cache = tmp_path / "cache"
+    run(data, tmp_path / "c.jsonl", cache_dir=cache, epochs=1)
+    assert cli_main(["cache", "info", str(cache), "--json", "--verify"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["entries"] == 6 and info["corrupt"] == []
+    assert cli_main(["cache", "info", str(cache)]) == 0
+    assert "6 entries" in capsys.readouterr().out
+    assert cli_main(["cache", "clear", str(cache)]) == 0
+    assert "freed" in capsys.readouterr().out
+    assert cache_info(cache)["entries"] == 0
+    assert cli_main(["cache", "clear", str(tmp_path)]) == 2
+    assert "not a detload cache directory" in capsys.readouterr().err
+    assert cli_main(["cache", "info", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
