@@ -110,3 +110,15 @@ def test_stats_before_iterating(data):
     with Loader(data, batch_size=256, seed=3) as ld:
         st = ld.stats()
     assert st.batches == 0 and st.bottleneck == "consumer_wait" and "nothing was consumed" in st.verdict
+
+
+def test_cache_reads_and_writes_are_traced_stages(data, tmp_path):
+    with Loader(data, batch_size=1000, seed=3, workers=2, cache_dir=tmp_path / "cache") as ld:
+        list(ld)
+        first = ld.stats()
+        ld.set_epoch(1)
+        list(ld)
+        second = ld.stats()
+    assert first.stages["cache_write"].count == 18 and first.stages["cache_read"].count == 0
+    assert second.stages["cache_read"].count == 18  # epoch 1 is served from the cache
+    assert second.stages["read"].count == 18         # no more Parquet reads than epoch 0 made
