@@ -281,7 +281,9 @@ class Loader:
             self._gen = pool.generation.value + 1
             run = Run(pool, plan, self.specs, gen=self._gen, start_step=start,
                       unit_files=self._unit_files, unit_rgs=self._unit_rgs,
-                      stall_timeout=self.stall_timeout, hash_batches=True, ordered=self._ordered,
+                      stall_timeout=self.stall_timeout,
+                      # Hashes exist for the manifest; without one they would be work for nothing.
+                      hash_batches=writer is not None, ordered=self._ordered,
                       tracer=self._tracer)
             self._run = run
             self._tracer.run_started(self.workers, self.pool_kind)

@@ -20,8 +20,9 @@ def data(tmp_path_factory):
 
 
 @pytest.mark.parametrize("pool", ["thread", "process"])
-def test_stats_count_every_stage_and_name_the_bound(data, pool):
-    with Loader(data, batch_size=256, seed=3, workers=2, pool=pool) as ld:
+def test_stats_count_every_stage_and_name_the_bound(data, pool, tmp_path):
+    # A manifest makes the merger hash every batch (without one nothing is hashed).
+    with Loader(data, batch_size=256, seed=3, workers=2, pool=pool, manifest=tmp_path / "m.jsonl") as ld:
         rows = sum(len(b["id"]) for b in ld)
         st = ld.stats()
     assert rows == 9000 and st.rows == 9000 and st.batches == len(ld)
@@ -39,6 +40,14 @@ def test_stats_count_every_stage_and_name_the_bound(data, pool):
     assert st.wall_s > 0 and 0 <= st.consumer_wait_fraction <= 1
 
 
+def test_no_manifest_means_no_hashing(data):
+    with Loader(data, batch_size=256, seed=3, workers=2) as ld:
+        for _ in ld:
+            pass
+        st = ld.stats()
+    assert st.stages["hash"].count == 0
+
+
 def test_a_slow_consumer_is_named_as_the_bound(data):
     import time
 
@@ -51,7 +60,7 @@ def test_a_slow_consumer_is_named_as_the_bound(data):
 
 
 def test_chrome_trace_has_complete_counter_and_name_events(data, tmp_path):
-    with Loader(data, batch_size=256, seed=3, workers=2, pool="process") as ld:
+    with Loader(data, batch_size=256, seed=3, workers=2, pool="process", manifest=tmp_path / "m.jsonl") as ld:
         for _ in ld:
             pass
         out = tmp_path / "trace.json"

@@ -15,6 +15,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -148,8 +149,11 @@ def run_one(spec: dict) -> dict:
         sampler = RssSampler()
 
         def open_loader():
+            manifest = None
+            if spec.get("manifest"):
+                manifest = os.path.join(tempfile.mkdtemp(prefix="detload-bench-"), "manifest.jsonl")
             ld = Loader(path, batch_size=BATCH, seed=1234, workers=spec["workers"], pool=spec["pool"],
-                        shuffle=True, shuffle_window=4, prefetch=2, _debug=debug,
+                        shuffle=True, shuffle_window=4, prefetch=2, _debug=debug, manifest=manifest,
                         _benchmark_unordered=not spec.get("ordered", True))
             t0 = time.perf_counter()
             ld._ensure_pool()
@@ -211,6 +215,9 @@ def specs_for(path: str, epochs: int, petastorm_python: str | None, shape: str) 
     for pool in ("thread", "process"):
         for w in ws:
             out.append((f"detload {pool} W={w}", {"kind": "detload", "pool": pool, "workers": w}))
+        # The audit's cost: every batch hashed and its manifest line written.
+        out.append((f"detload {pool} W=2 + manifest", {"kind": "detload", "pool": pool, "workers": 2,
+                                                       "manifest": True}))
     for _, s in out:
         s.update(path=path, epochs=epochs)
     return out
