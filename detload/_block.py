@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
 from ._types import Column, ColumnSpec, Ragged
 
@@ -104,7 +105,23 @@ def _concat_ragged(parts: Sequence[Ragged]) -> Ragged:
     return Ragged(values, np.concatenate(offs), parts[0].kind)
 
 
+def _bytes_take(src: Ragged, perm: np.ndarray, out_offsets: np.ndarray, out_values: np.ndarray) -> None:
+    # Arrow's take copies each string whole; the generic path below builds an
+    # int64 index per byte, which costs ~2x more for text columns.
+    n = int(src.offsets.shape[0]) - 1
+    arr = pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(src.offsets), pa.py_buffer(src.values)])
+    taken = arr.take(pa.array(perm))
+    bufs = taken.buffers()
+    offs = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1, offset=taken.offset * 8)
+    np.subtract(offs, offs[0], out=out_offsets)
+    if bufs[2] is not None and out_values.shape[0]:
+        out_values[:] = np.frombuffer(bufs[2], dtype=np.uint8)[offs[0] : offs[-1]]
+
+
 def _ragged_take(src: Ragged, perm: np.ndarray, out_offsets: np.ndarray, out_values: np.ndarray) -> None:
+    if src.kind in ("utf8", "binary") and src.values.dtype == np.uint8 and src.values.shape[0]:
+        _bytes_take(src, perm, out_offsets, out_values)
+        return
     lengths = np.diff(src.offsets)[perm]
     out_offsets[0] = 0
     np.cumsum(lengths, out=out_offsets[1:])
