@@ -51,8 +51,26 @@ def _stream_permutation(entropy: list[int], n: int) -> np.ndarray:
     ``random_raw`` is the bit generator's output, which NumPy keeps stable, and a
     stable argsort of it is a fixed function of those numbers.
     """
-    bits = np.random.PCG64(np.random.SeedSequence(entropy)).random_raw(n)
-    return np.argsort(np.asarray(bits, dtype=np.uint64), kind="stable").astype(np.int64)
+    bits = np.asarray(np.random.PCG64(np.random.SeedSequence(entropy)).random_raw(n), dtype=np.uint64)
+    return _stable_argsort_u64(bits)
+
+
+def _stable_argsort_u64(keys: np.ndarray) -> np.ndarray:
+    """``np.argsort(keys, kind="stable")`` for uint64 keys, computed as an LSD radix sort.
+
+    Four stable passes over 16-bit digits give exactly the stable order by the
+    full key (ties broken by position), but NumPy radix-sorts 16-bit keys in
+    linear time, which is over twice as fast as its merge sort of 64-bit keys
+    on block-sized inputs. It runs once per block per epoch, in the workers.
+    """
+    if keys.shape[0] < 4096:
+        return np.argsort(keys, kind="stable").astype(np.int64)
+    mask = np.uint64(0xFFFF)
+    order = np.argsort((keys & mask).astype(np.uint16), kind="stable")
+    for shift in (16, 32, 48):
+        digit = ((keys[order] >> np.uint64(shift)) & mask).astype(np.uint16)
+        order = order[np.argsort(digit, kind="stable")]
+    return order.astype(np.int64, copy=False)
 
 
 def unit_permutation(seed: int, epoch: int, n: int) -> np.ndarray:

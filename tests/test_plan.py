@@ -354,3 +354,15 @@ def test_make_plan_errors(rows, kw, err, match):
     kw.setdefault("epoch", 0)
     with pytest.raises(err, match=match):
         make_plan(rows, opts, **kw)
+
+
+@pytest.mark.parametrize("n", [0, 1, 4095, 4096, 70_000])
+def test_radix_argsort_equals_numpy_stable_argsort(n):
+    """The planner's radix sort must give exactly NumPy's stable order, ties included."""
+    from detload.plan import _stable_argsort_u64
+
+    keys = np.asarray(np.random.PCG64(np.random.SeedSequence([7, n])).random_raw(n), dtype=np.uint64)
+    if n > 3:
+        keys[::3] = keys[1]  # many ties
+        keys[5::7] &= np.uint64(0xFFFF_0000_0000_0000)  # keys equal in their low digits
+    assert np.array_equal(_stable_argsort_u64(keys), np.argsort(keys, kind="stable"))
