@@ -120,12 +120,15 @@ class Loader:
         if pool not in ("thread", "process"):
             raise OptionError(f"pool must be 'thread' or 'process', got {pool!r}")
         self.pool_kind: PoolKind = pool
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 1:
             raise OptionError(f"prefetch must be an int >= 1 (blocks per worker), got {prefetch!r}")
-        self.prefetch = prefetch
-        if stall_timeout is not None and (isinstance(stall_timeout, bool) or not isinstance(stall_timeout, (int, float)) or stall_timeout <= 0):
+        self.prefetch = int(prefetch)
+        if stall_timeout is not None and (
+            isinstance(stall_timeout, bool) or not isinstance(stall_timeout, (int, float, np.integer, np.floating))
+            or not stall_timeout > 0
+        ):
             raise OptionError(f"stall_timeout must be a positive number of seconds or None, got {stall_timeout!r}")
-        self.stall_timeout = stall_timeout
+        self.stall_timeout = None if stall_timeout is None else float(stall_timeout)
         self.rank, world = _distributed_defaults(rank, world_size)
         if partitions is None:
             partitions = world
@@ -133,8 +136,9 @@ class Loader:
             seed=seed, batch_size=batch_size, shuffle=shuffle, shuffle_window=shuffle_window,
             drop_last=drop_last, partitions=partitions, world_size=world,
         )
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or not 0 <= self.rank < world:
+        if isinstance(self.rank, bool) or not isinstance(self.rank, (int, np.integer)) or not 0 <= self.rank < world:
             raise OptionError(f"rank must be an int in [0, {world}), got {self.rank!r}")
+        self.rank = int(self.rank)
         if null_fill is not None and not isinstance(null_fill, Mapping):
             raise OptionError(f"null_fill must be a dict {{column: value}}, got {null_fill!r}")
         self.null_fill = dict(null_fill or {})
@@ -458,7 +462,10 @@ def _check_fill(spec: ColumnSpec, dataset: Dataset, value: Any) -> None:
     """Reject a null_fill value that does not fit its column now, not at the first null."""
     import pyarrow as pa
 
-    t = pa.int64() if spec.partition else dataset.schema.field(spec.name).type
+    if spec.partition:
+        t = pa.int64() if spec.kind == "fixed" else pa.string()
+    else:
+        t = dataset.schema.field(spec.name).type
     if pa.types.is_dictionary(t):
         t = t.value_type
     try:

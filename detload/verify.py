@@ -223,7 +223,9 @@ def verify(a_path: str | Sequence[str], b_path: str | Sequence[str]) -> VerifyRe
     res.steps_compared = compared
     res.message = f"identical: {compared} steps in {len(a.epochs())} epoch(s)"
     if option_diffs:
-        res.message += " (order options differ in the headers, but every batch matched)"
+        res.message += "; every batch matched, although order options differ in the headers: " + ", ".join(
+            f"{k} (A: {v[0]!r}, B: {v[1]!r})" for k, v in option_diffs.items()
+        )
     return res
 
 

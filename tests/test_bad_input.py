@@ -7,6 +7,7 @@ any worker exists: the worker pool is replaced by a trap for these tests.
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -241,3 +242,15 @@ def test_empty_dataset(tmp_path, no_workers):
 def test_bad_source(no_workers, source):
     with pytest.raises(OptionError, match="source must be a path"):
         Loader(source, batch_size=8, seed=0)
+
+
+def test_numpy_scalars_for_execution_options(small_dataset):
+    """prefetch, rank and stall_timeout take NumPy scalars like the order options do."""
+    ld = Loader(small_dataset.root, batch_size=64, seed=1, prefetch=np.int64(2), rank=np.int32(0),
+                world_size=1, stall_timeout=np.float64(30.0))
+    try:
+        assert ld.prefetch == 2 and type(ld.prefetch) is int
+        assert type(ld.rank) is int and ld.stall_timeout == 30.0
+        assert json.dumps(ld.state_dict())
+    finally:
+        ld.close()
