@@ -123,10 +123,19 @@ class Dataset:
 
     def check_drift(self, names: Sequence[str]) -> None:
         """Raise SchemaMismatchError if files disagree on any of ``names`` (ignoring nullability)."""
-        first = self.file_schemas[0] if self.file_schemas else None
-        for f, s in zip(self.files[1:], self.file_schemas[1:]):
-            if first is not None and s is not first and not s.equals(first):
-                _check_same_schema(first, self.files[0].path, s, f.path, names)
+        ref = _reference(self.files)
+        first = self.file_schemas[ref] if self.file_schemas else None
+        for f, s in zip(self.files, self.file_schemas):
+            # A file without rows yields nothing, and writers often type the
+            # columns of an empty file as null: its schema cannot drift.
+            if first is None or s is first or not sum(f.row_groups) or s.equals(first):
+                continue
+            _check_same_schema(first, self.files[ref].path, s, f.path, names)
+
+
+def _reference(files: Sequence[FileInfo]) -> int:
+    """Index of the file whose schema is the dataset's: the first one holding rows."""
+    return next((i for i, f in enumerate(files) if sum(f.row_groups) > 0), 0)
 
 
 def _to_filesystem(filesystem: Any) -> pafs.FileSystem | None:
@@ -331,7 +340,9 @@ def discover(
         schemas.append(schemas[0] if schemas and s.equals(schemas[0]) else s)
         rg = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
         files.append(FileInfo(rel, loc, size, mt, rg, _partition_values(rel), etag))
-    schema = pa.schema([pa.field(f.name, f.type) for f in schemas[0]])  # drop metadata and nullability
+    # The first file with rows defines the schema (an empty file's may be all null types).
+    ref_schema = schemas[_reference(files)]
+    schema = pa.schema([pa.field(f.name, f.type) for f in ref_schema])  # drop metadata and nullability
     ptypes = _partition_types(files, schema, partitioning)
     if not any(n > 0 for f in files for n in f.row_groups):
         raise EmptyDatasetError(

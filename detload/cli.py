@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
-from .errors import DetloadError, ManifestError
+from .errors import DetloadError, ManifestError, SchemaMismatchError
 
 
 def _common_loader_args(p: argparse.ArgumentParser, *, need_seed: bool = True) -> None:
@@ -265,6 +265,8 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
     for fld in ds.schema:
         try:
             delivered[fld.name] = ds.specs([fld.name])[0].describe()
+        except SchemaMismatchError as exc:
+            delivered[fld.name] = f"files disagree ({exc})"
         except DetloadError as exc:
             delivered[fld.name] = f"unsupported: {exc}".split(".")[0]
     for k, _ in ds.partition_types:
