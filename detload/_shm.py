@@ -97,7 +97,7 @@ def sweep(directory: str, prefix: str) -> int:
     return n
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -116,7 +116,7 @@ def sweep_dead(directory: str = SHM_DIR) -> int:
         return 0
     for name in names:
         m = _NAME_RE.match(name)
-        if m and not _alive(int(m.group(1))):
+        if m and not pid_alive(int(m.group(1))):
             discard(directory, name)
             n += 1
     return n

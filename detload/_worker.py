@@ -348,13 +348,7 @@ def _release(cfg: WorkerConfig, payload: Any) -> None:
 
 
 def _parent_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return _shm.pid_alive(pid)
 
 
 def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generation: Any,
