@@ -113,10 +113,12 @@ def _fixed_dtype(t: pa.DataType) -> tuple[str, Literal["nan", "nat", "error"]] |
     """The NumPy dtype of a primitive Arrow type, or None if it is not primitive."""
     if pa.types.is_boolean(t):
         return "bool", "error"
+    # From bit widths, not to_pandas_dtype(): some pyarrow versions import pandas for that.
     if pa.types.is_integer(t):
-        return np.dtype(t.to_pandas_dtype()).str, "error"
+        kind = "i" if pa.types.is_signed_integer(t) else "u"
+        return np.dtype(f"{kind}{t.bit_width // 8}").str, "error"
     if pa.types.is_floating(t):
-        return np.dtype(t.to_pandas_dtype()).str, "nan"
+        return np.dtype(f"f{t.bit_width // 8}").str, "nan"
     if pa.types.is_timestamp(t):
         return np.dtype(f"datetime64[{t.unit}]").str, "nat"
     if pa.types.is_date32(t):
