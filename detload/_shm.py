@@ -13,6 +13,7 @@ import mmap
 import os
 import re
 import tempfile
+from collections.abc import Callable
 
 import numpy as np
 
@@ -83,18 +84,22 @@ def discard(directory: str, name: str) -> None:
         pass
 
 
-def sweep(directory: str, prefix: str) -> int:
-    """Unlink every segment whose name starts with ``prefix``; returns how many."""
+def _sweep(directory: str, doomed: Callable[[str], bool]) -> int:
     n = 0
     try:
         names = os.listdir(directory)
     except OSError:
         return 0
     for name in names:
-        if name.startswith(prefix):
+        if doomed(name):
             discard(directory, name)
             n += 1
     return n
+
+
+def sweep(directory: str, prefix: str) -> int:
+    """Unlink every segment whose name starts with ``prefix``; returns how many."""
+    return _sweep(directory, lambda name: name.startswith(prefix))
 
 
 def pid_alive(pid: int) -> bool:
@@ -109,14 +114,9 @@ def pid_alive(pid: int) -> bool:
 
 def sweep_dead(directory: str = SHM_DIR) -> int:
     """Reclaim segments left by detload processes that no longer exist (e.g. SIGKILLed)."""
-    n = 0
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return 0
-    for name in names:
+
+    def orphaned(name: str) -> bool:
         m = _NAME_RE.match(name)
-        if m and not pid_alive(int(m.group(1))):
-            discard(directory, name)
-            n += 1
-    return n
+        return m is not None and not pid_alive(int(m.group(1)))
+
+    return _sweep(directory, orphaned)

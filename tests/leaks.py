@@ -56,7 +56,8 @@ def stray_children() -> list[psutil.Process]:
     return out
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
@@ -78,7 +79,7 @@ class LeakCheck:
 
     def problems(self) -> list[str]:
         out = []
-        alive = sorted(p for p in self.pids if _alive(p))
+        alive = sorted(p for p in self.pids if pid_alive(p))
         if alive:
             out.append(f"worker processes still alive: {alive}")
         strays = stray_children()
@@ -92,14 +93,18 @@ class LeakCheck:
             out.append(f"detload threads left: {threads}")
         return out
 
-    def assert_clean(self, grace: float = 3.0) -> None:
-        """Everything is gone now, or within ``grace`` seconds (process reaping is asynchronous)."""
-        deadline = time.monotonic() + grace
+    def clean_within(self, seconds: float) -> float:
+        """Seconds until everything was gone; fails, listing what is left, after ``seconds``."""
+        t0 = time.monotonic()
         while True:
             problems = self.problems()
-            if not problems or time.monotonic() > deadline:
-                break
+            elapsed = time.monotonic() - t0
+            if not problems:
+                return elapsed
+            if elapsed > seconds:
+                raise AssertionError(f"not clean after {seconds} s: " + "; ".join(problems))
             time.sleep(0.02)
-        assert not problems, "; ".join(problems)
 
-
+    def assert_clean(self, grace: float = 3.0) -> None:
+        """Everything is gone now, or within ``grace`` seconds (process reaping is asynchronous)."""
+        self.clean_within(grace)

@@ -8,22 +8,20 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
+from leaks import LeakCheck, pid_alive, shm_segments  # noqa: F401 - re-exported for the fault tests
 
 from detload import Loader
 from detload.audit import hash_batch
 
 FULL = os.environ.get("DETLOAD_FULL") == "1"
-SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 
 SCHEMA = pa.schema([
     pa.field("id", pa.int64()),
@@ -101,48 +99,6 @@ def consume(loader: Iterable[dict[str, Any]], hashes: list[str]) -> None:
 
 # -- leaks ---------------------------------------------------------------------
 
-def shm_segments(pid: int | None = None) -> list[str]:
-    if SHM_DIR is None:
-        return []
-    prefix = f"detload-{os.getpid() if pid is None else pid}-"
-    return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(prefix))
-
-
-def detload_threads() -> list[str]:
-    return sorted(t.name for t in threading.enumerate() if t.name.startswith("detload-") and t.is_alive())
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _is_mp_helper(p: psutil.Process) -> bool:
-    try:
-        cmd = " ".join(p.cmdline())
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return False
-    return "multiprocessing.forkserver" in cmd or "multiprocessing.resource_tracker" in cmd
-
-
-def worker_children() -> list[int]:
-    """Live descendants other than multiprocessing's own helpers (forkserver, resource tracker)."""
-    me = psutil.Process()
-    out = []
-    for c in me.children(recursive=True):
-        try:
-            if c.status() == psutil.STATUS_ZOMBIE:
-                continue
-            if c.ppid() == me.pid and _is_mp_helper(c):
-                continue
-        except psutil.NoSuchProcess:
-            continue
-        out.append(c.pid)
-    return out
-
-
 def wait_until(cond: Any, timeout: float, step: float = 0.02) -> float:
     """Seconds until ``cond()`` held; raises AssertionError after ``timeout``."""
     t0 = time.monotonic()
@@ -153,48 +109,8 @@ def wait_until(cond: Any, timeout: float, step: float = 0.02) -> float:
     return time.monotonic() - t0
 
 
-class LeakWatch:
-    """Remembers worker pids; `assert_clean` checks that processes, threads and segments are gone."""
-
-    def __init__(self) -> None:
-        self.pids: set[int] = set()
-
-    def track(self, loader: Loader) -> list[int]:
-        pool = loader._pool
-        pids = list(pool.pids()) if pool is not None else []
-        self.pids.update(pids)
-        return pids
-
-    def problems(self) -> list[str]:
-        out = []
-        alive = sorted(p for p in self.pids if pid_alive(p))
-        if alive:
-            out.append(f"worker processes alive: {alive}")
-        kids = worker_children()
-        if kids:
-            out.append(f"child processes left: {kids}")
-        segs = shm_segments()
-        if segs:
-            out.append(f"/dev/shm segments left: {segs}")
-        threads = detload_threads()
-        if threads:
-            out.append(f"detload threads left: {threads}")
-        return out
-
-    def clean_within(self, seconds: float) -> float:
-        """Seconds until everything was gone; fails (listing what is left) after ``seconds``."""
-        t0 = time.monotonic()
-        while True:
-            problems = self.problems()
-            elapsed = time.monotonic() - t0
-            if not problems:
-                return elapsed
-            if elapsed > seconds:
-                raise AssertionError(f"not clean after {seconds} s: " + "; ".join(problems))
-            time.sleep(0.02)
-
-    def assert_clean(self, grace: float = 1.0) -> None:
-        self.clean_within(grace)
+#: The suite-wide leak check (tests/leaks.py), under the name these tests use.
+LeakWatch = LeakCheck
 
 
 def kill(pid: int) -> None:
