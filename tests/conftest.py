@@ -21,6 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from strategies import DatasetInfo, write_dataset  # noqa: E402
 
+import detload._worker  # noqa: E402
+
 settings.register_profile(
     "ci",
     max_examples=10,
@@ -74,3 +76,19 @@ def small_dataset(make_dataset) -> DatasetInfo:
         "c.parquet": [250, 0, 250, 1],
         "sub/d.parquet": [210],
     })
+
+
+# -- instrumentation -------------------------------------------------------------
+
+@pytest.fixture
+def unit_log(monkeypatch) -> list[tuple[str, int]]:
+    """Records every (file, row group) a thread worker reads."""
+    log: list[tuple[str, int]] = []
+    real = detload._worker.UnitReader.read
+
+    def read(self, file_idx, rg, t):
+        log.append((self.cfg.files[file_idx].path, rg))
+        return real(self, file_idx, rg, t)
+
+    monkeypatch.setattr(detload._worker.UnitReader, "read", read)
+    return log

@@ -18,7 +18,6 @@ import _distdata
 import numpy as np
 import pytest
 
-import detload._worker as worker_mod
 from detload import Loader, ManifestError, OptionError
 from detload.cli import main as cli_main
 from detload.loader import _distributed_defaults, compare_ranks
@@ -44,20 +43,6 @@ def run_ranks(ds: str, R: int, *, P: int, global_batch: int, out: str | None = N
                     manifest=(out + "/") if out else None, columns=["id", "s"], **kw) as loader:
             res.append([b["id"].copy() for b in loader])
     return res
-
-
-@pytest.fixture
-def unit_log(monkeypatch) -> list[tuple[str, int]]:
-    """Records every (file, row group) a thread worker reads."""
-    log: list[tuple[str, int]] = []
-    real = worker_mod.UnitReader.read
-
-    def read(self, file_idx, rg, t):
-        log.append((self.cfg.files[file_idx].path, rg))
-        return real(self, file_idx, rg, t)
-
-    monkeypatch.setattr(worker_mod.UnitReader, "read", read)
-    return log
 
 
 @pytest.mark.parametrize("drop_last", [False, True])

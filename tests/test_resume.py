@@ -20,7 +20,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import detload._worker as worker_mod
 from detload import Loader, ManifestError, StateError
 from detload.cli import main as cli_main
 from detload.verify import verify
@@ -106,15 +105,8 @@ def test_state_counts_yielded_batches_not_prefetched(ds):
         assert loader.state_dict()["step"] == 3 == loader.position
 
 
-def test_resume_reads_nothing_for_skipped_steps(ds, monkeypatch):
-    log: list[tuple[str, int]] = []
-    real = worker_mod.UnitReader.read
-
-    def read(self, file_idx, rg, t):
-        log.append((self.cfg.files[file_idx].path, rg))
-        return real(self, file_idx, rg, t)
-
-    monkeypatch.setattr(worker_mod.UnitReader, "read", read)
+def test_resume_reads_nothing_for_skipped_steps(ds, unit_log):
+    log = unit_log
     with Loader(ds, workers=2, **OPTS) as loader:
         plan = loader.plan()
         step = plan.steps - 3
