@@ -179,12 +179,21 @@ class Loader:
         self._position = 0  # batches of the current epoch already yielded
         self._gen = 0
         self._run: Run | None = None
-        self._pool: WorkerPool | None = None
         self._lock = threading.Lock()
         self._manifest_path = _manifest_file(manifest, self.rank) if manifest is not None else None
-        self._writer: ManifestWriter | None = None
         self._resume_manifest = False
-        self._finalizer = weakref.finalize(self, Loader._cleanup, [None], [None], [None])
+        # The pool and the manifest writer live here, and only here: the finalizer
+        # closes whatever this holds when the loader is collected without close().
+        self._held: dict[str, Any] = {"pool": None, "writer": None}
+        self._finalizer = weakref.finalize(self, Loader._cleanup, self._held)
+
+    @property
+    def _pool(self) -> WorkerPool | None:
+        return self._held["pool"]
+
+    @property
+    def _writer(self) -> ManifestWriter | None:
+        return self._held["writer"]
 
     # -- planning ------------------------------------------------------------
     @property
@@ -236,10 +245,8 @@ class Loader:
                 return WorkerConfig(files, ds.filesystem, tuple(self.specs), self.null_fill, shm_dir,
                                     prefix, os.getpid(), self._debug, cache=self.cache)
 
-            self._pool = WorkerPool(make_cfg, self.workers, self.pool_kind, self.prefetch)
-            self._finalizer.detach()
-            self._finalizer = weakref.finalize(self, Loader._cleanup, [self._pool], [None], [self._writer])
-        return self._pool
+            self._held["pool"] = WorkerPool(make_cfg, self.workers, self.pool_kind, self.prefetch)
+        return self._held["pool"]
 
     def _header(self) -> dict[str, Any]:
         return {
@@ -264,9 +271,7 @@ class Loader:
 
     def _ensure_writer(self) -> ManifestWriter | None:
         if self._manifest_path is not None and self._writer is None:
-            self._writer = ManifestWriter(self._manifest_path, self._header(), resume=self._resume_manifest)
-            self._finalizer.detach()
-            self._finalizer = weakref.finalize(self, Loader._cleanup, [self._pool], [None], [self._writer])
+            self._held["writer"] = ManifestWriter(self._manifest_path, self._header(), resume=self._resume_manifest)
         return self._writer
 
     def _stop_run(self) -> None:
@@ -436,9 +441,7 @@ class Loader:
     def close(self) -> None:
         """Stop workers, free shared memory, close the manifest. Idempotent."""
         self._stop_run()
-        self._finalizer()
-        self._pool = None
-        self._writer = None
+        Loader._cleanup(self._held)
 
     def __enter__(self) -> Loader:
         return self
@@ -447,11 +450,13 @@ class Loader:
         self.close()
 
     @staticmethod
-    def _cleanup(pool: list[Any], _run: list[Any], writer: list[Any]) -> None:
-        if writer[0] is not None:
-            writer[0].close()
-        if pool[0] is not None:
-            pool[0].close()
+    def _cleanup(held: dict[str, Any]) -> None:
+        writer, pool = held["writer"], held["pool"]
+        held["writer"] = held["pool"] = None
+        if writer is not None:
+            writer.close()
+        if pool is not None:
+            pool.close()
 
     def __repr__(self) -> str:
         return (f"Loader({self.dataset.root!r}, files={len(self.dataset.files)}, rows={self.dataset.rows}, "
