@@ -109,7 +109,6 @@ class Run:
             self._tasks[k % W].append(
                 Task(k, b.partition, b.number, units, b.rows, opts.seed, plan.epoch, opts.shuffle)
             )
-        self.merge_wait = 0.0
         self.tracer = tracer if tracer is not None else Tracer(max_events=0)
         self.thread = threading.Thread(target=self._main, name="detload-merger", daemon=True)
 
@@ -228,7 +227,6 @@ class Run:
         pool = self.pool
         buf = payload if pool.shm_dir is None else _shm.attach(pool.shm_dir, payload, layout.nbytes)
         t1 = time.perf_counter()
-        self.merge_wait += t1 - t0
         tr = self.tracer
         tr.span("merge_wait", MERGER, t0, t1)
         tr.worker_spans(w, timings.spans, timings.pid)
@@ -313,12 +311,10 @@ class Run:
         owned = list(plan.owned_partitions)
         buffers: dict[int, deque[tuple[int, dict[str, Column]]]] = {p: deque() for p in owned}
         rr = [0] + [len(t) for t in self._tasks]
-        # The schedule's block starts, per partition, in stream order: reassigned by arrival.
-        starts: dict[int, deque[int]] = {p: deque() for p in owned}
-        ends: dict[int, int] = dict.fromkeys(owned, 0)
-        for b in self.schedule:
-            starts[b.partition].append(b.start)
-        received: dict[int, int] = {p: (starts[p][0] if starts[p] else 0) for p in owned}
+        # Where each partition's stream has reached: blocks are placed there by arrival.
+        received: dict[int, int] = dict.fromkeys(owned, 0)
+        for b in reversed(self.schedule):
+            received[b.partition] = b.start
         part_of = {k: b.partition for k, b in enumerate(self.schedule)}
         step = self.start_step
         for _ in range(len(self.schedule)):
@@ -327,9 +323,8 @@ class Run:
             n = len(next(iter(cols.values())))
             buffers[p].append((received[p], cols))
             received[p] += n
-            ends[p] = received[p]
             del cols
-            while step < plan.steps and all(plan.micro_range(q, step)[1] <= ends[q] for q in owned):
+            while step < plan.steps and all(plan.micro_range(q, step)[1] <= received[q] for q in owned):
                 self._emit_step(step, owned, buffers)
                 step += 1
         while step < plan.steps:
