@@ -347,10 +347,6 @@ def _release(cfg: WorkerConfig, payload: Any) -> None:
         _shm.discard(cfg.shm_dir, payload)
 
 
-def _parent_alive(pid: int) -> bool:
-    return _shm.pid_alive(pid)
-
-
 def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generation: Any,
                 status: Status) -> None:
     """Serve (gen, tasks) messages from ``inbox`` until a None arrives.
@@ -369,7 +365,7 @@ def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generati
             try:
                 msg = inbox.get(timeout=1.0)
             except queue.Empty:
-                if not _parent_alive(cfg.parent_pid):
+                if not _shm.pid_alive(cfg.parent_pid):
                     return
                 continue
             if msg is None:
@@ -411,7 +407,7 @@ def _put(outbox: Any, item: tuple[Any, ...], generation: Any, gen: int, cfg: Wor
             outbox.put(item, timeout=_POLL)
             return True
         except queue.Full:
-            if not _parent_alive(cfg.parent_pid):
+            if not _shm.pid_alive(cfg.parent_pid):
                 _release(cfg, payload)
                 return False
 
@@ -452,7 +448,7 @@ def process_main(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generat
     finally:
         # A parent killed with SIGKILL cannot sweep; the segments it never
         # mapped would stay in /dev/shm until the next pool starts.
-        if cfg.shm_dir is not None and not _parent_alive(cfg.parent_pid):
+        if cfg.shm_dir is not None and not _shm.pid_alive(cfg.parent_pid):
             _shm.sweep(cfg.shm_dir, cfg.shm_prefix)
 
 
