@@ -72,3 +72,18 @@ def test_no_segment_left_after_a_killed_worker(data):
     ld.close()
     gc.collect()
     assert _ours() == []
+
+
+def test_full_shared_memory_raises_a_clear_error(tmp_path, monkeypatch):
+    """/dev/shm out of space: SharedMemoryError saying how to raise it, and no file left behind."""
+    import errno
+
+    from detload import SharedMemoryError, _shm
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_shm.os, "posix_fallocate", full)
+    with pytest.raises(SharedMemoryError, match=r"not enough shared memory .*--shm-size.*pool='thread'"):
+        _shm.create(str(tmp_path), "detload-1-x-0-1", 1 << 20)
+    assert list(tmp_path.iterdir()) == []
