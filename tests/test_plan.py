@@ -357,12 +357,28 @@ def test_make_plan_errors(rows, kw, err, match):
 
 
 @pytest.mark.parametrize("n", [0, 1, 4095, 4096, 70_000])
-def test_radix_argsort_equals_numpy_stable_argsort(n):
-    """The planner's radix sort must give exactly NumPy's stable order, ties included."""
+def test_two_pass_argsort_equals_numpy_stable_argsort(n):
+    """The planner's two-pass sort must give exactly NumPy's stable order, ties included."""
     from detload.plan import _stable_argsort_u64
 
     keys = np.asarray(np.random.PCG64(np.random.SeedSequence([7, n])).random_raw(n), dtype=np.uint64)
     if n > 3:
         keys[::3] = keys[1]  # many ties
         keys[5::7] &= np.uint64(0xFFFF_0000_0000_0000)  # keys equal in their low digits
+        keys[2::11] &= np.uint64(0x0000_FFFF_FFFF_FFFF)  # keys equal in their top digit
+    assert np.array_equal(_stable_argsort_u64(keys), np.argsort(keys, kind="stable"))
+
+
+_COLLIDING = [0, 1, 2**48 - 1, 2**48, 2**63, 2**64 - 1, 0xDEAD_BEEF_0000_0001]
+
+
+@given(st.lists(st.sampled_from(_COLLIDING), min_size=1, max_size=64), st.integers(4096, 9000),
+       st.integers(0, 2**32 - 1))
+@settings(max_examples=25)
+def test_two_pass_argsort_any_keys(pool, n, seed):
+    """Stable order holds for keys drawn from few values that collide in either digit."""
+    from detload.plan import _stable_argsort_u64
+
+    rng = np.random.default_rng(seed)
+    keys = np.asarray(pool, dtype=np.uint64)[rng.integers(0, len(pool), n)]
     assert np.array_equal(_stable_argsort_u64(keys), np.argsort(keys, kind="stable"))
