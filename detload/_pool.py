@@ -8,6 +8,7 @@ deadlock the child.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import os
 import queue
@@ -17,6 +18,7 @@ import uuid
 from typing import Any, Literal
 
 from . import _shm
+from ._buffers import BlockBuffers
 from ._worker import Status, Task, WorkerConfig, _SharedInt, process_main, worker_loop
 
 __all__ = ["WorkerPool"]
@@ -41,6 +43,10 @@ class WorkerPool:
         self.shm_dir = _shm.SHM_DIR if kind == "process" else None
         self.shm_prefix = _shm.segment_prefix(os.getpid(), self.token)
         self.cfg: WorkerConfig = cfg_factory(self.shm_dir, self.shm_prefix)
+        # Thread workers build blocks in reused heap slabs (see _buffers.py).
+        self.buffers = BlockBuffers() if kind == "thread" else None
+        if self.buffers is not None:
+            self.cfg = dataclasses.replace(self.cfg, buffers=self.buffers)
         self._closed = False
         self.inboxes: list[Any] = []
         self.outboxes: list[Any] = []
@@ -147,6 +153,8 @@ class WorkerPool:
             for h in self.handles:
                 h.join(timeout=0.02)
         self.drain()
+        if self.buffers is not None:
+            self.buffers.close()
         if self.kind == "process":
             for h in self.handles:
                 if h.is_alive():

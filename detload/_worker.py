@@ -25,6 +25,7 @@ import xxhash
 
 from . import _shm
 from ._block import Layout, assemble
+from ._buffers import BlockBuffers
 from ._cache import CacheConfig, RowGroupCache
 from ._remote import describe_attempts
 from ._types import Column, ColumnSpec, Ragged, column_spec, convert_column
@@ -82,6 +83,7 @@ class WorkerConfig:
     debug: DebugHooks | None = None
     open_files: int = 32
     cache: CacheConfig | None = None
+    buffers: BlockBuffers | None = None  # thread workers: reused block buffers (never pickled)
 
 
 @dataclass(frozen=True)
@@ -319,7 +321,8 @@ def _produce(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, index:
         if task.shuffle else None
     )
     if cfg.shm_dir is None:
-        buf, layout = assemble(cfg.specs, units, perm, lambda n: np.empty(n, dtype=np.uint8))
+        alloc = cfg.buffers.get if cfg.buffers is not None else (lambda n: np.empty(n, dtype=np.uint8))
+        buf, layout = assemble(cfg.specs, units, perm, alloc)
         payload: Any = buf
     else:
         seq[0] += 1

@@ -1,0 +1,103 @@
+"""Reused block buffers of the thread pool: a slab comes back only when no view of its block is alive."""
+
+from __future__ import annotations
+
+import copy
+import gc
+
+import numpy as np
+import pytest
+from _perfdata import write_small
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from detload import Loader, hash_batch
+from detload._buffers import BlockBuffers
+
+
+def _fill(a: np.ndarray, v: int) -> np.ndarray:
+    a[:] = v
+    return a
+
+
+def test_slab_not_reused_while_a_view_lives():
+    pool = BlockBuffers()
+    block = _fill(pool.get(1000), 7)
+    # The ways the loader and a user derive arrays from a block.
+    kept = [block[10:20], np.frombuffer(block, dtype=np.uint32, count=4, offset=64).reshape(2, 2)[1:]]
+    del block
+    gc.collect()
+    assert pool.idle == 0
+    other = _fill(pool.get(1000), 9)  # must be a different slab
+    assert pool.made == 2
+    assert all((k.view(np.uint8) == 7).all() for k in kept)
+    del kept
+    gc.collect()
+    assert pool.idle == 1
+    again = pool.get(500)  # smaller blocks fit a slab that is idle
+    assert pool.reused == 1 and pool.made == 2
+    del other, again
+
+
+def test_slabs_never_outnumber_live_blocks():
+    pool = BlockBuffers()
+    small = pool.get(10)
+    del small
+    gc.collect()
+    assert pool.idle == 1
+    big = pool.get(3 << 20)  # too big for the idle slab: that slab is freed, not kept beside it
+    assert pool.idle == 0 and pool.made == 2
+    del big
+    gc.collect()
+    pool.close()
+    assert pool.idle == 0
+
+
+def test_closed_pool_keeps_nothing():
+    pool = BlockBuffers()
+    a = pool.get(100)
+    pool.close()
+    del a
+    gc.collect()
+    assert pool.idle == 0
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write_small(tmp_path_factory.mktemp("buffers") / "d", files=4, rows=2000, row_group=250)
+
+
+@settings(max_examples=15, deadline=None)
+@given(keep=st.lists(st.tuples(st.integers(0, 30), st.sampled_from(["batch", "column", "slice", "ragged"])),
+                     min_size=1, max_size=6))
+def test_kept_batches_never_change_while_slabs_are_reused(data, keep):
+    """Whatever part of a batch a user keeps stays as it was while later blocks reuse slabs."""
+    wanted = dict(keep)
+    kept: list[object] = []
+    snapshots: list[object] = []
+    with Loader(data, batch_size=96, seed=3, workers=2, pool="thread", prefetch=1, shuffle_window=2) as ld:
+        for epoch in range(3):
+            ld.set_epoch(epoch)
+            for i, b in enumerate(ld):
+                what = wanted.get(i) if epoch == 0 else None
+                if what == "batch":
+                    part: object = b
+                elif what == "column":
+                    part = b["x"]
+                elif what == "slice":
+                    part = b["id"][5:40:3]
+                elif what == "ragged":
+                    part = b["s"]
+                else:
+                    continue
+                kept.append(part)
+                snapshots.append(copy.deepcopy(part))
+        assert ld._pool.buffers.reused > 0  # slabs really were handed out again meanwhile
+    gc.collect()
+    for part, snap in zip(kept, snapshots):
+        if isinstance(part, dict):
+            assert hash_batch(part)[0] == hash_batch(snap)[0]  # type: ignore[arg-type]
+        elif isinstance(part, np.ndarray):
+            assert np.array_equal(part, snap)  # type: ignore[arg-type]
+        else:
+            assert np.array_equal(part.values, snap.values) and np.array_equal(part.offsets, snap.offsets)
