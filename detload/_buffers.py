@@ -58,7 +58,7 @@ class BlockBuffers:
         if slab is None:
             slab = np.empty(max(-(-n // _ROUND) * _ROUND, 1), dtype=np.uint8)
         # Not slab[:n]: NumPy would make views of that point at the slab itself.
-        block = np.frombuffer(memoryview(slab)[:n], dtype=np.uint8)
+        block = np.frombuffer(memoryview(slab)[:n], dtype=np.uint8)  # type: ignore[arg-type]
         weakref.finalize(block, self._give_back, slab)
         return block
 
