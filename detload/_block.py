@@ -2,8 +2,15 @@
 
 The gather is the hot loop of a worker: ``np.take(..., mode="clip")`` writes
 straight into the destination (with the default ``mode="raise"`` NumPy gathers
-into a temporary and copies it again), and several units are concatenated into
-one reused scratch buffer rather than a fresh array per column.
+into a temporary and copies it again).
+
+Consecutive fixed 1-D columns of one dtype (the 32 float features of a CTR
+table) lie back to back in the block, so they form one ``(k, rows)`` array: the
+units are copied into a scratch a few columns at a time (a whole run per unit
+in one call when the unit comes from the cache, see `UnitColumns`) and each
+chunk is permuted with one ``take`` along axis 1. Every NumPy call releases
+and retakes the GIL; per column that was ~5 calls, and the waits for the GIL
+between them were the largest idle time of two thread workers.
 
 The output of a block lives in one flat byte buffer (heap memory for thread
 workers, a shared-memory segment for process workers). `Layout` describes where
@@ -12,13 +19,16 @@ each column lies in it, so the consumer side can rebuild zero-copy views.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
-from ._types import Column, ColumnSpec, Ragged
+from ._types import Column, ColumnSpec, Ragged, RaggedKind
 
 __all__ = ["Layout", "assemble", "views"]
 
@@ -29,23 +39,18 @@ def _aligned(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
-@dataclass(frozen=True)
-class ArraySlot:
+class ArraySlot(NamedTuple):  # tuples: built ~100 times per block, a frozen dataclass costs 5x more
     offset: int
     dtype: str
     shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+    nbytes: int
 
 
-@dataclass(frozen=True)
-class ColumnSlot:
+class ColumnSlot(NamedTuple):
     name: str
     data: ArraySlot
     offsets: ArraySlot | None = None  # set for ragged columns
-    ragged_kind: str = "list"
+    ragged_kind: RaggedKind = "list"
 
 
 @dataclass(frozen=True)
@@ -57,38 +62,106 @@ class Layout:
     columns: tuple[ColumnSlot, ...]
 
 
+@functools.lru_cache(maxsize=256)
+def _dtype(s: str) -> np.dtype[Any]:
+    return np.dtype(s)
+
+
+# Layouts and views are built for every block (twice: worker and merger), so
+# they avoid np.prod and np.frombuffer, whose per-call cost is microseconds:
+# at 40+ columns that was a tenth of a warm-cache block's time, all under the GIL.
+def _slot(pos: int, dtype: str, shape: tuple[int, ...]) -> ArraySlot:
+    dt = _dtype(dtype)
+    return ArraySlot(pos, dt.str, shape, math.prod(shape) * dt.itemsize)
+
+
+# One group: consecutive fixed 1-D columns of one dtype, stored back to back
+# in the block, so that one (k, rows) array holds them all: first column index,
+# number of columns, dtype.
+Group = tuple[int, int, str]
+
+# Layouts of recent blocks: most blocks of a dataset have the same row count.
+# Keyed by the identity of the specs sequence (a worker passes the same one each
+# time; the entry keeps it alive, so its id cannot be reused meanwhile).
+_LAYOUTS: dict[tuple[int, int, tuple[tuple[str, int], ...]],
+               tuple[Sequence[ColumnSpec], Layout, tuple[Group, ...]]] = {}
+_LAYOUTS_MAX = 64
+
+
+def _plan(specs: Sequence[ColumnSpec], rows: int, value_counts: dict[str, int]) -> tuple[Layout, tuple[Group, ...]]:
+    key = (id(specs), rows, tuple(value_counts.items()))
+    hit = _LAYOUTS.get(key)
+    if hit is not None and hit[0] is specs:
+        return hit[1], hit[2]
+    layout = _plan_layout(specs, rows, value_counts)
+    groups = _groups(layout)
+    if len(_LAYOUTS) >= _LAYOUTS_MAX:
+        _LAYOUTS.clear()
+    _LAYOUTS[key] = (specs, layout, groups)
+    return layout, groups
+
+
 def _plan_layout(specs: Sequence[ColumnSpec], rows: int, value_counts: dict[str, int]) -> Layout:
+    """Each column 64-byte aligned, except that a fixed 1-D column directly follows
+    the one before it when that one is fixed 1-D of the same dtype (see `_groups`)."""
     pos = 0
+    run_dtype: str | None = None  # dtype of the previous column, while a run can go on
     slots: list[ColumnSlot] = []
     for spec in specs:
         if spec.kind == "fixed":
-            data = ArraySlot(pos, np.dtype(spec.dtype).str, (rows, *spec.inner))
-            pos += _aligned(data.nbytes)
+            dt = _dtype(spec.dtype).str
+            one_d = not spec.inner
+            start = pos if one_d and run_dtype == dt else _aligned(pos)
+            data = _slot(start, dt, (rows, *spec.inner))
+            pos = start + data.nbytes
+            run_dtype = dt if one_d else None
             slots.append(ColumnSlot(spec.name, data))
         else:
-            offs = ArraySlot(pos, "<i8", (rows + 1,))
-            pos += _aligned(offs.nbytes)
-            data = ArraySlot(pos, np.dtype(spec.dtype).str, (value_counts[spec.name],))
-            pos += _aligned(data.nbytes)
+            offs = _slot(_aligned(pos), "<i8", (rows + 1,))
+            data = _slot(_aligned(offs.offset + offs.nbytes), spec.dtype, (value_counts[spec.name],))
+            pos = data.offset + data.nbytes
+            run_dtype = None
             slots.append(ColumnSlot(spec.name, data, offs, spec.ragged_kind))
-    return Layout(rows, max(pos, 1), tuple(slots))
+    return Layout(rows, max(_aligned(pos), 1), tuple(slots))
 
 
-def _array(buf: np.ndarray, slot: ArraySlot) -> np.ndarray:
-    count = int(np.prod(slot.shape, dtype=np.int64))
-    dt = np.dtype(slot.dtype)
-    return np.frombuffer(buf, dtype=dt, count=count, offset=slot.offset).reshape(slot.shape)
+def _groups(layout: Layout) -> tuple[Group, ...]:
+    """The runs of back-to-back fixed 1-D columns of one dtype, singletons included."""
+    out: list[Group] = []
+    prev: ArraySlot | None = None
+    for i, c in enumerate(layout.columns):
+        d = c.data
+        if c.offsets is not None or len(d.shape) != 1:
+            prev = None
+            continue
+        if prev is not None and out and prev.dtype == d.dtype and d.offset == prev.offset + prev.nbytes:
+            first, k, dt = out[-1]
+            out[-1] = (first, k + 1, dt)
+        else:
+            out.append((i, 1, d.dtype))
+        prev = d
+    return tuple(out)
+
+
+def _array(base: np.ndarray, slot: ArraySlot) -> np.ndarray:
+    a = base[slot.offset : slot.offset + slot.nbytes].view(_dtype(slot.dtype))
+    return a if len(slot.shape) == 1 else a.reshape(slot.shape)
 
 
 def views(buf: np.ndarray | memoryview | bytearray, layout: Layout) -> dict[str, Column]:
-    """Zero-copy column views of a block buffer described by ``layout``."""
+    """Zero-copy column views of a block buffer described by ``layout``.
+
+    Every view references ``buf`` (through NumPy's base chain), so the buffer
+    lives as long as any of them.
+    """
+    base = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)
     out: dict[str, Column] = {}
     for c in layout.columns:
-        data = _array(buf, c.data)  # type: ignore[arg-type]
+        data = _array(base, c.data)
         if c.offsets is None:
             out[c.name] = data
         else:
-            out[c.name] = Ragged(data, _array(buf, c.offsets), c.ragged_kind)  # type: ignore[arg-type]
+            out[c.name] = Ragged(data, _array(base, c.offsets), c.ragged_kind)
     return out
 
 
@@ -136,9 +209,56 @@ def _ragged_take(src: Ragged, perm: np.ndarray, out_offsets: np.ndarray, out_val
     np.take(src.values, idx, out=out_values, mode="clip")
 
 
+# Rows of a group are permuted a few columns at a time, so that the gathered
+# source (a few columns of the whole block) stays in a core's L2 cache.
+_CHUNK_BYTES = 1 << 20
+
+
+def _run_part(unit: Mapping[str, Column], names: tuple[str, ...], j0: int, j1: int) -> np.ndarray | None:
+    """Columns ``names[j0:j1]`` of ``unit`` as one 2-D view, if they lie at one stride."""
+    runs = getattr(unit, "runs", None)
+    if not runs:
+        return None
+    hit = runs.get(names[j0])
+    if hit is None:
+        return None
+    run, i, run_names = hit
+    n = j1 - j0
+    if run_names[i : i + n] != names[j0:j1]:
+        return None
+    return run[i : i + n]  # type: ignore[no-any-return]
+
+
+def _assemble_group(
+    names: tuple[str, ...],
+    out2d: np.ndarray,
+    units: Sequence[Mapping[str, Column]],
+    spans: list[tuple[int, int]],
+    perm: np.ndarray | None,
+    scratch: np.ndarray,
+) -> None:
+    """Columns ``names`` of the units, concatenated and permuted, into the rows of ``out2d``."""
+    k, rows = out2d.shape
+    step = k if perm is None else max(1, _CHUNK_BYTES // max(1, rows * out2d.itemsize))
+    for j0 in range(0, k, step):
+        j1 = min(k, j0 + step)
+        dst = out2d[j0:j1] if perm is None else scratch[: (j1 - j0) * rows * out2d.itemsize].view(
+            out2d.dtype).reshape(j1 - j0, rows)
+        for u, (lo, hi) in zip(units, spans):
+            part = _run_part(u, names, j0, j1)
+            if part is not None:
+                dst[:, lo:hi] = part
+            else:
+                for j in range(j0, j1):
+                    dst[j - j0, lo:hi] = u[names[j]]
+        if perm is not None:
+            # Every index is in range (a permutation), so "clip" changes nothing but speed.
+            np.take(dst, perm, axis=1, out=out2d[j0:j1], mode="clip")
+
+
 def assemble(
     specs: Sequence[ColumnSpec],
-    units: Sequence[dict[str, Column]],
+    units: Sequence[Mapping[str, Column]],
     perm: np.ndarray | None,
     allocate: Callable[[int], np.ndarray],
 ) -> tuple[np.ndarray, Layout]:
@@ -147,28 +267,39 @@ def assemble(
     ``allocate(nbytes)`` returns a writable uint8 array of that size (heap or
     shared memory). Returns the buffer and its layout.
     """
-    rows = sum(len(next(iter(u.values()))) for u in units) if specs else 0
+    lengths = [len(next(iter(u.values()))) for u in units] if specs else [0 for _ in units]
+    rows = sum(lengths)
+    spans = []
+    pos = 0
+    for n in lengths:
+        spans.append((pos, pos + n))
+        pos += n
     ragged = {s.name: _concat_ragged([u[s.name] for u in units]) for s in specs if s.kind == "ragged"}  # type: ignore[misc]
-    layout = _plan_layout(specs, rows, {k: int(v.values.shape[0]) for k, v in ragged.items()})
+    layout, groups = _plan(specs, rows, {k: int(v.values.shape[0]) for k, v in ragged.items()})
     buf = allocate(layout.nbytes)
-    out = views(buf, layout)
-    scratch = np.empty(0, dtype=np.uint8)
+    base = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)
+    out = views(base, layout)
+    need = 0
+    if perm is not None and rows:
+        need = max((min(k * rows * _dtype(dt).itemsize, max(_CHUNK_BYTES, rows * _dtype(dt).itemsize))
+                    for _, k, dt in groups), default=0)
+    scratch = np.empty(need, dtype=np.uint8)
+    for first, k, dt in groups:
+        names = tuple(c.name for c in layout.columns[first : first + k])
+        d0 = layout.columns[first].data
+        out2d = base[d0.offset : d0.offset + k * d0.nbytes].view(_dtype(dt)).reshape(k, rows)
+        _assemble_group(names, out2d, units, spans, perm, scratch)
     for spec in specs:
         dst = out[spec.name]
         if spec.kind == "fixed":
             assert isinstance(dst, np.ndarray)
+            if dst.ndim == 1:
+                continue  # written by its group
             parts = [u[spec.name] for u in units]
             if perm is None:
                 np.concatenate(parts, axis=0, out=dst)  # type: ignore[arg-type]
             else:
-                if len(parts) == 1:
-                    src = parts[0]
-                else:
-                    if scratch.nbytes < dst.nbytes:
-                        scratch = np.empty(dst.nbytes, dtype=np.uint8)
-                    src = scratch[: dst.nbytes].view(dst.dtype).reshape(dst.shape)
-                    np.concatenate(parts, axis=0, out=src)  # type: ignore[arg-type]
-                # Every index is in range (a permutation), so "clip" changes nothing but speed.
+                src = np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]  # type: ignore[arg-type]
                 np.take(src, perm, axis=0, out=dst, mode="clip")  # type: ignore[arg-type,call-overload]
         else:
             assert isinstance(dst, Ragged)

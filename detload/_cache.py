@@ -29,7 +29,7 @@ import pyarrow.fs as pafs
 import xxhash
 
 from ._remote import object_uri
-from ._types import TYPE_MAPPING_VERSION, Column, ColumnSpec, Ragged
+from ._types import TYPE_MAPPING_VERSION, Column, ColumnSpec, Ragged, UnitColumns
 from .errors import OptionError
 
 __all__ = [
@@ -364,6 +364,80 @@ def _flat_bytes(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
 
 
+# Parsed "columns" lists of entry headers, by their JSON text. Entries of the same
+# columns and row count share that text, so a warm epoch parses only the small
+# rest of each header; reading the whole header and making a view per column
+# with np.frombuffer was most of the time a worker held the GIL on a cache hit.
+# Bounded: cleared when full (ragged columns make the text differ per entry).
+_Compiled = list[tuple[str, Any, Any, Any]]  # name, data slot, offsets slot or None, ragged kind
+# Runs of same-typed 1-D columns at one stride: names, first offset, dtype, rows, stride.
+_Runs = list[tuple[tuple[str, ...], int, np.dtype[Any], int, int]]
+_COLUMNS_MEMO: dict[bytes, tuple[_Compiled, _Runs]] = {}
+_COLUMNS_MEMO_MAX = 256
+_COLUMNS_AT = b'"columns": ['
+_COLUMNS_END = b'], "size": '
+
+
+def _slot(slot: list[Any]) -> tuple[int, np.dtype[Any], tuple[int, ...], int]:
+    offset, dtype, shape = slot
+    dt = np.dtype(dtype)
+    shape = tuple(int(x) for x in shape)
+    return int(offset), dt, shape, math.prod(shape) * dt.itemsize
+
+
+def _compile_columns(columns: list[dict[str, Any]]) -> _Compiled:
+    out: _Compiled = []
+    for c in columns:
+        if c["kind"] == "fixed":
+            out.append((c["name"], _slot(c["data"]), None, ""))
+        else:
+            out.append((c["name"], _slot(c["values"]), _slot(c["offsets"]), c["ragged_kind"]))
+    return out
+
+
+def _find_runs(cols: _Compiled) -> _Runs:
+    runs: _Runs = []
+    cur: list[tuple[str, Any]] = []
+
+    def close() -> None:
+        if len(cur) > 1 and cur[0][1][2][0] > 0:
+            (off0, dt, shape, _), stride = cur[0][1], cur[1][1][0] - cur[0][1][0]
+            runs.append((tuple(n for n, _ in cur), off0, dt, shape[0], stride))
+        cur.clear()
+
+    for name, data, offsets, _ in cols:
+        off, dt, shape, nbytes = data
+        if offsets is not None or len(shape) != 1:
+            close()
+            continue
+        if cur:
+            (o0, d0, s0, n0) = cur[0][1]
+            stride = cur[1][1][0] - o0 if len(cur) > 1 else off - o0
+            if not (d0 == dt and s0 == shape and stride >= n0 and off == o0 + len(cur) * stride):
+                close()
+        cur.append((name, data))
+    close()
+    return runs
+
+
+def _parse_header(hb: bytes) -> tuple[dict[str, Any], _Compiled, _Runs]:
+    i = hb.find(_COLUMNS_AT)
+    j = hb.rfind(_COLUMNS_END)
+    if i < 0 or j < i:  # not the layout our writer makes: parse it all
+        header = json.loads(hb)
+        compiled = _compile_columns(header["columns"])
+        return header, compiled, _find_runs(compiled)
+    text = hb[i + len(_COLUMNS_AT) - 1 : j + 1]
+    hit = _COLUMNS_MEMO.get(text)
+    if hit is None:
+        compiled = _compile_columns(json.loads(text))
+        hit = (compiled, _find_runs(compiled))
+        if len(_COLUMNS_MEMO) >= _COLUMNS_MEMO_MAX:
+            _COLUMNS_MEMO.clear()
+        _COLUMNS_MEMO[text] = hit
+    return json.loads(hb[:i] + b'"columns": null' + hb[j + 1 :]), hit[0], hit[1]
+
+
 def _load(path: str, expect: str | None) -> dict[str, Column] | None:
     """The columns of an entry, memory-mapped; None if missing; raises _Corrupt if damaged."""
     try:
@@ -386,29 +460,36 @@ def _load(path: str, expect: str | None) -> dict[str, Column] | None:
         if xxhash.xxh3_128_digest(body) != digest:
             raise _Corrupt("checksum mismatch")
     try:
-        header = json.loads(mm[_PREFIX.size:_PREFIX.size + hlen])
+        header, columns, runs = _parse_header(mm[_PREFIX.size:_PREFIX.size + hlen])
         if expect is not None and header["key"] != expect:
             raise _Corrupt("entry holds another key")
         if header["size"] != size:
             raise _Corrupt("size differs from the header")
-        out: dict[str, Column] = {}
-        for c in header["columns"]:
-            if c["kind"] == "fixed":
-                out[c["name"]] = _view(mm, c["data"])
+        base = np.frombuffer(mm, dtype=np.uint8)
+        out = UnitColumns()
+        for name, data, offsets, ragged_kind in columns:
+            if offsets is None:
+                out[name] = _view(base, data)
             else:
-                out[c["name"]] = Ragged(_view(mm, c["values"]), _view(mm, c["offsets"]), c["ragged_kind"])
+                out[name] = Ragged(_view(base, data), _view(base, offsets), ragged_kind)
+        for names, off0, dt, rows, stride in runs:
+            # Raises TypeError (a damaged header) if the run would reach past the end.
+            run = np.ndarray((len(names), rows), dtype=dt, buffer=base, offset=off0, strides=(stride, dt.itemsize))
+            for i, name in enumerate(names):
+                out.runs[name] = (run, i, names)
     except (KeyError, TypeError, ValueError) as exc:
         raise _Corrupt(f"bad header ({exc})") from None
     return out
 
 
-def _view(mm: mmap.mmap, slot: list[Any]) -> np.ndarray:
-    offset, dtype, shape = slot
-    dt = np.dtype(dtype)
-    count = math.prod(shape)
-    if count == 0:
+def _view(base: np.ndarray, slot: tuple[int, np.dtype[Any], tuple[int, ...], int]) -> np.ndarray:
+    offset, dt, shape, nbytes = slot
+    if nbytes == 0:
         return np.empty(shape, dtype=dt)
-    return np.frombuffer(mm, dtype=dt, count=count, offset=offset).reshape(shape)
+    if offset < 0 or offset + nbytes > base.shape[0]:
+        raise ValueError(f"an array at {offset}+{nbytes} runs past the end")
+    a = base[offset : offset + nbytes].view(dt)
+    return a if len(shape) == 1 else a.reshape(shape)
 
 
 def _pwrite_all(fd: int, data: Any, at: int) -> None:

@@ -84,6 +84,23 @@ class Ragged:
 Column = Union[np.ndarray, Ragged]
 
 
+class UnitColumns(dict[str, Column]):
+    """One unit's columns by name, plus where runs of them lie at one stride in memory.
+
+    ``runs`` maps a column name to ``(run, i, names)``: ``run`` is a 2-D view
+    whose row ``i`` is that column and whose rows are the columns ``names``.
+    Cache entries store same-typed columns back to back, so a block can copy a
+    whole run per unit in one call instead of one call per column (each call
+    releases and retakes the GIL). Plain dicts work too, column by column.
+    """
+
+    __slots__ = ("runs",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.runs: dict[str, tuple[np.ndarray, int, tuple[str, ...]]] = {}
+
+
 @dataclass(frozen=True)
 class ColumnSpec:
     """How one column is delivered: its NumPy dtype and, for 2-D columns, width.

@@ -28,7 +28,7 @@ from ._block import Layout, assemble
 from ._buffers import BlockBuffers
 from ._cache import CacheConfig, RowGroupCache
 from ._remote import describe_attempts
-from ._types import Column, ColumnSpec, Ragged, column_spec, convert_column
+from ._types import Column, ColumnSpec, Ragged, UnitColumns, column_spec, convert_column
 from .errors import DataError, DetloadError
 from .plan import block_permutation
 
@@ -186,7 +186,10 @@ class UnitReader:
                 t1 = time.perf_counter()
                 cache.put(ref.cache_key, rg, cols, ref.uri)
                 t.add("cache_write", t1, time.perf_counter())
-        out: dict[str, Column] = {}
+        out = UnitColumns()
+        runs = getattr(cols, "runs", None)
+        if runs:
+            out.runs = runs
         pvals = dict(ref.partition_values)
         for spec in self.cfg.specs:
             if spec.partition:

@@ -373,3 +373,31 @@ def test_cli_cache_info_and_clear(data, tmp_path, capsys):
     assert "not a detload cache directory" in capsys.readouterr().err
     assert cli_main(["cache", "info", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_runs_of_same_typed_columns_take_the_grouped_path(tmp_path):
+    """Entries expose back-to-back columns as one strided run, and warm epochs built from
+    those runs yield the same manifest as an uncached loader."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from detload._cache import _load
+
+    src = tmp_path / "runs"
+    src.mkdir()
+    rng = np.random.default_rng(5)
+    for f, n in enumerate([1000, 777]):
+        cols = {"id": np.arange(f * 1000, f * 1000 + n, dtype=np.int64)}
+        cols.update({f"d{i}": rng.random(n).astype(np.float32) for i in range(5)})
+        cols.update({f"c{i}": rng.integers(0, 99, n) for i in range(3)})
+        pq.write_table(pa.table(cols), src / f"p{f}.parquet", row_group_size=300)
+    cache = tmp_path / "cache"
+    run(src, tmp_path / "plain.jsonl", epochs=3)
+    run(src, tmp_path / "cached.jsonl", epochs=3, cache_dir=str(cache))  # epochs 2-3 are warm
+    same(tmp_path / "plain.jsonl", tmp_path / "cached.jsonl")
+    path = os.path.join(cache, next(iter(entries(cache))))
+    unit = _load(path, None)
+    assert set(unit.runs) == {f"d{i}" for i in range(5)} | {f"c{i}" for i in range(3)}  # "id" stands alone
+    grid, i, names = unit.runs["d2"]
+    assert names == tuple(f"d{i}" for i in range(5)) and i == 2
+    assert np.array_equal(grid[2], unit["d2"]) and np.shares_memory(grid, unit["d2"])
