@@ -31,6 +31,10 @@ from .plan import Plan
 __all__ = ["END", "Failure", "Run"]
 
 _POLL = 0.05
+STOPPED = ("this iteration was stopped: the loader started a new iteration, changed epoch "
+           "or was closed. Iterate the loader again for a fresh pass.")
+#: Most batches per item of the ready queue (see Run._emit_steps).
+STEPS_PER_ITEM = 8
 
 
 class _End:
@@ -88,7 +92,7 @@ class Run:
 
     def __init__(self, pool: WorkerPool, plan: Plan, specs: Sequence[ColumnSpec], *, gen: int,
                  start_step: int, unit_files: np.ndarray, unit_rgs: np.ndarray,
-                 stall_timeout: float | None, ready_depth: int = 4, ordered: bool = True,
+                 stall_timeout: float | None, ready_depth: int = 1, ordered: bool = True,
                  hash_batches: bool = True, tracer: Tracer | None = None) -> None:
         self.pool = pool
         self.plan = plan
@@ -109,6 +113,10 @@ class Run:
             self._tasks[k % W].append(
                 Task(k, b.partition, b.number, units, b.rows, opts.seed, plan.epoch, opts.shuffle)
             )
+        # Items of S consecutive batches span at most one smallest block's rows, so
+        # an item pins at most two blocks per partition (docs/reliability.md).
+        b_min = min((b.rows for b in self.schedule), default=1)
+        self.steps_per_item = max(1, min(STEPS_PER_ITEM, b_min // max(1, opts.micro_batch)))
         self.tracer = tracer if tracer is not None else Tracer(max_events=0)
         self.thread = threading.Thread(target=self._main, name="detload-merger", daemon=True)
 
@@ -135,10 +143,11 @@ class Run:
                 break
         self.pool.drain()
         # An iterator still holding this run must end, not wait forever.
-        self.ready.put_nowait(Failure(DetloadError(
-            "this iteration was stopped: the loader started a new iteration, changed epoch "
-            "or was closed. Iterate the loader again for a fresh pass."
-        )))
+        self.ready.put_nowait(Failure(DetloadError(STOPPED)))
+
+    @property
+    def stopped(self) -> bool:
+        return self._cancel.is_set()
 
     # -- merger thread -------------------------------------------------------
     def _main(self) -> None:
@@ -295,15 +304,15 @@ class Run:
         step = self.start_step
         W = self.pool.workers
         for k, block in enumerate(self.schedule):
-            while step < min(block.first_step, plan.steps):
-                self._emit_step(step, owned, buffers)
-                step += 1
+            end = min(block.first_step, plan.steps)
+            if step < end:
+                self._emit_steps(step, end, owned, buffers)
+                step = end
             cols = self._take(k % W, k)
             buffers[block.partition].append((block.start, cols))
             del cols
-        while step < plan.steps:
-            self._emit_step(step, owned, buffers)
-            step += 1
+        if step < plan.steps:
+            self._emit_steps(step, plan.steps, owned, buffers)
 
     def _merge_unordered(self) -> None:
         """Blocks in completion order, each appended where its partition's stream has reached."""
@@ -324,12 +333,14 @@ class Run:
             buffers[p].append((received[p], cols))
             received[p] += n
             del cols
-            while step < plan.steps and all(plan.micro_range(q, step)[1] <= received[q] for q in owned):
-                self._emit_step(step, owned, buffers)
-                step += 1
-        while step < plan.steps:
-            self._emit_step(step, owned, buffers)
-            step += 1
+            end = step
+            while end < plan.steps and all(plan.micro_range(q, end)[1] <= received[q] for q in owned):
+                end += 1
+            if step < end:
+                self._emit_steps(step, end, owned, buffers)
+                step = end
+        if step < plan.steps:
+            self._emit_steps(step, plan.steps, owned, buffers)
 
     def _micro(self, p: int, step: int, buf: deque[tuple[int, dict[str, Column]]]) -> dict[str, Column]:
         lo, hi = self.plan.micro_range(p, step)
@@ -348,7 +359,25 @@ class Run:
             return pieces[0]
         return {s.name: _concat([pc[s.name] for pc in pieces]) for s in self.specs}
 
-    def _emit_step(self, step: int, owned: list[int], buffers: dict[int, deque[tuple[int, dict[str, Column]]]]) -> None:
+    def _emit_steps(self, first: int, last: int, owned: list[int],
+                    buffers: dict[int, deque[tuple[int, dict[str, Column]]]]) -> None:
+        """Cut steps ``first..last-1`` and hand them over, ``steps_per_item`` per queue item.
+
+        One queue hand-off per batch (a lock, a wake-up and a GIL switch on each
+        side) cost more than cutting the batch; the consumer thread now takes a
+        few at a time and its per-batch work is a list step.
+        """
+        items: list[tuple[dict[str, Column], int, str | None, int]] = []
+        for step in range(first, last):
+            items.append(self._cut_step(step, owned, buffers))
+            if len(items) == self.steps_per_item:
+                self._emit(items)
+                items = []
+        if items:
+            self._emit(items)
+
+    def _cut_step(self, step: int, owned: list[int], buffers: dict[int, deque[tuple[int, dict[str, Column]]]]
+                  ) -> tuple[dict[str, Column], int, str | None, int]:
         t0 = time.perf_counter()
         micros = [self._micro(p, step, buffers[p]) for p in owned]
         if len(micros) == 1:
@@ -365,4 +394,4 @@ class Run:
             digest, cols = parts[0] if len(micros) == 1 else hash_batch(batch)
             line = batch_line(self.plan.epoch, step, rows, digest, cols, [p[0] for p in parts])
             tr.span("hash", MERGER, t1, time.perf_counter())
-        self._emit((batch, step, line, rows))
+        return batch, step, line, rows

@@ -22,14 +22,14 @@ import xxhash
 from . import __version__
 from ._cache import object_key, open_cache
 from ._dataset import Dataset, discover
-from ._merge import END, Failure, Run
+from ._merge import END, STOPPED, Failure, Run
 from ._pool import WorkerPool
 from ._remote import object_uri
 from ._trace import CONSUMER, Tracer
 from ._types import TYPE_MAPPING_VERSION, Column, ColumnSpec
 from ._worker import DebugHooks, FileRef, WorkerConfig
 from .audit import MANIFEST_FORMAT, MANIFEST_VERSION, ManifestWriter
-from .errors import OptionError, StateError
+from .errors import DetloadError, OptionError, StateError
 from .plan import PLAN_FORMAT_VERSION, OrderOptions, Plan, make_plan
 from .stats import Stats, summarize
 
@@ -311,7 +311,7 @@ class Loader:
         try:
             while True:
                 t0 = clock()
-                item = ready.get()
+                item = ready.get()  # a list of up to STEPS_PER_ITEM batches
                 t1 = clock()
                 if t_back:
                     span("consumer_step", CONSUMER, t_back, t0)
@@ -320,14 +320,22 @@ class Loader:
                     return
                 if type(item) is Failure:
                     raise item.error
-                batch, step, line, rows = item
-                if writer is not None:
-                    writer.write_batch(epoch, step, line)
-                self._position = step + 1
-                tr.batches += 1
-                tr.rows += rows
-                yield batch
-                t_back = clock()
+                for i in range(len(item)):
+                    batch, step, line, rows = item[i]
+                    item[i] = None  # the item must not keep yielded batches (and their blocks) alive
+                    if i:  # the rest of the item needed no wait
+                        if run.stopped:  # superseded meanwhile: fail like an empty queue would
+                            raise DetloadError(STOPPED)
+                        t0 = clock()
+                        span("consumer_step", CONSUMER, t_back, t0)
+                        span("consumer_wait", CONSUMER, t0, t0)
+                    if writer is not None:
+                        writer.write_batch(epoch, step, line)
+                    self._position = step + 1
+                    tr.batches += 1
+                    tr.rows += rows
+                    yield batch
+                    t_back = clock()
         finally:
             tr.run_ended()
             if self._run is run:

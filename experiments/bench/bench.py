@@ -82,7 +82,7 @@ def _pss(p) -> int:
 
 # Blocks alive at once, per worker and overall (docs/benchmarks.md, "Peak memory").
 PER_WORKER_BLOCKS = 6  # + prefetch: one being built, its decoded Arrow units, allocator slack
-SHARED_BLOCKS = 4      # the merger's current and next block, the batches in the ready queue, the consumer's
+SHARED_BLOCKS = 4      # the merger's current and next block, the batches handed to the consumer thread
 
 
 def rss_bound(loader, baseline: int) -> dict:

@@ -1,8 +1,9 @@
 """Stalled workers and slow consumers: a stall is reported (naming worker and unit), memory stays bounded.
 
 The bound (docs/reliability.md): live blocks <= W*(prefetch+1) + P_owned*(ceil(B/b_min)+1)
-+ (ready_depth+2), where W is the worker count, B the micro-batch rows, b_min
-the smallest block's rows and ready_depth (4) the merger's queue of cut batches.
++ 6, where W is the worker count, B the micro-batch rows, b_min the smallest block's
+rows and 6 the blocks that batches handed to the consumer thread can pin (three items
+of consecutive batches, each within two blocks).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from detload._worker import DebugHooks
 from detload.audit import hash_batch
 
 OPTS = dict(batch_size=100, seed=9, shuffle_window=2)
-READY_DEPTH = 4  # detload._merge.Run's queue of cut batches
+HANDED_OVER = 6  # blocks pinned by batches the merger handed over (docs/reliability.md)
 SLACK = 48 * 2**20  # RSS noise: allocator pools, thread stacks, page tables
 
 
@@ -111,7 +112,7 @@ def _rss(loader: Loader) -> int:
 def test_slow_consumer_memory_bound(tmp_path, leaks, workers, prefetch):
     units, rows, batch = 64, 20_000, 2_500
     unit_bytes = _write_wide(str(tmp_path / "wide"), units, rows)
-    bound_blocks = workers * (prefetch + 1) + 1 * (math.ceil(batch / rows) + 1) + (READY_DEPTH + 2)
+    bound_blocks = workers * (prefetch + 1) + 1 * (math.ceil(batch / rows) + 1) + HANDED_OVER
     # A loader that held on to blocks would break both bounds: the exact count of live
     # segments, and (coarser: RSS counts allocator pools and shared pages) the RSS one.
     assert bound_blocks * unit_bytes + SLACK < units * unit_bytes
@@ -139,7 +140,7 @@ def test_slow_consumer_memory_bound(tmp_path, leaks, workers, prefetch):
 def test_slow_consumer_thread_pool_rss_bound(tmp_path, leaks):
     units, rows, batch, workers, prefetch = 64, 20_000, 2_500, 2, 1
     unit_bytes = _write_wide(str(tmp_path / "wide"), units, rows)
-    bound_blocks = workers * (prefetch + 1) + 2 + (READY_DEPTH + 2)
+    bound_blocks = workers * (prefetch + 1) + 2 + HANDED_OVER
     with Loader(str(tmp_path / "wide"), batch_size=batch, seed=1, shuffle_window=1, workers=workers,
                 pool="thread", prefetch=prefetch) as loader:
         for _ in loader:
