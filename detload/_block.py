@@ -214,6 +214,16 @@ def _ragged_take(src: Ragged, perm: np.ndarray, out_offsets: np.ndarray, out_val
 _CHUNK_BYTES = 1 << 20
 
 
+def _verify_upto(unit: Mapping[str, Column], name: str) -> None:
+    """A cache entry with a pending checksum hashes its bytes up to column ``name`` now,
+    just before they are copied (see _cache.PendingCheck); the caller finishes it."""
+    check = getattr(unit, "check", None)
+    if check is not None:
+        end = check.ends.get(name)
+        if end is not None:
+            check.upto(end)
+
+
 def _run_part(unit: Mapping[str, Column], names: tuple[str, ...], j0: int, j1: int) -> np.ndarray | None:
     """Columns ``names[j0:j1]`` of ``unit`` as one 2-D view, if they lie at one stride."""
     runs = getattr(unit, "runs", None)
@@ -245,6 +255,7 @@ def _assemble_group(
         dst = out2d[j0:j1] if perm is None else scratch[: (j1 - j0) * rows * out2d.itemsize].view(
             out2d.dtype).reshape(j1 - j0, rows)
         for u, (lo, hi) in zip(units, spans):
+            _verify_upto(u, names[j1 - 1])
             part = _run_part(u, names, j0, j1)
             if part is not None:
                 dst[:, lo:hi] = part
@@ -274,6 +285,10 @@ def assemble(
     for n in lengths:
         spans.append((pos, pos + n))
         pos += n
+    for s in specs:
+        if s.kind == "ragged" or s.inner:  # read whole below, not chunk by chunk
+            for u in units:
+                _verify_upto(u, s.name)
     ragged = {s.name: _concat_ragged([u[s.name] for u in units]) for s in specs if s.kind == "ragged"}  # type: ignore[misc]
     layout, groups = _plan(specs, rows, {k: int(v.values.shape[0]) for k, v in ragged.items()})
     buf = allocate(layout.nbytes)

@@ -94,11 +94,13 @@ class UnitColumns(dict[str, Column]):
     releases and retakes the GIL). Plain dicts work too, column by column.
     """
 
-    __slots__ = ("runs",)
+    __slots__ = ("check", "runs")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.runs: dict[str, tuple[np.ndarray, int, tuple[str, ...]]] = {}
+        #: A cache entry's checksum still to verify (_cache.PendingCheck), or None.
+        self.check: Any = None
 
 
 @dataclass(frozen=True)

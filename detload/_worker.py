@@ -223,11 +223,14 @@ class UnitReader:
             _close(entry)
         self._open.clear()
 
-    def read(self, file_idx: int, rg: int, t: Timings) -> dict[str, Column]:
+    def read(self, file_idx: int, rg: int, t: Timings, *, defer: bool = False) -> dict[str, Column]:
+        """One row group's columns. With ``defer``, a cache hit's checksum is verified
+        while the block reads it: call `settle` before using the block."""
         ref = self.cfg.files[file_idx]
         t0 = time.perf_counter()
         cache = self._cache
-        cols = cache.get(ref.cache_key, rg, ref.uri) if cache is not None and ref.cache_key else None
+        cols = (cache.get(ref.cache_key, rg, ref.uri, defer=defer)
+                if cache is not None and ref.cache_key else None)
         if cols is not None:
             rows = len(next(iter(cols.values())))
             t.add("cache_read", t0, time.perf_counter())
@@ -242,6 +245,7 @@ class UnitReader:
         runs = getattr(cols, "runs", None)
         if runs:
             out.runs = runs
+        out.check = getattr(cols, "check", None)
         pvals = dict(ref.partition_values)
         for spec in self.cfg.specs:
             if spec.partition:
@@ -250,6 +254,12 @@ class UnitReader:
                 out[spec.name] = cols[spec.name]
         t.units += 1
         return out
+
+    def settle(self, unit: dict[str, Column], file_idx: int, rg: int) -> bool:
+        """Finish a unit's deferred cache check; False if the entry was damaged (now discarded)."""
+        if self._cache is None or getattr(unit, "check", None) is None:
+            return True
+        return self._cache.settle(unit, rg, self.cfg.files[file_idx].uri)
 
     def _read_source(self, file_idx: int, rg: int, t: Timings) -> tuple[dict[str, Column], int]:
         ref = self.cfg.files[file_idx]
@@ -371,11 +381,24 @@ class Status:
 
 def _produce(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, index: int,
              status: Status, seq: list[int], t: Timings) -> tuple[Any, Layout, Timings]:
+    payload, layout, intact = _build(cfg, reader, task, gen, index, status, seq, t, defer=True)
+    if not intact:
+        # A cache entry failed the checksum verified while the block was built: the
+        # block is never handed over; the entry is gone, so the rebuild reads the source.
+        _release(cfg, payload)
+        payload, layout, intact = _build(cfg, reader, task, gen, index, status, seq, t, defer=False)
+        assert intact
+    return payload, layout, t
+
+
+def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, index: int, status: Status,
+           seq: list[int], t: Timings, *, defer: bool) -> tuple[Any, Layout, bool]:
+    """Build the block; False if a cache entry's deferred checksum failed (see _cache.PendingCheck)."""
     units = []
     for f, rg in task.units:
         status.set(gen, task.k, f, rg)
         _debug_before_read(cfg, task, f, rg)
-        units.append(reader.read(f, rg, t))
+        units.append(reader.read(f, rg, t, defer=defer))
     t0 = time.perf_counter()
     perm = (
         block_permutation(task.seed, task.epoch, task.partition, task.number, task.rows)
@@ -402,8 +425,9 @@ def _produce(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, index:
         except BufferError:  # a view is still alive somewhere; unmapped when it goes
             pass
         payload = name
+    intact = all([reader.settle(u, f, rg) for u, (f, rg) in zip(units, task.units)])
     t.add("permute", t0, time.perf_counter())
-    return payload, layout, t
+    return payload, layout, intact
 
 
 def _release(cfg: WorkerConfig, payload: Any) -> None:

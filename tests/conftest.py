@@ -86,9 +86,9 @@ def unit_log(monkeypatch) -> list[tuple[str, int]]:
     log: list[tuple[str, int]] = []
     real = detload._worker.UnitReader.read
 
-    def read(self, file_idx, rg, t):
+    def read(self, file_idx, rg, t, **kw):
         log.append((self.cfg.files[file_idx].path, rg))
-        return real(self, file_idx, rg, t)
+        return real(self, file_idx, rg, t, **kw)
 
     monkeypatch.setattr(detload._worker.UnitReader, "read", read)
     return log

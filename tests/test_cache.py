@@ -375,15 +375,11 @@ def test_cli_cache_info_and_clear(data, tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_runs_of_same_typed_columns_take_the_grouped_path(tmp_path):
-    """Entries expose back-to-back columns as one strided run, and warm epochs built from
-    those runs yield the same manifest as an uncached loader."""
+def _write_runs(src) -> None:
+    """Two files whose columns form runs of one type: id, d0..d4 (float32), c0..c2 (int64)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from detload._cache import _load
-
-    src = tmp_path / "runs"
     src.mkdir()
     rng = np.random.default_rng(5)
     for f, n in enumerate([1000, 777]):
@@ -391,6 +387,15 @@ def test_runs_of_same_typed_columns_take_the_grouped_path(tmp_path):
         cols.update({f"d{i}": rng.random(n).astype(np.float32) for i in range(5)})
         cols.update({f"c{i}": rng.integers(0, 99, n) for i in range(3)})
         pq.write_table(pa.table(cols), src / f"p{f}.parquet", row_group_size=300)
+
+
+def test_runs_of_same_typed_columns_take_the_grouped_path(tmp_path):
+    """Entries expose back-to-back columns as one strided run, and warm epochs built from
+    those runs yield the same manifest as an uncached loader."""
+    from detload._cache import _load
+
+    src = tmp_path / "runs"
+    _write_runs(src)
     cache = tmp_path / "cache"
     run(src, tmp_path / "plain.jsonl", epochs=3)
     run(src, tmp_path / "cached.jsonl", epochs=3, cache_dir=str(cache))  # epochs 2-3 are warm
@@ -401,3 +406,29 @@ def test_runs_of_same_typed_columns_take_the_grouped_path(tmp_path):
     grid, i, names = unit.runs["d2"]
     assert names == tuple(f"d{i}" for i in range(5)) and i == 2
     assert np.array_equal(grid[2], unit["d2"]) and np.shares_memory(grid, unit["d2"])
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_damage_found_while_a_block_is_built_never_reaches_a_batch(tmp_path, pool):
+    """Warm blocks verify an entry's checksum while copying it (PendingCheck): a damaged
+    entry makes the worker drop that block and rebuild it from the source."""
+    src = tmp_path / "runs"
+    _write_runs(src)
+    cache = tmp_path / "cache"
+    run(src, tmp_path / "plain.jsonl", epochs=1)
+    run(src, tmp_path / "cold.jsonl", epochs=1, cache_dir=str(cache))
+    paths = sorted(entries(cache))
+    for p in paths[:3]:  # a byte in the float run, one past it, one in the last column
+        full = os.path.join(cache, p)
+        size = os.path.getsize(full)
+        _flip(full, {0: size // 2, 1: size * 3 // 4, 2: size - 5}[paths.index(p)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(src, tmp_path / "warm.jsonl", epochs=1, cache_dir=str(cache), pool=pool, workers=2)
+    ours = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
+    if pool == "thread":
+        assert len(ours) == 1 and "is damaged (checksum mismatch)" in ours[0], ours
+    # One warning per loader across processes: the worker that warned left this marker.
+    assert [n for n in os.listdir(cache / "v1" / "tmp") if n.endswith("-warned-corrupt")]
+    same(tmp_path / "plain.jsonl", tmp_path / "warm.jsonl")
+    assert cache_info(cache, verify=True)["corrupt"] == []  # refetched and written again
