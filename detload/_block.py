@@ -144,8 +144,10 @@ def _groups(layout: Layout) -> tuple[Group, ...]:
 
 
 def _array(base: np.ndarray, slot: ArraySlot) -> np.ndarray:
-    a = base[slot.offset : slot.offset + slot.nbytes].view(_dtype(slot.dtype))
-    return a if len(slot.shape) == 1 else a.reshape(slot.shape)
+    off = slot.offset
+    a = base[off : off + slot.nbytes].view(_dtype(slot.dtype))
+    shape = slot.shape
+    return a if len(shape) == 1 else a.reshape(shape)
 
 
 def views(buf: np.ndarray | memoryview | bytearray, layout: Layout) -> dict[str, Column]:

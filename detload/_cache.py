@@ -372,7 +372,7 @@ def _flat_bytes(a: np.ndarray) -> np.ndarray:
 _Compiled = list[tuple[str, Any, Any, Any]]  # name, data slot, offsets slot or None, ragged kind
 # Runs of same-typed 1-D columns at one stride: names, first offset, dtype, rows, stride.
 _Runs = list[tuple[tuple[str, ...], int, np.dtype[Any], int, int]]
-_COLUMNS_MEMO: dict[bytes, tuple[_Compiled, _Runs]] = {}
+_COLUMNS_MEMO: dict[bytes, tuple[_Compiled, _Runs, dict[str, int]]] = {}
 _COLUMNS_MEMO_MAX = 256
 _COLUMNS_AT = b'"columns": ['
 _COLUMNS_END = b'], "size": '
@@ -420,22 +420,34 @@ def _find_runs(cols: _Compiled) -> _Runs:
     return runs
 
 
-def _parse_header(hb: bytes) -> tuple[dict[str, Any], _Compiled, _Runs]:
+def _ends(cols: _Compiled) -> dict[str, int]:
+    """Where each column's bytes end in the entry (for PendingCheck)."""
+    out = {}
+    for name, data, offsets, _ in cols:
+        end = data[0] + data[3]
+        out[name] = max(end, offsets[0] + offsets[3]) if offsets is not None else end
+    return out
+
+
+def _compile(columns: list[dict[str, Any]]) -> tuple[_Compiled, _Runs, dict[str, int]]:
+    compiled = _compile_columns(columns)
+    return compiled, _find_runs(compiled), _ends(compiled)
+
+
+def _parse_header(hb: bytes) -> tuple[dict[str, Any], tuple[_Compiled, _Runs, dict[str, int]]]:
     i = hb.find(_COLUMNS_AT)
     j = hb.rfind(_COLUMNS_END)
     if i < 0 or j < i:  # not the layout our writer makes: parse it all
         header = json.loads(hb)
-        compiled = _compile_columns(header["columns"])
-        return header, compiled, _find_runs(compiled)
+        return header, _compile(header["columns"])
     text = hb[i + len(_COLUMNS_AT) - 1 : j + 1]
     hit = _COLUMNS_MEMO.get(text)
     if hit is None:
-        compiled = _compile_columns(json.loads(text))
-        hit = (compiled, _find_runs(compiled))
+        hit = _compile(json.loads(text))
         if len(_COLUMNS_MEMO) >= _COLUMNS_MEMO_MAX:
             _COLUMNS_MEMO.clear()
         _COLUMNS_MEMO[text] = hit
-    return json.loads(hb[:i] + b'"columns": null' + hb[j + 1 :]), hit[0], hit[1]
+    return json.loads(hb[:i] + b'"columns": null' + hb[j + 1 :]), hit
 
 
 class PendingCheck:
@@ -497,28 +509,29 @@ def _load(path: str, expect: str | None, *, defer: bool = False) -> dict[str, Co
             if xxhash.xxh3_128_digest(body) != digest:
                 raise _Corrupt("checksum mismatch")
     try:
-        header, columns, runs = _parse_header(mm[_PREFIX.size:_PREFIX.size + hlen])
+        header, (columns, runs, ends) = _parse_header(mm[_PREFIX.size:_PREFIX.size + hlen])
         if expect is not None and header["key"] != expect:
             raise _Corrupt("entry holds another key")
         if header["size"] != size:
             raise _Corrupt("size differs from the header")
         base = np.frombuffer(mm, dtype=np.uint8)
         out = UnitColumns()
-        for name, data, offsets, ragged_kind in columns:
-            if offsets is None:
-                out[name] = _view(base, data)
-            else:
-                out[name] = Ragged(_view(base, data), _view(base, offsets), ragged_kind)
-        if defer:
-            ends = {}
-            for name, data, offsets, _ in columns:
-                ends[name] = max(data[0] + data[3], offsets[0] + offsets[3]) if offsets is not None else data[0] + data[3]
-            out.check = PendingCheck(mm, digest, size, ends, path)
+        in_runs = out.runs
         for names, off0, dt, rows, stride in runs:
             # Raises TypeError (a damaged header) if the run would reach past the end.
             run = np.ndarray((len(names), rows), dtype=dt, buffer=base, offset=off0, strides=(stride, dt.itemsize))
             for i, name in enumerate(names):
-                out.runs[name] = (run, i, names)
+                in_runs[name] = (run, i, names)
+        for name, data, offsets, ragged_kind in columns:
+            r = in_runs.get(name)
+            if r is not None:
+                out[name] = r[0][r[1]]  # a row of the run: the same bytes, a cheaper view
+            elif offsets is None:
+                out[name] = _view(base, data)
+            else:
+                out[name] = Ragged(_view(base, data), _view(base, offsets), ragged_kind)
+        if defer:
+            out.check = PendingCheck(mm, digest, size, ends, path)
     except (KeyError, TypeError, ValueError) as exc:
         raise _Corrupt(f"bad header ({exc})") from None
     return out
