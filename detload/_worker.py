@@ -8,8 +8,6 @@ values carrying the worker's traceback and the unit it was on.
 
 from __future__ import annotations
 
-import contextlib
-import mmap
 import os
 import queue
 import time
@@ -135,92 +133,42 @@ class Timings:
             self.extra[stage] = self.extra.get(stage, 0.0) + d
 
 
-class _Mapped:
-    """A local file memory-mapped for pyarrow, with the descriptor kept to notice truncation."""
-
-    def __init__(self, location: str) -> None:
-        self.fd = os.open(location, os.O_RDONLY)
-        try:
-            self.size = os.fstat(self.fd).st_size
-            self.mm = mmap.mmap(self.fd, 0, access=mmap.ACCESS_READ)
-        except BaseException:
-            os.close(self.fd)
-            raise
-        self.reader = pa.BufferReader(pa.py_buffer(self.mm))
-
-    def check(self, ref: FileRef, rg: int) -> None:
-        # Reading a page past the end of a truncated file would kill the process
-        # with SIGBUS; a file replaced by rename keeps this inode and is safe.
-        now = os.fstat(self.fd).st_size
-        if now < self.size:
-            raise DataError(
-                f"{ref.path} row group {rg}: the file was truncated from {self.size} to {now} bytes "
-                "while the loader read it. Batches up to here were delivered intact. Replace files by "
-                "writing a new file and renaming it over the old one, never by rewriting them in place."
-            )
-
-    def close(self) -> None:
-        self.reader.close()
-        with contextlib.suppress(BufferError):  # arrays still view it: unmapped when they go
-            self.mm.close()
-        os.close(self.fd)
-
-
 class UnitReader:
     """Reads and converts single row groups; keeps a few files open; uses the row-group cache."""
 
     def __init__(self, cfg: WorkerConfig) -> None:
         self.cfg = cfg
-        self._open: OrderedDict[int, tuple[pq.ParquetFile, _Mapped | None]] = OrderedDict()
+        self._open: OrderedDict[int, pq.ParquetFile] = OrderedDict()
         self._file_cols = [s.name for s in cfg.specs if not s.partition]
         # Nothing to cache when only Hive partition columns (constants) are asked for.
         self._cache = (RowGroupCache(cfg.cache, cfg.specs, cfg.null_fill)
                        if cfg.cache is not None and self._file_cols else None)
-        self._local = cfg.filesystem.type_name == "local"
         # Remote reads: fetch the requested column chunks in a few coalesced ranged requests.
-        self._pre_buffer = not self._local
-
-    def _open_file(self, location: str) -> tuple[Any, _Mapped | None]:
-        if self._local:
-            # Decoding from a memory map skips a copy of every page out of the page
-            # cache: about 11% faster reads of the benchmark data (docs/reliability.md).
-            try:
-                m = _Mapped(location)
-                return m.reader, m
-            except (OSError, ValueError):  # empty file, a filesystem without mmap: read it plainly
-                pass
-        return self.cfg.filesystem.open_input_file(location), None
+        self._pre_buffer = cfg.filesystem.type_name != "local"
 
     def _file(self, i: int, rg: int) -> pq.ParquetFile:
-        hit = self._open.get(i)
-        if hit is not None:
+        pf = self._open.get(i)
+        if pf is not None:
             self._open.move_to_end(i)
-            if hit[1] is not None:
-                hit[1].check(self.cfg.files[i], rg)
-            return hit[0]
-        f, mapped = self._open_file(self.cfg.files[i].location)
+            return pf
+        f = self.cfg.filesystem.open_input_file(self.cfg.files[i].location)
+        # Pages written with CRCs are checked: garbage in an uncompressed or
+        # zstd page would otherwise decode into wrong values without a word.
+        pf = pq.ParquetFile(f, page_checksum_verification=True, pre_buffer=self._pre_buffer)
         try:
-            # Pages written with CRCs are checked: garbage in an uncompressed or
-            # zstd page would otherwise decode into wrong values without a word.
-            pf = pq.ParquetFile(f, page_checksum_verification=True, pre_buffer=self._pre_buffer)
-            try:
-                _check_unchanged(pf, self.cfg.files[i], rg, self.cfg.specs)
-            except BaseException:
-                pf.close()
-                raise
+            _check_unchanged(pf, self.cfg.files[i], rg, self.cfg.specs)
         except BaseException:
-            if mapped is not None:
-                mapped.close()
+            pf.close()
             raise
-        self._open[i] = (pf, mapped)
+        self._open[i] = pf
         if len(self._open) > self.cfg.open_files:
             _, old = self._open.popitem(last=False)
-            _close(old)
+            old.close()
         return pf
 
     def close(self) -> None:
-        for entry in self._open.values():
-            _close(entry)
+        for pf in self._open.values():
+            pf.close()
         self._open.clear()
 
     def read(self, file_idx: int, rg: int, t: Timings, *, defer: bool = False) -> dict[str, Column]:
@@ -284,12 +232,6 @@ class UnitReader:
         t.add("read", t0, t1)
         t.add("convert", t1, time.perf_counter())
         return out, table.num_rows
-
-
-def _close(entry: tuple[pq.ParquetFile, _Mapped | None]) -> None:
-    entry[0].close()
-    if entry[1] is not None:
-        entry[1].close()
 
 
 def _check_unchanged(pf: pq.ParquetFile, ref: FileRef, rg: int, specs: Sequence[ColumnSpec]) -> None:

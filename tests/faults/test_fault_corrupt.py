@@ -156,29 +156,3 @@ def test_file_replaced_after_planning(fault_data, leaks, change, pool, workers):
     assert expect in msg
     assert got == clean[:first]
     leaks.clean_within(2.0)
-
-
-def test_file_truncated_while_mapped_is_refused_before_reading(fault_data):
-    """Local files are memory-mapped: a truncated one must raise, never touch pages past its end."""
-    import pyarrow.fs as pafs
-
-    from detload._worker import FileRef, Timings, UnitReader, WorkerConfig
-
-    data = fault_data()
-    rel = data.files[0]
-    with Loader(data.root, **OPTS) as loader:
-        specs = tuple(loader.specs)
-        info = next(f for f in loader.dataset.files if f.path == rel)
-    ref = FileRef(info.location, rel, (), info.row_groups)
-    reader = UnitReader(WorkerConfig((ref,), pafs.LocalFileSystem(), specs, {}, None, "", os.getpid()))
-    try:
-        first = reader.read(0, 0, Timings())
-        assert len(first["id"]) == info.row_groups[0]
-        os.truncate(data.path(rel), os.path.getsize(data.path(rel)) // 2)
-        with pytest.raises(DataError) as err:
-            reader.read(0, 1, Timings())
-    finally:
-        reader.close()
-    msg = str(err.value)
-    assert msg.startswith(f"{rel} row group 1: the file was truncated from ")
-    assert "renaming it over the old one" in msg
