@@ -7,6 +7,7 @@ batch's dtype never depends on its contents (nulls, chunking, dictionary use).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
@@ -214,6 +215,14 @@ def convert_column(
     ``where`` is (file, row group) for error messages. Copies only where Arrow's
     layout differs from the NumPy one (booleans, nulls, dictionaries, slices).
     """
+    # The common case first, with as few pyarrow calls as possible: a worker
+    # converts every column of every row group while holding the GIL.
+    if spec.kind == "fixed" and not spec.inner and type(arr) is pa.ChunkedArray and arr.num_chunks == 1:
+        a = arr.chunk(0)
+        if a.null_count == 0 and a.type.id not in _NOT_PLAIN:
+            out = a.to_numpy(zero_copy_only=False)
+            want = _np_dtype(spec.dtype)
+            return out if out.dtype == want else out.astype(want)
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
     if pa.types.is_dictionary(arr.type):
@@ -244,6 +253,15 @@ def convert_column(
             return out.reshape((len(arr), *spec.inner))
         return _primitive(spec, arr, where)
     return _ragged(spec, arr, where)
+
+
+# Type ids that need more than to_numpy (see convert_column's general path).
+_NOT_PLAIN = frozenset({pa.dictionary(pa.int32(), pa.string()).id, pa.binary(1).id})
+
+
+@functools.lru_cache(maxsize=256)
+def _np_dtype(s: str) -> np.dtype[Any]:
+    return np.dtype(s)
 
 
 def _primitive(spec: ColumnSpec, arr: pa.Array, where: tuple[str, int]) -> np.ndarray:

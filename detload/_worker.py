@@ -139,7 +139,8 @@ class UnitReader:
     def __init__(self, cfg: WorkerConfig) -> None:
         self.cfg = cfg
         self._open: OrderedDict[int, pq.ParquetFile] = OrderedDict()
-        self._file_cols = [s.name for s in cfg.specs if not s.partition]
+        self._file_specs = [s for s in cfg.specs if not s.partition]
+        self._file_cols = [s.name for s in self._file_specs]
         # Nothing to cache when only Hive partition columns (constants) are asked for.
         self._cache = (RowGroupCache(cfg.cache, cfg.specs, cfg.null_fill)
                        if cfg.cache is not None and self._file_cols else None)
@@ -226,9 +227,12 @@ class UnitReader:
         t1 = time.perf_counter()
         out: dict[str, Column] = {}
         where = (ref.path, rg)
-        for spec in self.cfg.specs:
-            if not spec.partition:
-                out[spec.name] = convert_column(spec, table.column(spec.name), where, self.cfg.null_fill.get(spec.name))
+        fills = self.cfg.null_fill
+        # The table's columns come in the order asked for; by position is cheaper than by name.
+        arrays = (table.columns if table.column_names == self._file_cols
+                  else [table.column(n) for n in self._file_cols])
+        for spec, arr in zip(self._file_specs, arrays):
+            out[spec.name] = convert_column(spec, arr, where, fills.get(spec.name))
         t.add("read", t0, t1)
         t.add("convert", t1, time.perf_counter())
         return out, table.num_rows
