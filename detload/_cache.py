@@ -569,6 +569,7 @@ class RowGroupCache:
         self.cfg = cfg
         self.store = _Store(cfg.root)
         self.specs = [s for s in specs if not s.partition]
+        self._ragged = any(s.kind == "ragged" for s in self.specs)
         self.specs_key = specs_key(specs, null_fill)
         self.writes_on = True
         self._written = 0
@@ -585,6 +586,10 @@ class RowGroupCache:
         """The row group's columns, or None. With ``defer``, a hit carries a `PendingCheck`
         that `settle` must pass before anything built from it is used."""
         path = self._path(obj, rg)
+        # Offsets of variable-length columns steer copies and sizes: those entries are
+        # verified before use. A damaged fixed-width value only changes data, which the
+        # deferred check catches before the block is handed over.
+        defer = defer and not self._ragged
         try:
             cols = _load(path, self._key(obj, rg), defer=defer)
         except _Corrupt as exc:

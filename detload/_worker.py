@@ -8,6 +8,7 @@ values carrying the worker's traceback and the unit it was on.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import time
@@ -346,6 +347,21 @@ def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, index: i
         _debug_before_read(cfg, task, f, rg)
         units.append(reader.read(f, rg, t, defer=defer))
     t0 = time.perf_counter()
+    try:
+        payload, layout = _assemble(cfg, task, index, seq, units)
+    except Exception:
+        # A damaged header field (a row count, say) can break assembly before the
+        # deferred checksums are finished: if one fails, rebuild; if none does, it is a bug.
+        if all([reader.settle(u, f, rg) for u, (f, rg) in zip(units, task.units)]):
+            raise
+        return None, None, False  # type: ignore[return-value]
+    intact = all([reader.settle(u, f, rg) for u, (f, rg) in zip(units, task.units)])
+    t.add("permute", t0, time.perf_counter())
+    return payload, layout, intact
+
+
+def _assemble(cfg: WorkerConfig, task: Task, index: int, seq: list[int],
+              units: list[dict[str, Column]]) -> tuple[Any, Layout]:
     perm = (
         block_permutation(task.seed, task.epoch, task.partition, task.number, task.rows)
         if task.shuffle else None
@@ -364,16 +380,21 @@ def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, index: i
             holder.append(mm)
             return arr
 
-        buf, layout = assemble(cfg.specs, units, perm, alloc)
+        try:
+            buf, layout = assemble(cfg.specs, units, perm, alloc)
+        except BaseException:
+            for mm in holder:
+                with contextlib.suppress(BufferError):
+                    mm.close()
+            _shm.discard(cfg.shm_dir, name)  # type: ignore[arg-type]
+            raise
         del buf
         try:
             holder[0].close()
         except BufferError:  # a view is still alive somewhere; unmapped when it goes
             pass
         payload = name
-    intact = all([reader.settle(u, f, rg) for u, (f, rg) in zip(units, task.units)])
-    t.add("permute", t0, time.perf_counter())
-    return payload, layout, intact
+    return payload, layout
 
 
 def _release(cfg: WorkerConfig, payload: Any) -> None:

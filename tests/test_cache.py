@@ -432,3 +432,31 @@ def test_damage_found_while_a_block_is_built_never_reaches_a_batch(tmp_path, poo
     assert [n for n in os.listdir(cache / "v1" / "tmp") if n.endswith("-warned-corrupt")]
     same(tmp_path / "plain.jsonl", tmp_path / "warm.jsonl")
     assert cache_info(cache, verify=True)["corrupt"] == []  # refetched and written again
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_damaged_header_that_breaks_assembly_is_refetched(tmp_path, pool):
+    """A header field is used before a deferred checksum is finished; when it breaks the
+    block's assembly (here one column claims 299 rows of 300), the checksum decides:
+    the entry is discarded and the block rebuilt, not reported as a worker error."""
+    src = tmp_path / "runs"
+    _write_runs(src)
+    cache = tmp_path / "cache"
+    run(src, tmp_path / "plain.jsonl", epochs=1)
+    run(src, tmp_path / "cold.jsonl", epochs=1, cache_dir=str(cache))
+    damaged = 0
+    for p in sorted(entries(cache)):
+        full = os.path.join(cache, p)
+        with open(full, "r+b") as f:
+            raw = f.read()
+            at = raw.find(b'"<f4", [300]')
+            if at >= 0 and damaged < 2:
+                f.seek(at)
+                f.write(b'"<f4", [299]')
+                damaged += 1
+    assert damaged == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CacheWarning)
+        run(src, tmp_path / "warm.jsonl", epochs=1, cache_dir=str(cache), pool=pool, workers=2)
+    same(tmp_path / "plain.jsonl", tmp_path / "warm.jsonl")
+    assert cache_info(cache, verify=True)["corrupt"] == []
