@@ -252,12 +252,16 @@ def _assemble_group(
     """Columns ``names`` of the units, concatenated and permuted, into the rows of ``out2d``."""
     k, rows = out2d.shape
     step = k if perm is None else max(1, _CHUNK_BYTES // max(1, rows * out2d.itemsize))
+    # A pending cache checksum covers the whole group now, in one call per unit rather
+    # than one per chunk: each call releases and retakes the GIL, and the group (a few
+    # MB per block) is still in L3 when the chunks copy it.
+    for u in units:
+        _verify_upto(u, names[-1])
     for j0 in range(0, k, step):
         j1 = min(k, j0 + step)
         dst = out2d[j0:j1] if perm is None else scratch[: (j1 - j0) * rows * out2d.itemsize].view(
             out2d.dtype).reshape(j1 - j0, rows)
         for u, (lo, hi) in zip(units, spans):
-            _verify_upto(u, names[j1 - 1])
             part = _run_part(u, names, j0, j1)
             if part is not None:
                 dst[:, lo:hi] = part

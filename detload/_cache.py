@@ -455,8 +455,8 @@ class PendingCheck:
 
     Reading a warm entry's 3 MB twice from memory (once to hash it, once to copy
     it into the block) cost a sixth of a warm block's time. With a pending check
-    the block hashes each column's bytes just before it copies them, while they
-    are in the CPU cache, and `finish` must pass before the block is handed over;
+    the block hashes each group of columns just before it copies them, so the copy
+    reads them from the CPU cache, and `finish` must pass before the block is handed over;
     if it fails the block is rebuilt from the source (see _worker._produce).
     """
 
