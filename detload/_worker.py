@@ -140,6 +140,7 @@ class UnitReader:
     def __init__(self, cfg: WorkerConfig) -> None:
         self.cfg = cfg
         self._open: OrderedDict[int, pq.ParquetFile] = OrderedDict()
+        self.filled_cache = False  # a row group went into the cache since the pass began
         self._file_specs = [s for s in cfg.specs if not s.partition]
         self._file_cols = [s.name for s in self._file_specs]
         # Nothing to cache when only Hive partition columns (constants) are asked for.
@@ -190,6 +191,7 @@ class UnitReader:
             if cache is not None and ref.cache_key:
                 t1 = time.perf_counter()
                 cache.put(ref.cache_key, rg, cols, ref.uri)
+                self.filled_cache = True
                 t.add("cache_write", t1, time.perf_counter())
         out = UnitColumns()
         runs = getattr(cols, "runs", None)
@@ -448,6 +450,13 @@ def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generati
                 last_wait = ("worker_queue_wait", t0, time.perf_counter())
                 if not ok:
                     break
+            if reader.filled_cache:
+                # The pass decoded row groups into the cache; the next one will likely be
+                # warm and decode nothing. Arrow's allocator (mimalloc) would otherwise give
+                # back the decoding buffers bit by bit during that warm epoch, which made
+                # the first warm epoch of a CTR run ~40% slower and ~60% more CPU-hungry.
+                reader.filled_cache = False
+                pa.default_memory_pool().release_unused()
     finally:
         reader.close()
 

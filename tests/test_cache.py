@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -460,3 +461,34 @@ def test_damaged_header_that_breaks_assembly_is_refetched(tmp_path, pool):
         run(src, tmp_path / "warm.jsonl", epochs=1, cache_dir=str(cache), pool=pool, workers=2)
     same(tmp_path / "plain.jsonl", tmp_path / "warm.jsonl")
     assert cache_info(cache, verify=True)["corrupt"] == []
+
+
+def test_a_pass_that_filled_the_cache_returns_arrows_free_memory(data, tmp_path, monkeypatch):
+    """After a cold pass the next one decodes nothing: Arrow's allocator is told to give back
+    its free decoding buffers at once, not during the warm epoch. Warm passes skip it."""
+    import pyarrow
+
+    real = pyarrow.default_memory_pool()
+    calls = []
+
+    class Counting:
+        def release_unused(self):
+            calls.append(1)
+            real.release_unused()
+
+    monkeypatch.setattr(pyarrow, "default_memory_pool", lambda: Counting())
+    with Loader(data, cache_dir=str(tmp_path / "cache"), workers=2, **OPTS) as loader:
+        for _ in loader:
+            pass
+        deadline = time.monotonic() + 5
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.01)  # workers end their pass just after the consumer does
+        time.sleep(0.3)
+        cold = len(calls)
+        loader.set_epoch(1)
+        for _ in loader:
+            pass
+        time.sleep(0.3)
+        warm = len(calls) - cold
+    assert 1 <= cold <= 2  # once per worker that wrote entries
+    assert warm == 0
