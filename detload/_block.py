@@ -19,16 +19,16 @@ each column lies in it, so the consumer side can rebuild zero-copy views.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
 from ._types import Column, ColumnSpec, Ragged, RaggedKind
+from ._types import _np_dtype as _dtype
 
 __all__ = ["Layout", "assemble", "views"]
 
@@ -60,11 +60,6 @@ class Layout:
     rows: int
     nbytes: int
     columns: tuple[ColumnSlot, ...]
-
-
-@functools.lru_cache(maxsize=256)
-def _dtype(s: str) -> np.dtype[Any]:
-    return np.dtype(s)
 
 
 # Layouts and views are built for every block (twice: worker and merger), so
@@ -216,9 +211,15 @@ def _ragged_take(src: Ragged, perm: np.ndarray, out_offsets: np.ndarray, out_val
 _CHUNK_BYTES = 1 << 20
 
 
+def _chunk_cols(rows: int, itemsize: int) -> int:
+    """Columns of ``rows`` values of ``itemsize`` bytes permuted together (at least one)."""
+    return max(1, _CHUNK_BYTES // max(1, rows * itemsize))
+
+
 def _verify_upto(unit: Mapping[str, Column], name: str) -> None:
     """A cache entry with a pending checksum hashes its bytes up to column ``name`` now,
-    just before they are copied (see _cache.PendingCheck); the caller finishes it."""
+    just before they are copied (see _cache.PendingCheck). The caller finishes it,
+    which also covers the columns assembled without this (2-D ones)."""
     check = getattr(unit, "check", None)
     if check is not None:
         end = check.ends.get(name)
@@ -251,7 +252,7 @@ def _assemble_group(
 ) -> None:
     """Columns ``names`` of the units, concatenated and permuted, into the rows of ``out2d``."""
     k, rows = out2d.shape
-    step = k if perm is None else max(1, _CHUNK_BYTES // max(1, rows * out2d.itemsize))
+    step = k if perm is None else _chunk_cols(rows, out2d.itemsize)
     # A pending cache checksum covers the whole group now, in one call per unit rather
     # than one per chunk: each call releases and retakes the GIL, and the group (a few
     # MB per block) is still in L3 when the chunks copy it.
@@ -291,10 +292,6 @@ def assemble(
     for n in lengths:
         spans.append((pos, pos + n))
         pos += n
-    for s in specs:
-        if s.kind == "ragged" or s.inner:  # read whole below, not chunk by chunk
-            for u in units:
-                _verify_upto(u, s.name)
     ragged = {s.name: _concat_ragged([u[s.name] for u in units]) for s in specs if s.kind == "ragged"}  # type: ignore[misc]
     layout, groups = _plan(specs, rows, {k: int(v.values.shape[0]) for k, v in ragged.items()})
     buf = allocate(layout.nbytes)
@@ -302,7 +299,7 @@ def assemble(
     out = views(base, layout)
     need = 0
     if perm is not None and rows:
-        need = max((min(k * rows * _dtype(dt).itemsize, max(_CHUNK_BYTES, rows * _dtype(dt).itemsize))
+        need = max((min(k, _chunk_cols(rows, _dtype(dt).itemsize)) * rows * _dtype(dt).itemsize
                     for _, k, dt in groups), default=0)
     scratch = np.empty(need, dtype=np.uint8)
     for first, k, dt in groups:

@@ -209,9 +209,7 @@ class UnitReader:
 
     def settle(self, unit: dict[str, Column], file_idx: int, rg: int) -> bool:
         """Finish a unit's deferred cache check; False if the entry was damaged (now discarded)."""
-        if self._cache is None or getattr(unit, "check", None) is None:
-            return True
-        return self._cache.settle(unit, rg, self.cfg.files[file_idx].uri)
+        return self._cache is None or self._cache.settle(unit, rg, self.cfg.files[file_idx].uri)
 
     def _read_source(self, file_idx: int, rg: int, t: Timings) -> tuple[dict[str, Column], int]:
         ref = self.cfg.files[file_idx]
