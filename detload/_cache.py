@@ -396,26 +396,27 @@ def _compile_columns(columns: list[dict[str, Any]]) -> _Compiled:
 
 
 def _find_runs(cols: _Compiled) -> _Runs:
+    """Consecutive 1-D fixed columns of one dtype and row count spaced at one stride."""
     runs: _Runs = []
-    cur: list[tuple[str, Any]] = []
+    names: list[str] = []
+    first: tuple[int, np.dtype[Any], tuple[int, ...], int] | None = None  # slot of the run's first column
+    stride = 0
 
     def close() -> None:
-        if len(cur) > 1 and cur[0][1][2][0] > 0:
-            (off0, dt, shape, _), stride = cur[0][1], cur[1][1][0] - cur[0][1][0]
-            runs.append((tuple(n for n, _ in cur), off0, dt, shape[0], stride))
-        cur.clear()
+        if first is not None and len(names) > 1 and first[2][0] > 0:
+            runs.append((tuple(names), first[0], first[1], first[2][0], stride))
 
     for name, data, offsets, _ in cols:
-        off, dt, shape, nbytes = data
-        if offsets is not None or len(shape) != 1:
-            close()
-            continue
-        if cur:
-            (o0, d0, s0, n0) = cur[0][1]
-            stride = cur[1][1][0] - o0 if len(cur) > 1 else off - o0
-            if not (d0 == dt and s0 == shape and stride >= n0 and off == o0 + len(cur) * stride):
-                close()
-        cur.append((name, data))
+        one_d = offsets is None and len(data[2]) == 1
+        if first is not None and one_d and data[1] == first[1] and data[2] == first[2]:
+            step = data[0] - first[0]
+            if len(names) == 1 and step >= first[3]:
+                stride = step  # the second column sets the stride
+            if stride and data[0] == first[0] + len(names) * stride:
+                names.append(name)
+                continue
+        close()
+        names, first, stride = ([name], data, 0) if one_d else ([], None, 0)
     close()
     return runs
 
