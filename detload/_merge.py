@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from . import _shm
 from ._block import views
 from ._pool import WorkerPool
 from ._trace import MERGER, Tracer
@@ -234,7 +233,7 @@ class Run:
 
     def _accept(self, w: int, t0: float, payload: Any, layout: Any, timings: Any) -> dict[str, Column]:
         pool = self.pool
-        buf = payload if pool.shm_dir is None else _shm.attach(pool.shm_dir, payload, layout.nbytes)
+        buf = pool.attach(payload, layout.nbytes)
         t1 = time.perf_counter()
         tr = self.tracer
         tr.span("merge_wait", MERGER, t0, t1)

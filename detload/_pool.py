@@ -52,6 +52,7 @@ class WorkerPool:
         self.outboxes: list[Any] = []
         self.statuses: list[Status] = []
         self.handles: list[Any] = []
+        self.segments: _shm.ConsumerSegments | None = None
         if kind == "thread":
             self.generation: Any = _SharedInt(0)
             for i in range(workers):
@@ -71,20 +72,29 @@ class WorkerPool:
             _shm.sweep_dead()
             ctx = _context()
             self.generation = ctx.RawValue("q", 0)
+            readers, writers = [], []
             for i in range(workers):
                 inbox = ctx.Queue()
                 outbox = ctx.Queue(maxsize=prefetch)
                 arr = ctx.RawArray("q", [0, -1, -1, -1])
+                # Segments the consumer no longer views go back to the worker on this pipe.
+                r, wr = ctx.Pipe(duplex=False)
                 p = ctx.Process(
-                    target=process_main, args=(self.cfg, i, inbox, outbox, self.generation, arr),
+                    target=process_main, args=(self.cfg, i, inbox, outbox, self.generation, arr, r),
                     name=f"detload-worker-{i}", daemon=True,
                 )
                 self.inboxes.append(inbox)
                 self.outboxes.append(outbox)
                 self.statuses.append(Status(arr))
                 self.handles.append(p)
+                readers.append(r)
+                writers.append(wr)
             for p in self.handles:
                 p.start()
+            for r in readers:
+                r.close()  # the worker holds its own copy; a dead worker then gives a broken pipe
+            assert self.shm_dir is not None
+            self.segments = _shm.ConsumerSegments(self.shm_dir, writers)
 
     # -- feeding -----------------------------------------------------------
     def submit(self, gen: int, schedules: list[list[Task]]) -> None:
@@ -100,10 +110,20 @@ class WorkerPool:
     def get(self, w: int, timeout: float) -> Any:
         return self.outboxes[w].get(timeout=timeout)
 
+    def attach(self, payload: Any, nbytes: int) -> Any:
+        """The bytes of a block a worker handed over (its heap array, or its shared-memory segment)."""
+        if self.segments is None:
+            return payload
+        return self.segments.attach(payload, nbytes)
+
     def release(self, item: Any) -> None:
         """Free a block that will never be used (stale or unwanted)."""
-        if self.shm_dir is not None and item and item[0] == "ok" and isinstance(item[3], str):
-            _shm.discard(self.shm_dir, item[3])
+        if self.segments is not None and item and item[0] == "ok" and isinstance(item[3], _shm.Segment):
+            seg = item[3]
+            if not self._closed:
+                self.segments.release(seg)
+            elif seg.name is not None:  # closing: the workers go, nothing will be reused
+                _shm.discard(self.segments.directory, seg.name)
 
     def drain(self) -> None:
         for q in self.outboxes:
@@ -176,5 +196,6 @@ class WorkerPool:
                     h.close()
                 except ValueError:
                     pass
-            assert self.shm_dir is not None
+            assert self.shm_dir is not None and self.segments is not None
+            self.segments.close()
             _shm.sweep(self.shm_dir, self.shm_prefix)

@@ -8,7 +8,6 @@ values carrying the worker's traceback and the unit it was on.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import queue
 import time
@@ -326,20 +325,20 @@ class Status:
         return int(s[0]), int(s[1]), int(s[2]), int(s[3])
 
 
-def _produce(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, index: int,
-             status: Status, seq: list[int], t: Timings) -> tuple[Any, Layout, Timings]:
-    payload, layout, intact = _build(cfg, reader, task, gen, index, status, seq, t, defer=True)
+def _produce(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: Status,
+             segs: _shm.WorkerSegments | None, t: Timings) -> tuple[Any, Layout, Timings]:
+    payload, layout, intact = _build(cfg, reader, task, gen, status, segs, t, defer=True)
     if not intact:
         # A cache entry failed the checksum verified while the block was built: the
         # block is never handed over; the entry is gone, so the rebuild reads the source.
-        _release(cfg, payload)
-        payload, layout, intact = _build(cfg, reader, task, gen, index, status, seq, t, defer=False)
+        _release(segs, payload)
+        payload, layout, intact = _build(cfg, reader, task, gen, status, segs, t, defer=False)
         assert intact
     return payload, layout, t
 
 
-def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, index: int, status: Status,
-           seq: list[int], t: Timings, *, defer: bool) -> tuple[Any, Layout, bool]:
+def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: Status,
+           segs: _shm.WorkerSegments | None, t: Timings, *, defer: bool) -> tuple[Any, Layout, bool]:
     """Build the block; False if a cache entry's deferred checksum failed (see _cache.PendingCheck)."""
     units = []
     for f, rg in task.units:
@@ -348,7 +347,7 @@ def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, index: i
         units.append(reader.read(f, rg, t, defer=defer))
     t0 = time.perf_counter()
     try:
-        payload, layout = _assemble(cfg, task, index, seq, units)
+        payload, layout = _assemble(cfg, task, segs, units)
     except Exception:
         # A damaged header field (a row count, say) can break assembly before the
         # deferred checksums are finished: if one fails, rebuild; if none does, it is a bug.
@@ -356,61 +355,54 @@ def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, index: i
             raise
         return None, None, False  # type: ignore[return-value]
     intact = all([reader.settle(u, f, rg) for u, (f, rg) in zip(units, task.units)])
+    if segs is not None and intact:
+        payload = segs.sending(payload)
     t.add("permute", t0, time.perf_counter())
     return payload, layout, intact
 
 
-def _assemble(cfg: WorkerConfig, task: Task, index: int, seq: list[int],
+def _assemble(cfg: WorkerConfig, task: Task, segs: _shm.WorkerSegments | None,
               units: list[dict[str, Column]]) -> tuple[Any, Layout]:
     perm = (
         block_permutation(task.seed, task.epoch, task.partition, task.number, task.rows)
         if task.shuffle else None
     )
-    if cfg.shm_dir is None:
+    if segs is None:
         alloc = cfg.buffers.get if cfg.buffers is not None else (lambda n: np.empty(n, dtype=np.uint8))
         buf, layout = assemble(cfg.specs, units, perm, alloc)
-        payload: Any = buf
-    else:
-        seq[0] += 1
-        name = f"{cfg.shm_prefix}{index}-{seq[0]}"
-        holder: list[Any] = []
+        return buf, layout
+    got: list[_shm.Segment] = []
 
-        def alloc(n: int) -> np.ndarray:
-            arr, mm = _shm.create(cfg.shm_dir, name, n)  # type: ignore[arg-type]
-            holder.append(mm)
-            return arr
+    def alloc_shm(n: int) -> np.ndarray:
+        seg, arr = segs.get(n)
+        got.append(seg)
+        return arr
 
-        try:
-            buf, layout = assemble(cfg.specs, units, perm, alloc)
-        except BaseException:
-            for mm in holder:
-                with contextlib.suppress(BufferError):
-                    mm.close()
-            _shm.discard(cfg.shm_dir, name)  # type: ignore[arg-type]
-            raise
-        del buf
-        try:
-            holder[0].close()
-        except BufferError:  # a view is still alive somewhere; unmapped when it goes
-            pass
-        payload = name
-    return payload, layout
+    try:
+        buf, layout = assemble(cfg.specs, units, perm, alloc_shm)
+    except BaseException:
+        for seg in got:
+            segs.unsent(seg)
+        raise
+    del buf  # the worker's own array of the segment; the segment stays mapped
+    return got[0], layout
 
 
-def _release(cfg: WorkerConfig, payload: Any) -> None:
-    if cfg.shm_dir is not None and isinstance(payload, str):
-        _shm.discard(cfg.shm_dir, payload)
+def _release(segs: _shm.WorkerSegments | None, payload: Any) -> None:
+    """A block that will not be sent: its segment may be built in again."""
+    if segs is not None and isinstance(payload, _shm.Segment):
+        segs.unsent(payload)
 
 
 def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generation: Any,
-                status: Status) -> None:
+                status: Status, segs: _shm.WorkerSegments | None = None) -> None:
     """Serve (gen, tasks) messages from ``inbox`` until a None arrives.
 
     Tasks of an old generation (the consumer restarted the epoch) are dropped;
-    a block built for one is released rather than queued.
+    a block built for one is released rather than queued. ``segs`` is set in a
+    worker process: blocks are built in its shared-memory segments.
     """
     reader = UnitReader(cfg)
-    seq = [0]
     pid = os.getpid() if cfg.shm_dir is not None else 0
     # A block's wait on the full queue is known only after it was queued: it
     # travels with the worker's next block.
@@ -434,17 +426,17 @@ def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generati
                     t.spans.append(last_wait)
                     last_wait = None
                 try:
-                    payload, layout, t = _produce(cfg, reader, task, gen, index, status, seq, t)
+                    payload, layout, t = _produce(cfg, reader, task, gen, status, segs, t)
                 except BaseException as exc:  # carried back as a value, re-raised by the merger
                     _, k, f, rg = status.get()
                     unit = (cfg.files[f].path, rg) if f >= 0 else None
-                    _put(outbox, ("err", gen, task.k, _pack_exception(exc), unit), generation, gen, cfg, None)
+                    _put(outbox, ("err", gen, task.k, _pack_exception(exc), unit), generation, gen, cfg, None, None)
                     reader.close()
                     reader = UnitReader(cfg)
                     break
                 status.set(gen, task.k, -1, -1)
                 t0 = time.perf_counter()
-                ok = _put(outbox, ("ok", gen, task.k, payload, layout, t), generation, gen, cfg, payload)
+                ok = _put(outbox, ("ok", gen, task.k, payload, layout, t), generation, gen, cfg, segs, payload)
                 last_wait = ("worker_queue_wait", t0, time.perf_counter())
                 if not ok:
                     break
@@ -460,17 +452,17 @@ def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generati
 
 
 def _put(outbox: Any, item: tuple[Any, ...], generation: Any, gen: int, cfg: WorkerConfig,
-         payload: Any) -> bool:
+         segs: _shm.WorkerSegments | None, payload: Any) -> bool:
     while True:
         if generation.value != gen:
-            _release(cfg, payload)
+            _release(segs, payload)
             return False
         try:
             outbox.put(item, timeout=_POLL)
             return True
         except queue.Full:
             if not _shm.pid_alive(cfg.parent_pid):
-                _release(cfg, payload)
+                _release(segs, payload)
                 return False
 
 
@@ -494,8 +486,8 @@ class _SharedInt:
 
 
 def process_main(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generation: Any,
-                 status_arr: Any) -> None:
-    """Entry point of a worker process."""
+                 status_arr: Any, returns: Any) -> None:
+    """Entry point of a worker process; ``returns`` brings back the segments the consumer is done with."""
     import signal
 
     # Ctrl-C reaches the whole process group; the parent decides how to stop.
@@ -503,11 +495,14 @@ def process_main(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generat
     # One worker is one core of parallelism; pyarrow's own pool would compete.
     pa.set_cpu_count(1)
     pa.set_io_thread_count(2)
+    assert cfg.shm_dir is not None
+    segs = _shm.WorkerSegments(cfg.shm_dir, cfg.shm_prefix, index, returns)
     try:
-        worker_loop(cfg, index, inbox, outbox, generation, Status(status_arr))
+        worker_loop(cfg, index, inbox, outbox, generation, Status(status_arr), segs)
     except KeyboardInterrupt:  # the parent handles Ctrl-C; just leave
         pass
     finally:
+        segs.close()
         # A parent killed with SIGKILL cannot sweep; the segments it never
         # mapped would stay in /dev/shm until the next pool starts.
         if cfg.shm_dir is not None and not _shm.pid_alive(cfg.parent_pid):

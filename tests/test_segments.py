@@ -1,0 +1,150 @@
+"""Reused shared-memory segments of the process pool: a segment goes back to its worker only
+when no view of its block is alive, names never outlive the hand-over, and drops reach both sides."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import multiprocessing as mp
+import os
+
+import numpy as np
+import pytest
+from _perfdata import write_small
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from detload import Loader, hash_batch
+from detload._shm import ConsumerSegments, WorkerSegments
+
+
+@pytest.fixture
+def pair(tmp_path):
+    r, w = mp.Pipe(duplex=False)
+    worker = WorkerSegments(str(tmp_path), "detload-1-t-", 0, r)
+    consumer = ConsumerSegments(str(tmp_path), [w])
+    yield worker, consumer, tmp_path
+    worker.close()
+    consumer.close()
+
+
+def _send(worker, consumer, nbytes, value):
+    seg, arr = worker.get(nbytes)
+    arr[:] = value
+    del arr
+    sent = worker.sending(seg)
+    return consumer.attach(sent, nbytes), sent
+
+
+def test_segment_comes_back_only_when_no_view_lives(pair):
+    worker, consumer, d = pair
+    block, seg = _send(worker, consumer, 5000, 7)
+    assert seg.name is not None and os.listdir(d) == []  # mapped and unlinked at once
+    kept = [block[10:20], np.frombuffer(block, dtype=np.uint32, count=4, offset=64).reshape(2, 2)[1:]]
+    del block
+    gc.collect()
+    other, seg2 = _send(worker, consumer, 5000, 9)  # the first is still viewed: a new segment
+    assert seg2.number != seg.number and worker.made == 2
+    assert all((k.view(np.uint8) == 7).all() for k in kept)
+    del kept
+    gc.collect()
+    again, seg3 = _send(worker, consumer, 3000, 5)  # smaller blocks fit an idle segment
+    assert seg3.number == seg.number and seg3.name is None
+    assert worker.reused == 1 and consumer.reused == 1 and consumer.made == 2
+    assert (again == 5).all() and (other == 9).all()
+
+
+def test_idle_segments_too_small_are_dropped_on_both_sides(pair):
+    worker, consumer, _ = pair
+    small, _ = _send(worker, consumer, 10, 1)
+    del small
+    gc.collect()
+    big, seg = _send(worker, consumer, 3 << 20, 2)  # nothing idle fits: the small one is unmapped
+    assert seg.dropped and worker.made == 2
+    assert consumer.mapped == 1
+    del big
+
+
+def test_unsent_blocks_free_their_segment(pair):
+    worker, consumer, d = pair
+    seg, arr = worker.get(100)
+    del arr
+    assert os.listdir(d) == [seg.name]
+    worker.unsent(seg)  # never reached the consumer: its name is unlinked, its mapping dropped
+    assert os.listdir(d) == []
+    block, seg2 = _send(worker, consumer, 100, 3)
+    del block
+    gc.collect()
+    seg3, arr = worker.get(100)
+    del arr
+    assert seg3.number == seg2.number and seg3.name is None
+    worker.unsent(seg3)  # the consumer maps it: it stays for the next block
+    seg4, arr = worker.get(100)
+    assert seg4.number == seg2.number
+    del arr
+
+
+def test_release_of_a_stale_block_gives_its_segment_back(pair):
+    worker, consumer, d = pair
+    seg, arr = worker.get(100)
+    del arr
+    consumer.release(worker.sending(seg))
+    assert os.listdir(d) == []
+    seg2, arr = worker.get(100)
+    assert seg2.number == seg.number and seg2.name is None
+    del arr
+
+
+def test_give_back_after_the_worker_is_gone_is_silent(tmp_path):
+    r, w = mp.Pipe(duplex=False)
+    worker = WorkerSegments(str(tmp_path), "detload-1-t-", 0, r)
+    consumer = ConsumerSegments(str(tmp_path), [w])
+    seg, arr = worker.get(100)
+    del arr
+    block = consumer.attach(worker.sending(seg), 100)
+    worker.close()
+    r.close()
+    del block  # the pipe's reader is closed: a broken pipe, swallowed by the finalizer
+    gc.collect()
+    consumer.close()
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write_small(tmp_path_factory.mktemp("segments") / "d", files=4, rows=2000, row_group=250)
+
+
+@settings(max_examples=4, deadline=None)
+@given(keep=st.lists(st.tuples(st.integers(0, 30), st.sampled_from(["batch", "column", "slice", "ragged"])),
+                     min_size=1, max_size=6))
+def test_kept_batches_never_change_while_segments_are_reused(data, keep):
+    """Whatever part of a batch a user keeps stays as it was while later blocks reuse segments."""
+    wanted = dict(keep)
+    kept: list[object] = []
+    snapshots: list[object] = []
+    with Loader(data, batch_size=96, seed=3, workers=2, pool="process", prefetch=1, shuffle_window=2) as ld:
+        for epoch in range(3):
+            ld.set_epoch(epoch)
+            for i, b in enumerate(ld):
+                what = wanted.get(i) if epoch == 0 else None
+                if what == "batch":
+                    part: object = b
+                elif what == "column":
+                    part = b["x"]
+                elif what == "slice":
+                    part = b["id"][5:40:3]
+                elif what == "ragged":
+                    part = b["s"]
+                else:
+                    continue
+                kept.append(part)
+                snapshots.append(copy.deepcopy(part))
+        assert ld._pool.segments.reused > 0  # segments really were built in again meanwhile
+    gc.collect()
+    for part, snap in zip(kept, snapshots):
+        if isinstance(part, dict):
+            assert hash_batch(part)[0] == hash_batch(snap)[0]  # type: ignore[arg-type]
+        elif isinstance(part, np.ndarray):
+            assert np.array_equal(part, snap)  # type: ignore[arg-type]
+        else:
+            assert np.array_equal(part.values, snap.values) and np.array_equal(part.offsets, snap.offsets)
