@@ -27,7 +27,7 @@ from .audit import batch_line, hash_batch
 from .errors import DetloadError, WorkerError, WorkerStalledError
 from .plan import Plan
 
-__all__ = ["END", "Failure", "Run"]
+__all__ = ["END", "Failure", "Run", "make_tasks"]
 
 _POLL = 0.05
 STOPPED = ("this iteration was stopped: the loader started a new iteration, changed epoch "
@@ -75,6 +75,19 @@ def _concat(parts: Sequence[Column]) -> Column:
     return np.concatenate(parts, axis=0)  # type: ignore[arg-type]
 
 
+def make_tasks(plan: Plan, start_step: int, workers: int, unit_files: np.ndarray,
+               unit_rgs: np.ndarray) -> list[list[Task]]:
+    """Each worker's blocks of ``plan`` from ``start_step`` on: block k goes to worker k mod W."""
+    tasks: list[list[Task]] = [[] for _ in range(workers)]
+    opts = plan.options
+    for k, b in enumerate(plan.schedule_from(start_step)):
+        units = tuple((int(unit_files[u]), int(unit_rgs[u])) for u in b.units)
+        tasks[k % workers].append(
+            Task(k, b.partition, b.number, units, b.rows, opts.seed, plan.epoch, opts.shuffle)
+        )
+    return tasks
+
+
 def _empty(spec: ColumnSpec) -> Column:
     if spec.kind == "ragged":
         return Ragged(np.empty(0, dtype=np.dtype(spec.dtype)), np.zeros(1, dtype=np.int64), spec.ragged_kind)
@@ -92,7 +105,8 @@ class Run:
     def __init__(self, pool: WorkerPool, plan: Plan, specs: Sequence[ColumnSpec], *, gen: int,
                  start_step: int, unit_files: np.ndarray, unit_rgs: np.ndarray,
                  stall_timeout: float | None, ready_depth: int = 1, ordered: bool = True,
-                 hash_batches: bool = True, tracer: Tracer | None = None) -> None:
+                 hash_batches: bool = True, tracer: Tracer | None = None,
+                 ahead: Sequence[int] | None = None) -> None:
         self.pool = pool
         self.plan = plan
         self.specs = list(specs)
@@ -103,15 +117,13 @@ class Run:
         self.hash_batches = hash_batches
         self.ready: queue.Queue[Any] = queue.Queue(maxsize=ready_depth)
         self._cancel = threading.Event()
+        self._merged = False  # the merger took every block of the pass (ordered merge only)
         self.schedule = plan.schedule_from(start_step)
-        W = pool.workers
-        self._tasks: list[list[Task]] = [[] for _ in range(W)]
+        self._tasks = make_tasks(plan, start_step, pool.workers, unit_files, unit_rgs)
+        # Tasks each worker already has: submitted ahead, with this generation, while
+        # the previous pass was running (see Loader._build_ahead).
+        self._ahead = list(ahead) if ahead is not None else [0] * pool.workers
         opts = plan.options
-        for k, b in enumerate(self.schedule):
-            units = tuple((int(unit_files[u]), int(unit_rgs[u])) for u in b.units)
-            self._tasks[k % W].append(
-                Task(k, b.partition, b.number, units, b.rows, opts.seed, plan.epoch, opts.shuffle)
-            )
         # Items of S consecutive batches span at most one smallest block's rows, so
         # an item pins at most two blocks per partition (docs/reliability.md).
         b_min = min((b.rows for b in self.schedule), default=1)
@@ -120,7 +132,7 @@ class Run:
         self.thread = threading.Thread(target=self._main, name="detload-merger", daemon=True)
 
     def start(self) -> None:
-        self.pool.submit(self.gen, self._tasks)
+        self.pool.submit(self.gen, [t[n:] for t, n in zip(self._tasks, self._ahead)])
         self.thread.start()
 
     def stop(self) -> None:
@@ -132,7 +144,17 @@ class Run:
         if self._cancel.is_set():
             return
         self._cancel.set()
-        self.pool.cancel(self.gen)
+        merged = self._merged
+        if merged:
+            # Every block of this pass was taken: the queues hold only what was built
+            # ahead for the next pass (generation gen + 1), which stays wanted.
+            self.pool.cancel(self.gen)
+        else:
+            # Stopped mid-pass: the queues hold this pass's blocks, which are freed, and
+            # what was built ahead is cancelled too, so the queues never hold blocks
+            # behind one another outside their bound (and a break is rarely followed by
+            # the pass predicted).
+            self.pool.cancel(self.gen + 1)
         if self.thread.is_alive() and threading.current_thread() is not self.thread:
             self.thread.join(timeout=5.0)
         while True:
@@ -140,7 +162,8 @@ class Run:
                 self.ready.get_nowait()
             except queue.Empty:
                 break
-        self.pool.drain()
+        if not merged:
+            self.pool.drain()
         # An iterator still holding this run must end, not wait forever.
         self.ready.put_nowait(Failure(DetloadError(STOPPED)))
 
@@ -223,6 +246,15 @@ class Run:
                 raise WorkerError(f"lost the queue of worker {w}: {exc}", worker=w) from None
             if item[1] != self.gen:
                 pool.release(item)
+                if item[1] > self.gen:
+                    # A block built ahead for the next pass: a worker starts those only after
+                    # dropping the rest of this one, so this run is being stopped mid-way,
+                    # which also cancelled what was built ahead (see stop()).
+                    if self._cancel.is_set():
+                        raise _Cancelled
+                    raise DetloadError(  # pragma: no cover - would be a scheduling bug
+                        f"internal error: worker {w} sent a block of a later pass "
+                        f"(generation {item[1]}) before block {k} of this one")
                 continue
             if item[0] == "err":
                 self._raise_worker_error(w, item)
@@ -310,6 +342,7 @@ class Run:
             cols = self._take(k % W, k)
             buffers[block.partition].append((block.start, cols))
             del cols
+        self._merged = True  # the queues now hold only what is built ahead for the next pass
         if step < plan.steps:
             self._emit_steps(step, plan.steps, owned, buffers)
 

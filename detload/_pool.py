@@ -1,8 +1,10 @@
 """Worker pools: a set of persistent workers (threads or processes), one bounded queue each.
 
 The pool only starts, feeds, watches and stops workers; it decides nothing
-about order. Processes are started with forkserver (spawn where unavailable),
-never fork: forking a process that already runs pyarrow or torch threads can
+about order. Work comes in generations: ``generation`` holds the oldest one
+still wanted, so a task or block of an older one is stale and dropped, while a
+newer one (the next epoch's first blocks, built ahead) is kept. Processes are
+started with forkserver (spawn where unavailable), never fork: forking a process that already runs pyarrow or torch threads can
 deadlock the child.
 """
 
@@ -97,14 +99,19 @@ class WorkerPool:
             self.segments = _shm.ConsumerSegments(self.shm_dir, writers)
 
     # -- feeding -----------------------------------------------------------
-    def submit(self, gen: int, schedules: list[list[Task]]) -> None:
-        self.generation.value = gen
+    def submit(self, gen: int, schedules: list[list[Task]], *, ahead: bool = False) -> None:
+        """Queue each worker's tasks. Generation ``gen`` becomes the oldest one wanted,
+        unless ``ahead``: then the tasks wait behind the current ones, and stay wanted
+        when the current generation is cancelled."""
+        if not ahead:
+            self.generation.value = gen
         for inbox, tasks in zip(self.inboxes, schedules):
-            inbox.put((gen, tasks))
+            if tasks:
+                inbox.put((gen, tasks))
 
     def cancel(self, gen: int) -> None:
         """Make generation ``gen`` stale: workers drop its remaining tasks."""
-        if self.generation.value == gen:
+        if self.generation.value <= gen:
             self.generation.value = gen + 1
 
     def get(self, w: int, timeout: float) -> Any:
@@ -160,7 +167,7 @@ class WorkerPool:
         if self._closed:
             return
         self._closed = True
-        self.generation.value = self.generation.value + 1
+        self.generation.value = 2**62  # every generation is stale, those queued ahead too
         for inbox in self.inboxes:
             try:
                 inbox.put(None)

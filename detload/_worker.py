@@ -419,7 +419,7 @@ def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generati
                 return
             gen, tasks = msg
             for task in tasks:
-                if generation.value != gen:
+                if generation.value > gen:  # stale; a newer generation (built ahead) is not
                     break
                 t = Timings(pid=pid)
                 if last_wait is not None:
@@ -454,7 +454,7 @@ def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generati
 def _put(outbox: Any, item: tuple[Any, ...], generation: Any, gen: int, cfg: WorkerConfig,
          segs: _shm.WorkerSegments | None, payload: Any) -> bool:
     while True:
-        if generation.value != gen:
+        if generation.value > gen:
             _release(segs, payload)
             return False
         try:

@@ -2,7 +2,8 @@
 
 The consumer's per-batch work is a queue get, a manifest write and a counter:
 conversion, permutation, stitching and hashing happen in workers and in the
-merger's thread.
+merger's thread. Workers also build the first blocks of the pass expected next
+(`_Ahead`), so that they are not idle while an epoch ends and the next begins.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -22,7 +24,7 @@ import xxhash
 from . import __version__
 from ._cache import object_key, open_cache
 from ._dataset import Dataset, discover
-from ._merge import END, STOPPED, Failure, Run
+from ._merge import END, STOPPED, Failure, Run, make_tasks
 from ._pool import WorkerPool
 from ._remote import object_uri
 from ._trace import CONSUMER, Tracer
@@ -179,6 +181,9 @@ class Loader:
         self._position = 0  # batches of the current epoch already yielded
         self._gen = 0
         self._run: Run | None = None
+        self._ahead: _Ahead | None = None
+        self._last_epoch: int | None = None  # epoch of the previous pass
+        self.ahead_used = 0  # passes that found their first blocks built ahead (tests, stats)
         self._lock = threading.Lock()
         self._manifest_path = _manifest_file(manifest, self.rank) if manifest is not None else None
         self._resume_manifest = False
@@ -287,20 +292,55 @@ class Loader:
             self._resume_step = 0
             pool = self._ensure_pool()
             writer = self._ensure_writer()
-            self._gen = pool.generation.value + 1
+            ahead, self._ahead = self._ahead, None
+            counts = None
+            if (ahead is not None and ahead.pool is pool and start == 0
+                    and ahead.key == (plan.epoch, plan.fingerprint)
+                    and ahead.gen >= pool.generation.value):  # not cancelled by a break
+                # Workers already have (or are building) this pass's first blocks.
+                self._gen, counts = ahead.gen, ahead.counts
+                self.ahead_used += 1
+            else:
+                # Newer than any generation handed out, so blocks built ahead for a
+                # pass that did not come are stale and freed.
+                self._gen = max(pool.generation.value, ahead.gen if ahead is not None else 0) + 1
             run = Run(pool, plan, self.specs, gen=self._gen, start_step=start,
                       unit_files=self._unit_files, unit_rgs=self._unit_rgs,
                       stall_timeout=self.stall_timeout,
                       # Hashes exist for the manifest; without one they would be work for nothing.
                       hash_batches=writer is not None, ordered=self._ordered,
-                      tracer=self._tracer)
+                      tracer=self._tracer, ahead=counts)
             self._run = run
             self._tracer.run_started(self.workers, self.pool_kind)
             if writer is not None:
                 writer.start_epoch(plan.epoch, plan.steps, plan.dropped_rows, plan.fingerprint, start)
             self._position = start
             run.start()
+            self._build_ahead(pool, plan.epoch)
         return self._consume(run, writer, plan.epoch)
+
+    def _build_ahead(self, pool: WorkerPool, epoch: int) -> None:
+        """Queue the first ``prefetch`` blocks per worker of the pass expected after this one.
+
+        Expected: the next epoch when this pass's epoch followed the previous pass's
+        (the ``set_epoch(e)`` loop), the same epoch when it repeated it; otherwise
+        nothing. The tasks wait behind this pass's, so they only use time the workers
+        would spend idle at the end of the epoch, and the blocks wait in the queues
+        that bound memory anyway. A block is a pure function of the plan, so building
+        it early changes nothing; if another pass comes, they are freed unused.
+        """
+        prev, self._last_epoch = self._last_epoch, epoch
+        if not self._ordered or prev is None or epoch - prev not in (0, 1):
+            return
+        nxt = epoch + (epoch - prev)
+        if nxt >= 2**32:
+            return
+        plan = self.plan(nxt)
+        tasks = make_tasks(plan, 0, pool.workers, self._unit_files, self._unit_rgs)
+        counts = [min(len(t), self.prefetch) for t in tasks]
+        gen = self._gen + 1
+        pool.submit(gen, [t[:n] for t, n in zip(tasks, counts)], ahead=True)
+        self._ahead = _Ahead(pool, gen, (plan.epoch, plan.fingerprint), counts)
 
     def _consume(self, run: Run, writer: ManifestWriter | None, epoch: int) -> Iterator[dict[str, Column]]:
         ready = run.ready
@@ -449,6 +489,7 @@ class Loader:
     def close(self) -> None:
         """Stop workers, free shared memory, close the manifest. Idempotent."""
         self._stop_run()
+        self._ahead = None
         Loader._cleanup(self._held)
 
     def __enter__(self) -> Loader:
@@ -469,6 +510,16 @@ class Loader:
     def __repr__(self) -> str:
         return (f"Loader({self.dataset.root!r}, files={len(self.dataset.files)}, rows={self.dataset.rows}, "
                 f"batch_size={self.options.batch_size}, workers={self.workers}, pool={self.pool_kind!r})")
+
+
+@dataclass(frozen=True)
+class _Ahead:
+    """Tasks submitted ahead for the pass expected next: generation, plan key, tasks per worker."""
+
+    pool: WorkerPool
+    gen: int
+    key: tuple[int, str]
+    counts: list[int]
 
 
 def _check_fill(spec: ColumnSpec, dataset: Dataset, value: Any) -> None:
