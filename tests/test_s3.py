@@ -111,7 +111,7 @@ def test_reads_fetch_only_the_requested_columns(s3, proxy, tmp_path):
 @pytest.mark.parametrize("pool", ["thread", "process"])
 def test_transient_faults_are_retried_and_change_nothing(s3, proxy, tmp_path, pool):
     _, _, _, uri, ref = s3
-    proxy.mode, proxy.fraction, proxy.faults = "fraction", 0.3, ("503", "drop", "throttle")
+    proxy.mode, proxy.fraction, proxy.faults = "fraction", 0.5, ("503", "drop", "throttle")
     run(uri, tmp_path / "faulty.jsonl", pool=pool, workers=2, cache_dir=tmp_path / "cache")
     faults = [r for r in proxy.log if r.status in (0, 503)]
     assert len(faults) >= 5, "the proxy injected too few faults for the test to mean anything"
