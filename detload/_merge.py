@@ -309,7 +309,12 @@ class Run:
 
     def _where(self, st: tuple[int, int, int, int]) -> str:
         u = self._unit(st)
-        return f"reading {u[0]} row group {u[1]}" if u else "between row groups"
+        where = f"reading {u[0]} row group {u[1]}" if u else "between row groups"
+        if st[0] != self.gen and u:
+            # A block of another pass (one built ahead that this pass did not use): the
+            # worker drops it only after the read it is in returns.
+            where += ", for a block of another pass that it must finish first"
+        return where
 
     def _raise_worker_error(self, w: int, item: tuple[Any, ...]) -> None:
         _, _, k, (tname, msg, tb, exc), unit = item

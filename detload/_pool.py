@@ -55,6 +55,7 @@ class WorkerPool:
         self.statuses: list[Status] = []
         self.handles: list[Any] = []
         self.segments: _shm.ConsumerSegments | None = None
+        self._gen_lock = threading.Lock()  # guards writes of generation (see cancel)
         if kind == "thread":
             self.generation: Any = _SharedInt(0)
             for i in range(workers):
@@ -104,15 +105,22 @@ class WorkerPool:
         unless ``ahead``: then the tasks wait behind the current ones, and stay wanted
         when the current generation is cancelled."""
         if not ahead:
-            self.generation.value = gen
+            with self._gen_lock:
+                self.generation.value = max(self.generation.value, gen)
         for inbox, tasks in zip(self.inboxes, schedules):
             if tasks:
                 inbox.put((gen, tasks))
 
     def cancel(self, gen: int) -> None:
-        """Make generation ``gen`` stale: workers drop its remaining tasks."""
-        if self.generation.value <= gen:
-            self.generation.value = gen + 1
+        """Make generation ``gen`` stale: workers drop its remaining tasks.
+
+        The merger (on a failure) and the consumer's thread (stopping a run) may
+        both cancel at once; the value only ever grows, or blocks built ahead that
+        one of them had freed could look wanted again.
+        """
+        with self._gen_lock:
+            if self.generation.value <= gen:
+                self.generation.value = gen + 1
 
     def get(self, w: int, timeout: float) -> Any:
         return self.outboxes[w].get(timeout=timeout)
@@ -167,7 +175,8 @@ class WorkerPool:
         if self._closed:
             return
         self._closed = True
-        self.generation.value = 2**62  # every generation is stale, those queued ahead too
+        with self._gen_lock:
+            self.generation.value = 2**62  # every generation is stale, those queued ahead too
         for inbox in self.inboxes:
             try:
                 inbox.put(None)

@@ -18,6 +18,7 @@ while any view of it is alive.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -25,6 +26,7 @@ import re
 import struct
 import tempfile
 import weakref
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -143,9 +145,16 @@ def sweep_dead(directory: str = SHM_DIR) -> int:
 # -- reused segments ----------------------------------------------------------------
 
 # Segments are rounded up so that blocks of slightly different sizes (the last,
-# shorter row group of a file) fit the same segment.
-_ROUND = 1 << 20
+# shorter row group of a file) fit the same segment: by an eighth of the block,
+# between a page and 1 MiB, since /dev/shm reserves every byte of a segment.
+_ROUND_MIN = 1 << 12
+_ROUND_MAX = 1 << 20
 _FREED = struct.Struct("<q")
+
+
+def _capacity(nbytes: int) -> int:
+    granule = max(_ROUND_MIN, min(_ROUND_MAX, 1 << max(0, (nbytes // 8).bit_length() - 1)))
+    return max(-(-nbytes // granule) * granule, 1)
 
 
 class Segment(NamedTuple):
@@ -178,6 +187,10 @@ class WorkerSegments:
         self.made = 0
         self.reused = 0
 
+    def collect(self) -> None:
+        """Take in the segments the consumer sent back (also while waiting, so its pipe never fills)."""
+        self._collect()
+
     def _collect(self) -> None:
         while self._returns.poll():
             try:
@@ -206,7 +219,7 @@ class WorkerSegments:
             number = self._next
             self._next += 1
             name = f"{self.prefix}{self.worker}-{number}"
-            cap = max(-(-nbytes // _ROUND) * _ROUND, 1)
+            cap = _capacity(nbytes)
             _, mm = create(self.directory, name, cap)
             self._maps[number] = mm
             self._capacity[number] = cap
@@ -245,17 +258,50 @@ class WorkerSegments:
         self._idle.clear()
 
 
+class _Returns:
+    """The consumer's end of one worker's return pipe, written without ever blocking.
+
+    A block array sends its segment back when it is collected, from whatever
+    thread drops the last view (the training loop's, inside a finalizer): that
+    must not wait for the worker. The pipe is non-blocking; a number that does
+    not fit (thousands of blocks dropped at once) waits in ``pending`` and is
+    sent with the next block the consumer side handles.
+    """
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.pending: deque[int] = deque()
+        with contextlib.suppress(OSError, ValueError):
+            os.set_blocking(conn.fileno(), False)
+
+    def send(self, number: int) -> None:
+        # A finalizer: never raises. A message is 12 bytes, under PIPE_BUF, so a
+        # write is whole or nothing; a gone worker gives a broken pipe.
+        try:
+            self.conn.send_bytes(_FREED.pack(number))
+        except BlockingIOError:
+            self.pending.append(number)
+        except (OSError, ValueError):
+            pass
+
+    def flush(self) -> None:
+        for _ in range(len(self.pending)):
+            try:
+                number = self.pending.popleft()
+            except IndexError:
+                return
+            self.send(number)
+
+
 class ConsumerSegments:
     """The consumer side: one mapping per live or idle segment of each worker.
 
-    ``returns[w]`` is the write end of worker ``w``'s return pipe. A block array
-    made by `attach` sends its segment back when it is collected, from whatever
-    thread drops the last view: one write of a few bytes, no lock.
+    ``returns[w]`` is the write end of worker ``w``'s return pipe (see `_Returns`).
     """
 
     def __init__(self, directory: str, returns: Sequence[Any]) -> None:
         self.directory = directory
-        self._returns = list(returns)
+        self._returns = [_Returns(c) for c in returns]
         self._maps: dict[tuple[int, int], mmap.mmap] = {}
         self.made = 0    # segments mapped (tests and stats)
         self.reused = 0  # blocks that arrived in a segment already mapped
@@ -267,6 +313,9 @@ class ConsumerSegments:
 
     def attach(self, seg: Segment, nbytes: int) -> np.ndarray:
         """The block's bytes as a uint8 array; the segment goes back to its worker when it dies."""
+        returns = self._returns[seg.worker]
+        if returns.pending:
+            returns.flush()
         for number in seg.dropped:
             self._maps.pop((seg.worker, number), None)
         key = (seg.worker, seg.number)
@@ -279,11 +328,13 @@ class ConsumerSegments:
         # Not a slice of an array over the whole mapping: NumPy would make views of
         # that point at it, and this block array could die while they live.
         block = np.frombuffer(memoryview(mm)[:nbytes], dtype=np.uint8)  # type: ignore[arg-type]
-        weakref.finalize(block, _give_back, self._returns[seg.worker], seg.number)
+        weakref.finalize(block, returns.send, seg.number)
         return block
 
     def release(self, seg: Segment) -> None:
         """A block that will never be used: map it if new (which unlinks its name), send it back."""
+        if self._returns[seg.worker].pending:
+            self._returns[seg.worker].flush()
         for number in seg.dropped:
             self._maps.pop((seg.worker, number), None)
         if seg.name is not None:
@@ -291,17 +342,9 @@ class ConsumerSegments:
                 self._maps[(seg.worker, seg.number)] = _map(self.directory, seg.name, seg.capacity)
             except OSError:  # gone (a sweep at close): the worker is going away too
                 return
-        _give_back(self._returns[seg.worker], seg.number)
+        self._returns[seg.worker].send(seg.number)
 
     def close(self) -> None:
         """Drop the idle mappings; those of live blocks go with their last view."""
         self._maps.clear()
 
-
-def _give_back(conn: Any, number: int) -> None:
-    # A finalizer: never raises. A message is 12 bytes and a worker holds a few
-    # segments, so the pipe never fills; a gone worker gives a broken pipe.
-    try:
-        conn.send_bytes(_FREED.pack(number))
-    except (OSError, ValueError):
-        pass

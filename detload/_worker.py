@@ -414,6 +414,8 @@ def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generati
             except queue.Empty:
                 if not _shm.pid_alive(cfg.parent_pid):
                     return
+                if segs is not None:
+                    segs.collect()
                 continue
             if msg is None:
                 return
@@ -464,6 +466,8 @@ def _put(outbox: Any, item: tuple[Any, ...], generation: Any, gen: int, cfg: Wor
             if not _shm.pid_alive(cfg.parent_pid):
                 _release(segs, payload)
                 return False
+            if segs is not None:
+                segs.collect()
 
 
 def _pack_exception(exc: BaseException) -> tuple[str, str, str, BaseException | None]:

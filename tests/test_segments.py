@@ -148,3 +148,72 @@ def test_kept_batches_never_change_while_segments_are_reused(data, keep):
             assert np.array_equal(part, snap)  # type: ignore[arg-type]
         else:
             assert np.array_equal(part.values, snap.values) and np.array_equal(part.offsets, snap.offsets)
+
+
+def test_capacity_is_rounded_by_an_eighth_of_the_block():
+    from detload._shm import _capacity
+
+    assert _capacity(1) == 4096
+    assert _capacity(50_000) == 53_248  # 13 pages, not a whole MiB reserved in /dev/shm
+    assert _capacity(12_600_000) == 13 << 20
+    for n in (1, 4095, 4097, 50_000, 1 << 20, 12_600_000, 40 << 20):
+        assert n <= _capacity(n) <= n + max(4096, n // 8)
+
+
+def test_dropping_many_blocks_at_once_never_blocks_the_consumer(tmp_path):
+    """A finalizer sends each segment back; with more than a pipe holds and a worker not
+    reading, the sends must not block (the training loop's thread runs them)."""
+    import fcntl
+    import threading
+
+    r, w = mp.Pipe(duplex=False)
+    fcntl.fcntl(w.fileno(), 1031, 4096)  # F_SETPIPE_SZ: one page, ~340 messages
+    worker = WorkerSegments(str(tmp_path), "detload-1-t-", 0, r)
+    consumer = ConsumerSegments(str(tmp_path), [w])
+    blocks = []
+    for _ in range(500):
+        seg, arr = worker.get(100)
+        del arr
+        blocks.append(consumer.attach(worker.sending(seg), 100))
+    done = threading.Event()
+
+    def drop():
+        blocks.clear()
+        gc.collect()
+        done.set()
+
+    t = threading.Thread(target=drop, daemon=True)
+    t.start()
+    assert done.wait(10), "dropping blocks blocked on the return pipe"
+    t.join()
+    returns = consumer._returns[0]
+    assert returns.pending  # what did not fit waits
+    for _ in range(5):  # the worker reads; each block the consumer handles sends more
+        worker.collect()
+        seg, arr = worker.get(100)  # reuses one of them
+        del arr
+        consumer.release(worker.sending(seg))
+    worker.collect()
+    assert not returns.pending
+    assert len(worker._idle) == 500 and worker.made == 500
+    worker.close()
+    consumer.close()
+
+
+def test_cancel_never_lowers_the_generation():
+    """The merger (on a failure) and the consumer (stopping a run) may cancel at once."""
+    import threading
+
+    from detload._pool import WorkerPool
+    from detload._worker import _SharedInt
+
+    pool = WorkerPool.__new__(WorkerPool)  # only the generation logic, no workers
+
+    pool.generation = _SharedInt(0)
+    pool._gen_lock = threading.Lock()
+    pool.inboxes = []
+    pool.cancel(6)
+    pool.cancel(4)  # a late cancel of an older run
+    assert pool.generation.value == 7
+    pool.submit(5, [], ahead=False)
+    assert pool.generation.value == 7
