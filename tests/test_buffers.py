@@ -1,4 +1,5 @@
-"""Reused block buffers of the thread pool: a slab comes back only when no view of its block is alive."""
+"""Reused block buffers: a thread pool slab, or a process pool segment, comes back only when no view
+of its block is alive, so a batch a user keeps never changes."""
 
 from __future__ import annotations
 
@@ -67,15 +68,16 @@ def data(tmp_path_factory):
     return write_small(tmp_path_factory.mktemp("buffers") / "d", files=4, rows=2000, row_group=250)
 
 
-@settings(max_examples=15, deadline=None)
-@given(keep=st.lists(st.tuples(st.integers(0, 30), st.sampled_from(["batch", "column", "slice", "ragged"])),
-                     min_size=1, max_size=6))
-def test_kept_batches_never_change_while_slabs_are_reused(data, keep):
-    """Whatever part of a batch a user keeps stays as it was while later blocks reuse slabs."""
+KEEP = st.lists(st.tuples(st.integers(0, 30), st.sampled_from(["batch", "column", "slice", "ragged"])),
+                min_size=1, max_size=6)
+
+
+def _kept_parts_never_change(data, keep, pool: str) -> None:
+    """Keep parts of some batches of epoch 0, run more epochs (reusing buffers), compare."""
     wanted = dict(keep)
     kept: list[object] = []
     snapshots: list[object] = []
-    with Loader(data, batch_size=96, seed=3, workers=2, pool="thread", prefetch=1, shuffle_window=2) as ld:
+    with Loader(data, batch_size=96, seed=3, workers=2, pool=pool, prefetch=1, shuffle_window=2) as ld:
         for epoch in range(3):
             ld.set_epoch(epoch)
             for i, b in enumerate(ld):
@@ -92,7 +94,8 @@ def test_kept_batches_never_change_while_slabs_are_reused(data, keep):
                     continue
                 kept.append(part)
                 snapshots.append(copy.deepcopy(part))
-        assert ld._pool.buffers.reused > 0  # slabs really were handed out again meanwhile
+        # Buffers really were handed out again meanwhile.
+        assert (ld._pool.buffers.reused if pool == "thread" else ld._pool.segments.reused) > 0
     gc.collect()
     for part, snap in zip(kept, snapshots):
         if isinstance(part, dict):
@@ -101,3 +104,17 @@ def test_kept_batches_never_change_while_slabs_are_reused(data, keep):
             assert np.array_equal(part, snap)  # type: ignore[arg-type]
         else:
             assert np.array_equal(part.values, snap.values) and np.array_equal(part.offsets, snap.offsets)
+
+
+@settings(max_examples=15, deadline=None)
+@given(keep=KEEP)
+def test_kept_batches_never_change_while_slabs_are_reused(data, keep):
+    """Whatever part of a batch a user keeps stays as it was while later blocks reuse slabs."""
+    _kept_parts_never_change(data, keep, "thread")
+
+
+@settings(max_examples=4, deadline=None)
+@given(keep=KEEP)
+def test_kept_batches_never_change_while_segments_are_reused(data, keep):
+    """The same with process workers, whose shared-memory segments are reused."""
+    _kept_parts_never_change(data, keep, "process")

@@ -3,18 +3,13 @@ when no view of its block is alive, names never outlive the hand-over, and drops
 
 from __future__ import annotations
 
-import copy
 import gc
 import multiprocessing as mp
 import os
 
 import numpy as np
 import pytest
-from _perfdata import write_small
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from detload import Loader, hash_batch
 from detload._shm import ConsumerSegments, WorkerSegments
 
 
@@ -107,47 +102,6 @@ def test_give_back_after_the_worker_is_gone_is_silent(tmp_path):
     del block  # the pipe's reader is closed: a broken pipe, swallowed by the finalizer
     gc.collect()
     consumer.close()
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return write_small(tmp_path_factory.mktemp("segments") / "d", files=4, rows=2000, row_group=250)
-
-
-@settings(max_examples=4, deadline=None)
-@given(keep=st.lists(st.tuples(st.integers(0, 30), st.sampled_from(["batch", "column", "slice", "ragged"])),
-                     min_size=1, max_size=6))
-def test_kept_batches_never_change_while_segments_are_reused(data, keep):
-    """Whatever part of a batch a user keeps stays as it was while later blocks reuse segments."""
-    wanted = dict(keep)
-    kept: list[object] = []
-    snapshots: list[object] = []
-    with Loader(data, batch_size=96, seed=3, workers=2, pool="process", prefetch=1, shuffle_window=2) as ld:
-        for epoch in range(3):
-            ld.set_epoch(epoch)
-            for i, b in enumerate(ld):
-                what = wanted.get(i) if epoch == 0 else None
-                if what == "batch":
-                    part: object = b
-                elif what == "column":
-                    part = b["x"]
-                elif what == "slice":
-                    part = b["id"][5:40:3]
-                elif what == "ragged":
-                    part = b["s"]
-                else:
-                    continue
-                kept.append(part)
-                snapshots.append(copy.deepcopy(part))
-        assert ld._pool.segments.reused > 0  # segments really were built in again meanwhile
-    gc.collect()
-    for part, snap in zip(kept, snapshots):
-        if isinstance(part, dict):
-            assert hash_batch(part)[0] == hash_batch(snap)[0]  # type: ignore[arg-type]
-        elif isinstance(part, np.ndarray):
-            assert np.array_equal(part, snap)  # type: ignore[arg-type]
-        else:
-            assert np.array_equal(part.values, snap.values) and np.array_equal(part.offsets, snap.offsets)
 
 
 def test_capacity_is_rounded_by_an_eighth_of_the_block():
