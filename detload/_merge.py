@@ -11,6 +11,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ._block import views
+from ._cache import CacheWarning
 from ._pool import WorkerPool
 from ._trace import MERGER, Tracer
 from ._types import Column, ColumnSpec, Ragged
@@ -30,6 +32,8 @@ from .plan import Plan
 __all__ = ["END", "Failure", "Run", "make_tasks"]
 
 _POLL = 0.05
+# Warning classes a worker process may raise, by name (see _worker._forward_warnings).
+_WARNING_CLASSES: dict[str, type[Warning]] = {"CacheWarning": CacheWarning}
 STOPPED = ("this iteration was stopped: the loader started a new iteration, changed epoch "
            "or was closed. Iterate the loader again for a fresh pass.")
 #: Most batches per item of the ready queue (see Run._emit_steps).
@@ -270,6 +274,9 @@ class Run:
         tr = self.tracer
         tr.span("merge_wait", MERGER, t0, t1)
         tr.worker_spans(w, timings.spans, timings.pid)
+        for category, message in timings.warnings:
+            # A process worker's warning, raised again here so that the user's filters see it.
+            warnings.warn(message, _WARNING_CLASSES.get(category, UserWarning), stacklevel=2)
         self._sample_depths(t1)
         return views(buf, layout)
 

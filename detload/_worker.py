@@ -12,6 +12,7 @@ import os
 import queue
 import time
 import traceback
+import warnings
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -117,6 +118,9 @@ class Timings:
     extra: dict[str, float] = field(default_factory=dict)
     spans: list[tuple[str, float, float]] = field(default_factory=list)
     pid: int = 0
+    # Warnings a worker process raised since its last block, as (category name, message):
+    # the merger raises them again in the consumer's process (see _forward_warnings).
+    warnings: list[tuple[str, str]] = field(default_factory=list)
 
     def add(self, stage: str, t0: float, t1: float) -> None:
         self.spans.append((stage, t0, t1))
@@ -437,6 +441,8 @@ def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generati
                     reader = UnitReader(cfg)
                     break
                 status.set(gen, task.k, -1, -1)
+                if _FORWARDED:  # raised while building this block (or since the last one)
+                    t.warnings, _FORWARDED[:] = list(_FORWARDED), []
                 t0 = time.perf_counter()
                 ok = _put(outbox, ("ok", gen, task.k, payload, layout, t), generation, gen, cfg, segs, payload)
                 last_wait = ("worker_queue_wait", t0, time.perf_counter())
@@ -496,6 +502,7 @@ def process_main(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generat
 
     # Ctrl-C reaches the whole process group; the parent decides how to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _forward_warnings()
     # One worker is one core of parallelism; pyarrow's own pool would compete.
     pa.set_cpu_count(1)
     pa.set_io_thread_count(2)
@@ -511,6 +518,21 @@ def process_main(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generat
         # mapped would stay in /dev/shm until the next pool starts.
         if cfg.shm_dir is not None and not _shm.pid_alive(cfg.parent_pid):
             _shm.sweep(cfg.shm_dir, cfg.shm_prefix)
+
+
+# Warnings raised in a worker process, waiting to travel with its next block.
+_FORWARDED: list[tuple[str, str]] = []
+
+
+def _forward_warnings() -> None:
+    """In a worker process: keep warnings for the consumer instead of printing them on this
+    process's stderr, where a user's warnings filters and ``pytest.warns`` never see them."""
+
+    def keep(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: Any = None, line: str | None = None) -> None:
+        _FORWARDED.append((category.__name__, str(message)))
+
+    warnings.showwarning = keep
 
 
 def parse_units(units: Sequence[int], file_index: np.ndarray, rg_index: np.ndarray) -> tuple[tuple[int, int], ...]:

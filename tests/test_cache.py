@@ -130,7 +130,10 @@ def _flip(path, at):
         f.write(bytes([b[0] ^ 0xFF]))
 
 
-def test_corrupt_entries_are_detected_refetched_and_warned_once(data, tmp_path):
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_corrupt_entries_are_detected_refetched_and_warned_once(data, tmp_path, pool):
+    """With process workers too the warning is a Python warning in the consumer's process,
+    where filters and ``pytest.warns`` see it, not text on a worker's stderr."""
     ref = tmp_path / "ref.jsonl"
     run(data, ref)
     cache = tmp_path / "cache"
@@ -144,7 +147,7 @@ def test_corrupt_entries_are_detected_refetched_and_warned_once(data, tmp_path):
     assert len(cache_info(cache, verify=True)["corrupt"]) == 3
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run(data, tmp_path / "fixed.jsonl", cache_dir=cache, workers=3)
+        run(data, tmp_path / "fixed.jsonl", cache_dir=cache, workers=3, pool=pool)
     ours = [w for w in caught if issubclass(w.category, CacheWarning)]
     assert len(ours) == 1, [str(w.message) for w in ours]
     msg = str(ours[0].message)
@@ -254,8 +257,8 @@ if __name__ == "__main__":
 def test_tiny_filesystem_goes_on_uncached(data, tmp_path):
     """A real full disk: a 64 KiB tmpfs mounted in a private mount namespace (needs root).
 
-    Process workers print their warnings to the inherited stderr; across the parent and both
-    workers the warning must appear exactly once.
+    Process workers hand their warnings to the consumer's process; across the parent and both
+    workers the warning must appear exactly once, and as a Python warning there.
     """
     if shutil.which("unshare") is None or os.geteuid() != 0:
         pytest.skip("needs root and unshare to mount a tiny tmpfs")
@@ -276,6 +279,7 @@ def test_tiny_filesystem_goes_on_uncached(data, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     shown = res.stdout.count("is full") + res.stderr.count("is full")
     assert shown == 1, res.stdout + res.stderr[-2000:]
+    assert "WARNINGS 1" in res.stdout, res.stdout + res.stderr[-2000:]  # caught in the parent
     same(tmp_path / "ref.jsonl", tmp_path / "tiny.jsonl")
 
 
