@@ -81,15 +81,16 @@ def _concat(parts: Sequence[Column]) -> Column:
 
 def make_tasks(plan: Plan, start_step: int, workers: int, unit_files: np.ndarray,
                unit_rgs: np.ndarray) -> list[list[Task]]:
-    """Each worker's blocks of ``plan`` from ``start_step`` on: block k goes to worker k mod W."""
-    tasks: list[list[Task]] = [[] for _ in range(workers)]
+    """Each worker's blocks of ``plan`` from ``start_step`` on, as dealt by `Plan.worker_schedules`
+    (block k to worker k mod W, so worker w's j-th block is k = j*W + w)."""
     opts = plan.options
-    for k, b in enumerate(plan.schedule_from(start_step)):
-        units = tuple((int(unit_files[u]), int(unit_rgs[u])) for u in b.units)
-        tasks[k % workers].append(
-            Task(k, b.partition, b.number, units, b.rows, opts.seed, plan.epoch, opts.shuffle)
-        )
-    return tasks
+    return [
+        [Task(j * workers + w, b.partition, b.number,
+              tuple((int(unit_files[u]), int(unit_rgs[u])) for u in b.units),
+              b.rows, opts.seed, plan.epoch, opts.shuffle)
+         for j, b in enumerate(blocks)]
+        for w, blocks in enumerate(plan.worker_schedules(workers, start_step))
+    ]
 
 
 def _empty(spec: ColumnSpec) -> Column:

@@ -4,8 +4,8 @@ The pool only starts, feeds, watches and stops workers; it decides nothing
 about order. Work comes in generations: ``generation`` holds the oldest one
 still wanted, so a task or block of an older one is stale and dropped, while a
 newer one (the next epoch's first blocks, built ahead) is kept. Processes are
-started with forkserver (spawn where unavailable), never fork: forking a process that already runs pyarrow or torch threads can
-deadlock the child.
+started with forkserver (spawn where unavailable), never fork: forking a process
+that already runs pyarrow or torch threads can deadlock the child.
 """
 
 from __future__ import annotations

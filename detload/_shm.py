@@ -189,9 +189,6 @@ class WorkerSegments:
 
     def collect(self) -> None:
         """Take in the segments the consumer sent back (also while waiting, so its pipe never fills)."""
-        self._collect()
-
-    def _collect(self) -> None:
         while self._returns.poll():
             try:
                 data = self._returns.recv_bytes()
@@ -203,7 +200,7 @@ class WorkerSegments:
 
     def get(self, nbytes: int) -> tuple[Segment, np.ndarray]:
         """A segment of at least ``nbytes`` bytes and a writable uint8 array over its first ``nbytes``."""
-        self._collect()
+        self.collect()
         fits = [i for i in self._idle if self._capacity[i] >= nbytes]
         if fits:
             number = min(fits, key=self._capacity.__getitem__)
@@ -311,37 +308,38 @@ class ConsumerSegments:
         """Segments this side keeps mapped for reuse (live or idle)."""
         return len(self._maps)
 
-    def attach(self, seg: Segment, nbytes: int) -> np.ndarray:
-        """The block's bytes as a uint8 array; the segment goes back to its worker when it dies."""
+    def _take_in(self, seg: Segment) -> None:
+        """What every block a worker sends brings: returns that did not fit earlier go out,
+        the worker's dropped segments are unmapped here too, and a new segment is mapped
+        (which unlinks its name)."""
         returns = self._returns[seg.worker]
         if returns.pending:
             returns.flush()
         for number in seg.dropped:
             self._maps.pop((seg.worker, number), None)
-        key = (seg.worker, seg.number)
         if seg.name is not None:
-            self._maps[key] = _map(self.directory, seg.name, seg.capacity)
+            self._maps[(seg.worker, seg.number)] = _map(self.directory, seg.name, seg.capacity)
+
+    def attach(self, seg: Segment, nbytes: int) -> np.ndarray:
+        """The block's bytes as a uint8 array; the segment goes back to its worker when it dies."""
+        self._take_in(seg)
+        if seg.name is not None:
             self.made += 1
         else:
             self.reused += 1
-        mm = self._maps[key]
+        mm = self._maps[(seg.worker, seg.number)]
         # Not a slice of an array over the whole mapping: NumPy would make views of
         # that point at it, and this block array could die while they live.
         block = np.frombuffer(memoryview(mm)[:nbytes], dtype=np.uint8)  # type: ignore[arg-type]
-        weakref.finalize(block, returns.send, seg.number)
+        weakref.finalize(block, self._returns[seg.worker].send, seg.number)
         return block
 
     def release(self, seg: Segment) -> None:
-        """A block that will never be used: map it if new (which unlinks its name), send it back."""
-        if self._returns[seg.worker].pending:
-            self._returns[seg.worker].flush()
-        for number in seg.dropped:
-            self._maps.pop((seg.worker, number), None)
-        if seg.name is not None:
-            try:
-                self._maps[(seg.worker, seg.number)] = _map(self.directory, seg.name, seg.capacity)
-            except OSError:  # gone (a sweep at close): the worker is going away too
-                return
+        """A block that will never be used: take it in like any other, send it straight back."""
+        try:
+            self._take_in(seg)
+        except OSError:  # its name is gone (a sweep at close): the worker is going away too
+            return
         self._returns[seg.worker].send(seg.number)
 
     def close(self) -> None:

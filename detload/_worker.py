@@ -516,7 +516,7 @@ def process_main(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generat
         segs.close()
         # A parent killed with SIGKILL cannot sweep; the segments it never
         # mapped would stay in /dev/shm until the next pool starts.
-        if cfg.shm_dir is not None and not _shm.pid_alive(cfg.parent_pid):
+        if not _shm.pid_alive(cfg.parent_pid):
             _shm.sweep(cfg.shm_dir, cfg.shm_prefix)
 
 
