@@ -9,10 +9,21 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 
 import psutil
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+
+def wait_until(cond: Callable[[], object], timeout: float, step: float = 0.02) -> float:
+    """Seconds until ``cond()`` held; raises AssertionError after ``timeout``."""
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"condition {getattr(cond, '__name__', cond)} not met within {timeout} s")
+        time.sleep(step)
+    return time.monotonic() - t0
 
 
 def shm_segments(pid: int | None = None) -> list[str]:

@@ -8,25 +8,16 @@ for a pass that does not come are freed, not delivered.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from _perfdata import write_small
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from leaks import shm_segments
+from leaks import shm_segments, wait_until
 
 from detload import Loader, hash_batch
 from detload._worker import DebugHooks
 
 OPTS = dict(batch_size=96, seed=3, shuffle_window=2)
-
-
-def wait_until(cond, timeout: float) -> None:
-    t0 = time.monotonic()
-    while not cond():
-        assert time.monotonic() - t0 < timeout, "condition not met in time"
-        time.sleep(0.02)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from leaks import LeakCheck, pid_alive, shm_segments  # noqa: F401 - re-exported for the fault tests
+from leaks import LeakCheck, pid_alive, shm_segments, wait_until  # noqa: F401 - re-exported for the fault tests
 
 from detload import Loader
 from detload.audit import hash_batch
@@ -98,16 +97,6 @@ def consume(loader: Iterable[dict[str, Any]], hashes: list[str]) -> None:
 
 
 # -- leaks ---------------------------------------------------------------------
-
-def wait_until(cond: Any, timeout: float, step: float = 0.02) -> float:
-    """Seconds until ``cond()`` held; raises AssertionError after ``timeout``."""
-    t0 = time.monotonic()
-    while not cond():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"condition {getattr(cond, '__name__', cond)} not met within {timeout} s")
-        time.sleep(step)
-    return time.monotonic() - t0
-
 
 #: The suite-wide leak check (tests/leaks.py), under the name these tests use.
 LeakWatch = LeakCheck
