@@ -45,7 +45,8 @@ class DebugHooks:
     ``delay_max`` seconds of delay, pseudo-random per (seed, epoch, unit) from
     ``delay_seed``; ``fail_unit`` a (relative path, row group) whose read raises
     ``fail_exc`` (an exception instance); ``stall_unit`` a unit whose read blocks
-    for ``stall_seconds``; ``die_unit`` a unit whose read kills the process.
+    for ``stall_seconds`` (only in epoch ``stall_epoch`` when that is set);
+    ``die_unit`` a unit whose read kills the process.
     """
 
     delay_max: float = 0.0
@@ -54,6 +55,7 @@ class DebugHooks:
     fail_exc: BaseException | None = None
     stall_unit: tuple[str, int] | None = None
     stall_seconds: float = 3600.0
+    stall_epoch: int | None = None
     die_unit: tuple[str, int] | None = None
     block_delay_max: float = 0.0  # benchmark/test: pseudo-random sleep before each block
 
@@ -305,7 +307,7 @@ def _debug_before_read(cfg: WorkerConfig, task: Task, file_idx: int, rg: int) ->
         time.sleep(d.delay_max * (h % 10_000) / 10_000)
     if d.fail_unit == unit and d.fail_exc is not None:
         raise d.fail_exc
-    if d.stall_unit == unit:
+    if d.stall_unit == unit and d.stall_epoch in (None, task.epoch):
         time.sleep(d.stall_seconds)
     if d.die_unit == unit and cfg.shm_dir is not None:
         os.kill(os.getpid(), 9)

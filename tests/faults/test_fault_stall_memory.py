@@ -64,6 +64,29 @@ def test_stalled_worker_reported(fault_data, leaks, pool, workers):
     leaks.clean_within(3.0)
 
 
+def test_stall_in_a_block_built_ahead_for_another_pass_says_so(fault_data, leaks):
+    """The set_epoch loop makes the worker build epoch 2's first block ahead; the user
+    jumps to epoch 5 instead, and the worker is stuck in that unused block."""
+    data = fault_data(files=2)
+    with Loader(data.root, workers=1, pool="process", **OPTS) as probe:
+        files = [f.path for f in probe.dataset.files]
+        j = probe.plan(2).schedule[0].units[0]
+        rel, rg = files[probe._unit_files[j]], int(probe._unit_rgs[j])
+    hooks = DebugHooks(stall_unit=(rel, rg), stall_epoch=2, stall_seconds=600.0)
+    with Loader(data.root, workers=1, pool="process", stall_timeout=1.0, _debug=hooks, **OPTS) as loader:
+        leaks.track(loader)
+        for epoch in (0, 1):
+            loader.set_epoch(epoch)
+            assert sum(1 for _ in loader) == len(loader)
+        loader.set_epoch(5)
+        with pytest.raises(WorkerStalledError) as ei:
+            next(iter(loader))
+    msg = str(ei.value)
+    assert f"reading {rel} row group {rg}, for a block of another pass that it must finish first" in msg
+    assert ei.value.unit == (rel, rg)
+    leaks.clean_within(3.0)
+
+
 @pytest.mark.parametrize("timeout", [None, 5.0])
 def test_slow_but_progressing_worker_is_not_reported(fault_data, leaks, timeout):
     """A 1.5 s hiccup is waited out with stall_timeout=None or a larger timeout."""
