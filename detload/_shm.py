@@ -123,13 +123,20 @@ def sweep(directory: str, prefix: str) -> int:
 
 
 def pid_alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a killed process nobody reaped yet)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:  # no procfs (or it just went): signal 0 reached it
+        return True
+    # "pid (comm) S ...": the state follows the last ')', since comm may hold one.
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] != b"Z"
 
 
 def sweep_dead(directory: str = SHM_DIR) -> int:

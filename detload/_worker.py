@@ -8,6 +8,7 @@ values carrying the worker's traceback and the unit it was on.
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import queue
 import time
@@ -418,7 +419,7 @@ def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generati
             try:
                 msg = inbox.get(timeout=1.0)
             except queue.Empty:
-                if not _shm.pid_alive(cfg.parent_pid):
+                if not _parent_alive(cfg):
                     return
                 if segs is not None:
                     segs.collect()
@@ -461,6 +462,22 @@ def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generati
         reader.close()
 
 
+def _parent_alive(cfg: WorkerConfig) -> bool:
+    """Whether the consumer's process still runs.
+
+    A worker process watches the pipe multiprocessing keeps to the process that
+    started it: the pipe closes when that process exits, even while it is a zombie
+    nobody reaped yet, which signal 0 still reaches. Orphaned workers that waited
+    for the reaping would hold the consumer's stdout and stderr open, and a
+    supervisor reading them to the end before reaping would wait forever.
+    """
+    if cfg.shm_dir is not None:
+        parent = mp.parent_process()
+        if parent is not None:
+            return bool(parent.is_alive())
+    return _shm.pid_alive(cfg.parent_pid)
+
+
 def _put(outbox: Any, item: tuple[Any, ...], generation: Any, gen: int, cfg: WorkerConfig,
          segs: _shm.WorkerSegments | None, payload: Any) -> bool:
     while True:
@@ -471,7 +488,7 @@ def _put(outbox: Any, item: tuple[Any, ...], generation: Any, gen: int, cfg: Wor
             outbox.put(item, timeout=_POLL)
             return True
         except queue.Full:
-            if not _shm.pid_alive(cfg.parent_pid):
+            if not _parent_alive(cfg):
                 _release(segs, payload)
                 return False
             if segs is not None:
@@ -518,7 +535,7 @@ def process_main(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generat
         segs.close()
         # A parent killed with SIGKILL cannot sweep; the segments it never
         # mapped would stay in /dev/shm until the next pool starts.
-        if not _shm.pid_alive(cfg.parent_pid):
+        if not _parent_alive(cfg):
             _shm.sweep(cfg.shm_dir, cfg.shm_prefix)
 
 

@@ -6,10 +6,15 @@ from __future__ import annotations
 import gc
 import multiprocessing as mp
 import os
+import subprocess
+import sys
 
 import numpy as np
+import psutil
 import pytest
+from leaks import wait_until
 
+from detload import _shm
 from detload._shm import ConsumerSegments, WorkerSegments
 
 
@@ -171,3 +176,20 @@ def test_cancel_never_lowers_the_generation():
     assert pool.generation.value == 7
     pool.submit(5, [], ahead=False)
     assert pool.generation.value == 7
+
+
+def test_segments_of_a_zombie_are_swept(tmp_path):
+    """A SIGKILLed consumer nobody has reaped yet counts as gone: its segments are reclaimed."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        wait_until(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE, 10.0)
+        assert not _shm.pid_alive(proc.pid)
+        assert _shm.pid_alive(os.getpid())
+        name = f"{_shm.segment_prefix(proc.pid, 'zz')}0-0"
+        (tmp_path / name).write_bytes(b"x")
+        mine = f"{_shm.segment_prefix(os.getpid(), 'zz')}0-0"
+        (tmp_path / mine).write_bytes(b"x")
+        assert _shm.sweep_dead(str(tmp_path)) == 1
+        assert os.listdir(tmp_path) == [mine]
+    finally:
+        proc.wait()

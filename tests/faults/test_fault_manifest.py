@@ -69,14 +69,18 @@ def test_sigkill_mid_run_leaves_valid_prefix(full_run, tmp_path, capsys, pool, w
         assert proc.poll() is None, "the run ended before it could be killed: " + proc.stderr.read().decode()
         family = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
         os.kill(proc.pid, signal.SIGKILL)
+        # Orphaned workers notice their parent is gone, leave, and take their segments
+        # along, even while the killed process is a zombie nobody reaped yet: a
+        # supervisor that reads its child's stderr to the end before reaping it would
+        # otherwise wait forever on workers holding that pipe.
+        wait_until(lambda: not any(pid_alive(p) for p in family), 5.0)
+        wait_until(lambda: not shm_segments(proc.pid), 5.0)
+        assert proc.stderr.read() is not None  # every holder of the pipe is gone: no hang
         proc.wait(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    # Orphaned workers notice their parent is gone, leave, and take their segments along.
-    wait_until(lambda: not any(pid_alive(p) for p in family), 5.0)
-    wait_until(lambda: not shm_segments(proc.pid), 5.0)
 
     with open(part, "rb") as f:
         raw = f.read()
