@@ -50,6 +50,8 @@ class WorkerPool:
         if self.buffers is not None:
             self.cfg = dataclasses.replace(self.cfg, buffers=self.buffers)
         self._closed = False
+        # The consumer's first wait on a new pool includes its start-up (traced as "startup").
+        self.awaiting_first_batch = True
         self.inboxes: list[Any] = []
         self.outboxes: list[Any] = []
         self.statuses: list[Status] = []

@@ -26,6 +26,7 @@ STAGES: dict[str, str] = {
     "stitch": "merger",             # cutting a batch: a view, or a copy where it spans blocks
     "hash": "merger",               # xxh3-128 of the batch for the manifest
     "merge_output_wait": "merger",  # blocked on the full ready queue (the consumer is behind)
+    "startup": "consumer",          # a new pool's first batch: workers starting, then its first block
     "consumer_wait": "consumer",    # the training loop waiting for its next batch
     "consumer_step": "consumer",    # the training loop holding a batch (its own work)
 }
@@ -88,6 +89,29 @@ class Tracer:
         extra = time.perf_counter() - self._open_since if self._open_since is not None else 0.0
         return self.wall + extra
 
+    # -- windows -----------------------------------------------------------------
+    def mark(self) -> tuple[Any, ...]:
+        """A point to measure from: pass it to `since`."""
+        return (time.perf_counter(), self.wall_now(), dict(self.count), dict(self.total), self.batches, self.rows)
+
+    def since(self, mark: tuple[Any, ...]) -> Tracer:
+        """A tracer holding only what was recorded after ``mark`` (spans that ended after it)."""
+        t, wall, count, total, batches, rows = mark
+        out = Tracer()
+        out.origin, out.pid = self.origin, self.pid
+        out.count = {s: self.count[s] - count[s] for s in STAGES}
+        out.total = {s: self.total[s] - total[s] for s in STAGES}
+        for s in STAGES:
+            n = min(out.count[s], len(self.samples[s]))
+            if n:
+                out.samples[s].extend(list(self.samples[s])[-n:])
+        out.events.extend(e for e in list(self.events) if e[3] >= t)
+        out.depths.extend(d for d in list(self.depths) if d[0] >= t)
+        out.wall = self.wall_now() - wall
+        out.workers, out.pool, out.worker_pids = self.workers, self.pool, dict(self.worker_pids)
+        out.batches, out.rows = self.batches - batches, self.rows - rows
+        return out
+
     # -- trace file ------------------------------------------------------------
     def chrome_trace(self) -> dict[str, Any]:
         """Chrome trace-event format: complete ("X") events per stage and track, counter ("C")
@@ -104,9 +128,9 @@ class Tracer:
         for t, wq, rq in list(self.depths):
             args = {f"worker {i}": d for i, d in enumerate(wq)}
             out.append({"name": "worker queue depth (blocks)", "ph": "C", "ts": round((t - o) * us, 3),
-                        "pid": self.pid, "args": args})
+                        "pid": self.pid, "tid": 0, "args": args})
             out.append({"name": "ready queue depth (batches)", "ph": "C", "ts": round((t - o) * us, 3),
-                        "pid": self.pid, "args": {"ready": rq}})
+                        "pid": self.pid, "tid": 0, "args": {"ready": rq}})
         meta: list[dict[str, Any]] = []
         for pid in sorted({p for p, _ in names} | {self.pid}):
             label = "detload consumer process" if pid == self.pid else f"detload worker process (pid {pid})"

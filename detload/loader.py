@@ -347,15 +347,21 @@ class Loader:
         tr = self._tracer
         span = tr.span
         clock = time.perf_counter
+        pool = run.pool
         t_back = 0.0  # when the training loop handed control back to us
         try:
             while True:
                 t0 = clock()
                 item = ready.get()  # a list of up to STEPS_PER_ITEM batches
                 t1 = clock()
-                if t_back:
-                    span("consumer_step", CONSUMER, t_back, t0)
-                span("consumer_wait", CONSUMER, t0, t1)
+                if pool.awaiting_first_batch:
+                    # A new pool's first wait is its start-up (processes import the
+                    # main module, torch included) plus its first block: traced
+                    # apart, so that a short run does not blame it on a stage.
+                    pool.awaiting_first_batch = False
+                    span("startup", CONSUMER, t0, t1)
+                else:
+                    span("consumer_wait", CONSUMER, t0, t1)
                 if item is END:
                     return
                 if type(item) is Failure:
@@ -366,16 +372,17 @@ class Loader:
                     if i:  # the rest of the item needed no wait
                         if run.stopped:  # superseded meanwhile: fail like an empty queue would
                             raise DetloadError(STOPPED)
-                        t0 = clock()
-                        span("consumer_step", CONSUMER, t_back, t0)
-                        span("consumer_wait", CONSUMER, t0, t0)
+                        span("consumer_wait", CONSUMER, t_back, t_back)
                     if writer is not None:
                         writer.write_batch(epoch, step, line)
                     self._position = step + 1
                     tr.batches += 1
                     tr.rows += rows
+                    t_give = clock()
                     yield batch
+                    # The training loop's own work: from handing it the batch until it asks again.
                     t_back = clock()
+                    span("consumer_step", CONSUMER, t_give, t_back)
         finally:
             tr.run_ended()
             if self._run is run:
@@ -388,6 +395,13 @@ class Loader:
         throughput, over everything this loader has yielded so far. ``stats().table()``
         prints them; ``stats().write_trace(path)`` writes a Chrome trace-event file."""
         return summarize(self._tracer)
+
+    def _stats_mark(self) -> Any:
+        """For `_stats_since`: stats of a window (starvation_check times only its own steps)."""
+        return self._tracer.mark()
+
+    def _stats_since(self, mark: Any) -> Stats:
+        return summarize(self._tracer.since(mark))
 
     # -- resume ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

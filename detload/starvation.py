@@ -7,6 +7,7 @@ NumPy or torch batches; torch is imported only if the caller already uses it.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -72,24 +73,32 @@ def starvation_check(loader: Iterable[Any], step_fn: Callable[[Any], Any], steps
     """Run ``step_fn(batch)`` for ``steps`` batches from ``loader``, then again on the same
     batches replayed from memory, and report both throughputs and a verdict.
 
-    ``warmup`` batches are stepped first and not timed (compilation, allocator warm-up).
-    The batches are kept (not copied) for the replay, so ``steps`` batches must fit in
-    memory. Any iterable of batches works; a detload ``Loader`` also names its
-    bounding stage from its trace.
+    ``warmup`` batches are stepped first and not timed (worker start-up, compilation,
+    allocator warm-up). The batches are kept (not copied) for the replay, so ``steps``
+    batches must fit in memory. Any iterable of batches works; a detload ``Loader`` or
+    ``TorchLoader`` also names its bounding stage, from its trace of the timed steps.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an int >= 1, got {steps!r}")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    if not callable(step_fn):
+        raise TypeError(f"step_fn must be a callable taking one batch, got {type(step_fn).__name__} {step_fn!r}")
     it = iter(loader)
     kept: list[Any] = []
+    warmed = 0
+    window = None
+    mark_fn = getattr(loader, "_stats_mark", None)
+    since_fn = getattr(loader, "_stats_since", None)
     try:
         for _ in range(warmup):
             try:
                 step_fn(next(it))
             except StopIteration:
                 break
+            warmed += 1
         _sync()
+        mark = mark_fn() if callable(mark_fn) else None
         waited = 0.0
         clock = time.perf_counter
         t_start = clock()
@@ -104,12 +113,15 @@ def starvation_check(loader: Iterable[Any], step_fn: Callable[[Any], Any], steps
             kept.append(batch)
         _sync()
         loader_s = clock() - t_start
+        if mark is not None and callable(since_fn):
+            window = since_fn(mark)
     finally:
         close = getattr(it, "close", None)
         if close is not None:
             close()  # a detload iteration stops its run and frees its blocks
     if not kept:
-        raise ValueError("the loader yielded no batches after the warm-up; nothing to measure")
+        raise ValueError(f"the loader ran out during the warm-up ({warmed} batch(es), warmup={warmup}): "
+                         "nothing left to time; use a smaller warmup or a loader with more batches")
     t0 = time.perf_counter()
     for batch in kept:
         step_fn(batch)
@@ -119,16 +131,11 @@ def starvation_check(loader: Iterable[Any], step_fn: Callable[[Any], Any], steps
     rows = sum(_rows(b) for b in kept)
     eff = (replay_s / loader_s) if loader_s > 0 else 1.0
     wait = waited / loader_s if loader_s > 0 else 0.0
-    bottleneck = None
-    detail = ""
-    stats = getattr(loader, "stats", None)
-    if callable(stats):
-        try:
-            st = stats()
-            bottleneck, detail = st.bottleneck, st.verdict
-        except Exception:  # not a detload loader after all
-            pass
+    bottleneck = window.bottleneck if window is not None else None
+    detail = window.verdict if window is not None else ""
     verdict = _verdict(eff, wait, bottleneck, detail)
+    if n < steps:
+        verdict += f" (The loader ran out after {n} of the {steps} steps asked for; all {n} were timed.)"
     return StarvationReport(
         n, rows, loader_s, replay_s, rows / loader_s, rows / replay_s, n / loader_s, n / replay_s,
         eff, wait, bottleneck, verdict,
@@ -136,10 +143,16 @@ def starvation_check(loader: Iterable[Any], step_fn: Callable[[Any], Any], steps
 
 
 def _verdict(eff: float, wait: float, bottleneck: str | None, detail: str) -> str:
-    where = f" The loader's trace names `{bottleneck}`: {detail}." if bottleneck else ""
+    where = f" The loader's trace of these steps names `{bottleneck}`: {detail}." if bottleneck else ""
     if eff >= FED:
         return (f"The model step is the bottleneck: the loader costs it {max(0.0, 1 - eff):.0%} of its "
                 "throughput. A faster data path would not speed training up.")
+    if wait < 0.5 * (1 - eff):
+        # Waiting explains less than half of the lost time: the steps themselves ran slower.
+        return (f"The step ran at {eff:.0%} of its speed from memory, yet waited for data only {wait:.0%} of "
+                f"the time: the loader's work competes with the step for the CPU (this machine has "
+                f"{_cores()} cores). Fewer workers, or moving the step's CPU work elsewhere, may help; "
+                "more workers would not.")
     if eff >= STARVED:
         return (f"Mild starvation: the step runs at {eff:.0%} of its speed from memory and waited for data "
                 f"{wait:.0%} of the time.{where} More workers (up to the core count), pool='process' or a "
@@ -147,3 +160,10 @@ def _verdict(eff: float, wait: float, bottleneck: str | None, detail: str) -> st
     return (f"The data path starves the step: it runs at {eff:.0%} of its speed from memory and waited for "
             f"data {wait:.0%} of the time.{where} Add workers (up to the core count), use pool='process', "
             "read fewer columns, or cache the data on local disk.")
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1

@@ -50,11 +50,14 @@ class Stats:
     consumer_wait_fraction: float
     bottleneck: str       # a stage name from STAGES
     verdict: str
+    startup_s: float = 0.0  # of wall_s: new pools' first batches (worker start-up, first block)
     _tracer: Tracer | None = field(default=None, repr=False, compare=False)
 
     @property
     def rows_per_s(self) -> float:
-        return self.rows / self.wall_s if self.wall_s > 0 else 0.0
+        """Rows per second of wall time after start-up."""
+        active = self.wall_s - self.startup_s
+        return self.rows / active if active > 0 else 0.0
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -71,8 +74,9 @@ class Stats:
             mark = "  <- bound" if s.name == self.bottleneck else ""
             lines.append(f"{s.name:<18} {s.where:<8} {s.count:>7} {s.total_s:>8.3f} {s.busy:>6.0%} "
                          f"{s.p50_ms:>8.3f} {s.p90_ms:>8.3f} {s.p99_ms:>8.3f} {s.max_ms:>8.3f}{mark}")
-        lines.append(f"wall {self.wall_s:.2f} s, {self.batches} batches, {self.rows:,} rows "
-                     f"({self.rows_per_s:,.0f} rows/s), {self.workers} {self.pool} worker(s); mean queue "
+        start = f" (start-up {self.startup_s:.2f} s)" if self.startup_s else ""
+        lines.append(f"wall {self.wall_s:.2f} s{start}, {self.batches} batches, {self.rows:,} rows "
+                     f"({self.rows_per_s:,.0f} rows/s after start-up), {self.workers} {self.pool} worker(s); mean queue "
                      f"depth: worker {self.worker_queue_depth_mean:.2f} blocks, ready "
                      f"{self.ready_queue_depth_mean:.2f} batches; consumer waited "
                      f"{self.consumer_wait_fraction:.0%} of the time")
@@ -96,28 +100,35 @@ def _cores() -> int:
 
 def summarize(tr: Tracer) -> Stats:
     wall = tr.wall_now()
+    startup = min(tr.total["startup"], wall)
+    # The consumer's shares leave start-up out: the training loop runs only after it.
+    active = wall - startup
     W = max(tr.workers, 1)
     stages: dict[str, StageStats] = {}
     for name, where in STAGES.items():
         samples = np.fromiter(tr.samples[name], dtype=np.float64) * 1e3
         p = np.percentile(samples, [50, 90, 99]) if samples.size else np.zeros(3)
         threads = W if where == "worker" else 1
+        span = wall if where != "consumer" or name == "startup" else active
         total = tr.total[name]
         n = tr.count[name]
         stages[name] = StageStats(
             name, where, n, total, total / n * 1e3 if n else 0.0, float(p[0]), float(p[1]), float(p[2]),
-            float(samples.max()) if samples.size else 0.0, total / (wall * threads) if wall > 0 else 0.0,
+            float(samples.max()) if samples.size else 0.0, total / (span * threads) if span > 0 else 0.0,
         )
     depths = list(tr.depths)
     wq = float(np.mean([np.mean(d[1]) for d in depths if d[1]])) if depths else 0.0
     rq = float(np.mean([d[2] for d in depths])) if depths else 0.0
-    cw = stages["consumer_wait"].total_s / wall if wall > 0 else 0.0
+    cw = stages["consumer_wait"].total_s / active if active > 0 else 0.0
     bottleneck, verdict = _bottleneck(stages, cw, W)
-    return Stats(wall, tr.batches, tr.rows, tr.workers, tr.pool, stages, wq, rq, cw, bottleneck, verdict, tr)
+    return Stats(wall, tr.batches, tr.rows, tr.workers, tr.pool, stages, wq, rq, cw, bottleneck, verdict,
+                 startup, tr)
 
 
 def _bottleneck(st: dict[str, StageStats], consumer_wait: float, workers: int) -> tuple[str, str]:
-    if st["consumer_wait"].count == 0:
+    if st["consumer_wait"].count == 0 and st["consumer_step"].count == 0:
+        if st["startup"].count:
+            return "startup", "only the first batch was consumed: everything so far was start-up"
         return "consumer_wait", "nothing was consumed yet"
     if consumer_wait < FED_WAIT_FRACTION:
         return "consumer_step", (

@@ -20,6 +20,7 @@ import torch
 from ._types import Column, Ragged
 from .errors import OptionError
 from .loader import Loader
+from .stats import Stats
 
 __all__ = ["RaggedTensor", "TorchLoader", "to_torch"]
 
@@ -188,6 +189,17 @@ class TorchLoader:
             self._shutdown()
             self._pos = None
         self.loader.set_epoch(epoch)
+
+    def stats(self) -> Stats:
+        """The wrapped loader's stage timings (see `Loader.stats`). Its consumer is this
+        adapter's feeder thread, so ``consumer_step`` includes converting and pinning."""
+        return self.loader.stats()
+
+    def _stats_mark(self) -> Any:
+        return self.loader._stats_mark()
+
+    def _stats_since(self, mark: Any) -> Stats:
+        return self.loader._stats_since(mark)
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's state at the last batch the training loop received (JSON-able)."""

@@ -32,7 +32,10 @@ def test_stats_count_every_stage_and_name_the_bound(data, pool, tmp_path):
     assert st.stages["permute"].count == 5  # blocks of 4 units
     assert st.stages["merge_wait"].count == 5
     assert st.stages["hash"].count == st.batches
-    assert st.stages["consumer_wait"].count == st.batches + 1  # the last get returns the end marker
+    # The first get waits for the new pool (start-up); the last one returns the end marker.
+    assert st.stages["startup"].count == 1 and st.startup_s == st.stages["startup"].total_s > 0
+    assert st.stages["consumer_wait"].count == st.batches
+    assert st.stages["consumer_step"].count == st.batches  # the loop came back for each batch
     for s in st.stages.values():
         assert s.total_s >= 0 and s.p50_ms <= s.p90_ms <= s.p99_ms <= s.max_ms + 1e-9
     assert st.bottleneck in STAGES
@@ -57,6 +60,37 @@ def test_a_slow_consumer_is_named_as_the_bound(data):
         st = ld.stats()
     assert st.bottleneck == "consumer_step", st.table()
     assert "training loop" in st.verdict
+    step = st.stages["consumer_step"]
+    # The step is the loop's own time between batches: here the sleeps, and most of the wall.
+    assert step.count == st.batches == 9 and step.total_s >= 9 * 0.05 and step.p50_ms >= 50
+    assert step.busy > 0.8 and st.consumer_wait_fraction < 0.2, st.table()
+
+
+def test_start_up_is_traced_apart_from_the_waits_of_the_run(data):
+    """A slow start (a process re-importing a heavy main module; here a 1 s first read)
+    is traced as start-up, so a run bound by its step is not blamed on reading."""
+    import time
+
+    from detload._worker import DebugHooks
+
+    with Loader(data, batch_size=1000, seed=3, workers=2) as probe:
+        j = probe.plan(0).schedule[0].units[0]
+        first_unit = (probe.dataset.files[probe._unit_files[j]].path, int(probe._unit_rgs[j]))
+    hooks = DebugHooks(stall_unit=first_unit, stall_seconds=1.0, stall_epoch=0)
+    with Loader(data, batch_size=1000, seed=3, workers=2, _debug=hooks) as ld:
+        it = iter(ld)
+        t0 = time.perf_counter()
+        next(it)
+        first = time.perf_counter() - t0
+        for _ in it:
+            time.sleep(0.03)
+        st = ld.stats()
+    assert first >= 1.0
+    assert st.stages["startup"].count == 1 and abs(st.startup_s - first) < 0.05
+    assert st.bottleneck == "consumer_step", st.table()
+    assert st.consumer_wait_fraction < 0.2
+    assert st.rows_per_s == pytest.approx(st.rows / (st.wall_s - st.startup_s))
+    assert "(start-up 1." in st.table()
 
 
 def test_chrome_trace_has_complete_counter_and_name_events(data, tmp_path):
