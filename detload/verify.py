@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -182,7 +183,9 @@ def verify(a_path: str | Sequence[str], b_path: str | Sequence[str]) -> VerifyRe
     a, b = load_side(a_path), load_side(b_path)
     a_path, b_path = a.path, b.path
     oa, ob = _order(a.header), _order(b.header)
-    option_diffs = {k: [oa.get(k), ob.get(k)] for k in sorted(set(oa) | set(ob)) if oa.get(k) != ob.get(k)}
+    # The options first, their fingerprint (which follows from them) last.
+    keys = sorted(set(oa) | set(ob), key=lambda k: (k == "fingerprint", k))
+    option_diffs = {k: [oa.get(k), ob.get(k)] for k in keys if oa.get(k) != ob.get(k)}
     info = {k: [a.header.get(k), b.header.get(k)] for k in sorted(NON_ORDER_FIELDS | {"batch_size"})
             if k in a.header or k in b.header}
     res = VerifyResult(True, "", option_diffs=option_diffs, info=info)
@@ -212,13 +215,15 @@ def verify(a_path: str | Sequence[str], b_path: str | Sequence[str]) -> VerifyRe
                     for la, lb in zip(sa[1], sb[1]):
                         ca, cb = la.get("columns", {}), lb.get("columns", {})
                         cols |= {c for c in set(ca) | set(cb) if ca.get(c) != cb.get(c)}
-                    res.columns = sorted(cols)
-                msg = f"diverged at epoch {e} step {s}"
+                    res.columns = sorted(cols, key=_natural)
+                detail = ""
                 if res.columns:
-                    msg += f": columns {', '.join(res.columns)} differ"
+                    shown = ", ".join(res.columns[:_SHOW])
+                    more = f" and {len(res.columns) - _SHOW} more" if len(res.columns) > _SHOW else ""
+                    detail = f"columns {shown}{more} differ"
                 elif res.partitions:
-                    msg += f": partitions {res.partitions} differ"
-                return _fail(res, "diverged", e, s, msg, compared)
+                    detail = f"partitions {res.partitions} differ"
+                return _fail(res, "diverged", e, s, f"diverged at epoch {e} step {s}", compared, detail)
             compared += 1
     res.steps_compared = compared
     res.message = f"identical: {compared} steps in {len(a.epochs())} epoch(s)"
@@ -229,15 +234,27 @@ def verify(a_path: str | Sequence[str], b_path: str | Sequence[str]) -> VerifyRe
     return res
 
 
-def _fail(res: VerifyResult, kind: str, epoch: int, step: int, message: str, compared: int) -> VerifyResult:
+_SHOW = 8  # differing columns named in the message (all are in VerifyResult.columns)
+
+
+def _natural(name: str) -> list[Any]:
+    """Sort key putting dense_2 before dense_10."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
+def _fail(res: VerifyResult, kind: str, epoch: int, step: int, message: str, compared: int,
+          detail: str = "") -> VerifyResult:
     res.identical = False
     res.kind = kind
     res.epoch = epoch
     res.step = step
     res.steps_compared = compared
     if res.option_diffs:
-        message += "; order options differ: " + ", ".join(
+        # The likely cause comes first, before the list of what differs.
+        message += ", and the runs used different order options: " + ", ".join(
             f"{k} (A: {v[0]!r}, B: {v[1]!r})" for k, v in res.option_diffs.items()
         )
+    if detail:
+        message += ("; " if res.option_diffs else ": ") + detail
     res.message = message
     return res

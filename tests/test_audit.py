@@ -237,3 +237,53 @@ def test_documented_worked_example():
     batch = {"id": col, "s": s}
     assert ref_batch_hash(batch)[0] == "efe88408c5bcae31e5db7fb388215eb5"
     assert detload.hash_batch(batch) == ref_batch_hash(batch)
+
+
+def _wide_manifest(tmp_path, name, seed, tamper=None):
+    """A manifest of a 12-column table (c0..c11); ``tamper`` = (step, column) changes one hash."""
+    root = tmp_path / "wide"
+    if not root.exists():
+        root.mkdir()
+        pq.write_table(pa.table({f"c{i}": np.arange(300, dtype=np.int64) * (i + 1) for i in range(12)}),
+                       root / "a.parquet", row_group_size=50)
+    man = tmp_path / name
+    with Loader(str(root), batch_size=40, seed=seed, manifest=str(man)) as ld:
+        for _ in ld:
+            pass
+    if tamper is not None:
+        step, col = tamper
+        lines = man.read_text().splitlines()
+        for i, line in enumerate(lines):
+            rec = json.loads(line)
+            if rec["type"] == "batch" and rec["step"] == step:
+                rec["columns"][col] = "0" * 32
+                rec["hash"] = rec["parts"][0] = "0" * 32
+                lines[i] = json.dumps(rec)
+        man.write_text("\n".join(lines) + "\n")
+    return str(man)
+
+
+def test_verify_names_the_differing_columns_in_natural_order(tmp_path, capsys):
+    from detload.cli import main
+    from detload.verify import verify
+
+    a = _wide_manifest(tmp_path, "a.jsonl", 1)
+    b = _wide_manifest(tmp_path, "b.jsonl", 1, tamper=(3, "c10"))
+    res = verify(a, b)
+    assert not res.identical and res.kind == "diverged" and (res.epoch, res.step) == (0, 3)
+    assert res.message == "diverged at epoch 0 step 3: columns c10 differ"
+    assert main(["verify", a, b]) == 1
+    assert "diverged at epoch 0 step 3: columns c10 differ" in capsys.readouterr().out
+
+
+def test_verify_puts_differing_order_options_before_the_columns(tmp_path):
+    from detload.verify import verify
+
+    a = _wide_manifest(tmp_path, "a.jsonl", 1)
+    c = _wide_manifest(tmp_path, "c.jsonl", 2)
+    res = verify(a, c)
+    assert res.kind == "diverged" and res.step == 0
+    assert res.columns == [f"c{i}" for i in range(12)]  # all of them, in natural order
+    head = "diverged at epoch 0 step 0, and the runs used different order options: seed (A: 1, B: 2), fingerprint ("
+    assert res.message.startswith(head), res.message
+    assert res.message.endswith("; columns c0, c1, c2, c3, c4, c5, c6, c7 and 4 more differ")
