@@ -24,9 +24,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import xxhash
 
-from ._remote import s3_from_uri
+from ._remote import describe_attempts, object_uri, s3_from_uri
 from ._types import ColumnSpec, column_spec
-from .errors import DatasetError, EmptyDatasetError, OptionError, SchemaMismatchError
+from .errors import DatasetError, DetloadError, EmptyDatasetError, OptionError, SchemaMismatchError, SourceError
 
 __all__ = ["Dataset", "FileInfo", "discover", "Source"]
 
@@ -202,6 +202,18 @@ def _list_source(source: Any, filesystem: pafs.FileSystem | None) -> tuple[pafs.
             raise OptionError("all files of a list must live on the same filesystem")
         locations.append(loc)
     assert fs is not None
+    try:
+        return _list_locations(fs, locations, single)
+    except OSError as exc:
+        if isinstance(exc, (FileNotFoundError, DetloadError)):
+            raise
+        # Network, permissions, endpoint: name what was listed and the retry budget.
+        what = ", ".join(object_uri(fs, loc) for loc in locations)
+        raise SourceError(f"cannot list {what}{describe_attempts(fs)}: {exc}") from exc
+
+
+def _list_locations(fs: pafs.FileSystem, locations: list[str], single: bool,
+                    ) -> tuple[pafs.FileSystem, str, list[tuple[str, int, int | None]]]:
     found: list[tuple[str, int, int | None]] = []
     root: str | None = None
 
@@ -283,11 +295,28 @@ def _read_footer(fs: pafs.FileSystem, location: str) -> tuple[pq.FileMetaData, s
             return pq.ParquetFile(f).metadata, _etag(f)
     except FileNotFoundError:
         raise FileNotFoundError(f"data file {location!r} vanished while the dataset was listed") from None
-    except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
+    except OSError as exc:
+        if _is_storage_error(exc):
+            raise SourceError(f"cannot read the footer of {object_uri(fs, location)}{describe_attempts(fs)}: "
+                              f"{exc}") from exc
         raise DatasetError(
             f"cannot read the Parquet footer of {location!r}: {exc}. Is it a complete Parquet file? "
             "Remove or rewrite it, or leave it out of the source."
         ) from None
+    except pa.ArrowException as exc:
+        raise DatasetError(
+            f"cannot read the Parquet footer of {location!r}: {exc}. Is it a complete Parquet file? "
+            "Remove or rewrite it, or leave it out of the source."
+        ) from None
+
+
+def _is_storage_error(exc: OSError) -> bool:
+    """The storage failed (network, permissions), as opposed to a malformed file, which
+    pyarrow also reports as OSError ("Couldn't deserialize thrift")."""
+    if isinstance(exc, (ConnectionError, TimeoutError, PermissionError)):
+        return True
+    text = str(exc)
+    return "AWS Error" in text or "curlCode" in text
 
 
 def _etag(f: Any) -> str | None:

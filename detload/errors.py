@@ -12,6 +12,7 @@ Hierarchy (every class also derives from the built-in a caller would expect)::
     ├── WorkerError(DetloadError, RuntimeError)      a worker failed, died or stalled
     │   └── WorkerStalledError(…, TimeoutError)
     ├── SharedMemoryError(DetloadError, OSError)     /dev/shm too small for a block
+    ├── SourceError(DetloadError, OSError)           storage failed to list or read at planning
     ├── StateError(DetloadError, ValueError)         a resume state that does not fit this loader
     └── ManifestError(DetloadError, ValueError)      an unreadable or inconsistent manifest
 
@@ -30,6 +31,7 @@ __all__ = [
     "OptionError",
     "SchemaMismatchError",
     "SharedMemoryError",
+    "SourceError",
     "StateError",
     "UnsupportedTypeError",
     "WorkerError",
@@ -92,6 +94,11 @@ class WorkerStalledError(WorkerError, TimeoutError):
 
 class SharedMemoryError(DetloadError, OSError):
     """Not enough shared memory (/dev/shm) for a process worker's block."""
+
+
+class SourceError(DetloadError, OSError):
+    """The storage could not list the source or read a footer (network, permissions),
+    after the filesystem's retries. The message names the object and the last response."""
 
 
 class StateError(DetloadError, ValueError):

@@ -120,7 +120,8 @@ class FaultProxy:
     ``mode``: "ok" (forward everything), "fraction" (``fraction`` of requests get
     a fault, but one request never fails more than ``max_repeats`` times in a
     row, so a retry budget of ``max_repeats + 1`` attempts always gets through),
-    "all" (every request gets a fault). ``faults`` cycles through "503"
+    "all" (every request gets a fault), "parquet" (every request for a .parquet
+    object, so listing works and reading fails). ``faults`` cycles through "503"
     (ServiceUnavailable), "throttle" (503 SlowDown) and "drop" (connection reset
     before any response).
     """
@@ -185,6 +186,8 @@ class FaultProxy:
             kind = self.faults[n % len(self.faults)]
             if self.mode == "all":
                 return kind
+            if self.mode == "parquet":
+                return kind if key[1].split("?")[0].endswith(".parquet") else None
             h = xxhash.xxh3_64_intdigest(struct.pack("<QQ", self.seed, n))
             if (h % 10_000) >= self.fraction * 10_000 or self._repeats.get(key, 0) >= self.max_repeats:
                 self._repeats.pop(key, None)

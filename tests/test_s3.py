@@ -20,9 +20,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _s3server import BUCKET, CREDENTIALS, FaultProxy, MotoServer, s3_env, write_sample_dataset  # noqa: E402
 
-from detload import Loader, OptionError, WorkerError, WorkerStalledError  # noqa: E402
+from detload import Loader, OptionError, SourceError, WorkerError, WorkerStalledError  # noqa: E402
 from detload._cache import cache_info  # noqa: E402
 from detload._remote import RetryingS3FileSystem, s3_from_uri  # noqa: E402
+from detload.cli import main as cli  # noqa: E402
 from detload.verify import verify  # noqa: E402
 
 FILES = {"a.parquet": [300, 200, 157], "b.parquet": [250, 250], "sub/c.parquet": [211]}
@@ -139,12 +140,31 @@ def test_every_request_failing_gives_a_clear_error_within_the_budget(s3, proxy, 
     assert proxy.log and all(r.status == 503 for r in proxy.log)
 
 
-def test_every_request_failing_at_discovery(s3, proxy, monkeypatch):
+def test_every_request_failing_at_discovery(s3, proxy, monkeypatch, capsys, tmp_path):
     _, _, _, uri, _ = s3
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
     proxy.mode, proxy.faults = "all", ("drop",)
-    with pytest.raises(OSError, match="NETWORK_CONNECTION"):
+    with pytest.raises(SourceError) as info:
         Loader(uri, **OPTS)
+    assert isinstance(info.value, OSError)  # what a caller catching I/O errors expects
+    msg = str(info.value)
+    assert msg.startswith(f"cannot list s3://{BUCKET}/ds (endpoint ") and "NETWORK_CONNECTION" in msg
+    assert "after 2 attempts per request (AWS_MAX_ATTEMPTS)" in msg
+    # The command line prints it as one line, no traceback.
+    assert cli(["run", uri, "--batch-size", "100", "--seed", "1", "--manifest", str(tmp_path / "m.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"detload run: error: cannot list s3://{BUCKET}/ds") and "Traceback" not in err
+
+
+def test_every_footer_read_failing_at_discovery(s3, proxy, monkeypatch):
+    _, _, _, uri, _ = s3
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    proxy.mode, proxy.faults = "parquet", ("503",)
+    with pytest.raises(SourceError) as info:
+        Loader(uri, **OPTS)
+    msg = str(info.value)
+    assert msg.startswith(f"cannot read the footer of s3://{BUCKET}/ds/") and "503" in msg
+    assert "after 2 attempts per request" in msg and "complete Parquet file" not in msg
 
 
 def test_replaced_object_is_not_served_stale(s3, proxy, tmp_path):
