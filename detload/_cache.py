@@ -347,8 +347,10 @@ def clear_cache(cache_dir: str | os.PathLike[str]) -> int:
 
 
 def _check_is_cache(base: str) -> None:
-    if not os.path.isdir(base):
+    if not os.path.exists(base):
         raise FileNotFoundError(f"cache directory {base!r} does not exist")
+    if not os.path.isdir(base):
+        raise OptionError(f"{base!r} is a file, not a cache directory")
     if not os.path.exists(os.path.join(base, _MARKER)):
         raise OptionError(f"{base!r} is not a detload cache directory (no {_MARKER} file); refusing to touch it")
 

@@ -18,6 +18,26 @@ from . import __version__
 from .errors import DetloadError, ManifestError, SchemaMismatchError
 
 
+def _fill(s: str) -> tuple[str, Any]:
+    """COLUMN=VALUE; VALUE is read as JSON when it parses (-1, 0.5, "7"), else as text."""
+    name, sep, raw = s.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected COLUMN=VALUE, got {s!r}")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    if isinstance(value, (list, dict)):
+        raise argparse.ArgumentTypeError(f"the fill value for {name!r} must be a number or text, got {raw!r}")
+    return name, value
+
+
+def _add_null_fill(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--null-fill", type=_fill, action="append", default=[], metavar="COLUMN=VALUE",
+                   help="replace nulls of COLUMN with VALUE (read as JSON when it parses, else text: "
+                        "id=-1, score=0.5, name=, code='\"7\"'); repeat for more columns")
+
+
 def _common_loader_args(p: argparse.ArgumentParser, *, need_seed: bool = True) -> None:
     p.add_argument("source", help="a Parquet file, directory, glob or URI (s3://bucket/prefix)")
     p.add_argument("--batch-size", type=int, required=True, help="rows per batch (per rank)")
@@ -31,13 +51,14 @@ def _common_loader_args(p: argparse.ArgumentParser, *, need_seed: bool = True) -
     p.add_argument("--partitions", type=int, default=None, help="canonical partitions (default: world size)")
     p.add_argument("--rank", type=int, default=None)
     p.add_argument("--world-size", type=int, default=None)
+    _add_null_fill(p)
 
 
 def _loader_kwargs(a: argparse.Namespace) -> dict[str, Any]:
     return dict(
         batch_size=a.batch_size, seed=a.seed, columns=a.columns, shuffle=not a.no_shuffle,
         shuffle_window=a.shuffle_window, drop_last=a.drop_last, partitions=a.partitions,
-        rank=a.rank, world_size=a.world_size,
+        rank=a.rank, world_size=a.world_size, null_fill=dict(a.null_fill),
     )
 
 
@@ -115,6 +136,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prefetch", type=int, default=2)
     p.add_argument("--columns", type=lambda s: [c for c in s.split(",") if c])
     p.add_argument("--seed", type=int, default=0)
+    _add_null_fill(p)
     p.add_argument("--trace", help="write the Chrome trace-event JSON here")
     p.add_argument("--json", action="store_true", help="print the stats as JSON")
     return ap
@@ -203,7 +225,8 @@ def _cmd_bench(a: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     with Loader(a.source, batch_size=a.batch_size, seed=a.seed, workers=a.workers, pool=a.pool,
-                prefetch=a.prefetch, shuffle_window=a.shuffle_window, columns=a.columns) as loader:
+                prefetch=a.prefetch, shuffle_window=a.shuffle_window, columns=a.columns,
+                null_fill=dict(a.null_fill)) as loader:
         for epoch in range(a.epochs):
             loader.set_epoch(epoch)
             t = time.perf_counter()
@@ -336,9 +359,12 @@ def _cmd_cache(a: argparse.Namespace) -> int:
         print(f"cleared {a.dir}: freed {freed:,} bytes")
         return 0
     info = cache_info(a.dir, verify=a.verify)
+    # Damage found by --verify exits 1, so a script can act on it (a loader would
+    # discard and refetch those entries anyway).
+    status = 1 if a.verify and info["corrupt"] else 0
     if a.json:
         print(json.dumps(info, indent=2))
-        return 0
+        return status
     print(f"cache {info['dir']} (format v{info['format']}; formats present: {', '.join(info['formats_present'])})")
     print(f"  {info['entries']} entries of {info['objects']} files, {info['bytes']:,} bytes"
           f" (usage counter {info['usage_counter']:,}), {info['temp_files']} temp files")
@@ -347,7 +373,7 @@ def _cmd_cache(a: argparse.Namespace) -> int:
         print(f"  checksums: {'all good' if not bad else f'{len(bad)} damaged'}")
         for path in bad:
             print(f"    damaged: {path}")
-    return 0
+    return status
 
 
 def _cmd_demo(a: argparse.Namespace) -> int:

@@ -131,7 +131,7 @@ def _flip(path, at):
 
 
 @pytest.mark.parametrize("pool", ["thread", "process"])
-def test_corrupt_entries_are_detected_refetched_and_warned_once(data, tmp_path, pool):
+def test_corrupt_entries_are_detected_refetched_and_warned_once(data, tmp_path, pool, capsys):
     """With process workers too the warning is a Python warning in the consumer's process,
     where filters and ``pytest.warns`` see it, not text on a worker's stderr."""
     ref = tmp_path / "ref.jsonl"
@@ -145,6 +145,9 @@ def test_corrupt_entries_are_detected_refetched_and_warned_once(data, tmp_path, 
     with open(os.path.join(cache, paths[2]), "r+b") as f:  # and one torn (truncated) entry
         f.truncate(100)
     assert len(cache_info(cache, verify=True)["corrupt"]) == 3
+    if pool == "thread":
+        assert cli_main(["cache", "info", str(cache), "--verify"]) == 1  # damage found: exit 1
+        assert "checksums: 3 damaged" in capsys.readouterr().out
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run(data, tmp_path / "fixed.jsonl", cache_dir=cache, workers=3, pool=pool)
@@ -156,6 +159,9 @@ def test_corrupt_entries_are_detected_refetched_and_warned_once(data, tmp_path, 
     info = cache_info(cache, verify=True)
     assert info["corrupt"] == [] and info["entries"] == 6
     assert info["usage_counter"] == info["bytes"]
+    if pool == "thread":
+        assert cli_main(["cache", "info", str(cache), "--verify"]) == 0
+        assert "checksums: all good" in capsys.readouterr().out
 
 
 def test_cache_limit_keeps_what_was_cached_first(data, tmp_path):
@@ -378,6 +384,10 @@ def test_cli_cache_info_and_clear(data, tmp_path, capsys):
     assert "not a detload cache directory" in capsys.readouterr().err
     assert cli_main(["cache", "info", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "afile").write_text("x")
+    for cmd in ("info", "clear"):
+        assert cli_main(["cache", cmd, str(tmp_path / "afile")]) == 2
+        assert f"{str(tmp_path / 'afile')!r} is a file, not a cache directory" in capsys.readouterr().err
 
 
 def _write_runs(src) -> None:
