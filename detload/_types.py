@@ -240,7 +240,7 @@ def convert_column(
             raise DataError(
                 f"{_where(spec.name, where)} holds {arr.null_count} null(s), but its type "
                 f"{arr.type} has no null value in NumPy. Pass null_fill={{{spec.name!r}: value}} "
-                "to replace them."
+                f"(on the command line: --null-fill {spec.name}=VALUE) to replace them."
             )
     if spec.kind == "fixed":
         if pa.types.is_fixed_size_binary(arr.type):

@@ -94,6 +94,28 @@ def test_int_nulls_without_fill_raise_at_the_first_batch_that_needs_them(tmp_pat
             np.testing.assert_array_equal(np.concatenate(delivered), np.r_[0:20, 100:110])
 
 
+def test_null_fill_on_the_command_line(tmp_path, capsys):
+    from detload import read_manifest
+    from detload.cli import main
+
+    _int_null_dataset(tmp_path / "d")
+    args = ["run", str(tmp_path / "d"), "--batch-size", "7", "--seed", "3"]
+    assert main([*args, "--manifest", str(tmp_path / "bad.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "holds 3 null(s)" in err and "(on the command line: --null-fill ni=VALUE)" in err
+    assert main([*args, "--null-fill", "ni=-1", "--manifest", str(tmp_path / "m.jsonl")]) == 0
+    # The same order as the Python API with null_fill={"ni": -1}.
+    with Loader(str(tmp_path / "d"), batch_size=7, seed=3, null_fill={"ni": -1},
+                manifest=str(tmp_path / "api.jsonl")) as loader:
+        collect(loader)
+    assert main(["verify", str(tmp_path / "m.jsonl"), str(tmp_path / "api.jsonl")]) == 0
+    assert read_manifest(str(tmp_path / "m.jsonl")).header["order"]["null_fill"] == {"ni": -1}
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main([*args, "--null-fill", "ni", "--manifest", str(tmp_path / "x.jsonl")])
+    assert "expected COLUMN=VALUE, got 'ni'" in capsys.readouterr().err
+
+
 def test_nullable_column_without_nulls_is_int64(tmp_path):
     schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("n", pa.int64(), nullable=True),
                         pa.field("b", pa.bool_(), nullable=True)])
