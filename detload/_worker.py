@@ -29,6 +29,7 @@ from . import _shm
 from ._block import Layout, assemble
 from ._buffers import BlockBuffers
 from ._cache import CacheConfig, RowGroupCache
+from ._dataset import _etag
 from ._remote import describe_attempts
 from ._types import Column, ColumnSpec, Ragged, UnitColumns, column_spec, convert_column
 from .errors import DataError, DetloadError
@@ -63,7 +64,7 @@ class DebugHooks:
 
 @dataclass(frozen=True)
 class FileRef:
-    """A data file as planned; ``row_groups`` (rows per row group) lets a worker notice a changed file."""
+    """A data file as planned; its size, version and row groups let a worker notice a changed file."""
 
     location: str
     path: str
@@ -71,6 +72,9 @@ class FileRef:
     row_groups: tuple[int, ...] | None = None
     cache_key: str = ""  # this version of the file in the row-group cache (_cache.object_key)
     uri: str = ""  # the object's full name, for messages
+    size: int | None = None
+    etag: str | None = None  # where the filesystem reports one (S3)
+    mtime_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -160,12 +164,23 @@ class UnitReader:
         if pf is not None:
             self._open.move_to_end(i)
             return pf
-        f = self.cfg.filesystem.open_input_file(self.cfg.files[i].location)
-        # Pages written with CRCs are checked: garbage in an uncompressed or
-        # zstd page would otherwise decode into wrong values without a word.
-        pf = pq.ParquetFile(f, page_checksum_verification=True, pre_buffer=self._pre_buffer)
+        ref = self.cfg.files[i]
+        fs = self.cfg.filesystem
+        f = fs.open_input_file(ref.location)
         try:
-            _check_unchanged(pf, self.cfg.files[i], rg, self.cfg.specs)
+            # Pages written with CRCs are checked: garbage in an uncompressed or
+            # zstd page would otherwise decode into wrong values without a word.
+            pf = pq.ParquetFile(f, page_checksum_verification=True, pre_buffer=self._pre_buffer)
+        except BaseException:
+            try:
+                _check_same_version(fs, f, ref, rg)  # a replaced file explains a bad footer
+            finally:
+                f.close()
+            raise
+        try:
+            # Row groups and types first: they say more than a new size or version.
+            _check_unchanged(pf, ref, rg, self.cfg.specs)
+            _check_same_version(fs, f, ref, rg)
         except BaseException:
             pf.close()
             raise
@@ -179,6 +194,27 @@ class UnitReader:
         for pf in self._open.values():
             pf.close()
         self._open.clear()
+
+    def new_pass(self) -> None:
+        """Drop the open files that changed since planning, so that opening them again
+        refuses them (see _check_same_version) rather than read through a handle that
+        may now serve other bytes. Local files are checked with a stat (reopening every
+        file each pass cost ~3% of an uncached CTR epoch); remote ones, where the check
+        would be a request anyway, are simply reopened."""
+        fs = self.cfg.filesystem
+        if fs.type_name != "local":
+            self.close()
+            return
+        for i in list(self._open):
+            ref = self.cfg.files[i]
+            try:
+                info = fs.get_file_info(ref.location)
+                same = (ref.size is None or info.size == ref.size) and (
+                    ref.mtime_ns is None or info.mtime is None or info.mtime_ns == ref.mtime_ns)
+            except OSError:
+                same = False
+            if not same:
+                self._open.pop(i).close()
 
     def read(self, file_idx: int, rg: int, t: Timings, *, defer: bool = False) -> dict[str, Column]:
         """One row group's columns. With ``defer``, a cache hit's checksum is verified
@@ -243,6 +279,39 @@ class UnitReader:
         t.add("read", t0, t1)
         t.add("convert", t1, time.perf_counter())
         return out, table.num_rows
+
+
+def _check_same_version(fs: pafs.FileSystem, f: Any, ref: FileRef, rg: int) -> None:
+    """Refuse a file whose size or version (ETag, else local mtime) is not the one planned.
+
+    A loader reads each file as it was when the loader listed it; that is also the
+    version its cache entries hold. Without this a rewritten file of the same
+    layout would be read as new data by uncached workers while cache hits served
+    the old, and one of another size would fail deep in the Parquet reader.
+    """
+    problems = []
+    if ref.size is not None:
+        try:
+            size = int(f.size())
+        except (OSError, pa.ArrowException):
+            size = None
+        if size is not None and size != ref.size:
+            problems.append(f"it holds {size:,} bytes, the plan saw {ref.size:,}")
+    if not problems and ref.etag is not None:
+        now = _etag(f)
+        if now is not None and now != ref.etag:
+            problems.append(f"its ETag is {now}, the plan saw {ref.etag}")
+    elif not problems and ref.mtime_ns is not None and fs.type_name == "local":
+        info = fs.get_file_info(ref.location)
+        if info.mtime is not None and info.mtime_ns != ref.mtime_ns:
+            problems.append("it was modified after the loader listed it")
+    if problems:
+        raise DataError(
+            f"{ref.path} row group {rg}: the file changed after the loader planned the epoch: "
+            + "; ".join(problems)
+            + ". Batches up to here were delivered intact. Do not rewrite a dataset while it is "
+            "being loaded; create a new Loader to plan the new files."
+        )
 
 
 def _check_unchanged(pf: pq.ParquetFile, ref: FileRef, rg: int, specs: Sequence[ColumnSpec]) -> None:
@@ -414,6 +483,7 @@ def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generati
     # A block's wait on the full queue is known only after it was queued: it
     # travels with the worker's next block.
     last_wait: tuple[str, float, float] | None = None
+    last_gen = -1
     try:
         while True:
             try:
@@ -427,6 +497,9 @@ def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generati
             if msg is None:
                 return
             gen, tasks = msg
+            if gen != last_gen:
+                reader.new_pass()
+                last_gen = gen
             for task in tasks:
                 if generation.value > gen:  # stale; a newer generation (built ahead) is not
                     break

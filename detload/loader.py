@@ -243,7 +243,8 @@ class Loader:
     def _ensure_pool(self) -> WorkerPool:
         if self._pool is None:
             ds = self.dataset
-            files = tuple(FileRef(f.location, f.path, f.partition_values, f.row_groups, key, uri)
+            files = tuple(FileRef(f.location, f.path, f.partition_values, f.row_groups, key, uri,
+                                  f.size, f.etag, f.mtime_ns)
                           for f, key, uri in zip(ds.files, self._cache_keys, self._uris))
 
             def make_cfg(shm_dir: str | None, prefix: str) -> WorkerConfig:

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _s3server import BUCKET, CREDENTIALS, FaultProxy, MotoServer, s3_env, write_sample_dataset  # noqa: E402
 
-from detload import Loader, OptionError, SourceError, WorkerError, WorkerStalledError  # noqa: E402
+from detload import DataError, Loader, OptionError, SourceError, WorkerError, WorkerStalledError  # noqa: E402
 from detload._cache import cache_info  # noqa: E402
 from detload._remote import RetryingS3FileSystem, s3_from_uri  # noqa: E402
 from detload.cli import main as cli  # noqa: E402
@@ -185,6 +185,41 @@ def test_replaced_object_is_not_served_stale(s3, proxy, tmp_path):
     same(tmp_path / "local-v2.jsonl", tmp_path / "s3-v2.jsonl")
     assert not verify(str(tmp_path / "s3-v1.jsonl"), str(tmp_path / "s3-v2.jsonl")).identical
     assert cache_info(cache)["entries"] == 3  # the old version's entries were evicted
+
+
+@pytest.mark.parametrize("same_size", [True, False])
+def test_object_replaced_while_a_loader_runs(s3, proxy, tmp_path, same_size):
+    """Uncached, the next pass refuses the new version (never a mix, never a Parquet
+    decoding error); with the cache, the planned version keeps being served."""
+    moto, _, _, _, _ = s3
+    files = {"a.parquet": [200, 100], "b.parquet": [150]}
+    v1 = write_sample_dataset(tmp_path / "v1", files, compression="none")
+    v2 = write_sample_dataset(tmp_path / "v2", files if same_size else {"a.parquet": [120], "b.parquet": [150]},
+                              seed=5, compression="none")
+    with open(os.path.join(v2, "a.parquet"), "rb") as f:
+        a2 = f.read()
+    prefix = f"live-{same_size}"
+    uri = moto.upload_dir(v1, prefix)
+    assert (len(a2) == os.path.getsize(os.path.join(v1, "a.parquet"))) == same_size
+    run(v1, tmp_path / "ref.jsonl")  # two epochs of the old version
+    with Loader(uri, workers=2, **OPTS) as plain, \
+         Loader(uri, workers=2, cache_dir=tmp_path / "cache", manifest=str(tmp_path / "cached.jsonl"), **OPTS) as cached:
+        for ld in (plain, cached):
+            for _ in ld:
+                pass
+        moto.put(f"{prefix}/a.parquet", a2)
+        for ld in (plain, cached):
+            ld.set_epoch(1)
+        with pytest.raises(DataError) as info:
+            for _ in plain:
+                pass
+        for _ in cached:
+            pass
+    msg = str(info.value)
+    assert msg.startswith("a.parquet row group ") and "the file changed after the loader planned the epoch" in msg
+    assert ("its ETag is" if same_size else "its row groups hold [120] rows, the plan has [200, 100]") in msg
+    assert "thrift" not in msg.lower()
+    same(tmp_path / "ref.jsonl", tmp_path / "cached.jsonl")
 
 
 def test_explicit_filesystem(s3, proxy, tmp_path):

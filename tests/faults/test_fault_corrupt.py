@@ -112,6 +112,40 @@ def test_file_deleted_after_planning(fault_data, leaks, pool, workers):
     leaks.clean_within(2.0)
 
 
+@pytest.mark.parametrize("how", ["values", "touched"])
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_file_rewritten_with_the_same_layout_between_passes(fault_data, leaks, pool, how):
+    """Same row groups and types, other values (a new size) or the same bytes written
+    again (a new mtime): the next pass refuses the file rather than read a version the
+    plan and the cache never saw; the pass before is intact."""
+    data = fault_data()
+    clean = clean_hashes(data.root, **OPTS)
+    rel = data.files[1]
+    path = data.path(rel)
+    with Loader(data.root, workers=2, pool=pool, **OPTS) as loader:
+        leaks.track(loader)
+        assert [hash_batch(b)[0] for b in loader] == clean
+        if how == "values":
+            t = pq.read_table(path)
+            t = t.set_column(1, "x", pa.array(np.asarray(t["x"]) * 3.0 + 1.0))
+            rows = pq.ParquetFile(path).metadata.row_group(0).num_rows
+            pq.write_table(t, path, row_group_size=rows)
+        else:
+            with open(path, "rb") as f:
+                raw = f.read()
+            with open(path, "wb") as f:
+                f.write(raw)
+            os.utime(path, ns=(1, 10**9))  # a distinct mtime, however coarse the filesystem's clock
+        loader.set_epoch(1)
+        with pytest.raises(DataError) as info:
+            for _ in loader:
+                pass
+    msg = str(info.value)
+    assert msg.startswith(f"{rel} row group ") and "the file changed after the loader planned the epoch: " in msg
+    assert ("bytes, the plan saw" if how == "values" else "it was modified after the loader listed it") in msg
+    leaks.clean_within(2.0)
+
+
 def _rewrite(path: str, change: str) -> None:
     t = pq.read_table(path)
     rows = pq.ParquetFile(path).metadata.row_group(0).num_rows
