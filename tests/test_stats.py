@@ -149,6 +149,14 @@ def test_bench_command_prints_the_bound_and_writes_a_trace(data, tmp_path, capsy
     assert json.loads(out.read_text())["traceEvents"]
 
 
+def test_bench_command_with_a_cache_reports_hits_per_epoch(data, tmp_path, capsys):
+    assert main(["bench", str(data), "--workers", "2", "--epochs", "2", "--batch-size", "500",
+                 "--cache-dir", str(tmp_path / "cache")]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("epoch ")]
+    assert lines[0].endswith(", 0 of its row groups from the cache")  # epoch 0 fills it
+    assert lines[1].endswith(", 18 of its row groups from the cache")  # 3 files x 6 row groups
+
+
 def test_stats_before_iterating(data):
     with Loader(data, batch_size=256, seed=3) as ld:
         st = ld.stats()
