@@ -195,6 +195,20 @@ class UnitReader:
             pf.close()
         self._open.clear()
 
+    def _still_listed(self, ref: FileRef) -> bool:
+        """False if a local file's size or mtime differs from the plan's (True when unknown)."""
+        fs = self.cfg.filesystem
+        if fs.type_name != "local":
+            return True
+        try:
+            info = fs.get_file_info(ref.location)
+        except OSError:
+            return True
+        if info.type == pafs.FileType.NotFound:
+            return True  # deleted: open handles still read the listed version
+        return (ref.size is None or info.size == ref.size) and (
+            ref.mtime_ns is None or info.mtime is None or info.mtime_ns == ref.mtime_ns)
+
     def new_pass(self) -> None:
         """Drop the open files that changed since planning, so that opening them again
         refuses them (see _check_same_version) rather than read through a handle that
@@ -206,14 +220,7 @@ class UnitReader:
             self.close()
             return
         for i in list(self._open):
-            ref = self.cfg.files[i]
-            try:
-                info = fs.get_file_info(ref.location)
-                same = (ref.size is None or info.size == ref.size) and (
-                    ref.mtime_ns is None or info.mtime is None or info.mtime_ns == ref.mtime_ns)
-            except OSError:
-                same = False
-            if not same:
+            if not self._still_listed(self.cfg.files[i]):
                 self._open.pop(i).close()
 
     def read(self, file_idx: int, rg: int, t: Timings, *, defer: bool = False) -> dict[str, Column]:
@@ -259,6 +266,15 @@ class UnitReader:
         try:
             table = self._file(file_idx, rg).read_row_group(rg, columns=self._file_cols, use_threads=False)
         except OSError as exc:
+            if isinstance(exc, DetloadError):
+                raise
+            if not isinstance(exc, FileNotFoundError) and not self._still_listed(ref):
+                # Rewritten under an open handle in the middle of a pass ("File too short").
+                self.close()
+                raise DataError(
+                    f"{ref.path} row group {rg}: the file changed after the loader planned the epoch "
+                    f"(reading it failed: {exc}). Do not rewrite a dataset while it is being loaded; "
+                    "create a new Loader to plan the new files.") from exc
             # Name the object, the row group and the last response (pyarrow's text carries it).
             what = ref.uri or ref.location
             msg = f"cannot read row group {rg} of {what}{describe_attempts(self.cfg.filesystem)}: {exc}"
@@ -483,7 +499,6 @@ def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generati
     # A block's wait on the full queue is known only after it was queued: it
     # travels with the worker's next block.
     last_wait: tuple[str, float, float] | None = None
-    last_gen = -1
     try:
         while True:
             try:
@@ -497,9 +512,9 @@ def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generati
             if msg is None:
                 return
             gen, tasks = msg
-            if gen != last_gen:
-                reader.new_pass()
-                last_gen = gen
+            # Every message starts (part of) a pass: the first blocks of the next one,
+            # built ahead, or the rest of a pass when it begins, perhaps long after.
+            reader.new_pass()
             for task in tasks:
                 if generation.value > gen:  # stale; a newer generation (built ahead) is not
                     break
@@ -546,8 +561,10 @@ def _parent_alive(cfg: WorkerConfig) -> bool:
     """
     if cfg.shm_dir is not None:
         parent = mp.parent_process()
-        if parent is not None:
-            return bool(parent.is_alive())
+        # A child the consumer forked (a torch DataLoader worker, say) inherits the
+        # pipe and keeps it open: the pid check covers a consumer that is gone then.
+        if parent is not None and not parent.is_alive():
+            return False
     return _shm.pid_alive(cfg.parent_pid)
 
 

@@ -222,6 +222,33 @@ def test_object_replaced_while_a_loader_runs(s3, proxy, tmp_path, same_size):
     same(tmp_path / "ref.jsonl", tmp_path / "cached.jsonl")
 
 
+def test_object_replaced_after_the_next_pass_was_started_ahead(s3, proxy, tmp_path):
+    """In the set_epoch loop the worker builds the next pass's first block before the
+    replacement, opening the object; the rest of that pass reads the same object and
+    must refuse the new version rather than read it through the handle it kept."""
+    moto, _, _, _, _ = s3
+    files = {"a.parquet": [100, 100, 100], "b.parquet": [150]}
+    v1 = write_sample_dataset(tmp_path / "v1", files, compression="none")
+    v2 = write_sample_dataset(tmp_path / "v2", files, seed=5, compression="none")
+    with open(os.path.join(v2, "a.parquet"), "rb") as f:
+        a2 = f.read()
+    assert len(a2) == os.path.getsize(os.path.join(v1, "a.parquet"))
+    uri = moto.upload_dir(v1, "ahead")
+    # No shuffle: blocks [a#0, a#1] and [a#2, b#0]; one worker, prefetch 1: the first is built ahead.
+    with Loader(uri, workers=1, prefetch=1, shuffle=False, **OPTS) as ld:
+        for epoch in (0, 1):
+            ld.set_epoch(epoch)
+            for _ in ld:
+                pass
+        moto.put("ahead/a.parquet", a2)
+        ld.set_epoch(2)
+        with pytest.raises(DataError, match=r"^a\.parquet row group 2: the file changed after the loader "
+                                            r"planned the epoch: its ETag is"):
+            for _ in ld:
+                pass
+        assert ld.ahead_used >= 1
+
+
 def test_explicit_filesystem(s3, proxy, tmp_path):
     _, _, _, _, ref = s3
     fs = pafs.S3FileSystem(endpoint_override=proxy.endpoint.split("://")[1], scheme="http", region="us-east-1",

@@ -78,8 +78,8 @@ def test_start_up_is_traced_apart_from_the_waits_of_the_run(data):
         first_unit = (probe.dataset.files[probe._unit_files[j]].path, int(probe._unit_rgs[j]))
     hooks = DebugHooks(stall_unit=first_unit, stall_seconds=1.0, stall_epoch=0)
     with Loader(data, batch_size=1000, seed=3, workers=2, _debug=hooks) as ld:
+        t0 = time.perf_counter()  # before iter(): the stalled read starts when the tasks go out
         it = iter(ld)
-        t0 = time.perf_counter()
         next(it)
         first = time.perf_counter() - t0
         for _ in it:

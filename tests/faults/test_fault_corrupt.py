@@ -113,18 +113,25 @@ def test_file_deleted_after_planning(fault_data, leaks, pool, workers):
 
 
 @pytest.mark.parametrize("how", ["values", "touched"])
-@pytest.mark.parametrize("pool", ["thread", "process"])
-def test_file_rewritten_with_the_same_layout_between_passes(fault_data, leaks, pool, how):
+@pytest.mark.parametrize("pool,before", [("thread", 1), ("process", 1), ("thread", 2), ("process", 2)])
+def test_file_rewritten_with_the_same_layout_between_passes(fault_data, leaks, pool, before, how):
     """Same row groups and types, other values (a new size) or the same bytes written
     again (a new mtime): the next pass refuses the file rather than read a version the
-    plan and the cache never saw; the pass before is intact."""
+    plan and the cache never saw; the passes before are intact. After two passes of the
+    set_epoch loop the workers built the next pass's first blocks ahead (and opened
+    their files) before the rewrite: the pass must still notice it."""
     data = fault_data()
     clean = clean_hashes(data.root, **OPTS)
-    rel = data.files[1]
-    path = data.path(rel)
-    with Loader(data.root, workers=2, pool=pool, **OPTS) as loader:
+    with Loader(data.root, workers=2, pool=pool, prefetch=1, **OPTS) as loader:
         leaks.track(loader)
-        assert [hash_batch(b)[0] for b in loader] == clean
+        # A file none of the blocks built ahead for the next pass reads.
+        ahead = {loader._unit_files[u] for b in loader.plan(before).schedule[:2] for u in b.units}
+        rel = next(f.path for i, f in enumerate(loader.dataset.files) if i not in ahead)
+        path = data.path(rel)
+        for epoch in range(before):
+            loader.set_epoch(epoch)
+            got = [hash_batch(b)[0] for b in loader]
+            assert got == clean if epoch == 0 else len(got) == len(clean)
         if how == "values":
             t = pq.read_table(path)
             t = t.set_column(1, "x", pa.array(np.asarray(t["x"]) * 3.0 + 1.0))
@@ -136,13 +143,33 @@ def test_file_rewritten_with_the_same_layout_between_passes(fault_data, leaks, p
             with open(path, "wb") as f:
                 f.write(raw)
             os.utime(path, ns=(1, 10**9))  # a distinct mtime, however coarse the filesystem's clock
-        loader.set_epoch(1)
+        loader.set_epoch(before)
         with pytest.raises(DataError) as info:
             for _ in loader:
                 pass
     msg = str(info.value)
     assert msg.startswith(f"{rel} row group ") and "the file changed after the loader planned the epoch: " in msg
     assert ("bytes, the plan saw" if how == "values" else "it was modified after the loader listed it") in msg
+    leaks.clean_within(2.0)
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_file_cut_short_under_an_open_handle_mid_pass(fault_data, leaks, pool):
+    """A file rewritten shorter while a worker holds it open fails its next read; that
+    is reported as the file having changed (DataError), not as an I/O failure."""
+    data = fault_data(files=2, row_groups=12)
+    rel = data.files[0]
+    with Loader(data.root, workers=1, pool=pool, prefetch=1, shuffle=False, **OPTS) as loader:
+        leaks.track(loader)
+        it = iter(loader)
+        first = next(it)  # the worker has file 0 open and is a few row groups ahead
+        assert first["id"][0] == 0
+        pq.write_table(pq.read_table(data.path(rel)).slice(0, 10), data.path(rel))  # same inode, cut short
+        with pytest.raises(DataError) as info:
+            for _ in it:
+                pass
+    msg = str(info.value)
+    assert msg.startswith(f"{rel} row group ") and "the file changed after the loader planned the epoch" in msg
     leaks.clean_within(2.0)
 
 

@@ -106,6 +106,47 @@ def test_sigkill_mid_run_leaves_valid_prefix(full_run, tmp_path, capsys, pool, w
         assert f"is truncated: it stops at epoch {e} step {s} of the {steps} steps" in out
 
 
+# A consumer that forks a long-lived child (as torch DataLoader workers are forked)
+# and is then SIGKILLed: the child inherits the pipe its workers watch.
+FORKING_RUN = """
+import os, signal, sys, time
+from detload import Loader
+if __name__ == "__main__":
+    with Loader(sys.argv[1], batch_size=10, seed=4, workers=2, pool="process") as loader:
+        it = iter(loader)
+        next(it)
+        print(" ".join(map(str, loader._pool.pids())), flush=True)
+        child = os.fork()
+        if child == 0:
+            time.sleep(60)
+            os._exit(0)
+        print(child, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_orphaned_workers_leave_while_a_forked_child_of_the_consumer_lives(fault_data):
+    data = fault_data()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", FORKING_RUN, data.root], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=env, start_new_session=True, text=True)
+    child = 0
+    try:
+        workers = [int(p) for p in proc.stdout.readline().split()]
+        child = int(proc.stdout.readline())
+        proc.wait(timeout=30)
+        assert len(workers) == 2 and proc.returncode == -signal.SIGKILL
+        wait_until(lambda: not any(pid_alive(p) for p in workers), 5.0)
+        wait_until(lambda: not shm_segments(proc.pid), 5.0)
+        assert pid_alive(child)  # it still holds the consumer's end of the pipe
+    finally:
+        if child:
+            os.kill(child, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_torn_and_damaged_lines(full_run, tmp_path, capsys):
     _, full = full_run
     with open(full, "rb") as f:
