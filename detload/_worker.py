@@ -271,10 +271,7 @@ class UnitReader:
             if not isinstance(exc, FileNotFoundError) and not self._still_listed(ref):
                 # Rewritten under an open handle in the middle of a pass ("File too short").
                 self.close()
-                raise DataError(
-                    f"{ref.path} row group {rg}: the file changed after the loader planned the epoch "
-                    f"(reading it failed: {exc}). Do not rewrite a dataset while it is being loaded; "
-                    "create a new Loader to plan the new files.") from exc
+                raise _file_changed(ref, rg, f" (reading it failed: {exc})") from exc
             # Name the object, the row group and the last response (pyarrow's text carries it).
             what = ref.uri or ref.location
             msg = f"cannot read row group {rg} of {what}{describe_attempts(self.cfg.filesystem)}: {exc}"
@@ -295,6 +292,13 @@ class UnitReader:
         t.add("read", t0, t1)
         t.add("convert", t1, time.perf_counter())
         return out, table.num_rows
+
+
+def _file_changed(ref: FileRef, rg: int, detail: str) -> DataError:
+    return DataError(
+        f"{ref.path} row group {rg}: the file changed after the loader planned the epoch{detail}. "
+        "Batches up to here were delivered intact. Do not rewrite a dataset while it is being "
+        "loaded; create a new Loader to plan the new files.")
 
 
 def _check_same_version(fs: pafs.FileSystem, f: Any, ref: FileRef, rg: int) -> None:
@@ -322,12 +326,7 @@ def _check_same_version(fs: pafs.FileSystem, f: Any, ref: FileRef, rg: int) -> N
         if info.mtime is not None and info.mtime_ns != ref.mtime_ns:
             problems.append("it was modified after the loader listed it")
     if problems:
-        raise DataError(
-            f"{ref.path} row group {rg}: the file changed after the loader planned the epoch: "
-            + "; ".join(problems)
-            + ". Batches up to here were delivered intact. Do not rewrite a dataset while it is "
-            "being loaded; create a new Loader to plan the new files."
-        )
+        raise _file_changed(ref, rg, ": " + "; ".join(problems))
 
 
 def _check_unchanged(pf: pq.ParquetFile, ref: FileRef, rg: int, specs: Sequence[ColumnSpec]) -> None:
@@ -360,12 +359,7 @@ def _check_unchanged(pf: pq.ParquetFile, ref: FileRef, rg: int, specs: Sequence[
         if not same:
             problems.append(f"column {spec.name!r} is {t}, planned as {spec.arrow_type}")
     if problems:
-        raise DataError(
-            f"{ref.path} row group {rg}: the file changed after the loader planned the epoch: "
-            + "; ".join(problems)
-            + ". Batches up to here were delivered intact. Do not rewrite a dataset while it is "
-            "being loaded; create a new Loader to plan the new files."
-        )
+        raise _file_changed(ref, rg, ": " + "; ".join(problems))
 
 
 def _rows_text(rows: Sequence[int]) -> str:
