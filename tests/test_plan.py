@@ -382,3 +382,14 @@ def test_two_pass_argsort_any_keys(pool, n, seed):
     rng = np.random.default_rng(seed)
     keys = np.asarray(pool, dtype=np.uint64)[rng.integers(0, len(pool), n)]
     assert np.array_equal(_stable_argsort_u64(keys), np.argsort(keys, kind="stable"))
+
+
+def test_two_pass_argsort_of_a_strided_view():
+    """The top digit is read in place from contiguous keys; a strided view takes the shifted copy."""
+    from detload.plan import _stable_argsort_u64
+
+    keys = np.asarray(np.random.PCG64(3).random_raw(20000), dtype=np.uint64)
+    keys[::5] = keys[7]
+    view = keys[::2]
+    assert not view.flags.c_contiguous
+    assert np.array_equal(_stable_argsort_u64(view), np.argsort(view, kind="stable"))
