@@ -17,7 +17,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from faultkit import check_batch, clean_hashes, first_step_needing, shm_segments
+from faultkit import check_batch, clean_hashes, first_step_needing, shm_segments, wait_until
 
 from detload import Loader, WorkerStalledError
 from detload._worker import DebugHooks
@@ -78,6 +78,10 @@ def test_stall_in_a_block_built_ahead_for_another_pass_says_so(fault_data, leaks
         for epoch in (0, 1):
             loader.set_epoch(epoch)
             assert sum(1 for _ in loader) == len(loader)
+        # Wait until the worker is inside that read: a newer pass submitted before it
+        # picked the block up would make the block stale, and it would never start.
+        status = loader._pool.statuses[0]
+        wait_until(lambda: tuple(status.get()[2:]) == (files.index(rel), rg), 30.0)
         loader.set_epoch(5)
         with pytest.raises(WorkerStalledError) as ei:
             next(iter(loader))
