@@ -7,6 +7,8 @@ verification found a difference, 2 bad input or usage.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import glob
 import json
 import os
 import sys
@@ -159,6 +161,8 @@ def _cmd_run(a: argparse.Namespace) -> int:
             first = state["epoch"]
             print(f"resuming at epoch {state['epoch']} step {state['step']} (from {a.resume})")
         state_path = state_file(loader.manifest_path) if a.save_state and loader.manifest_path else None
+        if state_path is not None:
+            _sweep_state_temps(state_path)
         for epoch in range(first, a.start_epoch + a.epochs):
             loader.set_epoch(epoch)
             t = time.perf_counter()
@@ -214,6 +218,17 @@ def read_resume_state(where: str) -> dict[str, Any]:
     if len({json.dumps(st.get("order"), sort_keys=True) for st in states}) > 1:
         raise ManifestError(f"the states in {where} were saved with different options")
     return min(states, key=lambda st: (st["epoch"], st["step"]))
+
+
+def _sweep_state_temps(path: str) -> None:
+    """Remove the temp files a killed run left beside its state (``path.tmpPID``, PID gone)."""
+    from ._shm import pid_alive
+
+    for tmp in glob.glob(glob.escape(path) + ".tmp*"):
+        pid = tmp[len(path) + 4:]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
 
 
 def _write_json_atomic(path: str, obj: Any) -> None:
