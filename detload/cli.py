@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import glob
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -224,11 +224,16 @@ def _sweep_state_temps(path: str) -> None:
     """Remove the temp files a killed run left beside its state (``path.tmpPID``, PID gone)."""
     from ._shm import pid_alive
 
-    for tmp in glob.glob(glob.escape(path) + ".tmp*"):
-        pid = tmp[len(path) + 4:]
-        if pid.isdigit() and not pid_alive(int(pid)):
+    folder, base = os.path.split(path)
+    try:
+        names = os.listdir(folder or ".")
+    except OSError:
+        return
+    for name in names:
+        m = re.fullmatch(re.escape(base) + r"\.tmp([0-9]+)", name)
+        if m and not pid_alive(int(m.group(1))):
             with contextlib.suppress(OSError):
-                os.remove(tmp)
+                os.remove(os.path.join(folder, name))
 
 
 def _write_json_atomic(path: str, obj: Any) -> None:

@@ -318,3 +318,19 @@ def test_cli_resume_across_world_sizes(ds, tmp_path, capsys):
     assert cli_main(["verify", str(tmp_path / "full"), str(tmp_path / "part1"), str(tmp_path / "part2")]) == 0
     assert cli_main([*base, str(tmp_path / "p3") + "/", "--resume", str(tmp_path / "empty")]) == 2
     assert "no saved state" in capsys.readouterr().err
+
+
+def test_state_temp_sweep_takes_the_pid_from_the_file_name(tmp_path):
+    """Only leftovers of dead processes go, whatever the path looks like (a doubled slash)."""
+    import subprocess
+
+    from detload.cli import _sweep_state_temps
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    names = {f"m.state.json.tmp{os.getpid()}": True, f"m.state.json.tmp{dead.pid}": False,
+             "m.state.json.tmpx": True, "other.state.json.tmp1": True}
+    for n in names:
+        (tmp_path / n).write_text("{")
+    _sweep_state_temps(f"{tmp_path}//m.state.json")
+    assert {n for n in os.listdir(tmp_path)} == {n for n, keep in names.items() if keep}

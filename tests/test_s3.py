@@ -19,6 +19,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _s3server import BUCKET, CREDENTIALS, FaultProxy, MotoServer, s3_env, write_sample_dataset  # noqa: E402
+from leaks import wait_until  # noqa: E402
 
 from detload import DataError, Loader, OptionError, SourceError, WorkerError, WorkerStalledError  # noqa: E402
 from detload._cache import cache_info  # noqa: E402
@@ -240,6 +241,8 @@ def test_object_replaced_after_the_next_pass_was_started_ahead(s3, proxy, tmp_pa
             ld.set_epoch(epoch)
             for _ in ld:
                 pass
+        # The block built ahead (it opens a.parquet) must be done before the replacement.
+        wait_until(lambda: ld._pool.outboxes[0].qsize() >= 1, 30.0)
         moto.put("ahead/a.parquet", a2)
         ld.set_epoch(2)
         with pytest.raises(DataError, match=r"^a\.parquet row group 2: the file changed after the loader "
