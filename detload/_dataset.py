@@ -26,7 +26,7 @@ import xxhash
 
 from ._remote import describe_attempts, object_uri, s3_from_uri
 from ._types import ColumnSpec, column_spec
-from .errors import DatasetError, DetloadError, EmptyDatasetError, OptionError, SchemaMismatchError, SourceError
+from .errors import DatasetError, EmptyDatasetError, OptionError, SchemaMismatchError, SourceError
 
 __all__ = ["Dataset", "FileInfo", "discover", "Source"]
 
@@ -205,7 +205,7 @@ def _list_source(source: Any, filesystem: pafs.FileSystem | None) -> tuple[pafs.
     try:
         return _list_locations(fs, locations, single)
     except OSError as exc:
-        if isinstance(exc, (FileNotFoundError, DetloadError)):
+        if isinstance(exc, FileNotFoundError):
             raise
         # Network, permissions, endpoint: name what was listed and the retry budget.
         what = ", ".join(object_uri(fs, loc) for loc in locations)

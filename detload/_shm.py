@@ -34,8 +34,8 @@ import numpy as np
 
 from .errors import SharedMemoryError
 
-__all__ = ["SHM_DIR", "ConsumerSegments", "Segment", "WorkerSegments", "attach", "create", "discard",
-           "sweep", "sweep_dead"]
+__all__ = ["SHM_DIR", "ConsumerSegments", "Segment", "WorkerSegments", "create", "discard", "sweep",
+           "sweep_dead"]
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 _PREFIX = "detload-"
@@ -90,11 +90,6 @@ def _map(directory: str, name: str, nbytes: int) -> mmap.mmap:
     finally:
         os.close(fd)
         os.unlink(path)
-
-
-def attach(directory: str, name: str, nbytes: int) -> np.ndarray:
-    """Map a segment and unlink it: the memory goes when the last view does."""
-    return np.frombuffer(_map(directory, name, nbytes), dtype=np.uint8)
 
 
 def discard(directory: str, name: str) -> None:

@@ -266,8 +266,6 @@ class UnitReader:
         try:
             table = self._file(file_idx, rg).read_row_group(rg, columns=self._file_cols, use_threads=False)
         except OSError as exc:
-            if isinstance(exc, DetloadError):
-                raise
             if not isinstance(exc, FileNotFoundError) and not self._still_listed(ref):
                 # Rewritten under an open handle in the middle of a pass ("File too short").
                 self.close()
