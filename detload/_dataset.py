@@ -295,15 +295,10 @@ def _read_footer(fs: pafs.FileSystem, location: str) -> tuple[pq.FileMetaData, s
             return pq.ParquetFile(f).metadata, _etag(f)
     except FileNotFoundError:
         raise FileNotFoundError(f"data file {location!r} vanished while the dataset was listed") from None
-    except OSError as exc:
-        if _is_storage_error(exc):
+    except (OSError, pa.ArrowException) as exc:
+        if isinstance(exc, OSError) and _is_storage_error(exc):
             raise SourceError(f"cannot read the footer of {object_uri(fs, location)}{describe_attempts(fs)}: "
                               f"{exc}") from exc
-        raise DatasetError(
-            f"cannot read the Parquet footer of {location!r}: {exc}. Is it a complete Parquet file? "
-            "Remove or rewrite it, or leave it out of the source."
-        ) from None
-    except pa.ArrowException as exc:
         raise DatasetError(
             f"cannot read the Parquet footer of {location!r}: {exc}. Is it a complete Parquet file? "
             "Remove or rewrite it, or leave it out of the source."

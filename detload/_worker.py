@@ -206,8 +206,7 @@ class UnitReader:
             return True
         if info.type == pafs.FileType.NotFound:
             return True  # deleted: open handles still read the listed version
-        return (ref.size is None or info.size == ref.size) and (
-            ref.mtime_ns is None or info.mtime is None or info.mtime_ns == ref.mtime_ns)
+        return _stat_matches(info, ref)
 
     def new_pass(self) -> None:
         """Drop the open files that changed since planning, so that opening them again
@@ -299,6 +298,12 @@ def _file_changed(ref: FileRef, rg: int, detail: str) -> DataError:
         "loaded; create a new Loader to plan the new files.")
 
 
+def _stat_matches(info: pafs.FileInfo, ref: FileRef) -> bool:
+    """A stat agrees with the plan's size and mtime (either unknown counts as agreeing)."""
+    return (ref.size is None or info.size == ref.size) and (
+        ref.mtime_ns is None or info.mtime is None or info.mtime_ns == ref.mtime_ns)
+
+
 def _check_same_version(fs: pafs.FileSystem, f: Any, ref: FileRef, rg: int) -> None:
     """Refuse a file whose size or version (ETag, else local mtime) is not the one planned.
 
@@ -319,10 +324,9 @@ def _check_same_version(fs: pafs.FileSystem, f: Any, ref: FileRef, rg: int) -> N
         now = _etag(f)
         if now is not None and now != ref.etag:
             problems.append(f"its ETag is {now}, the plan saw {ref.etag}")
-    elif not problems and ref.mtime_ns is not None and fs.type_name == "local":
-        info = fs.get_file_info(ref.location)
-        if info.mtime is not None and info.mtime_ns != ref.mtime_ns:
-            problems.append("it was modified after the loader listed it")
+    elif (not problems and ref.mtime_ns is not None and fs.type_name == "local"
+          and not _stat_matches(fs.get_file_info(ref.location), ref)):
+        problems.append("it was modified after the loader listed it")
     if problems:
         raise _file_changed(ref, rg, ": " + "; ".join(problems))
 

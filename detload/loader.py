@@ -33,7 +33,7 @@ from ._worker import DebugHooks, FileRef, WorkerConfig
 from .audit import MANIFEST_FORMAT, MANIFEST_VERSION, ManifestWriter
 from .errors import DetloadError, OptionError, StateError
 from .plan import PLAN_FORMAT_VERSION, OrderOptions, Plan, make_plan
-from .stats import Stats, summarize
+from .stats import Stats, _cores, summarize
 
 __all__ = ["STATE_FORMAT_VERSION", "Loader", "compare_ranks", "resolve_workers"]
 
@@ -45,11 +45,7 @@ _MAX_WORKERS = 256
 def resolve_workers(workers: int | str) -> int:
     """``"auto"``: one worker per usable core, at most 16; workers never change the batches."""
     if workers == "auto":
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # pragma: no cover - not Linux
-            cores = os.cpu_count() or 1
-        return max(1, min(cores, 16))
+        return max(1, min(_cores(), 16))
     if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)):
         raise OptionError(f"workers must be an int >= 1 or 'auto', got {workers!r}")
     if not 1 <= workers <= _MAX_WORKERS:

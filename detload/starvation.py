@@ -7,12 +7,13 @@ NumPy or torch batches; torch is imported only if the caller already uses it.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from .stats import _cores
 
 __all__ = ["StarvationReport", "starvation_check"]
 
@@ -160,10 +161,3 @@ def _verdict(eff: float, wait: float, bottleneck: str | None, detail: str) -> st
     return (f"The data path starves the step: it runs at {eff:.0%} of its speed from memory and waited for "
             f"data {wait:.0%} of the time.{where} Add workers (up to the core count), use pool='process', "
             "read fewer columns, or cache the data on local disk.")
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
