@@ -104,6 +104,77 @@ def _record(x: torch.Tensor, stream: Any) -> None:
     x.record_stream(stream)
 
 
+# Each array starts on this byte boundary inside a slab: a multiple of every
+# dtype's size (so views of the slab can take any dtype) and of the GPU's
+# preferred load width.
+_ALIGN = 256
+_TORCH_DTYPES: dict[np.dtype, torch.dtype] = {}
+
+
+class _Part(NamedTuple):
+    name: str
+    kind: str | None  # None for a plain column; a Ragged's kind for its two arrays
+    offset: int
+    nbytes: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+def _torch_dtype(a: np.ndarray) -> torch.dtype:
+    dt = _TORCH_DTYPES.get(a.dtype)
+    if dt is None:
+        dt = _TORCH_DTYPES[a.dtype] = torch.from_numpy(np.empty(0, dtype=a.dtype)).dtype
+    return dt
+
+
+def _pack(batch: Mapping[str, Column], pin: bool) -> tuple[torch.Tensor, list[_Part]]:
+    """Copy every array of a batch into one (pinned) byte slab; return it and where each array lies.
+
+    One allocation and one host-to-device copy per batch instead of two per
+    column: the feeder thread holds the GIL for a few calls, not for ~100, so
+    the training thread's kernel launches are not held up. The copies are
+    NumPy's, which release the GIL.
+    """
+    arrays: list[tuple[str, str | None, np.ndarray]] = []
+    for name, col in batch.items():
+        if isinstance(col, Ragged):
+            arrays.append((name, col.kind, col.values))
+            arrays.append((name, col.kind, col.offsets))
+        else:
+            arrays.append((name, None, col))
+    parts: list[_Part] = []
+    total = 0
+    for name, kind, a in arrays:
+        if a.dtype.kind in "mM":
+            a = a.view(np.int64)  # as in `_tensor`: torch has no datetime dtype
+        elif a.dtype.kind not in "biufc":
+            _tensor(name, a)  # raises the OptionError that names the column
+        parts.append(_Part(name, kind, total, a.nbytes, _torch_dtype(a), a.shape))
+        total += -(-a.nbytes // _ALIGN) * _ALIGN
+    slab = torch.empty(max(total, _ALIGN), dtype=torch.uint8, pin_memory=pin)
+    buf = slab.numpy()
+    for (_, _, a), p in zip(arrays, parts, strict=True):
+        if a.dtype.kind in "mM":
+            a = a.view(np.int64)
+        np.copyto(buf[p.offset : p.offset + p.nbytes].view(a.dtype).reshape(a.shape), a, casting="no")
+    return slab, parts
+
+
+def _unpack(slab: torch.Tensor, parts: list[_Part]) -> TorchBatch:
+    """The batch as views of ``slab`` (on whichever device it now is)."""
+    out: TorchBatch = {}
+    pending: dict[str, torch.Tensor] = {}
+    for p in parts:
+        t = slab[p.offset : p.offset + p.nbytes].view(p.dtype).view(p.shape)
+        if p.kind is None:
+            out[p.name] = t
+        elif p.name in pending:
+            out[p.name] = RaggedTensor(pending.pop(p.name), t, p.kind)
+        else:
+            pending[p.name] = t
+    return out
+
+
 class _End:
     pass
 
@@ -121,12 +192,13 @@ class TorchLoader:
 
     - ``device=None`` and ``pin_memory=False``: tensors share the NumPy batch's
       memory (``torch.from_numpy``), no thread, no copy.
-    - ``pin_memory=True``: a background thread copies each batch into pinned
-      memory, ``prefetch`` batches ahead (needs an accelerator; without one it
-      warns and stays off, as torch's DataLoader does).
-    - ``device="cuda"`` (or ``"cuda:N"``): the thread pins and copies each batch
-      with ``non_blocking=True`` on its own CUDA stream, ``prefetch`` batches
-      ahead of the step that runs; the consumer's stream waits for the copy
+    - ``pin_memory=True``: a background thread copies each batch into one
+      pinned buffer (every column a view of it), ``prefetch`` batches ahead
+      (needs an accelerator; without one it warns and stays off, as torch's
+      DataLoader does).
+    - ``device="cuda"`` (or ``"cuda:N"``): the thread pins each batch so and
+      copies it with one ``non_blocking=True`` copy on its own CUDA stream,
+      ``prefetch`` batches ahead of the step that runs; the consumer's stream waits for the copy
       before the batch is used. ``device="cpu"`` uses the same thread.
 
     ``state_dict()`` counts batches handed to the training loop, never the ones
@@ -172,6 +244,8 @@ class TorchLoader:
         self.device = dev
         self.pin_memory = bool(pin_memory)
         self._threaded = self.pin_memory or dev is not None
+        # Benchmark-only switch: pin and copy column by column (the previous path) instead of one slab.
+        self._slab = True
         self._pos: int | None = None  # batches of this epoch handed to the training loop
         self._stop: threading.Event | None = None
         self._thread: threading.Thread | None = None
@@ -261,19 +335,32 @@ class TorchLoader:
             stream = torch.cuda.Stream(dev) if cuda else None
             for batch in it:
                 pos = self.loader.position
-                t = to_torch(batch)
-                del batch
-                if self.pin_memory:
-                    t = _apply(t, lambda x: x.pin_memory())
-                event = None
-                if cuda:
-                    with torch.cuda.device(dev), torch.cuda.stream(stream):
-                        t = _apply(t, lambda x: x.to(dev, non_blocking=True))
-                        event = torch.cuda.Event()
-                        event.record(stream)
-                elif dev is not None:
-                    t = _apply(t, lambda x: x.to(dev))
-                if not _put(q, (t, pos, event), stop):
+                event = slab = None
+                if self.pin_memory and self._slab:
+                    # The copy into the slab also lets the worker's shared memory go at once.
+                    slab, parts = _pack(batch, pin=True)
+                    del batch
+                    if cuda:
+                        with torch.cuda.device(dev), torch.cuda.stream(stream):
+                            slab = slab.to(dev, non_blocking=True)
+                            event = torch.cuda.Event()
+                            event.record(stream)
+                    elif dev is not None:
+                        slab = slab.to(dev)
+                    t = _unpack(slab, parts)
+                else:
+                    t = to_torch(batch)
+                    del batch
+                    if self.pin_memory:
+                        t = _apply(t, lambda x: x.pin_memory())
+                    if cuda:
+                        with torch.cuda.device(dev), torch.cuda.stream(stream):
+                            t = _apply(t, lambda x: x.to(dev, non_blocking=True))
+                            event = torch.cuda.Event()
+                            event.record(stream)
+                    elif dev is not None:
+                        t = _apply(t, lambda x: x.to(dev))
+                if not _put(q, (t, pos, event, slab), stop):
                     return
             _put(q, _End(), stop)
         except BaseException as exc:  # noqa: BLE001 - carried to the training loop
@@ -297,13 +384,16 @@ class TorchLoader:
                     return
                 if isinstance(item, _Failed):
                     raise item.error
-                t, pos, event = item
+                t, pos, event, slab = item
                 if event is not None:
                     current = torch.cuda.current_stream(dev)
                     current.wait_event(event)
                     # The memory was allocated on the side stream; tell the allocator
                     # the training stream uses it, so it is not reused too early.
-                    _each(t, functools.partial(_record, stream=current))
+                    if slab is not None:
+                        slab.record_stream(current)  # every column is a view of it
+                    else:
+                        _each(t, functools.partial(_record, stream=current))
                 self._pos = pos
                 yield t
         finally:

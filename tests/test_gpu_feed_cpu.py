@@ -20,15 +20,20 @@ def test_gpu_feed_tiny_on_cpu(tmp_path, capsys, monkeypatch):
     spec.loader.exec_module(mod)
     out = tmp_path / "r.json"
     assert mod.main(["--tiny", "--device", "cpu", "--data", str(tmp_path / "d"), "--json", str(out)]) == 0
-    res = json.loads(out.read_text())
+    saved = json.loads(out.read_text())
+    assert saved["errors"] == [] and saved["skipped"] == []
+    res = saved["results"]
     feeders = {(r["hidden"], r["feeder"]) for r in res}
     for h in (16, 32):
         assert (h, "in-memory pinned tensors") in feeders
+        assert (h, "in-memory pinned tensors (again, last)") in feeders
         for w in (1, 2):
             assert {(h, f"torch DataLoader W={w}"), (h, f"detload thread W={w}"), (h, f"detload process W={w}")} <= feeders
+        # The comparison variants run at the middle worker count.
+        assert {(h, "detload process W=2 (columns)"), (h, "detload process W=2 (numpy)")} <= feeders
     for r in res:
         assert r["steps"] >= 1 and r["rows_per_s"] > 0 and 0 <= r["wait_fraction"] <= 1
-        if r["feeder"].startswith("in-memory"):
+        if r["feeder"] == "in-memory pinned tensors":
             assert r["efficiency"] == 1.0
     table = capsys.readouterr().out
     assert "feed efficiency" in table and "device: cpu" in table

@@ -4,9 +4,15 @@ A CTR model (one EmbeddingBag per categorical column + a 3-layer MLP, AdamW) is 
 pinned in-memory tensors (the upper bound), a torch DataLoader over row groups, and detload
 (thread and process pools), at several worker counts and two model sizes. Feed efficiency =
 a feeder's rows/s / the in-memory loop's rows/s with the same model in the same run.
-Without CUDA the same loop runs on the CPU (use --tiny there; CI does).
 
-    PYTHONPATH=. python experiments/bench/gpu_feed.py              # CUDA, ~6 min on one H200
+detload feeds through `detload.torch.TorchLoader(device=...)`: a background thread packs each
+batch into one pinned buffer and starts its host-to-device copy on a side stream; the training
+loop stacks the columns it receives (already on the device) into the model's inputs. At one
+worker count, two variants show what that path is worth: the adapter's previous per-column
+pinning and copying, and NumPy batches staged by the training thread itself (as the torch
+DataLoader baseline is). Without CUDA the same loop runs on the CPU (use --tiny there; CI does).
+
+    PYTHONPATH=. python experiments/bench/gpu_feed.py              # CUDA, ~5 min on one H200
     PYTHONPATH=. python experiments/bench/gpu_feed.py --tiny       # CPU smoke run, seconds
 Needs only torch, pyarrow, numpy, xxhash and detload.
 """
@@ -19,6 +25,7 @@ import os
 import platform
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -115,6 +122,26 @@ class Staging:
             self.events[i] = ev
 
 
+class DeviceStack:
+    """For batches that arrive as tensors (TorchLoader): stack the columns into the model's
+    inputs where they already are (on the GPU: two stack kernels and one cast per step)."""
+
+    def __init__(self, torch, cardinality: int):
+        self.torch = torch
+        self.fold = cardinality if cardinality < 100_000 else 0
+
+    def __call__(self, b: dict):
+        stack = self.torch.stack
+        dense = stack([b[f"dense_{j}"] for j in range(N_DENSE)], dim=1)
+        cats = stack([b[f"cat_{j}"] for j in range(N_CAT)], dim=1)
+        if self.fold:
+            cats = cats % self.fold
+        return dense, cats, b["label"].float(), 0
+
+    def done(self, i):
+        pass
+
+
 def columns(path) -> list[str]:
     return ["label", *[f"dense_{j}" for j in range(N_DENSE)], *[f"cat_{j}" for j in range(N_CAT)]]
 
@@ -162,10 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cardinality", type=int, default=100_000)
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=4096)
-    ap.add_argument("--seconds", type=float, default=6.0, help="measured seconds per feeder")
+    ap.add_argument("--seconds", type=float, default=5.0, help="measured seconds per feeder")
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--max-steps", type=int, default=100_000)
     ap.add_argument("--feeders", nargs="+", default=["torch", "detload-thread", "detload-process"])
+    ap.add_argument("--variants", nargs="*", default=["detload-process-columns", "detload-process-numpy"],
+                    help="comparison feeders run at the middle worker count only")
+    ap.add_argument("--budget", type=float, default=1e9,
+                    help="start no feeder after this many seconds (the table still prints)")
     ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     ap.add_argument("--tiny", action="store_true", help="CPU smoke configuration (CI)")
     ap.add_argument("--json", default=None, help="also write the results as JSON here")
@@ -182,10 +213,15 @@ def main(argv: list[str] | None = None) -> int:
     from measure import rebatch
 
     from detload import Loader
+    from detload.torch import TorchLoader
 
     device = torch.device("cuda" if a.device == "cuda" or (a.device == "auto" and torch.cuda.is_available())
                           else "cpu")
     t_start = time.perf_counter()
+    dev_name = torch.cuda.get_device_name(0) if device.type == "cuda" else (platform.processor() or platform.machine())
+    config = {"device": f"{device.type} ({dev_name})", "cores": os.cpu_count(), "torch": torch.__version__,
+              "python": platform.python_version(), "rows": a.rows, "batch_size": a.batch_size,
+              "seconds": a.seconds, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     datagen.make_ctr(a.data, rows=a.rows, files=8, row_group_rows=min(16384, max(a.rows // 64, 256)))
     cols = columns(a.data)
 
@@ -209,7 +245,16 @@ def main(argv: list[str] | None = None) -> int:
     del tables
     N, B = len(mem_label), a.batch_size
 
-    results = []
+    results: list[dict] = []
+    errors: list[str] = []
+    skipped: list[str] = []
+
+    def save():
+        # Written after every row, so a run cut short still leaves what it measured.
+        if a.json:
+            Path(a.json).write_text(json.dumps({"results": results, "errors": errors, "skipped": skipped,
+                                                "config": config}, indent=1))
+
     for hidden in a.hidden:
         torch.manual_seed(0)
         trainer = Trainer(torch, build_model(torch, hidden, a.cardinality, a.dim), device)
@@ -230,58 +275,91 @@ def main(argv: list[str] | None = None) -> int:
         results.append({"hidden": hidden, "params": nparams, "feeder": "in-memory pinned tensors", "workers": 0,
                         **ref, "efficiency": 1.0})
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+        save()
         staging = Staging(torch, B, device, a.cardinality)
-        for feeder in a.feeders:
-            for w in a.workers:
-                if feeder == "torch":
-                    from torch.utils.data import DataLoader
+        stacking = DeviceStack(torch, a.cardinality)
+        runs = [(f, w) for f in a.feeders for w in a.workers]
+        # The two comparison variants run at one worker count (the middle one).
+        mid = a.workers[len(a.workers) // 2]
+        runs += [(f, mid) for f in a.variants]
+        for feeder, w in runs:
+            if time.perf_counter() - t_start > a.budget:
+                print(f"skipped {feeder} W={w}: past --budget {a.budget:g} s", file=sys.stderr, flush=True)
+                skipped.append(f"hidden {hidden}: {feeder} W={w}")
+                continue
+            dl = closer = None
+            stage = staging
+            if feeder == "torch":
+                from torch.utils.data import DataLoader
 
-                    dl = DataLoader(RowGroupDataset(a.data, cols), batch_size=None, shuffle=True,
-                                    generator=torch.Generator().manual_seed(0), num_workers=w,
-                                    persistent_workers=True)
+                dl = DataLoader(RowGroupDataset(a.data, cols), batch_size=None, shuffle=True,
+                                generator=torch.Generator().manual_seed(0), num_workers=w,
+                                persistent_workers=True)
 
-                    def make(dl=dl):
-                        return rebatch(({k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in item.items()}
-                                        for item in dl), B)
+                def make(dl=dl):
+                    return rebatch(({k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in item.items()}
+                                    for item in dl), B)
 
-                    closer = None
-                    label = f"torch DataLoader W={w}"
+                label = f"torch DataLoader W={w}"
+            else:
+                # detload-POOL (TorchLoader, one pinned slab per batch), detload-POOL-columns
+                # (TorchLoader, per-column pin + copy), detload-POOL-numpy (Loader, staged here).
+                _, pool, *how = feeder.split("-")
+                how_s = how[0] if how else "slab"
+                ld = Loader(a.data, batch_size=B, seed=0, workers=w, pool=pool, columns=cols,
+                            shuffle_window=4, prefetch=2)
+                if how_s == "numpy":
+                    src = ld
                 else:
-                    pool = feeder.split("-")[1]
-                    ld = Loader(a.data, batch_size=B, seed=0, workers=w, pool=pool, columns=cols,
-                                shuffle_window=4, prefetch=2)
-                    epoch = [0]
+                    src = TorchLoader(ld, device=device)
+                    src._slab = how_s == "slab"
+                    stage = stacking
+                epoch = [0]
 
-                    def make(ld=ld, epoch=epoch):
-                        ld.set_epoch(epoch[0])
-                        epoch[0] += 1
-                        return iter(ld)
+                def make(src=src, epoch=epoch):
+                    src.set_epoch(epoch[0])
+                    epoch[0] += 1
+                    return iter(src)
 
-                    closer = ld.close
-                    label = f"detload {pool} W={w}"
-                try:
-                    r = run_feeder(torch, trainer, make, staging, a.warmup, a.seconds, a.max_steps)
-                finally:
-                    if closer:
-                        closer()
-                    else:
-                        it = getattr(dl, "_iterator", None)
-                        if it is not None and hasattr(it, "_shutdown_workers"):
-                            it._shutdown_workers()
-                results.append({"hidden": hidden, "params": nparams, "feeder": label, "workers": w, **r,
-                                "efficiency": r["rows_per_s"] / ref["rows_per_s"]})
-                print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+                closer = src.close
+                label = f"detload {pool} W={w}" + ("" if how_s == "slab" else f" ({how_s})")
+            try:
+                r = run_feeder(torch, trainer, make, stage, a.warmup, a.seconds, a.max_steps)
+            except Exception as exc:  # noqa: BLE001 - one feeder failing must not lose the others' rows
+                traceback.print_exc()
+                errors.append(f"hidden {hidden}: {label}: {type(exc).__name__}: {exc}")
+                continue
+            finally:
+                if closer:
+                    closer()
+                elif dl is not None:
+                    it = getattr(dl, "_iterator", None)
+                    if it is not None and hasattr(it, "_shutdown_workers"):
+                        it._shutdown_workers()
+            results.append({"hidden": hidden, "params": nparams, "feeder": label, "workers": w, **r,
+                            "efficiency": r["rows_per_s"] / ref["rows_per_s"]})
+            print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+            save()
+        # The upper bound again: how far the machine drifted while the feeders ran.
+        again = run_feeder(torch, trainer, mem_iter, MemStaging(), a.warmup, a.seconds, a.max_steps)
+        results.append({"hidden": hidden, "params": nparams, "feeder": "in-memory pinned tensors (again, last)",
+                        "workers": 0, **again, "efficiency": again["rows_per_s"] / ref["rows_per_s"]})
+        print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+        save()
 
-    dev = torch.cuda.get_device_name(0) if device.type == "cuda" else (platform.processor() or platform.machine())
-    print(f"device: {device.type} ({dev}), {os.cpu_count()} cores, torch {torch.__version__}, "
+    save()
+    print(f"device: {config['device']}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"{N:,} rows, batch {B}, {a.seconds:g} s per feeder, total {time.perf_counter() - t_start:.0f} s")
     print("| hidden | params | feeder | rows/s | steps/s | feed efficiency | data-wait fraction |")
     print("|---:|---:|---|---:|---:|---:|---:|")
     for r in results:
         print(f"| {r['hidden']} | {r['params'] / 1e6:.1f}M | {r['feeder']} | {r['rows_per_s']:,.0f} | "
               f"{r['steps_per_s']:,.1f} | {r['efficiency']:.3f} | {r['wait_fraction']:.3f} |")
-    if a.json:
-        Path(a.json).write_text(json.dumps(results, indent=1))
+    for line in errors:
+        print(f"FAILED {line}")
+    for line in skipped:
+        print(f"SKIPPED {line}")
+    return 1 if errors else 0
     return 0
 
 
