@@ -127,36 +127,54 @@ def _torch_dtype(a: np.ndarray) -> torch.dtype:
     return dt
 
 
-def _pack(batch: Mapping[str, Column], pin: bool) -> tuple[torch.Tensor, list[_Part]]:
+Stack = tuple[tuple[str, tuple[str, ...]], ...]
+
+
+def _pack(batch: Mapping[str, Column], pin: bool, stack: Stack = ()) -> tuple[torch.Tensor, list[_Part]]:
     """Copy every array of a batch into one (pinned) byte slab; return it and where each array lies.
 
     One allocation and one host-to-device copy per batch instead of two per
     column: the feeder thread holds the GIL for a few calls, not for ~100, so
     the training thread's kernel launches are not held up. The copies are
-    NumPy's, which release the GIL.
+    NumPy's, which release the GIL. Each ``stack`` group becomes one
+    ``(rows, k)`` array (one ``np.stack``), after the columns left unstacked.
     """
-    arrays: list[tuple[str, str | None, np.ndarray]] = []
+    stacked = {c for _, cols in stack for c in cols}
+    items: list[tuple[str, str | None, np.ndarray | list[np.ndarray]]] = []
     for name, col in batch.items():
+        if name in stacked:
+            continue
         if isinstance(col, Ragged):
-            arrays.append((name, col.kind, col.values))
-            arrays.append((name, col.kind, col.offsets))
+            items.append((name, col.kind, col.values))
+            items.append((name, col.kind, col.offsets))
         else:
-            arrays.append((name, None, col))
+            items.append((name, None, col))
+    for out, cols in stack:
+        items.append((out, None, [batch[c] for c in cols]))  # type: ignore[misc]  # validated: 1-D, fixed
     parts: list[_Part] = []
     total = 0
-    for name, kind, a in arrays:
-        if a.dtype.kind in "mM":
-            a = a.view(np.int64)  # as in `_tensor`: torch has no datetime dtype
-        elif a.dtype.kind not in "biufc":
-            _tensor(name, a)  # raises the OptionError that names the column
-        parts.append(_Part(name, kind, total, a.nbytes, _torch_dtype(a), a.shape))
-        total += -(-a.nbytes // _ALIGN) * _ALIGN
+    for name, kind, a in items:
+        first = a[0] if isinstance(a, list) else a
+        if first.dtype.kind in "mM":
+            dt = np.dtype(np.int64)  # as in `_tensor`: torch has no datetime dtype
+        elif first.dtype.kind in "biufc":
+            dt = first.dtype
+        else:
+            _tensor(name, first)  # raises the OptionError that names the column
+        shape = (len(first), len(a)) if isinstance(a, list) else first.shape
+        nbytes = int(np.prod(shape)) * dt.itemsize
+        parts.append(_Part(name, kind, total, nbytes, _torch_dtype(np.empty(0, dt)), shape))
+        total += -(-nbytes // _ALIGN) * _ALIGN
     slab = torch.empty(max(total, _ALIGN), dtype=torch.uint8, pin_memory=pin)
     buf = slab.numpy()
-    for (_, _, a), p in zip(arrays, parts, strict=True):
-        if a.dtype.kind in "mM":
-            a = a.view(np.int64)
-        np.copyto(buf[p.offset : p.offset + p.nbytes].view(a.dtype).reshape(a.shape), a, casting="no")
+    for (_, _, a), p in zip(items, parts, strict=True):
+        first = a[0] if isinstance(a, list) else a
+        dt = np.dtype(np.int64) if first.dtype.kind in "mM" else first.dtype
+        dst = buf[p.offset : p.offset + p.nbytes].view(dt).reshape(p.shape)
+        if isinstance(a, list):
+            np.stack([x.view(dt) for x in a], axis=1, out=dst, casting="no")
+        else:
+            np.copyto(dst, a.view(dt), casting="no")
     return slab, parts
 
 
@@ -196,6 +214,10 @@ class TorchLoader:
       pinned buffer (every column a view of it), ``prefetch`` batches ahead
       (needs an accelerator; without one it warns and stays off, as torch's
       DataLoader does).
+    - ``stack={"dense": ["f0", "f1", ...], ...}``: each group of one-value-per-row
+      columns of one dtype arrives as one ``(rows, k)`` tensor under its own name
+      (after the columns left unstacked), packed on the host, so the training
+      loop gets a model's input matrix without ~k tensors and a stack kernel.
     - ``device="cuda"`` (or ``"cuda:N"``): the thread pins each batch so and
       copies it with one ``non_blocking=True`` copy on its own CUDA stream,
       ``prefetch`` batches ahead of the step that runs; the consumer's stream waits for the copy
@@ -214,6 +236,7 @@ class TorchLoader:
         device: str | torch.device | None = None,
         pin_memory: bool = False,
         prefetch: int = 2,
+        stack: Mapping[str, Any] | None = None,
         check_ranks: bool = True,
         **loader_options: Any,
     ) -> None:
@@ -227,6 +250,7 @@ class TorchLoader:
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise OptionError(f"prefetch must be an int >= 1 (batches), got {prefetch!r}")
         self.prefetch = prefetch
+        self.stack: Stack = _check_stack(stack, self.loader)
         self.check_ranks = bool(check_ranks)
         dev = torch.device(device) if device is not None else None
         if dev is not None and dev.type == "cuda":
@@ -318,10 +342,11 @@ class TorchLoader:
 
     def _direct(self, it: Iterator[dict[str, Column]]) -> Iterator[TorchBatch]:
         loader = self.loader
+        stack = self.stack
         try:
             for batch in it:
                 self._pos = loader.position
-                yield to_torch(batch)
+                yield _unpack(*_pack(batch, pin=False, stack=stack)) if stack else to_torch(batch)
         finally:
             close = getattr(it, "close", None)
             if close is not None:
@@ -336,9 +361,9 @@ class TorchLoader:
             for batch in it:
                 pos = self.loader.position
                 event = slab = None
-                if self.pin_memory and self._slab:
+                if (self.pin_memory and self._slab) or self.stack:
                     # The copy into the slab also lets the worker's shared memory go at once.
-                    slab, parts = _pack(batch, pin=True)
+                    slab, parts = _pack(batch, pin=self.pin_memory, stack=self.stack)
                     del batch
                     if cuda:
                         with torch.cuda.device(dev), torch.cuda.stream(stream):
@@ -415,6 +440,45 @@ class TorchLoader:
     def _shutdown(self) -> None:
         if self._stop is not None and self._thread is not None:
             self._halt(self._stop, self._thread, None)
+
+
+def _check_stack(stack: Mapping[str, Any] | None, loader: Loader) -> Stack:
+    """Validate ``stack=`` against the columns the loader delivers; return it as tuples."""
+    if stack is None:
+        return ()
+    if not isinstance(stack, Mapping):
+        raise OptionError(f"stack must map an output name to a list of column names, got {type(stack).__name__}")
+    specs = {s.name: s for s in loader.column_specs}
+    seen: dict[str, str] = {}
+    out: list[tuple[str, tuple[str, ...]]] = []
+    for name, cols in stack.items():
+        if not isinstance(name, str) or isinstance(cols, str) or not isinstance(cols, (list, tuple)) \
+                or not cols or not all(isinstance(c, str) for c in cols):
+            raise OptionError(f"stack[{name!r}] must be a non-empty list of column names, got {cols!r}")
+        dtypes: dict[str, str] = {}
+        for c in cols:
+            spec = specs.get(c)
+            if spec is None:
+                known = ", ".join(sorted(specs)[:8]) + (", ..." if len(specs) > 8 else "")
+                raise OptionError(f"stack[{name!r}] names column {c!r}, which the loader does not deliver "
+                                  f"(its columns: {known})")
+            if spec.kind != "fixed" or spec.inner:
+                what = f"variable-length ({spec.ragged_kind})" if spec.kind != "fixed" else f"{len(spec.inner) + 1}-D"
+                raise OptionError(f"stack[{name!r}]: column {c!r} is {what}; only one-value-per-row "
+                                  "columns can be stacked")
+            if c in seen:
+                raise OptionError(f"column {c!r} is in stack[{seen[c]!r}] and stack[{name!r}]; a column can be "
+                                  "stacked once")
+            seen[c] = name
+            dtypes.setdefault(np.dtype(spec.dtype).name, c)
+        if len(dtypes) > 1:
+            mixed = " and ".join(f"{d} ({c})" for d, c in dtypes.items())
+            raise OptionError(f"stack[{name!r}] mixes dtypes {mixed}; stack columns of one dtype")
+        out.append((name, tuple(cols)))
+    for name, _ in out:
+        if name in specs and name not in seen:
+            raise OptionError(f"stack name {name!r} is also a column that is not stacked; pick another name")
+    return tuple(out)
 
 
 def _put(q: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:

@@ -204,9 +204,9 @@ def test_feeder_slab_path_yields_the_same_batches(ds, monkeypatch):
     packed = []
     real = dt._pack
 
-    def unpinned(batch, pin):
+    def unpinned(batch, pin, stack=()):
         packed.append(pin)
-        return real(batch, pin=False)
+        return real(batch, pin=False, stack=stack)
 
     monkeypatch.setattr(dt, "_pack", unpinned)
     with TorchLoader(ds, device="cpu", workers=2, pool="process", **OPTS) as tl:
@@ -233,3 +233,71 @@ def test_cuda_slab_and_per_column_paths_agree_and_kept_batches_hold(ds):  # prag
         kept = list(tl)
         assert all(b["id"].is_pinned() and not b["id"].is_cuda for b in kept)
         assert [hash_batch(back_to_numpy(b))[0] for b in kept] == want
+
+
+@pytest.fixture(scope="module")
+def tabular(tmp_path_factory) -> str:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    root = tmp_path_factory.mktemp("tab")
+    n = 300
+    rng = np.random.default_rng(1)
+    t = pa.table({
+        "a": rng.random(n, dtype=np.float32), "b": rng.random(n, dtype=np.float32),
+        "c": rng.random(n, dtype=np.float32), "i": np.arange(n, dtype=np.int64),
+        "j": np.arange(n, dtype=np.int64) * 7, "s": [f"r{k}" for k in range(n)],
+        "ts": pa.array(np.arange(n).astype("datetime64[ms]")), "v": pa.array([[1.0, 2.0]] * n, pa.list_(pa.float32())),
+    })
+    pq.write_table(t, root / "t.parquet", row_group_size=64)
+    return str(root)
+
+
+TAB = dict(batch_size=50, seed=2, columns=["a", "b", "c", "i", "j", "s", "ts"])
+STACK = {"dense": ["c", "a", "b"], "ids": ["i", "j"]}
+
+
+@pytest.mark.parametrize("how", ["direct", "thread", "process"])
+def test_stack_gives_one_matrix_per_group(tabular, how):
+    with Loader(tabular, **TAB) as plain:
+        want = list(plain)
+    opts = dict(TAB, workers=2, pool="process") if how == "process" else TAB
+    with TorchLoader(tabular, stack=STACK, device="cpu" if how != "direct" else None, **opts) as tl:
+        got = list(tl)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert list(g) == ["s", "ts", "dense", "ids"]  # unstacked columns first, then the groups
+        assert g["dense"].shape == (len(w["a"]), 3) and g["dense"].dtype == torch.float32
+        np.testing.assert_array_equal(g["dense"].numpy(), np.stack([w["c"], w["a"], w["b"]], axis=1))
+        np.testing.assert_array_equal(g["ids"].numpy(), np.stack([w["i"], w["j"]], axis=1))
+        assert g["ts"].dtype == torch.int64 and torch.equal(g["ts"], torch.from_numpy(w["ts"].view(np.int64)))
+        assert bytes(g["s"].values.numpy()) == bytes(w["s"].values)
+
+
+@pytest.mark.parametrize("stack, message", [
+    (["a"], r"stack must map an output name to a list of column names, got list"),
+    ({"d": "a"}, r"stack\['d'\] must be a non-empty list of column names, got 'a'"),
+    ({"d": []}, r"stack\['d'\] must be a non-empty list of column names, got \[\]"),
+    ({"d": ["a", "zz"]}, r"stack\['d'\] names column 'zz', which the loader does not deliver \(its columns: a, b, c"),
+    ({"d": ["a", "s"]}, r"stack\['d'\]: column 's' is variable-length \(utf8\); only one-value-per-row columns can be stacked"),
+    ({"d": ["a", "i"]}, r"stack\['d'\] mixes dtypes float32 \(a\) and int64 \(i\); stack columns of one dtype"),
+    ({"d": ["a"], "e": ["b", "a"]}, r"column 'a' is in stack\['d'\] and stack\['e'\]; a column can be stacked once"),
+    ({"i": ["a", "b"]}, r"stack name 'i' is also a column that is not stacked; pick another name"),
+])
+def test_stack_refuses_what_cannot_be_stacked(tabular, stack, message):
+    with pytest.raises(OptionError, match=message):
+        TorchLoader(tabular, stack=stack, **TAB)
+
+
+def test_stack_refuses_a_list_column(tabular):
+    with pytest.raises(OptionError, match=r"stack\['d'\]: column 'v' is variable-length \(list\); only one-value"):
+        TorchLoader(tabular, stack={"d": ["v"]}, batch_size=50, seed=2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_stack(tabular):  # pragma: no cover - no GPU in CI
+    with Loader(tabular, **TAB) as plain:
+        want = list(plain)
+    with TorchLoader(tabular, stack=STACK, device="cuda", workers=2, pool="process", **TAB) as tl:
+        got = [{k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in b.items()} for b in tl]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g["dense"].numpy(), np.stack([w["c"], w["a"], w["b"]], axis=1))

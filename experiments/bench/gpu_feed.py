@@ -34,6 +34,8 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
+from baselines import RowGroupDataset  # noqa: E402  (after the path insert above)
+
 N_DENSE, N_CAT = 32, 8
 
 
@@ -142,6 +144,43 @@ class DeviceStack:
         pass
 
 
+class NamedStaging:
+    """For TorchLoader batches with stack=: the model's inputs are already there."""
+
+    def __init__(self, cardinality: int):
+        self.fold = cardinality if cardinality < 100_000 else 0
+
+    def __call__(self, b: dict):
+        cats = b["cats"] % self.fold if self.fold else b["cats"]
+        return b["dense"], cats, b["label"].float(), 0
+
+    def done(self, i):
+        pass
+
+
+class TupleStaging(NamedStaging):
+    """For (dense, cats, label) tensors from the torch DataLoader baseline (pinned by it)."""
+
+    def __call__(self, b):
+        return b[0], b[1], b[2], 0
+
+
+class StackedRowGroups(RowGroupDataset):
+    """Item i: one row group as (dense float32 [n, 32], cats int64 [n, 8], label float32 [n])."""
+
+    def __init__(self, path, columns, cardinality):
+        super().__init__(path, columns)
+        self.fold = cardinality if cardinality < 100_000 else 0
+
+    def __getitem__(self, i):
+        b = super().__getitem__(i)
+        dense = np.stack([b[f"dense_{j}"] for j in range(N_DENSE)], axis=1)
+        cats = np.stack([b[f"cat_{j}"] for j in range(N_CAT)], axis=1).astype(np.int64, copy=False)
+        if self.fold:
+            np.remainder(cats, self.fold, out=cats)
+        return dense, cats, b["label"].astype(np.float32)
+
+
 def columns(path) -> list[str]:
     return ["label", *[f"dense_{j}" for j in range(N_DENSE)], *[f"cat_{j}" for j in range(N_CAT)]]
 
@@ -189,12 +228,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cardinality", type=int, default=100_000)
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=4096)
-    ap.add_argument("--seconds", type=float, default=5.0, help="measured seconds per feeder")
+    ap.add_argument("--seconds", type=float, default=4.0, help="measured seconds per feeder")
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--max-steps", type=int, default=100_000)
     ap.add_argument("--feeders", nargs="+", default=["torch", "detload-thread", "detload-process"])
-    ap.add_argument("--variants", nargs="*", default=["detload-process-columns", "detload-process-numpy"],
-                    help="comparison feeders run at the middle worker count only")
+    ap.add_argument("--variants", nargs="*", default=["detload-process-slab", "detload-process-columns",
+                                                      "torch-columns"],
+                    help="comparison feeders, run with the first model at the middle worker count only")
     ap.add_argument("--budget", type=float, default=1e9,
                     help="start no feeder after this many seconds (the table still prints)")
     ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
@@ -209,7 +249,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import datagen
     import torch
-    from baselines import RowGroupDataset
     from measure import rebatch
 
     from detload import Loader
@@ -255,7 +294,64 @@ def main(argv: list[str] | None = None) -> int:
             Path(a.json).write_text(json.dumps({"results": results, "errors": errors, "skipped": skipped,
                                                 "config": config}, indent=1))
 
-    for hidden in a.hidden:
+    def make_feeder(feeder: str, w: int):
+        """(iterator factory, staging, closer, label) for one feeder at `w` workers."""
+        if feeder in ("torch", "torch-columns"):
+            from torch.utils.data import DataLoader
+
+            if feeder == "torch":
+                # A hand-rolled loader done well: workers stack each row group into the model's
+                # inputs, the DataLoader pins them, the training loop slices batches.
+                dl = DataLoader(StackedRowGroups(a.data, cols, a.cardinality), batch_size=None, shuffle=True,
+                                generator=torch.Generator().manual_seed(0), num_workers=w,
+                                persistent_workers=True, pin_memory=pin)
+
+                def make(dl=dl):
+                    return (tuple(t[s : s + B] for t in item) for item in dl
+                            for s in range(0, len(item[2]), B))
+
+                stage, label = tuples, f"torch DataLoader W={w}"
+            else:
+                # Columns as the workers read them, re-batched and staged by the training thread.
+                dl = DataLoader(RowGroupDataset(a.data, cols), batch_size=None, shuffle=True,
+                                generator=torch.Generator().manual_seed(0), num_workers=w,
+                                persistent_workers=True)
+
+                def make(dl=dl):
+                    return rebatch(({k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in item.items()}
+                                    for item in dl), B)
+
+                stage, label = staging, f"torch DataLoader W={w} (columns)"
+
+            def close(dl=dl):
+                it = getattr(dl, "_iterator", None)
+                if it is not None and hasattr(it, "_shutdown_workers"):
+                    it._shutdown_workers()
+
+            return make, stage, close, label
+        # detload-POOL: TorchLoader with stack= (one pinned slab, the model's input matrices packed
+        # on the host). Variants: -slab (TorchLoader, no stack=: columns stacked on the device),
+        # -columns (TorchLoader's per-column pin + copy), -numpy (Loader, staged by the training thread).
+        _, pool, *how = feeder.split("-")
+        how_s = how[0] if how else "stack"
+        ld = Loader(a.data, batch_size=B, seed=0, workers=w, pool=pool, columns=cols, shuffle_window=4, prefetch=2)
+        if how_s == "numpy":
+            src, stage = ld, staging
+        else:
+            src = TorchLoader(ld, device=device, stack=stack if how_s == "stack" else None)
+            src._slab = how_s != "columns"
+            stage = named if how_s == "stack" else stacking
+        epoch = [0]
+
+        def make(src=src, epoch=epoch):
+            src.set_epoch(epoch[0])
+            epoch[0] += 1
+            return iter(src)
+
+        return make, stage, src.close, f"detload {pool} W={w}" + ("" if how_s == "stack" else f" ({how_s})")
+
+    stack = {"dense": [f"dense_{j}" for j in range(N_DENSE)], "cats": [f"cat_{j}" for j in range(N_CAT)]}
+    for n_model, hidden in enumerate(a.hidden):
         torch.manual_seed(0)
         trainer = Trainer(torch, build_model(torch, hidden, a.cardinality, a.dim), device)
         nparams = sum(p.numel() for p in trainer.model.parameters())
@@ -271,59 +367,30 @@ def main(argv: list[str] | None = None) -> int:
             for s in range(0, N - B + 1, B):
                 yield mem_dense[s : s + B], mem_cats[s : s + B], mem_label[s : s + B]
 
-        ref = run_feeder(torch, trainer, mem_iter, MemStaging(), a.warmup, a.seconds, a.max_steps)
-        results.append({"hidden": hidden, "params": nparams, "feeder": "in-memory pinned tensors", "workers": 0,
-                        **ref, "efficiency": 1.0})
-        print(json.dumps(results[-1]), file=sys.stderr, flush=True)
-        save()
+        def bound(trainer=trainer):
+            return run_feeder(torch, trainer, mem_iter, MemStaging(), a.warmup, a.seconds, a.max_steps)
+
+        # The in-memory bound is measured before the first feeder and again after every feeder; each
+        # feeder's efficiency is against the mean of the two measured beside it (the host's speed drifts).
+        refs = [bound()]
         staging = Staging(torch, B, device, a.cardinality)
         stacking = DeviceStack(torch, a.cardinality)
+        named = NamedStaging(a.cardinality)
+        tuples = TupleStaging(a.cardinality)
         runs = [(f, w) for f in a.feeders for w in a.workers]
-        # The two comparison variants run at one worker count (the middle one).
-        mid = a.workers[len(a.workers) // 2]
-        runs += [(f, mid) for f in a.variants]
+        if n_model == 0:
+            # The comparison variants run with the first model, at the middle worker count.
+            mid = a.workers[len(a.workers) // 2]
+            runs += [(f, mid) for f in a.variants]
         for feeder, w in runs:
             if time.perf_counter() - t_start > a.budget:
                 print(f"skipped {feeder} W={w}: past --budget {a.budget:g} s", file=sys.stderr, flush=True)
                 skipped.append(f"hidden {hidden}: {feeder} W={w}")
                 continue
-            dl = closer = None
-            stage = staging
-            if feeder == "torch":
-                from torch.utils.data import DataLoader
-
-                dl = DataLoader(RowGroupDataset(a.data, cols), batch_size=None, shuffle=True,
-                                generator=torch.Generator().manual_seed(0), num_workers=w,
-                                persistent_workers=True)
-
-                def make(dl=dl):
-                    return rebatch(({k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in item.items()}
-                                    for item in dl), B)
-
-                label = f"torch DataLoader W={w}"
-            else:
-                # detload-POOL (TorchLoader, one pinned slab per batch), detload-POOL-columns
-                # (TorchLoader, per-column pin + copy), detload-POOL-numpy (Loader, staged here).
-                _, pool, *how = feeder.split("-")
-                how_s = how[0] if how else "slab"
-                ld = Loader(a.data, batch_size=B, seed=0, workers=w, pool=pool, columns=cols,
-                            shuffle_window=4, prefetch=2)
-                if how_s == "numpy":
-                    src = ld
-                else:
-                    src = TorchLoader(ld, device=device)
-                    src._slab = how_s == "slab"
-                    stage = stacking
-                epoch = [0]
-
-                def make(src=src, epoch=epoch):
-                    src.set_epoch(epoch[0])
-                    epoch[0] += 1
-                    return iter(src)
-
-                closer = src.close
-                label = f"detload {pool} W={w}" + ("" if how_s == "slab" else f" ({how_s})")
+            label = f"{feeder} W={w}"
+            closer = None
             try:
+                make, stage, closer, label = make_feeder(feeder, w)
                 r = run_feeder(torch, trainer, make, stage, a.warmup, a.seconds, a.max_steps)
             except Exception as exc:  # noqa: BLE001 - one feeder failing must not lose the others' rows
                 traceback.print_exc()
@@ -332,19 +399,18 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 if closer:
                     closer()
-                elif dl is not None:
-                    it = getattr(dl, "_iterator", None)
-                    if it is not None and hasattr(it, "_shutdown_workers"):
-                        it._shutdown_workers()
+            refs.append(bound())
+            ref_rate = (refs[-2]["rows_per_s"] + refs[-1]["rows_per_s"]) / 2
             results.append({"hidden": hidden, "params": nparams, "feeder": label, "workers": w, **r,
-                            "efficiency": r["rows_per_s"] / ref["rows_per_s"]})
+                            "bound_rows_per_s": ref_rate, "efficiency": r["rows_per_s"] / ref_rate})
             print(json.dumps(results[-1]), file=sys.stderr, flush=True)
             save()
-        # The upper bound again: how far the machine drifted while the feeders ran.
-        again = run_feeder(torch, trainer, mem_iter, MemStaging(), a.warmup, a.seconds, a.max_steps)
-        results.append({"hidden": hidden, "params": nparams, "feeder": "in-memory pinned tensors (again, last)",
-                        "workers": 0, **again, "efficiency": again["rows_per_s"] / ref["rows_per_s"]})
-        print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+        rates = [x["rows_per_s"] for x in refs]
+        results.append({"hidden": hidden, "params": nparams, "feeder": "in-memory pinned tensors", "workers": 0,
+                        **refs[0], "rows_per_s": float(np.median(rates)), "bound_min": min(rates),
+                        "bound_max": max(rates), "bound_runs": len(rates), "efficiency": 1.0,
+                        "steps_per_s": float(np.median([x["steps_per_s"] for x in refs])),
+                        "wait_fraction": float(np.median([x["wait_fraction"] for x in refs]))})
         save()
 
     save()
@@ -352,8 +418,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{N:,} rows, batch {B}, {a.seconds:g} s per feeder, total {time.perf_counter() - t_start:.0f} s")
     print("| hidden | params | feeder | rows/s | steps/s | feed efficiency | data-wait fraction |")
     print("|---:|---:|---|---:|---:|---:|---:|")
-    for r in results:
-        print(f"| {r['hidden']} | {r['params'] / 1e6:.1f}M | {r['feeder']} | {r['rows_per_s']:,.0f} | "
+    order = sorted(results, key=lambda r: (a.hidden.index(r["hidden"]), r["workers"] != 0))
+    for r in order:
+        feeder = r["feeder"]
+        if "bound_runs" in r:
+            feeder += f" (median of {r['bound_runs']}: {r['bound_min']:,.0f}-{r['bound_max']:,.0f})"
+        print(f"| {r['hidden']} | {r['params'] / 1e6:.1f}M | {feeder} | {r['rows_per_s']:,.0f} | "
               f"{r['steps_per_s']:,.1f} | {r['efficiency']:.3f} | {r['wait_fraction']:.3f} |")
     for line in errors:
         print(f"FAILED {line}")
