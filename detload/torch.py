@@ -11,7 +11,7 @@ import os
 import queue
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -114,76 +114,94 @@ _TORCH_DTYPES: dict[np.dtype, torch.dtype] = {}
 class _Part(NamedTuple):
     name: str
     kind: str | None  # None for a plain column; a Ragged's kind for its two arrays
-    offset: int
+    offset: int  # bytes from the slab's start
     nbytes: int
     dtype: torch.dtype
     shape: tuple[int, ...]
+    stride: tuple[int, ...]  # contiguous, in elements
 
 
-def _torch_dtype(a: np.ndarray) -> torch.dtype:
-    dt = _TORCH_DTYPES.get(a.dtype)
-    if dt is None:
-        dt = _TORCH_DTYPES[a.dtype] = torch.from_numpy(np.empty(0, dtype=a.dtype)).dtype
-    return dt
+def _torch_dtype(dt: np.dtype) -> torch.dtype:
+    t = _TORCH_DTYPES.get(dt)
+    if t is None:
+        t = _TORCH_DTYPES[dt] = torch.from_numpy(np.empty(0, dtype=dt)).dtype
+    return t
+
+
+def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
+    stride, step = [], 1
+    for n in reversed(shape):
+        stride.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(stride))
 
 
 Stack = tuple[tuple[str, tuple[str, ...]], ...]
 
 
-def _pack(batch: Mapping[str, Column], pin: bool, stack: Stack = ()) -> tuple[torch.Tensor, list[_Part]]:
-    """Copy every array of a batch into one (pinned) byte slab; return it and where each array lies.
+def _pack(batches: Sequence[Mapping[str, Column]], pin: bool,
+          stack: Stack = ()) -> tuple[torch.Tensor, list[list[_Part]]]:
+    """Copy every array of some batches into one (pinned) byte slab; return it and where each array lies.
 
-    One allocation and one host-to-device copy per batch instead of two per
-    column: the feeder thread holds the GIL for a few calls, not for ~100, so
-    the training thread's kernel launches are not held up. The copies are
-    NumPy's, which release the GIL. Each ``stack`` group becomes one
-    ``(rows, k)`` array (one ``np.stack``), after the columns left unstacked.
+    One allocation and one host-to-device copy per slab instead of two per
+    column and batch: each torch call of the feeder thread lets the training
+    thread's GIL hand-offs in, so it makes few. The copies are NumPy's. Each
+    ``stack`` group becomes one ``(rows, k)`` array (one ``np.stack``), after
+    the columns left unstacked.
     """
     stacked = {c for _, cols in stack for c in cols}
-    items: list[tuple[str, str | None, np.ndarray | list[np.ndarray]]] = []
-    for name, col in batch.items():
-        if name in stacked:
-            continue
-        if isinstance(col, Ragged):
-            items.append((name, col.kind, col.values))
-            items.append((name, col.kind, col.offsets))
-        else:
-            items.append((name, None, col))
-    for out, cols in stack:
-        items.append((out, None, [batch[c] for c in cols]))  # type: ignore[misc]  # validated: 1-D, fixed
-    parts: list[_Part] = []
+    work: list[tuple[np.ndarray | list[np.ndarray], np.dtype, _Part]] = []
+    layout: list[list[_Part]] = []
     total = 0
-    for name, kind, a in items:
-        first = a[0] if isinstance(a, list) else a
-        if first.dtype.kind in "mM":
-            dt = np.dtype(np.int64)  # as in `_tensor`: torch has no datetime dtype
-        elif first.dtype.kind in "biufc":
-            dt = first.dtype
-        else:
-            _tensor(name, first)  # raises the OptionError that names the column
-        shape = (len(first), len(a)) if isinstance(a, list) else first.shape
-        nbytes = int(np.prod(shape)) * dt.itemsize
-        parts.append(_Part(name, kind, total, nbytes, _torch_dtype(np.empty(0, dt)), shape))
-        total += -(-nbytes // _ALIGN) * _ALIGN
+    for batch in batches:
+        items: list[tuple[str, str | None, np.ndarray | list[np.ndarray]]] = []
+        for name, col in batch.items():
+            if name in stacked:
+                continue
+            if isinstance(col, Ragged):
+                items.append((name, col.kind, col.values))
+                items.append((name, col.kind, col.offsets))
+            else:
+                items.append((name, None, col))
+        for out, cols in stack:
+            items.append((out, None, [batch[c] for c in cols]))  # type: ignore[misc]  # validated: 1-D, fixed
+        parts: list[_Part] = []
+        for name, kind, a in items:
+            first = a[0] if isinstance(a, list) else a
+            if first.dtype.kind in "mM":
+                dt = np.dtype(np.int64)  # as in `_tensor`: torch has no datetime dtype
+            elif first.dtype.kind in "biufc":
+                dt = first.dtype
+            else:
+                _tensor(name, first)  # raises the OptionError that names the column
+            shape = (len(first), len(a)) if isinstance(a, list) else first.shape
+            nbytes = int(np.prod(shape)) * dt.itemsize
+            part = _Part(name, kind, total, nbytes, _torch_dtype(dt), shape, _contiguous_stride(shape))
+            parts.append(part)
+            work.append((a, dt, part))
+            total += -(-nbytes // _ALIGN) * _ALIGN
+        layout.append(parts)
     slab = torch.empty(max(total, _ALIGN), dtype=torch.uint8, pin_memory=pin)
     buf = slab.numpy()
-    for (_, _, a), p in zip(items, parts, strict=True):
-        first = a[0] if isinstance(a, list) else a
-        dt = np.dtype(np.int64) if first.dtype.kind in "mM" else first.dtype
+    for a, dt, p in work:
         dst = buf[p.offset : p.offset + p.nbytes].view(dt).reshape(p.shape)
         if isinstance(a, list):
             np.stack([x.view(dt) for x in a], axis=1, out=dst, casting="no")
         else:
             np.copyto(dst, a.view(dt), casting="no")
-    return slab, parts
+    return slab, layout
 
 
-def _unpack(slab: torch.Tensor, parts: list[_Part]) -> TorchBatch:
-    """The batch as views of ``slab`` (on whichever device it now is)."""
+def _unpack(slab: torch.Tensor, parts: list[_Part], typed: dict[torch.dtype, torch.Tensor]) -> TorchBatch:
+    """One batch as views of ``slab`` (on whichever device it now is): one ``as_strided`` per array
+    on ``typed``, the slab viewed as each dtype (filled in here; shared by a slab's batches)."""
     out: TorchBatch = {}
     pending: dict[str, torch.Tensor] = {}
     for p in parts:
-        t = slab[p.offset : p.offset + p.nbytes].view(p.dtype).view(p.shape)
+        whole = typed.get(p.dtype)
+        if whole is None:
+            whole = typed[p.dtype] = slab.view(p.dtype)
+        t = whole.as_strided(p.shape, p.stride, p.offset // whole.element_size())
         if p.kind is None:
             out[p.name] = t
         elif p.name in pending:
@@ -218,6 +236,11 @@ class TorchLoader:
       columns of one dtype arrives as one ``(rows, k)`` tensor under its own name
       (after the columns left unstacked), packed on the host, so the training
       loop gets a model's input matrix without ~k tensors and a stack kernel.
+    - ``copy_batches=k`` (with ``pin_memory`` or ``device``): the thread packs
+      ``k`` consecutive batches into one buffer and makes one device copy of
+      them: fewer torch calls per batch in the training process, which helps
+      a model whose step is bound by launching kernels; the thread then holds
+      up to ``k`` batches (and ``prefetch`` more) ahead.
     - ``device="cuda"`` (or ``"cuda:N"``): the thread pins each batch so and
       copies it with one ``non_blocking=True`` copy on its own CUDA stream,
       ``prefetch`` batches ahead of the step that runs; the consumer's stream waits for the copy
@@ -237,6 +260,7 @@ class TorchLoader:
         pin_memory: bool = False,
         prefetch: int = 2,
         stack: Mapping[str, Any] | None = None,
+        copy_batches: int = 1,
         check_ranks: bool = True,
         **loader_options: Any,
     ) -> None:
@@ -251,6 +275,8 @@ class TorchLoader:
             raise OptionError(f"prefetch must be an int >= 1 (batches), got {prefetch!r}")
         self.prefetch = prefetch
         self.stack: Stack = _check_stack(stack, self.loader)
+        if isinstance(copy_batches, bool) or not isinstance(copy_batches, int) or copy_batches < 1:
+            raise OptionError(f"copy_batches must be an int >= 1 (batches per copy), got {copy_batches!r}")
         self.check_ranks = bool(check_ranks)
         dev = torch.device(device) if device is not None else None
         if dev is not None and dev.type == "cuda":
@@ -268,6 +294,10 @@ class TorchLoader:
         self.device = dev
         self.pin_memory = bool(pin_memory)
         self._threaded = self.pin_memory or dev is not None
+        if copy_batches > 1 and not self._threaded:
+            raise OptionError(f"copy_batches={copy_batches} needs pin_memory=True or device=...: without them "
+                              "batches are handed over without a copy")
+        self.copy_batches = copy_batches
         # Benchmark-only switch: pin and copy column by column (the previous path) instead of one slab.
         self._slab = True
         self._pos: int | None = None  # batches of this epoch handed to the training loop
@@ -346,7 +376,11 @@ class TorchLoader:
         try:
             for batch in it:
                 self._pos = loader.position
-                yield _unpack(*_pack(batch, pin=False, stack=stack)) if stack else to_torch(batch)
+                if stack:
+                    slab, layout = _pack([batch], pin=False, stack=stack)
+                    yield _unpack(slab, layout[0], {})
+                else:
+                    yield to_torch(batch)
         finally:
             close = getattr(it, "close", None)
             if close is not None:
@@ -356,15 +390,28 @@ class TorchLoader:
         """Background thread: convert, pin, start the device copy; ``prefetch`` batches ahead."""
         dev = self.device
         cuda = dev is not None and dev.type == "cuda"
+        packed = (self.pin_memory and self._slab) or bool(self.stack)
+        group = self.copy_batches if packed else 1
         try:
             stream = torch.cuda.Stream(dev) if cuda else None
-            for batch in it:
-                pos = self.loader.position
-                event = slab = None
-                if (self.pin_memory and self._slab) or self.stack:
-                    # The copy into the slab also lets the worker's shared memory go at once.
-                    slab, parts = _pack(batch, pin=self.pin_memory, stack=self.stack)
-                    del batch
+            ended = False
+            while not ended:
+                batches: list[dict[str, Column]] = []
+                positions: list[int] = []
+                while len(batches) < group:
+                    try:
+                        batches.append(next(it))
+                    except StopIteration:
+                        ended = True
+                        break
+                    positions.append(self.loader.position)
+                if not batches:
+                    break
+                event = None
+                if packed:
+                    # The copy into the slab also lets the workers' shared memory go at once.
+                    slab, layout = _pack(batches, pin=self.pin_memory, stack=self.stack)
+                    del batches
                     if cuda:
                         with torch.cuda.device(dev), torch.cuda.stream(stream):
                             slab = slab.to(dev, non_blocking=True)
@@ -372,20 +419,22 @@ class TorchLoader:
                             event.record(stream)
                     elif dev is not None:
                         slab = slab.to(dev)
-                    t = _unpack(slab, parts)
-                else:
-                    t = to_torch(batch)
-                    del batch
-                    if self.pin_memory:
-                        t = _apply(t, lambda x: x.pin_memory())
-                    if cuda:
-                        with torch.cuda.device(dev), torch.cuda.stream(stream):
-                            t = _apply(t, lambda x: x.to(dev, non_blocking=True))
-                            event = torch.cuda.Event()
-                            event.record(stream)
-                    elif dev is not None:
-                        t = _apply(t, lambda x: x.to(dev))
-                if not _put(q, (t, pos, event, slab), stop):
+                    typed: dict[torch.dtype, torch.Tensor] = {}
+                    for parts, pos in zip(layout, positions, strict=True):
+                        if not _put(q, (_unpack(slab, parts, typed), pos, event, slab), stop):
+                            return
+                    continue
+                t = to_torch(batches.pop())
+                if self.pin_memory:
+                    t = _apply(t, lambda x: x.pin_memory())
+                if cuda:
+                    with torch.cuda.device(dev), torch.cuda.stream(stream):
+                        t = _apply(t, lambda x: x.to(dev, non_blocking=True))
+                        event = torch.cuda.Event()
+                        event.record(stream)
+                elif dev is not None:
+                    t = _apply(t, lambda x: x.to(dev))
+                if not _put(q, (t, positions[0], event, None), stop):
                     return
             _put(q, _End(), stop)
         except BaseException as exc:  # noqa: BLE001 - carried to the training loop
@@ -397,6 +446,7 @@ class TorchLoader:
 
     def _consume(self, q: queue.Queue[Any], stop: threading.Event, th: threading.Thread) -> Iterator[TorchBatch]:
         dev = self.device
+        seen: tuple[Any, Any] = (None, None)  # (slab, stream) already waited for and recorded
         try:
             while True:
                 try:
@@ -412,13 +462,16 @@ class TorchLoader:
                 t, pos, event, slab = item
                 if event is not None:
                     current = torch.cuda.current_stream(dev)
-                    current.wait_event(event)
-                    # The memory was allocated on the side stream; tell the allocator
-                    # the training stream uses it, so it is not reused too early.
-                    if slab is not None:
-                        slab.record_stream(current)  # every column is a view of it
-                    else:
+                    if slab is None:
+                        current.wait_event(event)
+                        # The memory was allocated on the side stream; tell the allocator
+                        # the training stream uses it, so it is not reused too early.
                         _each(t, functools.partial(_record, stream=current))
+                    elif slab is not seen[0] or current != seen[1]:
+                        # Once per slab and stream: every column of its batches is a view of it.
+                        current.wait_event(event)
+                        slab.record_stream(current)
+                        seen = (slab, current)
                 self._pos = pos
                 yield t
         finally:

@@ -172,8 +172,10 @@ def _odd_batch() -> dict:
 def test_slab_holds_every_column_as_an_aligned_view():
     from detload.torch import _ALIGN, _pack, _unpack
     batch = _odd_batch()
-    slab, parts = _pack(batch, pin=False)
-    got = _unpack(slab, parts)
+    slab, layout = _pack([batch, batch], pin=False)
+    got = _unpack(slab, layout[0], {})
+    again = _unpack(slab, layout[1], {})
+    assert all(layout[1][i].offset > layout[0][-1].offset for i in range(len(layout[1])))  # one after the other
     assert list(got) == list(batch)
     want = to_torch(batch)
     base = slab.data_ptr()
@@ -187,6 +189,7 @@ def test_slab_holds_every_column_as_an_aligned_view():
             assert a.untyped_storage().data_ptr() == base  # a view of the slab, no copy of its own
             if a.numel():  # an empty tensor's data_ptr() may be 0
                 assert (a.data_ptr() - base) % _ALIGN == 0
+    assert all(torch.equal(again[k], got[k]) for k in ("f", "b", "m", "g"))
     # The slab is a copy: changing the NumPy batch afterwards changes nothing handed out.
     batch["f"][:] = -1
     assert got["f"][0] == 0
@@ -195,7 +198,7 @@ def test_slab_holds_every_column_as_an_aligned_view():
 def test_slab_refuses_a_dtype_torch_cannot_hold():
     from detload.torch import _pack
     with pytest.raises(OptionError, match=r"column 'o' has dtype object, which torch cannot hold"):
-        _pack({"x": np.zeros(3), "o": np.array([None, 1, "a"], dtype=object)}, pin=False)
+        _pack([{"x": np.zeros(3), "o": np.array([None, 1, "a"], dtype=object)}], pin=False)
 
 
 def test_feeder_slab_path_yields_the_same_batches(ds, monkeypatch):
@@ -204,26 +207,57 @@ def test_feeder_slab_path_yields_the_same_batches(ds, monkeypatch):
     packed = []
     real = dt._pack
 
-    def unpinned(batch, pin, stack=()):
-        packed.append(pin)
-        return real(batch, pin=False, stack=stack)
+    def unpinned(batches, pin, stack=()):
+        packed.append(len(batches))
+        return real(batches, pin=False, stack=stack)
 
     monkeypatch.setattr(dt, "_pack", unpinned)
-    with TorchLoader(ds, device="cpu", workers=2, pool="process", **OPTS) as tl:
+    want = reference(ds)
+    for group in (1, 3):
+        packed.clear()
+        with TorchLoader(ds, device="cpu", workers=2, pool="process", copy_batches=group, **OPTS) as tl:
+            tl.pin_memory = True
+            kept = [b for b in tl]
+            got = [hash_batch(back_to_numpy(b))[0] for b in kept]
+            gc.collect()
+            assert [hash_batch(back_to_numpy(b))[0] for b in kept] == got  # kept batches do not change
+        assert got == want
+        # Full groups, then what is left of the epoch.
+        assert packed == [group] * (len(want) // group) + ([len(want) % group] if len(want) % group else [])
+
+
+def test_copy_batches_counts_what_the_loop_received(ds, monkeypatch):
+    import detload.torch as dt
+    real = dt._pack
+    monkeypatch.setattr(dt, "_pack", lambda batches, pin, stack=(): real(batches, pin=False, stack=stack))
+    want = reference(ds)
+    with TorchLoader(ds, device="cpu", copy_batches=4, **OPTS) as tl:
         tl.pin_memory = True
-        kept = [b for b in tl]
-        got = [hash_batch(back_to_numpy(b))[0] for b in kept]
-        gc.collect()
-        assert [hash_batch(back_to_numpy(b))[0] for b in kept] == got  # kept batches do not change
-    assert packed and all(packed)
-    assert got == reference(ds)
+        it = iter(tl)
+        for _ in range(5):
+            next(it)
+        state = tl.state_dict()
+    assert state["step"] == 5
+    with TorchLoader(ds, device="cpu", copy_batches=4, **OPTS) as tl:
+        tl.pin_memory = True
+        tl.load_state_dict(state)
+        assert [hash_batch(back_to_numpy(b))[0] for b in tl] == want[5:]
+
+
+def test_copy_batches_guards(ds):
+    with pytest.raises(OptionError, match=r"copy_batches must be an int >= 1 \(batches per copy\), got 0"):
+        TorchLoader(ds, device="cpu", copy_batches=0, **OPTS)
+    with pytest.raises(OptionError, match=r"copy_batches must be an int >= 1 \(batches per copy\), got True"):
+        TorchLoader(ds, device="cpu", copy_batches=True, **OPTS)
+    with pytest.raises(OptionError, match=r"copy_batches=4 needs pin_memory=True or device=\.\.\.: without them"):
+        TorchLoader(ds, copy_batches=4, **OPTS)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_cuda_slab_and_per_column_paths_agree_and_kept_batches_hold(ds):  # pragma: no cover - no GPU in CI
     want = reference(ds)
-    for slab in (True, False):
-        with TorchLoader(ds, device="cuda", workers=2, pool="process", prefetch=3, **OPTS) as tl:
+    for slab, group in ((True, 1), (True, 4), (False, 1)):
+        with TorchLoader(ds, device="cuda", workers=2, pool="process", prefetch=3, copy_batches=group, **OPTS) as tl:
             tl._slab = slab
             kept = list(tl)
             torch.cuda.synchronize()
@@ -297,7 +331,7 @@ def test_stack_refuses_a_list_column(tabular):
 def test_cuda_stack(tabular):  # pragma: no cover - no GPU in CI
     with Loader(tabular, **TAB) as plain:
         want = list(plain)
-    with TorchLoader(tabular, stack=STACK, device="cuda", workers=2, pool="process", **TAB) as tl:
+    with TorchLoader(tabular, stack=STACK, device="cuda", workers=2, pool="process", copy_batches=3, **TAB) as tl:
         got = [{k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in b.items()} for b in tl]
     for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(g["dense"].numpy(), np.stack([w["c"], w["a"], w["b"]], axis=1))

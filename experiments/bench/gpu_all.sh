@@ -2,10 +2,11 @@
 # Every GPU check in one invocation (< 8 min on one H200): the CUDA tests of the torch adapter,
 # then the feed measurement. Installs nothing: needs torch with CUDA, pyarrow, numpy, xxhash,
 # pytest, hypothesis and psutil already there. Run from the repository root:
-#     bash experiments/bench/gpu_all.sh RESULTS_DIR
+#     bash experiments/bench/gpu_all.sh RESULTS_DIR [gpu_feed.py options...]
 # RESULTS_DIR gets: machine.txt, pytest_torch.txt, gpu_feed.md (the table), gpu_feed.json, gpu_feed.log.
 set -uo pipefail
-out=${1:?usage: gpu_all.sh RESULTS_DIR}
+out=${1:?usage: gpu_all.sh RESULTS_DIR [gpu_feed.py options...]}
+shift
 mkdir -p "$out"
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
@@ -17,7 +18,7 @@ py=${PYTHON:-python3}
 } >"$out/machine.txt" 2>&1
 cat "$out/machine.txt"
 timeout 180 "$py" -m pytest -q -p no:cacheprovider tests/test_torch.py 2>&1 | tee "$out/pytest_torch.txt" | tail -5
-timeout 420 "$py" experiments/bench/gpu_feed.py --budget "${GPU_FEED_BUDGET:-300}" --json "$out/gpu_feed.json" \
+timeout 420 "$py" experiments/bench/gpu_feed.py --budget "${GPU_FEED_BUDGET:-300}" --json "$out/gpu_feed.json" "$@" \
   2>"$out/gpu_feed.log" | tee "$out/gpu_feed.md"
 rc=$?
 tail -3 "$out/gpu_feed.log"

@@ -234,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--feeders", nargs="+", default=["torch", "detload-thread", "detload-process"])
     ap.add_argument("--variants", nargs="*", default=["detload-process-slab", "detload-process-columns",
                                                       "torch-columns"],
-                    help="comparison feeders, run with the first model at the middle worker count only")
+                    help="comparison feeders (FEEDER or FEEDER@W), run with the first model only, "
+                         "at the middle worker count unless @W names one")
     ap.add_argument("--budget", type=float, default=1e9,
                     help="start no feeder after this many seconds (the table still prints)")
     ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
@@ -329,18 +330,22 @@ def main(argv: list[str] | None = None) -> int:
                     it._shutdown_workers()
 
             return make, stage, close, label
-        # detload-POOL: TorchLoader with stack= (one pinned slab, the model's input matrices packed
+        # detload-POOL[-stackK]: TorchLoader with stack= (one pinned slab, the model's input matrices packed
         # on the host). Variants: -slab (TorchLoader, no stack=: columns stacked on the device),
         # -columns (TorchLoader's per-column pin + copy), -numpy (Loader, staged by the training thread).
+        # -stackK: with stack= and copy_batches=K.
         _, pool, *how = feeder.split("-")
         how_s = how[0] if how else "stack"
+        group = int(how_s[5:]) if how_s.startswith("stack") and how_s[5:] else 1
         ld = Loader(a.data, batch_size=B, seed=0, workers=w, pool=pool, columns=cols, shuffle_window=4, prefetch=2)
         if how_s == "numpy":
             src, stage = ld, staging
         else:
-            src = TorchLoader(ld, device=device, stack=stack if how_s == "stack" else None)
+            stacked = how_s.startswith("stack")
+            src = TorchLoader(ld, device=device, stack=stack if stacked else None,
+                              copy_batches=group)
             src._slab = how_s != "columns"
-            stage = named if how_s == "stack" else stacking
+            stage = named if stacked else stacking
         epoch = [0]
 
         def make(src=src, epoch=epoch):
@@ -348,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
             epoch[0] += 1
             return iter(src)
 
-        return make, stage, src.close, f"detload {pool} W={w}" + ("" if how_s == "stack" else f" ({how_s})")
+        note = "" if how_s == "stack" else (f" (copy_batches={group})" if group > 1 else f" ({how_s})")
+        return make, stage, src.close, f"detload {pool} W={w}{note}"
 
     stack = {"dense": [f"dense_{j}" for j in range(N_DENSE)], "cats": [f"cat_{j}" for j in range(N_CAT)]}
     for n_model, hidden in enumerate(a.hidden):
@@ -379,9 +385,10 @@ def main(argv: list[str] | None = None) -> int:
         tuples = TupleStaging(a.cardinality)
         runs = [(f, w) for f in a.feeders for w in a.workers]
         if n_model == 0:
-            # The comparison variants run with the first model, at the middle worker count.
+            # The comparison variants run with the first model, at the middle worker count
+            # unless named as FEEDER@W.
             mid = a.workers[len(a.workers) // 2]
-            runs += [(f, mid) for f in a.variants]
+            runs += [(f.partition("@")[0], int(f.partition("@")[2] or mid)) for f in a.variants]
         for feeder, w in runs:
             if time.perf_counter() - t_start > a.budget:
                 print(f"skipped {feeder} W={w}: past --budget {a.budget:g} s", file=sys.stderr, flush=True)
