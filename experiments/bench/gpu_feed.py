@@ -5,14 +5,17 @@ pinned in-memory tensors (the upper bound), a torch DataLoader over row groups, 
 (thread and process pools), at several worker counts and two model sizes. Feed efficiency =
 a feeder's rows/s / the in-memory loop's rows/s with the same model in the same run.
 
-detload feeds through `detload.torch.TorchLoader(device=...)`: a background thread packs each
-batch into one pinned buffer and starts its host-to-device copy on a side stream; the training
-loop stacks the columns it receives (already on the device) into the model's inputs. At one
-worker count, two variants show what that path is worth: the adapter's previous per-column
-pinning and copying, and NumPy batches staged by the training thread itself (as the torch
-DataLoader baseline is). Without CUDA the same loop runs on the CPU (use --tiny there; CI does).
+detload feeds through `detload.torch.TorchLoader(device=..., stack=...)`: a background thread
+packs each batch (the model's dense and categorical matrices stacked on the host) into one pinned
+buffer and starts its host-to-device copy on a side stream (`-stackK` feeders: K batches per
+buffer, copy_batches=K). Variants, with the first model only: `-slab` (no stack=: columns stacked
+on the device), `-columns` (per-column pin and copy), `-numpy` (NumPy batches staged by the
+training thread), `torch-columns` (the DataLoader yielding a dict of columns per row group).
+The in-memory bound is measured again after every feeder; each feeder is rated against the two
+measurements beside it. Without CUDA the same loop runs on the CPU (use --tiny there; CI does).
+experiments/bench/gpu_all.sh runs the adapter's tests and this script in one invocation.
 
-    PYTHONPATH=. python experiments/bench/gpu_feed.py              # CUDA, ~5 min on one H200
+    PYTHONPATH=. python experiments/bench/gpu_feed.py              # CUDA, ~3.5 min on one H200
     PYTHONPATH=. python experiments/bench/gpu_feed.py --tiny       # CPU smoke run, seconds
 Needs only torch, pyarrow, numpy, xxhash and detload.
 """
