@@ -192,16 +192,19 @@ def _pack(batches: Sequence[Mapping[str, Column]], pin: bool,
     return slab, layout
 
 
-def _unpack(slab: torch.Tensor, parts: list[_Part], typed: dict[torch.dtype, torch.Tensor]) -> TorchBatch:
-    """One batch as views of ``slab`` (on whichever device it now is): one ``as_strided`` per array
-    on ``typed``, the slab viewed as each dtype (filled in here; shared by a slab's batches)."""
+def _unpack(slab: torch.Tensor, parts: list[_Part]) -> TorchBatch:
+    """One batch as tensors over ``slab``'s memory (on whichever device it now is).
+
+    Each tensor is set to the slab's storage rather than made a view of it: views
+    of one base share autograd's version counter, so an in-place change of one
+    column (normalising a target, say) would fail ``backward()`` through any other.
+    """
+    storage = slab.untyped_storage()
     out: TorchBatch = {}
     pending: dict[str, torch.Tensor] = {}
     for p in parts:
-        whole = typed.get(p.dtype)
-        if whole is None:
-            whole = typed[p.dtype] = slab.view(p.dtype)
-        t = whole.as_strided(p.shape, p.stride, p.offset // whole.element_size())
+        t = torch.empty(0, dtype=p.dtype, device=slab.device)
+        t.set_(storage, p.offset // t.element_size(), p.shape, p.stride)
         if p.kind is None:
             out[p.name] = t
         elif p.name in pending:
@@ -239,8 +242,12 @@ class TorchLoader:
     - ``copy_batches=k`` (with ``pin_memory`` or ``device``): the thread packs
       ``k`` consecutive batches into one buffer and makes one device copy of
       them: fewer torch calls per batch in the training process, which helps
-      a model whose step is bound by launching kernels; the thread then holds
+      a model whose step is bound by launching kernels. The thread then holds
       up to ``k`` batches (and ``prefetch`` more) ahead.
+
+    With ``pin_memory``, ``device``, ``stack`` or ``copy_batches``, the tensors of a
+    batch (of ``k`` batches) share one buffer: a tensor kept past its step keeps
+    the whole buffer alive, so ``.clone()`` what you keep (ids for evaluation, say).
     - ``device="cuda"`` (or ``"cuda:N"``): the thread pins each batch so and
       copies it with one ``non_blocking=True`` copy on its own CUDA stream,
       ``prefetch`` batches ahead of the step that runs; the consumer's stream waits for the copy
@@ -278,6 +285,7 @@ class TorchLoader:
         if isinstance(copy_batches, bool) or not isinstance(copy_batches, int) or copy_batches < 1:
             raise OptionError(f"copy_batches must be an int >= 1 (batches per copy), got {copy_batches!r}")
         self.check_ranks = bool(check_ranks)
+        wants_thread = bool(pin_memory) or device is not None  # as asked, before pinning may be dropped
         dev = torch.device(device) if device is not None else None
         if dev is not None and dev.type == "cuda":
             if not torch.cuda.is_available():
@@ -294,7 +302,7 @@ class TorchLoader:
         self.device = dev
         self.pin_memory = bool(pin_memory)
         self._threaded = self.pin_memory or dev is not None
-        if copy_batches > 1 and not self._threaded:
+        if copy_batches > 1 and not wants_thread:
             raise OptionError(f"copy_batches={copy_batches} needs pin_memory=True or device=...: without them "
                               "batches are handed over without a copy")
         self.copy_batches = copy_batches
@@ -320,7 +328,8 @@ class TorchLoader:
 
     def stats(self) -> Stats:
         """The wrapped loader's stage timings (see `Loader.stats`). Its consumer is this
-        adapter's feeder thread, so ``consumer_step`` includes converting and pinning."""
+        adapter's feeder thread, so ``consumer_step`` includes converting and pinning
+        (with ``copy_batches=k``, all of it in one batch of every ``k``)."""
         return self.loader.stats()
 
     def _stats_mark(self) -> Any:
@@ -373,12 +382,16 @@ class TorchLoader:
     def _direct(self, it: Iterator[dict[str, Column]]) -> Iterator[TorchBatch]:
         loader = self.loader
         stack = self.stack
+        stacked = {c for _, cols in stack for c in cols}
         try:
             for batch in it:
                 self._pos = loader.position
                 if stack:
-                    slab, layout = _pack([batch], pin=False, stack=stack)
-                    yield _unpack(slab, layout[0], {})
+                    # Only the groups are copied; the other columns share the batch's memory as usual.
+                    out = to_torch({k: v for k, v in batch.items() if k not in stacked})
+                    slab, layout = _pack([{c: batch[c] for c in stacked}], pin=False, stack=stack)
+                    out.update(_unpack(slab, layout[0]))
+                    yield out
                 else:
                     yield to_torch(batch)
         finally:
@@ -390,22 +403,30 @@ class TorchLoader:
         """Background thread: convert, pin, start the device copy; ``prefetch`` batches ahead."""
         dev = self.device
         cuda = dev is not None and dev.type == "cuda"
-        packed = (self.pin_memory and self._slab) or bool(self.stack)
+        packed = bool(self.stack) or (self._slab and (self.pin_memory or self.copy_batches > 1))
         group = self.copy_batches if packed else 1
         try:
             stream = torch.cuda.Stream(dev) if cuda else None
             ended = False
+            failed: Exception | None = None
             while not ended:
                 batches: list[dict[str, Column]] = []
                 positions: list[int] = []
                 while len(batches) < group:
+                    if stop.is_set():
+                        return  # the loop has left: read no further
                     try:
                         batches.append(next(it))
                     except StopIteration:
                         ended = True
                         break
+                    except Exception as exc:  # noqa: BLE001 - raised after the good batches before it
+                        if not batches:
+                            raise
+                        failed, ended = exc, True
+                        break
                     positions.append(self.loader.position)
-                if not batches:
+                if not batches or stop.is_set():
                     break
                 event = None
                 if packed:
@@ -419,9 +440,8 @@ class TorchLoader:
                             event.record(stream)
                     elif dev is not None:
                         slab = slab.to(dev)
-                    typed: dict[torch.dtype, torch.Tensor] = {}
                     for parts, pos in zip(layout, positions, strict=True):
-                        if not _put(q, (_unpack(slab, parts, typed), pos, event, slab), stop):
+                        if not _put(q, (_unpack(slab, parts), pos, event, slab), stop):
                             return
                     continue
                 t = to_torch(batches.pop())
@@ -436,6 +456,8 @@ class TorchLoader:
                     t = _apply(t, lambda x: x.to(dev))
                 if not _put(q, (t, positions[0], event, None), stop):
                     return
+            if failed is not None:
+                raise failed
             _put(q, _End(), stop)
         except BaseException as exc:  # noqa: BLE001 - carried to the training loop
             _put(q, _Failed(exc), stop)
@@ -505,7 +527,9 @@ def _check_stack(stack: Mapping[str, Any] | None, loader: Loader) -> Stack:
     seen: dict[str, str] = {}
     out: list[tuple[str, tuple[str, ...]]] = []
     for name, cols in stack.items():
-        if not isinstance(name, str) or isinstance(cols, str) or not isinstance(cols, (list, tuple)) \
+        if not isinstance(name, str):
+            raise OptionError(f"stack's keys are the names of the stacked tensors (str), got {name!r}")
+        if isinstance(cols, str) or not isinstance(cols, (list, tuple)) \
                 or not cols or not all(isinstance(c, str) for c in cols):
             raise OptionError(f"stack[{name!r}] must be a non-empty list of column names, got {cols!r}")
         dtypes: dict[str, str] = {}
@@ -520,8 +544,8 @@ def _check_stack(stack: Mapping[str, Any] | None, loader: Loader) -> Stack:
                 raise OptionError(f"stack[{name!r}]: column {c!r} is {what}; only one-value-per-row "
                                   "columns can be stacked")
             if c in seen:
-                raise OptionError(f"column {c!r} is in stack[{seen[c]!r}] and stack[{name!r}]; a column can be "
-                                  "stacked once")
+                where = f"twice in stack[{name!r}]" if seen[c] == name else f"in stack[{seen[c]!r}] and stack[{name!r}]"
+                raise OptionError(f"column {c!r} is {where}; a column can be stacked once")
             seen[c] = name
             dtypes.setdefault(np.dtype(spec.dtype).name, c)
         if len(dtypes) > 1:

@@ -173,8 +173,8 @@ def test_slab_holds_every_column_as_an_aligned_view():
     from detload.torch import _ALIGN, _pack, _unpack
     batch = _odd_batch()
     slab, layout = _pack([batch, batch], pin=False)
-    got = _unpack(slab, layout[0], {})
-    again = _unpack(slab, layout[1], {})
+    got = _unpack(slab, layout[0])
+    again = _unpack(slab, layout[1])
     assert all(layout[1][i].offset > layout[0][-1].offset for i in range(len(layout[1])))  # one after the other
     assert list(got) == list(batch)
     want = to_torch(batch)
@@ -217,10 +217,7 @@ def test_feeder_slab_path_yields_the_same_batches(ds, monkeypatch):
         packed.clear()
         with TorchLoader(ds, device="cpu", workers=2, pool="process", copy_batches=group, **OPTS) as tl:
             tl.pin_memory = True
-            kept = [b for b in tl]
-            got = [hash_batch(back_to_numpy(b))[0] for b in kept]
-            gc.collect()
-            assert [hash_batch(back_to_numpy(b))[0] for b in kept] == got  # kept batches do not change
+            got = [hash_batch(back_to_numpy(b))[0] for b in tl]
         assert got == want
         # Full groups, then what is left of the epoch.
         assert packed == [group] * (len(want) // group) + ([len(want) % group] if len(want) % group else [])
@@ -269,6 +266,28 @@ def test_cuda_slab_and_per_column_paths_agree_and_kept_batches_hold(ds):  # prag
         assert [hash_batch(back_to_numpy(b))[0] for b in kept] == want
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_batches_are_ready_on_the_stream_that_asked(ds):  # pragma: no cover - no GPU in CI
+    # No synchronize before use, batches dropped as the loop goes (so buffers are freed and
+    # reused), and the asking stream switching within one buffer (copy_batches=4): each
+    # sum must see the copied ids, which needs the wait and the record on every stream.
+    with Loader(ds, **OPTS) as plain:
+        want = [int(b["id"].sum()) for b in plain]
+    side = torch.cuda.Stream()
+    sums = []
+    with TorchLoader(ds, device="cuda", workers=2, pool="process", prefetch=3, copy_batches=4, **OPTS) as tl:
+        it = iter(tl)
+        for i in range(len(want)):
+            stream = side if i % 2 else torch.cuda.default_stream()
+            with torch.cuda.stream(stream):
+                b = next(it)
+                sums.append(b["id"].sum())
+                del b
+                torch.cuda._sleep(1000)  # keep the stream busy so a missing wait would show
+    torch.cuda.synchronize()
+    assert [int(x) for x in sums] == want
+
+
 @pytest.fixture(scope="module")
 def tabular(tmp_path_factory) -> str:
     import pyarrow as pa
@@ -281,6 +300,7 @@ def tabular(tmp_path_factory) -> str:
         "c": rng.random(n, dtype=np.float32), "i": np.arange(n, dtype=np.int64),
         "j": np.arange(n, dtype=np.int64) * 7, "s": [f"r{k}" for k in range(n)],
         "ts": pa.array(np.arange(n).astype("datetime64[ms]")), "v": pa.array([[1.0, 2.0]] * n, pa.list_(pa.float32())),
+        "fs": pa.array([[1.0, 2.0]] * n, pa.list_(pa.float32(), 2)),
     })
     pq.write_table(t, root / "t.parquet", row_group_size=64)
     return str(root)
@@ -335,3 +355,140 @@ def test_cuda_stack(tabular):  # pragma: no cover - no GPU in CI
         got = [{k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in b.items()} for b in tl]
     for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(g["dense"].numpy(), np.stack([w["c"], w["a"], w["b"]], axis=1))
+
+
+# Dtypes and shapes a slab must carry unchanged, as a NumPy batch may hold them.
+ODD = {
+    "i8": np.arange(-5, 5, dtype=np.int8),
+    "f16": np.linspace(0, 1, 10).astype(np.float16),
+    "c64": (np.arange(10) + 1j).astype(np.complex64),
+    "u16": np.arange(10, dtype=np.uint16),
+    "days": np.arange(10).astype("datetime64[D]"),
+    "td": np.arange(10).astype("timedelta64[s]"),
+    "fortran": np.asfortranarray(np.arange(30, dtype=np.float32).reshape(10, 3)),
+    "reversed": np.arange(10, dtype=np.int32)[::-1],
+    "broadcast": np.broadcast_to(np.int64(7), (10,)),
+    "3d": np.arange(60, dtype=np.float64).reshape(10, 3, 2),
+}
+
+
+def test_slab_carries_odd_dtypes_and_layouts():
+    from detload import Ragged
+    from detload.torch import _pack, _unpack
+    batch = dict(ODD, empty_values=Ragged(np.empty(0, np.uint8), np.zeros(11, np.int64), "utf8"),
+                 lists=Ragged(np.arange(5, dtype=np.float32), np.array([0, 1, 1, 1, 1, 1, 2, 2, 3, 4, 5]), "list"))
+    zero = {"a": np.empty(0, np.float32), "m": np.empty((0, 3), np.int16),
+            "s": Ragged(np.empty(0, np.uint8), np.zeros(1, np.int64), "utf8")}
+    slab, layout = _pack([batch, zero, batch], pin=False)
+    for parts, src in zip(layout, (batch, zero, batch), strict=True):
+        got = _unpack(slab, parts)
+        want = to_torch({k: v if isinstance(v, Ragged) else np.ascontiguousarray(v) for k, v in src.items()})
+        assert list(got) == list(want)
+        for k, w in want.items():
+            g = got[k]
+            pairs = [(g.values, w.values), (g.offsets, w.offsets)] if isinstance(w, RaggedTensor) else [(g, w)]
+            for x, y in pairs:
+                assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), k
+
+
+def test_slab_columns_do_not_share_autograd_versions(tabular):
+    # Columns of one buffer share memory, not a view base: an in-place change of one column
+    # must not fail backward() through another (views of one base share a version counter).
+    lin = torch.nn.Linear(3, 1)
+    for opts in (dict(), dict(device="cpu", copy_batches=2)):
+        with TorchLoader(tabular, stack=STACK, **opts, **TAB) as tl:
+            for b in tl:
+                out = lin(b["dense"]).squeeze(1)  # Linear saves its input for backward
+                target = b["ids"][:, 0].float()
+                b["ids"].sub_(1)  # an in-place change of another tensor of the same buffer
+                ((out - target) ** 2).mean().backward()
+
+
+def test_stack_with_copy_batches_on_the_cpu(tabular, monkeypatch):
+    import detload.torch as dt
+    real, calls = dt._pack, []
+    monkeypatch.setattr(dt, "_pack", lambda batches, pin, stack=(): calls.append(len(batches)) or real(
+        batches, pin=pin, stack=stack))
+    with Loader(tabular, **TAB) as plain:
+        want = list(plain)
+    with TorchLoader(tabular, stack=STACK, device="cpu", copy_batches=3, **TAB) as tl:
+        got = list(tl)
+    assert calls == [3] * (len(want) // 3) + ([len(want) % 3] if len(want) % 3 else [])
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g["dense"].numpy(), np.stack([w["c"], w["a"], w["b"]], axis=1))
+        np.testing.assert_array_equal(g["ids"].numpy(), np.stack([w["i"], w["j"]], axis=1))
+
+
+def test_copy_batches_groups_on_the_cpu_device_too(ds, monkeypatch):
+    import detload.torch as dt
+    real, calls = dt._pack, []
+    monkeypatch.setattr(dt, "_pack", lambda batches, pin, stack=(): calls.append(len(batches)) or real(
+        batches, pin=pin, stack=stack))
+    with TorchLoader(ds, device="cpu", copy_batches=4, **OPTS) as tl:
+        got = [hash_batch(back_to_numpy(b))[0] for b in tl]
+    assert got == reference(ds)
+    assert calls and max(calls) == 4
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the fallback is for machines without a GPU")
+def test_copy_batches_with_pinning_dropped_only_warns(ds):
+    with pytest.warns(UserWarning, match="pin_memory=True but no accelerator"):
+        tl = TorchLoader(ds, pin_memory=True, copy_batches=4, **OPTS)
+    with tl:
+        assert [hash_batch(back_to_numpy(b))[0] for b in tl] == reference(ds)
+
+
+def test_copy_batches_hands_over_the_good_batches_before_an_error(ds):
+    bad = ("a.parquet", 1)
+    counts = {}
+    for group in (1, 4):
+        hooks = DebugHooks(fail_unit=bad, fail_exc=OSError("disk on fire"))
+        got = 0
+        with TorchLoader(Loader(ds, _debug=hooks, **OPTS), device="cpu", copy_batches=group) as tl, \
+                pytest.raises(WorkerError, match="disk on fire"):
+            for _ in tl:
+                got += 1
+        counts[group] = got
+    assert counts[4] == counts[1] > 0
+
+
+class _SlowAfter(Loader):
+    """Counts the batches taken from it; each one after the first ``fast`` takes 0.1 s (a slow read)."""
+
+    pulled = 0
+    fast = 0
+
+    def __iter__(self):
+        for b in super().__iter__():
+            self.pulled += 1
+            if self.pulled > self.fast:
+                time.sleep(0.1)
+            yield b
+
+
+def test_copy_batches_stops_reading_when_the_loop_leaves(ds):
+    # The loop takes one group and leaves while the feeder collects the next, slowly:
+    # the feeder must not read the rest of that group (nor keep the loop waiting for it).
+    group = 6
+    ld = _SlowAfter(ds, **OPTS)
+    ld.fast = group
+    assert len(ld) >= 2 * group
+    with TorchLoader(ld, device="cpu", copy_batches=group) as tl:
+        it = iter(tl)
+        for _ in range(group):
+            next(it)
+        t0 = time.monotonic()
+        it.close()
+        left = time.monotonic() - t0
+        assert not feeders()
+    assert ld.pulled <= group + 2, ld.pulled
+    assert left < 0.45  # one slow read at most, not the rest of the group (0.6 s)
+
+
+def test_stack_message_for_a_2d_column_and_bad_keys(tabular):
+    with pytest.raises(OptionError, match=r"stack\['d'\]: column 'fs' is 2-D; only one-value-per-row columns"):
+        TorchLoader(tabular, stack={"d": ["fs"]}, batch_size=50, seed=2)
+    with pytest.raises(OptionError, match=r"stack's keys are the names of the stacked tensors \(str\), got 1"):
+        TorchLoader(tabular, stack={1: ["a"]}, **TAB)
+    with pytest.raises(OptionError, match=r"column 'a' is twice in stack\['d'\]; a column can be stacked once"):
+        TorchLoader(tabular, stack={"d": ["a", "b", "a"]}, **TAB)

@@ -440,7 +440,6 @@ def main(argv: list[str] | None = None) -> int:
     for line in skipped:
         print(f"SKIPPED {line}")
     return 1 if errors else 0
-    return 0
 
 
 if __name__ == "__main__":
