@@ -117,11 +117,13 @@ def _write_wide(root: str, units: int, rows: int) -> int:
 
 
 def _live_segments() -> int:
-    """Blocks alive now: mapped in this process (unlinked) plus waiting in /dev/shm."""
+    """Blocks alive now: mapped in this process or waiting in /dev/shm, each counted once
+    (the consumer maps a segment before it unlinks it: in between it is in both)."""
     prefix = f"/dev/shm/detload-{os.getpid()}-"
     with open("/proc/self/maps") as f:
-        mapped = {line.split(None, 5)[5].strip() for line in f if prefix in line}
-    return len(mapped) + len(shm_segments())
+        mapped = {os.path.basename(line.split(None, 5)[5].strip().removesuffix(" (deleted)"))
+                  for line in f if prefix in line}
+    return len(mapped | set(shm_segments()))
 
 
 def _rss(loader: Loader) -> int:
