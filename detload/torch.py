@@ -181,7 +181,7 @@ def _pack(batches: Sequence[Mapping[str, Column]], pin: bool,
             work.append((a, dt, part))
             total += -(-nbytes // _ALIGN) * _ALIGN
         layout.append(parts)
-    slab = torch.empty(max(total, _ALIGN), dtype=torch.uint8, pin_memory=pin)
+    slab = torch.empty(max(total, _ALIGN), dtype=torch.uint8, device="cpu", pin_memory=pin)
     buf = slab.numpy()
     for a, dt, p in work:
         dst = buf[p.offset : p.offset + p.nbytes].view(dt).reshape(p.shape)
@@ -192,19 +192,21 @@ def _pack(batches: Sequence[Mapping[str, Column]], pin: bool,
     return slab, layout
 
 
-def _unpack(slab: torch.Tensor, parts: list[_Part]) -> TorchBatch:
-    """One batch as tensors over ``slab``'s memory (on whichever device it now is).
+def _unpack(slab: torch.Tensor, parts: list[_Part], typed: dict[torch.dtype, torch.Tensor]) -> TorchBatch:
+    """One batch as tensors over ``slab``'s memory (on whichever device it now is); ``typed``
+    caches the slab viewed as each dtype (share it across a slab's batches).
 
-    Each tensor is set to the slab's storage rather than made a view of it: views
-    of one base share autograd's version counter, so an in-place change of one
-    column (normalising a target, say) would fail ``backward()`` through any other.
+    ``.data`` makes each one a tensor of its own for autograd, not a view: views of one
+    base share its version counter, so an in-place change of one column (normalising a
+    target, say) would fail ``backward()`` through any other.
     """
-    storage = slab.untyped_storage()
     out: TorchBatch = {}
     pending: dict[str, torch.Tensor] = {}
     for p in parts:
-        t = torch.empty(0, dtype=p.dtype, device=slab.device)
-        t.set_(storage, p.offset // t.element_size(), p.shape, p.stride)
+        whole = typed.get(p.dtype)
+        if whole is None:
+            whole = typed[p.dtype] = slab.view(p.dtype)
+        t = whole.as_strided(p.shape, p.stride, p.offset // whole.element_size()).data
         if p.kind is None:
             out[p.name] = t
         elif p.name in pending:
@@ -232,7 +234,7 @@ class TorchLoader:
     - ``device=None`` and ``pin_memory=False``: tensors share the NumPy batch's
       memory (``torch.from_numpy``), no thread, no copy.
     - ``pin_memory=True``: a background thread copies each batch into one
-      pinned buffer (every column a view of it), ``prefetch`` batches ahead
+      pinned buffer (every column lies in it), ``prefetch`` batches ahead
       (needs an accelerator; without one it warns and stays off, as torch's
       DataLoader does).
     - ``stack={"dense": ["f0", "f1", ...], ...}``: each group of one-value-per-row
@@ -244,14 +246,17 @@ class TorchLoader:
       them: fewer torch calls per batch in the training process, which helps
       a model whose step is bound by launching kernels. The thread then holds
       up to ``k`` batches (and ``prefetch`` more) ahead.
-
-    With ``pin_memory``, ``device``, ``stack`` or ``copy_batches``, the tensors of a
-    batch (of ``k`` batches) share one buffer: a tensor kept past its step keeps
-    the whole buffer alive, so ``.clone()`` what you keep (ids for evaluation, say).
     - ``device="cuda"`` (or ``"cuda:N"``): the thread pins each batch so and
       copies it with one ``non_blocking=True`` copy on its own CUDA stream,
-      ``prefetch`` batches ahead of the step that runs; the consumer's stream waits for the copy
-      before the batch is used. ``device="cpu"`` uses the same thread.
+      ``prefetch`` batches ahead of the step that runs; the consumer's stream
+      waits for the copy before the batch is used. ``device="cpu"`` uses the
+      same thread (and copies only for ``stack`` or ``copy_batches > 1``).
+
+    Tensors share memory with more than themselves: without a copy, a worker's
+    block (several batches); with ``pin_memory``, a CUDA ``device`` or
+    ``copy_batches > 1``, one buffer per batch (per ``k`` batches); with ``stack``,
+    the groups share one. A tensor kept past its step keeps all of that alive, so
+    ``.clone()`` what you keep (ids for evaluation, say).
 
     ``state_dict()`` counts batches handed to the training loop, never the ones
     prefetched. When ``torch.distributed`` is initialised, every iteration
@@ -311,6 +316,7 @@ class TorchLoader:
         self._pos: int | None = None  # batches of this epoch handed to the training loop
         self._stop: threading.Event | None = None
         self._thread: threading.Thread | None = None
+        self._queue: queue.Queue[Any] | None = None
 
     # -- pass-through ------------------------------------------------------------
     def __len__(self) -> int:
@@ -375,7 +381,7 @@ class TorchLoader:
         q: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
         th = threading.Thread(target=self._feed, args=(it, q, stop), name="detload-torch-feeder", daemon=True)
-        self._stop, self._thread = stop, th
+        self._stop, self._thread, self._queue = stop, th, q
         th.start()
         return self._consume(q, stop, th)
 
@@ -390,7 +396,7 @@ class TorchLoader:
                     # Only the groups are copied; the other columns share the batch's memory as usual.
                     out = to_torch({k: v for k, v in batch.items() if k not in stacked})
                     slab, layout = _pack([{c: batch[c] for c in stacked}], pin=False, stack=stack)
-                    out.update(_unpack(slab, layout[0]))
+                    out.update(_unpack(slab, layout[0], {}))
                     yield out
                 else:
                     yield to_torch(batch)
@@ -405,12 +411,15 @@ class TorchLoader:
         cuda = dev is not None and dev.type == "cuda"
         packed = bool(self.stack) or (self._slab and (self.pin_memory or self.copy_batches > 1))
         group = self.copy_batches if packed else 1
+        slab: torch.Tensor | None = None
+        t: TorchBatch | None = None
+        batches: list[dict[str, Column]] = []
         try:
             stream = torch.cuda.Stream(dev) if cuda else None
             ended = False
             failed: Exception | None = None
             while not ended:
-                batches: list[dict[str, Column]] = []
+                batches = []
                 positions: list[int] = []
                 while len(batches) < group:
                     if stop.is_set():
@@ -440,8 +449,9 @@ class TorchLoader:
                             event.record(stream)
                     elif dev is not None:
                         slab = slab.to(dev)
+                    typed: dict[torch.dtype, torch.Tensor] = {}
                     for parts, pos in zip(layout, positions, strict=True):
-                        if not _put(q, (_unpack(slab, parts), pos, event, slab), stop):
+                        if not _put(q, (_unpack(slab, parts, typed), pos, event, slab), stop):
                             return
                     continue
                 t = to_torch(batches.pop())
@@ -457,9 +467,17 @@ class TorchLoader:
                 if not _put(q, (t, positions[0], event, None), stop):
                     return
             if failed is not None:
-                raise failed
+                err, failed = failed, None
+                try:
+                    raise err
+                finally:
+                    del err  # no cycle through this frame
             _put(q, _End(), stop)
         except BaseException as exc:  # noqa: BLE001 - carried to the training loop
+            # The error's traceback holds this frame: let go of its buffers before handing it on,
+            # or they live as long as the error (and until the cyclic collector runs).
+            slab = t = None
+            batches = []
             _put(q, _Failed(exc), stop)
         finally:
             close = getattr(it, "close", None)
@@ -471,6 +489,9 @@ class TorchLoader:
         seen: tuple[Any, Any] = (None, None)  # (slab, stream) already waited for and recorded
         try:
             while True:
+                if self._stop is not stop:
+                    raise RuntimeError("this TorchLoader iterator was replaced by set_epoch(), load_state_dict() "
+                                       "or a new iter(); iterate the new one")
                 try:
                     item = q.get(timeout=_POLL)
                 except queue.Empty:
@@ -480,7 +501,13 @@ class TorchLoader:
                 if isinstance(item, _End):
                     return
                 if isinstance(item, _Failed):
-                    raise item.error
+                    err = item.error
+                    item = t = slab = None
+                    seen = (None, None)
+                    try:
+                        raise err
+                    finally:
+                        del err  # no cycle through this frame: the buffers go with the error handled
                 t, pos, event, slab = item
                 if event is not None:
                     current = torch.cuda.current_stream(dev)
@@ -490,7 +517,7 @@ class TorchLoader:
                         # the training stream uses it, so it is not reused too early.
                         _each(t, functools.partial(_record, stream=current))
                     elif slab is not seen[0] or current != seen[1]:
-                        # Once per slab and stream: every column of its batches is a view of it.
+                        # Once per slab and stream: every column of its batches lies in its memory.
                         current.wait_event(event)
                         slab.record_stream(current)
                         seen = (slab, current)
@@ -510,11 +537,11 @@ class TorchLoader:
                 except queue.Empty:
                     break
         if self._thread is th:
-            self._stop = self._thread = None
+            self._stop = self._thread = self._queue = None
 
     def _shutdown(self) -> None:
         if self._stop is not None and self._thread is not None:
-            self._halt(self._stop, self._thread, None)
+            self._halt(self._stop, self._thread, self._queue)
 
 
 def _check_stack(stack: Mapping[str, Any] | None, loader: Loader) -> Stack:

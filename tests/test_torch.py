@@ -169,12 +169,12 @@ def _odd_batch() -> dict:
     }
 
 
-def test_slab_holds_every_column_as_an_aligned_view():
+def test_slab_holds_every_column_aligned_in_its_memory():
     from detload.torch import _ALIGN, _pack, _unpack
     batch = _odd_batch()
     slab, layout = _pack([batch, batch], pin=False)
-    got = _unpack(slab, layout[0])
-    again = _unpack(slab, layout[1])
+    got = _unpack(slab, layout[0], {})
+    again = _unpack(slab, layout[1], {})
     assert all(layout[1][i].offset > layout[0][-1].offset for i in range(len(layout[1])))  # one after the other
     assert list(got) == list(batch)
     want = to_torch(batch)
@@ -186,7 +186,7 @@ def test_slab_holds_every_column_as_an_aligned_view():
             assert g.kind == v.kind
         for a, b in pairs:
             assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), k
-            assert a.untyped_storage().data_ptr() == base  # a view of the slab, no copy of its own
+            assert a.untyped_storage().data_ptr() == base  # in the slab's memory, no copy of its own
             if a.numel():  # an empty tensor's data_ptr() may be 0
                 assert (a.data_ptr() - base) % _ALIGN == 0
     assert all(torch.equal(again[k], got[k]) for k in ("f", "b", "m", "g"))
@@ -267,23 +267,36 @@ def test_cuda_slab_and_per_column_paths_agree_and_kept_batches_hold(ds):  # prag
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_cuda_batches_are_ready_on_the_stream_that_asked(ds):  # pragma: no cover - no GPU in CI
-    # No synchronize before use, batches dropped as the loop goes (so buffers are freed and
-    # reused), and the asking stream switching within one buffer (copy_batches=4): each
-    # sum must see the copied ids, which needs the wait and the record on every stream.
+def test_cuda_batches_are_ready_on_the_stream_that_asked(ds, monkeypatch):  # pragma: no cover - no GPU in CI
+    # Each host-to-device copy is queued behind a ~10 ms GPU sleep on the feeder's stream, the
+    # asking stream switches within one buffer (copy_batches=4), batches are used at once
+    # without a synchronize and dropped: a sum that did not wait for its copy reads wrong ids.
+    real_stream = torch.cuda.stream
+
+    class SlowCopies:
+        def __init__(self, stream):
+            self.ctx = real_stream(stream)
+
+        def __enter__(self):
+            entered = self.ctx.__enter__()
+            torch.cuda._sleep(20_000_000)
+            return entered
+
+        def __exit__(self, *exc):
+            return self.ctx.__exit__(*exc)
+
     with Loader(ds, **OPTS) as plain:
         want = [int(b["id"].sum()) for b in plain]
     side = torch.cuda.Stream()
     sums = []
+    monkeypatch.setattr(torch.cuda, "stream", SlowCopies)  # only the feeder's copies use it
     with TorchLoader(ds, device="cuda", workers=2, pool="process", prefetch=3, copy_batches=4, **OPTS) as tl:
         it = iter(tl)
         for i in range(len(want)):
-            stream = side if i % 2 else torch.cuda.default_stream()
-            with torch.cuda.stream(stream):
+            with real_stream(side if i % 2 else torch.cuda.default_stream()):
                 b = next(it)
                 sums.append(b["id"].sum())
                 del b
-                torch.cuda._sleep(1000)  # keep the stream busy so a missing wait would show
     torch.cuda.synchronize()
     assert [int(x) for x in sums] == want
 
@@ -360,6 +373,7 @@ def test_cuda_stack(tabular):  # pragma: no cover - no GPU in CI
 # Dtypes and shapes a slab must carry unchanged, as a NumPy batch may hold them.
 ODD = {
     "i8": np.arange(-5, 5, dtype=np.int8),
+    "bool": np.arange(10) % 3 == 0,
     "f16": np.linspace(0, 1, 10).astype(np.float16),
     "c64": (np.arange(10) + 1j).astype(np.complex64),
     "u16": np.arange(10, dtype=np.uint16),
@@ -381,7 +395,7 @@ def test_slab_carries_odd_dtypes_and_layouts():
             "s": Ragged(np.empty(0, np.uint8), np.zeros(1, np.int64), "utf8")}
     slab, layout = _pack([batch, zero, batch], pin=False)
     for parts, src in zip(layout, (batch, zero, batch), strict=True):
-        got = _unpack(slab, parts)
+        got = _unpack(slab, parts, {})
         want = to_torch({k: v if isinstance(v, Ragged) else np.ascontiguousarray(v) for k, v in src.items()})
         assert list(got) == list(want)
         for k, w in want.items():
@@ -468,7 +482,7 @@ class _SlowAfter(Loader):
 
 def test_copy_batches_stops_reading_when_the_loop_leaves(ds):
     # The loop takes one group and leaves while the feeder collects the next, slowly:
-    # the feeder must not read the rest of that group (nor keep the loop waiting for it).
+    # the feeder must not read the rest of that group.
     group = 6
     ld = _SlowAfter(ds, **OPTS)
     ld.fast = group
@@ -477,12 +491,9 @@ def test_copy_batches_stops_reading_when_the_loop_leaves(ds):
         it = iter(tl)
         for _ in range(group):
             next(it)
-        t0 = time.monotonic()
         it.close()
-        left = time.monotonic() - t0
         assert not feeders()
-    assert ld.pulled <= group + 2, ld.pulled
-    assert left < 0.45  # one slow read at most, not the rest of the group (0.6 s)
+    assert ld.pulled <= group + 2, ld.pulled  # the rest of the group would make 2 * group
 
 
 def test_stack_message_for_a_2d_column_and_bad_keys(tabular):
@@ -492,3 +503,57 @@ def test_stack_message_for_a_2d_column_and_bad_keys(tabular):
         TorchLoader(tabular, stack={1: ["a"]}, **TAB)
     with pytest.raises(OptionError, match=r"column 'a' is twice in stack\['d'\]; a column can be stacked once"):
         TorchLoader(tabular, stack={"d": ["a", "b", "a"]}, **TAB)
+
+
+def test_stack_without_a_thread_copies_only_the_groups(tabular):
+    with TorchLoader(tabular, stack=STACK, **TAB) as tl:
+        b = next(iter(tl))
+        slab = b["dense"].untyped_storage().data_ptr()
+        assert b["ids"].untyped_storage().data_ptr() == slab  # the groups share one buffer
+        assert b["ts"].untyped_storage().data_ptr() != slab  # the rest is the batch's own memory
+        assert b["s"].values.untyped_storage().data_ptr() != slab
+
+
+def test_a_replaced_iterator_says_so_and_leaves_the_state_alone(ds):
+    for group in (1, 4):
+        with TorchLoader(ds, device="cpu", copy_batches=group, **OPTS) as tl:
+            old = iter(tl)
+            for _ in range(5):
+                next(old)
+            time.sleep(0.2)  # the feeder fills its queue
+            tl.set_epoch(1)
+            with pytest.raises(RuntimeError, match=r"this TorchLoader iterator was replaced by set_epoch\(\), "
+                                                   r"load_state_dict\(\) or a new iter\(\); iterate the new one"):
+                next(old)
+            assert (tl.state_dict()["epoch"], tl.state_dict()["step"]) == (1, 0)
+            assert [hash_batch(back_to_numpy(b))[0] for b in tl] == reference(ds, epoch=1)
+
+
+def test_buffers_go_with_a_handled_error_without_the_cycle_collector(ds, monkeypatch):
+    import weakref
+
+    import detload.torch as dt
+    real, slabs = dt._pack, []
+
+    def tracked(batches, pin, stack=()):
+        slab, layout = real(batches, pin=False, stack=stack)
+        slabs.append(weakref.ref(slab))
+        return slab, layout
+
+    monkeypatch.setattr(dt, "_pack", tracked)
+    gc.collect()
+    gc.disable()
+    try:
+        for group in (1, 4):
+            slabs.clear()
+            hooks = DebugHooks(fail_unit=("a.parquet", 1), fail_exc=OSError("disk on fire"))
+            with TorchLoader(Loader(ds, _debug=hooks, **OPTS), device="cpu", copy_batches=group) as tl:
+                tl.pin_memory = True
+                try:
+                    for b in tl:
+                        del b
+                except WorkerError:
+                    pass
+            assert slabs and not [r for r in slabs if r() is not None], group
+    finally:
+        gc.enable()
