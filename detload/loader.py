@@ -78,6 +78,12 @@ def _distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int
     return r, w
 
 
+def check_epoch(epoch: Any) -> None:
+    """Raise OptionError unless ``epoch`` is an epoch number (an int in [0, 2**32))."""
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or not 0 <= epoch < 2**32:
+        raise OptionError(f"epoch must be an int in [0, 2**32), got {epoch!r}")
+
+
 class Loader:
     """Deterministic parallel Parquet loader. Iterating yields ``dict[str, ndarray | Ragged]``.
 
@@ -203,8 +209,7 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Plan epoch ``epoch`` next. Workers persist; only the plan changes."""
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or not 0 <= epoch < 2**32:
-            raise OptionError(f"epoch must be an int in [0, 2**32), got {epoch!r}")
+        check_epoch(epoch)
         if int(epoch) != self._epoch:
             self._stop_run()
             self._epoch = int(epoch)
@@ -423,6 +428,15 @@ class Loader:
         from another dataset or another order. A manifest this loader writes is
         continued: lines from the resumed step on are cut, new ones appended.
         """
+        epoch, step = self._check_state(state)
+        self._stop_run()
+        self.set_epoch(epoch)
+        self._resume_step = step
+        self._position = step
+        self._resume_manifest = True
+
+    def _check_state(self, state: Mapping[str, Any]) -> tuple[int, int]:
+        """What `load_state_dict` checks, without changing anything: ``(epoch, step)`` or StateError."""
         if not isinstance(state, Mapping) or "format" not in state or "order" not in state:
             raise StateError("not a detload state: expected the dict that Loader.state_dict() returns")
         if state["format"] != STATE_FORMAT_VERSION:
@@ -441,14 +455,10 @@ class Loader:
         if (isinstance(epoch, bool) or isinstance(step, bool) or not isinstance(epoch, int)
                 or not isinstance(step, int) or not 0 <= epoch < 2**32 or step < 0):
             raise StateError(f"state has a bad position: epoch={epoch!r}, step={step!r}")
-        self._stop_run()
-        self.set_epoch(epoch)
-        steps = self.plan().steps
+        steps = self.plan(epoch).steps
         if step > steps:
             raise StateError(f"state step {step} is past the {steps} steps of epoch {epoch}")
-        self._resume_step = step
-        self._position = step
-        self._resume_manifest = True
+        return epoch, step
 
     def _describe_diff(self, key: str, theirs: Any) -> str:
         mine = self.order.get(key)

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from ._types import Column, Ragged
-from .errors import OptionError
-from .loader import Loader
+from .errors import DetloadError, OptionError
+from .loader import Loader, check_epoch
 from .stats import Stats
 
 __all__ = ["RaggedTensor", "TorchLoader", "to_torch"]
@@ -283,33 +283,38 @@ class TorchLoader:
             self.loader = source
         else:
             self.loader = Loader(source, **loader_options)
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 1:
             raise OptionError(f"prefetch must be an int >= 1 (batches), got {prefetch!r}")
-        self.prefetch = prefetch
+        self.prefetch = int(prefetch)
         self.stack: Stack = _check_stack(stack, self.loader)
-        if isinstance(copy_batches, bool) or not isinstance(copy_batches, int) or copy_batches < 1:
+        if isinstance(copy_batches, bool) or not isinstance(copy_batches, (int, np.integer)) or copy_batches < 1:
             raise OptionError(f"copy_batches must be an int >= 1 (batches per copy), got {copy_batches!r}")
+        copy_batches = int(copy_batches)
         self.check_ranks = bool(check_ranks)
         wants_thread = bool(pin_memory) or device is not None  # as asked, before pinning may be dropped
-        dev = torch.device(device) if device is not None else None
+        dev = _device(device)
         if dev is not None and dev.type == "cuda":
             if not torch.cuda.is_available():
-                raise OptionError(f"device={str(device)!r} but torch.cuda.is_available() is False: "
+                raise OptionError(f"device={str(dev)!r} but torch.cuda.is_available() is False: "
                                   "use device=None (CPU tensors) on a machine without a GPU")
             if dev.index is None:
                 # The feeder thread has its own current device; fix the consumer's now.
                 dev = torch.device("cuda", torch.cuda.current_device())
             pin_memory = True  # asynchronous host-to-device copies need pinned memory
         elif pin_memory and not torch.cuda.is_available():
-            warnings.warn("pin_memory=True but no accelerator is available: batches are not pinned",
+            warnings.warn("pin_memory=True but no accelerator is available: batches are not pinned"
+                          + (f" (and copy_batches={copy_batches} has no effect)"
+                             if copy_batches != 1 and dev is None else ""),
                           stacklevel=2)
             pin_memory = False
+            if dev is None:
+                copy_batches = 1
         self.device = dev
         self.pin_memory = bool(pin_memory)
         self._threaded = self.pin_memory or dev is not None
         if copy_batches > 1 and not wants_thread:
-            raise OptionError(f"copy_batches={copy_batches} needs pin_memory=True or device=...: without them "
-                              "batches are handed over without a copy")
+            raise OptionError(f"copy_batches={copy_batches} needs pin_memory=True or device=...: it groups the "
+                              "copies their background thread makes, and without them there is none")
         self.copy_batches = copy_batches
         # Benchmark-only switch: pin and copy column by column (the previous path) instead of one slab.
         self._slab = True
@@ -327,6 +332,7 @@ class TorchLoader:
         return self.loader.epoch
 
     def set_epoch(self, epoch: int) -> None:
+        check_epoch(epoch)  # before stopping anything: a refused epoch leaves the iteration running
         if int(epoch) != self.loader.epoch:
             self._shutdown()
             self._pos = None
@@ -352,6 +358,7 @@ class TorchLoader:
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.loader._check_state(state)  # before stopping anything: a refused state changes nothing
         self._shutdown()
         self.loader.load_state_dict(state)
         self._pos = None
@@ -382,8 +389,7 @@ class TorchLoader:
         stop = threading.Event()
         th = threading.Thread(target=self._feed, args=(it, q, stop), name="detload-torch-feeder", daemon=True)
         self._stop, self._thread, self._queue = stop, th, q
-        th.start()
-        return self._consume(q, stop, th)
+        return self._consume(q, stop, th)  # starts the thread at the first next()
 
     def _direct(self, it: Iterator[dict[str, Column]]) -> Iterator[TorchBatch]:
         loader = self.loader
@@ -488,10 +494,12 @@ class TorchLoader:
         dev = self.device
         seen: tuple[Any, Any] = (None, None)  # (slab, stream) already waited for and recorded
         try:
+            if self._stop is stop:
+                th.start()
             while True:
                 if self._stop is not stop:
-                    raise RuntimeError("this TorchLoader iterator was replaced by set_epoch(), load_state_dict() "
-                                       "or a new iter(); iterate the new one")
+                    raise DetloadError("this TorchLoader iteration was stopped: set_epoch(), load_state_dict(), "
+                                       "close() or a new iter() was called since it began; start a new one")
                 try:
                     item = q.get(timeout=_POLL)
                 except queue.Empty:
@@ -528,7 +536,11 @@ class TorchLoader:
 
     def _halt(self, stop: threading.Event, th: threading.Thread, q: queue.Queue[Any] | None) -> None:
         stop.set()
-        if th is not threading.current_thread():
+        if self._thread is th and th.ident is not None:
+            # The feeder may be waiting inside the loader for a block (a slow or stalled read):
+            # stopping the loader's pass wakes it at once, as a break does for a Loader.
+            self.loader._stop_run()
+        if th is not threading.current_thread() and th.ident is not None:
             th.join(timeout=30.0)
         if q is not None:
             while True:
@@ -542,6 +554,21 @@ class TorchLoader:
     def _shutdown(self) -> None:
         if self._stop is not None and self._thread is not None:
             self._halt(self._stop, self._thread, self._queue)
+
+
+def _device(device: Any) -> torch.device | None:
+    """``device=`` as a torch.device: None, the CPU, or a CUDA device (an int is a CUDA index)."""
+    if device is None:
+        return None
+    if isinstance(device, int) and not isinstance(device, bool):
+        device = f"cuda:{device}"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise OptionError(f"device must be None, 'cpu', 'cuda', 'cuda:N' or a CUDA index, got {device!r}")
+    return dev
 
 
 def _check_stack(stack: Mapping[str, Any] | None, loader: Loader) -> Stack:

@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from detload import Loader, OptionError, WorkerError, hash_batch  # noqa: E402
+from detload import DetloadError, Loader, OptionError, StateError, WorkerError, hash_batch  # noqa: E402
 from detload._worker import DebugHooks  # noqa: E402
 from detload.torch import RaggedTensor, TorchLoader, to_torch  # noqa: E402
 
@@ -246,8 +246,12 @@ def test_copy_batches_guards(ds):
         TorchLoader(ds, device="cpu", copy_batches=0, **OPTS)
     with pytest.raises(OptionError, match=r"copy_batches must be an int >= 1 \(batches per copy\), got True"):
         TorchLoader(ds, device="cpu", copy_batches=True, **OPTS)
-    with pytest.raises(OptionError, match=r"copy_batches=4 needs pin_memory=True or device=\.\.\.: without them"):
+    with pytest.raises(OptionError, match=r"copy_batches=4 needs pin_memory=True or device=\.\.\.: it groups the "
+                                          r"copies their background thread makes, and without them there is none"):
         TorchLoader(ds, copy_batches=4, **OPTS)
+    tl = TorchLoader(ds, device="cpu", copy_batches=np.int64(3), prefetch=np.int32(2), **OPTS)
+    assert (tl.copy_batches, tl.prefetch) == (3, 2) and type(tl.copy_batches) is int
+    tl.close()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -446,8 +450,10 @@ def test_copy_batches_groups_on_the_cpu_device_too(ds, monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the fallback is for machines without a GPU")
 def test_copy_batches_with_pinning_dropped_only_warns(ds):
-    with pytest.warns(UserWarning, match="pin_memory=True but no accelerator"):
+    with pytest.warns(UserWarning, match=r"pin_memory=True but no accelerator is available: batches are not "
+                                         r"pinned \(and copy_batches=4 has no effect\)"):
         tl = TorchLoader(ds, pin_memory=True, copy_batches=4, **OPTS)
+    assert tl.copy_batches == 1
     with tl:
         assert [hash_batch(back_to_numpy(b))[0] for b in tl] == reference(ds)
 
@@ -522,8 +528,8 @@ def test_a_replaced_iterator_says_so_and_leaves_the_state_alone(ds):
                 next(old)
             time.sleep(0.2)  # the feeder fills its queue
             tl.set_epoch(1)
-            with pytest.raises(RuntimeError, match=r"this TorchLoader iterator was replaced by set_epoch\(\), "
-                                                   r"load_state_dict\(\) or a new iter\(\); iterate the new one"):
+            with pytest.raises(DetloadError, match=r"this TorchLoader iteration was stopped: set_epoch\(\), "
+                               r"load_state_dict\(\), close\(\) or a new iter\(\) was called since it began"):
                 next(old)
             assert (tl.state_dict()["epoch"], tl.state_dict()["step"]) == (1, 0)
             assert [hash_batch(back_to_numpy(b))[0] for b in tl] == reference(ds, epoch=1)
@@ -557,3 +563,63 @@ def test_buffers_go_with_a_handled_error_without_the_cycle_collector(ds, monkeyp
             assert slabs and not [r for r in slabs if r() is not None], group
     finally:
         gc.enable()
+
+
+def test_refused_set_epoch_and_state_leave_the_iteration_running(ds):
+    want = reference(ds)
+    with TorchLoader(ds, device="cpu", copy_batches=2, **OPTS) as tl:
+        it = iter(tl)
+        got = [hash_batch(back_to_numpy(next(it)))[0] for _ in range(3)]
+        time.sleep(0.2)  # the feeder runs ahead
+        for bad in (-1, "x", None, 2**32):
+            with pytest.raises(OptionError, match=r"epoch must be an int in \[0, 2\*\*32\), got"):
+                tl.set_epoch(bad)
+        other = dict(tl.state_dict(), fingerprint="0" * 16)
+        with pytest.raises(StateError, match="cannot resume: the state's plan fingerprint does not match"):
+            tl.load_state_dict(other)
+        assert tl.state_dict()["step"] == 3  # what the loop received, not what was read ahead
+        got += [hash_batch(back_to_numpy(b))[0] for b in it]
+    assert got == want
+
+
+def test_break_during_a_stalled_read_is_prompt(ds):
+    # The loop takes the batches that need only the first block, so the feeder then waits
+    # inside the loader for the second block, whose first read stalls for 20 s: leaving the
+    # loop must not wait for it (a Loader's break does not either).
+    probe = Loader(ds, **OPTS)
+    second = probe.plan(0).schedule[1]
+    u = second.units[0]
+    stalled = (probe.dataset.files[probe._unit_files[u]].path, int(probe._unit_rgs[u]))
+    probe.close()
+    hooks = DebugHooks(stall_unit=stalled, stall_seconds=20.0)
+    with TorchLoader(Loader(ds, _debug=hooks, **OPTS), device="cpu") as tl:
+        it = iter(tl)
+        for _ in range(second.first_step):
+            next(it)
+        time.sleep(0.3)  # the feeder is now waiting for the stalled block
+        t0 = time.monotonic()
+        it.close()
+        left = time.monotonic() - t0
+        assert not feeders()
+    assert left < 10.0, left
+
+
+def test_an_iterator_never_started_starts_no_thread(ds):
+    with TorchLoader(ds, device="cpu", **OPTS) as tl:
+        it = iter(tl)
+        time.sleep(0.1)
+        assert not feeders()
+        del it
+        assert [hash_batch(back_to_numpy(b))[0] for b in tl] == reference(ds)
+
+
+@pytest.mark.parametrize("device", ["mps", "meta", "gpu", 1.5])
+def test_device_must_be_the_cpu_or_cuda(ds, device):
+    with pytest.raises(OptionError, match=r"device must be None, 'cpu', 'cuda', 'cuda:N' or a CUDA index, got"):
+        TorchLoader(ds, device=device, **OPTS)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
+def test_a_cuda_index_is_a_cuda_device(ds):
+    with pytest.raises(OptionError, match=r"device='cuda:0' but torch.cuda.is_available\(\) is False"):
+        TorchLoader(ds, device=0, **OPTS)
