@@ -8,6 +8,7 @@ records the stage spans (its own and the workers') in the loader's tracer.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -122,6 +123,7 @@ class Run:
         self.hash_batches = hash_batches
         self.ready: queue.Queue[Any] = queue.Queue(maxsize=ready_depth)
         self._cancel = threading.Event()
+        self._stop_lock = threading.Lock()
         self._merged = False  # the merger took every block of the pass (ordered merge only)
         self.schedule = plan.schedule_from(start_step)
         self._tasks = make_tasks(plan, start_step, pool.workers, unit_files, unit_rgs)
@@ -146,31 +148,41 @@ class Run:
         Only the first call acts: a later one (an old iterator ending after a newer
         pass started) must not drain the queues that now feed the newer pass.
         """
-        if self._cancel.is_set():
-            return
-        self._cancel.set()
-        merged = self._merged
-        if merged:
-            # Every block of this pass was taken: the queues hold only what was built
-            # ahead for the next pass (generation gen + 1), which stays wanted.
-            self.pool.cancel(self.gen)
-        else:
-            # Stopped mid-pass: the queues hold this pass's blocks, which are freed, and
-            # what was built ahead is cancelled too, so the queues never hold blocks
-            # behind one another outside their bound (and a break is rarely followed by
-            # the pass predicted).
-            self.pool.cancel(self.gen + 1)
-        if self.thread.is_alive() and threading.current_thread() is not self.thread:
-            self.thread.join(timeout=5.0)
-        while True:
-            try:
-                self.ready.get_nowait()
-            except queue.Empty:
-                break
-        if not merged:
-            self.pool.drain()
-        # An iterator still holding this run must end, not wait forever.
-        self.ready.put_nowait(Failure(DetloadError(STOPPED)))
+        with self._stop_lock:  # two threads may stop a run (a TorchLoader's feeder and its loop)
+            if self._cancel.is_set():
+                return
+            self._cancel.set()
+        try:
+            merged = self._merged
+            if merged:
+                # Every block of this pass was taken: the queues hold only what was built
+                # ahead for the next pass (generation gen + 1), which stays wanted.
+                self.pool.cancel(self.gen)
+            else:
+                # Stopped mid-pass: the queues hold this pass's blocks, which are freed, and
+                # what was built ahead is cancelled too, so the queues never hold blocks
+                # behind one another outside their bound (and a break is rarely followed by
+                # the pass predicted).
+                self.pool.cancel(self.gen + 1)
+            if self.thread.is_alive() and threading.current_thread() is not self.thread:
+                self.thread.join(timeout=5.0)
+            while True:
+                try:
+                    self.ready.get_nowait()
+                except queue.Empty:
+                    break
+            if not merged:
+                self.pool.drain()
+        finally:
+            # An iterator still holding this run must end, not wait forever: also when the
+            # above was interrupted (a KeyboardInterrupt in the thread that stops it).
+            while True:
+                try:
+                    self.ready.put_nowait(Failure(DetloadError(STOPPED)))
+                    break
+                except queue.Full:  # a merger that outlived the join put an item after the drain
+                    with contextlib.suppress(queue.Empty):
+                        self.ready.get_nowait()
 
     @property
     def stopped(self) -> bool:

@@ -536,10 +536,15 @@ class TorchLoader:
 
     def _halt(self, stop: threading.Event, th: threading.Thread, q: queue.Queue[Any] | None) -> None:
         stop.set()
-        if self._thread is th and th.ident is not None:
-            # The feeder may be waiting inside the loader for a block (a slow or stalled read):
-            # stopping the loader's pass wakes it at once, as a break does for a Loader.
-            self.loader._stop_run()
+        try:
+            if self._thread is th and th.ident is not None:
+                # The feeder may be waiting inside the loader for a block (a slow or stalled read):
+                # stopping the loader's pass wakes it at once, as a break does for a Loader.
+                self.loader._stop_run()
+        finally:
+            self._join(th, q)
+
+    def _join(self, th: threading.Thread, q: queue.Queue[Any] | None) -> None:
         if th is not threading.current_thread() and th.ident is not None:
             th.join(timeout=30.0)
         if q is not None:
@@ -560,12 +565,15 @@ def _device(device: Any) -> torch.device | None:
     """``device=`` as a torch.device: None, the CPU, or a CUDA device (an int is a CUDA index)."""
     if device is None:
         return None
-    if isinstance(device, int) and not isinstance(device, bool):
-        device = f"cuda:{device}"
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        dev = None
+    dev: torch.device | None = None
+    if isinstance(device, (int, np.integer)) and not isinstance(device, bool):
+        if device >= 0:
+            dev = torch.device("cuda", int(device))
+    else:
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError, ValueError):
+            dev = None
     if dev is None or dev.type not in ("cpu", "cuda"):
         raise OptionError(f"device must be None, 'cpu', 'cuda', 'cuda:N' or a CUDA index, got {device!r}")
     return dev

@@ -14,6 +14,7 @@ import time
 import _distdata
 import numpy as np
 import pytest
+from leaks import wait_until
 
 torch = pytest.importorskip("torch")
 
@@ -570,7 +571,7 @@ def test_refused_set_epoch_and_state_leave_the_iteration_running(ds):
     with TorchLoader(ds, device="cpu", copy_batches=2, **OPTS) as tl:
         it = iter(tl)
         got = [hash_batch(back_to_numpy(next(it)))[0] for _ in range(3)]
-        time.sleep(0.2)  # the feeder runs ahead
+        wait_until(lambda: tl._queue is not None and tl._queue.full(), 10.0)  # the feeder ran ahead
         for bad in (-1, "x", None, 2**32):
             with pytest.raises(OptionError, match=r"epoch must be an int in \[0, 2\*\*32\), got"):
                 tl.set_epoch(bad)
@@ -582,26 +583,66 @@ def test_refused_set_epoch_and_state_leave_the_iteration_running(ds):
     assert got == want
 
 
+def _stall_second_block(ds: str) -> tuple[DebugHooks, int, tuple[int, int]]:
+    """Hooks stalling (12 s) the first read of epoch 0's second block; the batches that need
+    only the first block; and that read as (file index, row group) for the worker status."""
+    with Loader(ds, **OPTS) as probe:
+        second = probe.plan(0).schedule[1]
+        u = second.units[0]
+        fi, rg = int(probe._unit_files[u]), int(probe._unit_rgs[u])
+        rel = probe.dataset.files[fi].path
+    return DebugHooks(stall_unit=(rel, rg), stall_seconds=12.0, stall_epoch=0), second.first_step, (fi, rg)
+
+
+def _feeder_waits_in_the_stalled_read(tl: TorchLoader, unit: tuple[int, int]) -> None:
+    status = tl.loader._pool.statuses[0]
+    wait_until(lambda: tuple(status.get()[2:]) == unit and tl._queue is not None and tl._queue.empty(), 10.0)
+
+
 def test_break_during_a_stalled_read_is_prompt(ds):
     # The loop takes the batches that need only the first block, so the feeder then waits
-    # inside the loader for the second block, whose first read stalls for 20 s: leaving the
-    # loop must not wait for it (a Loader's break does not either).
-    probe = Loader(ds, **OPTS)
-    second = probe.plan(0).schedule[1]
-    u = second.units[0]
-    stalled = (probe.dataset.files[probe._unit_files[u]].path, int(probe._unit_rgs[u]))
-    probe.close()
-    hooks = DebugHooks(stall_unit=stalled, stall_seconds=20.0)
+    # inside the loader for the second block, whose first read stalls: leaving the loop
+    # must not wait for it (a Loader's break does not either).
+    hooks, free, unit = _stall_second_block(ds)
     with TorchLoader(Loader(ds, _debug=hooks, **OPTS), device="cpu") as tl:
         it = iter(tl)
-        for _ in range(second.first_step):
+        for _ in range(free):
             next(it)
-        time.sleep(0.3)  # the feeder is now waiting for the stalled block
+        _feeder_waits_in_the_stalled_read(tl, unit)
         t0 = time.monotonic()
         it.close()
         left = time.monotonic() - t0
         assert not feeders()
-    assert left < 10.0, left
+    assert left < 6.0, left
+
+
+def test_an_interrupt_while_stopping_strands_no_feeder(ds, monkeypatch):
+    # A KeyboardInterrupt (a second Ctrl-C) landing while the loop stops the loader's pass
+    # must still wake the feeder waiting in it, and leave nothing for the next call to wait on.
+    from detload._pool import WorkerPool
+    real, armed = WorkerPool.drain, [False]
+
+    def drain(self):
+        if armed[0] and threading.current_thread() is threading.main_thread():
+            armed[0] = False
+            raise KeyboardInterrupt
+        return real(self)
+
+    monkeypatch.setattr(WorkerPool, "drain", drain)
+    hooks, free, unit = _stall_second_block(ds)
+    with TorchLoader(Loader(ds, _debug=hooks, **OPTS), device="cpu") as tl:
+        it = iter(tl)
+        for _ in range(free):
+            next(it)
+        _feeder_waits_in_the_stalled_read(tl, unit)
+        armed[0] = True
+        with pytest.raises(KeyboardInterrupt):
+            it.close()
+        assert not armed[0]  # the interrupt did land inside the stop
+        wait_until(lambda: not feeders(), 5.0)
+        t0 = time.monotonic()
+        tl.set_epoch(1)
+        assert time.monotonic() - t0 < 5.0
 
 
 def test_an_iterator_never_started_starts_no_thread(ds):
@@ -613,7 +654,7 @@ def test_an_iterator_never_started_starts_no_thread(ds):
         assert [hash_batch(back_to_numpy(b))[0] for b in tl] == reference(ds)
 
 
-@pytest.mark.parametrize("device", ["mps", "meta", "gpu", 1.5])
+@pytest.mark.parametrize("device", ["mps", "meta", "gpu", 1.5, -1])
 def test_device_must_be_the_cpu_or_cuda(ds, device):
     with pytest.raises(OptionError, match=r"device must be None, 'cpu', 'cuda', 'cuda:N' or a CUDA index, got"):
         TorchLoader(ds, device=device, **OPTS)
