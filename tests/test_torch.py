@@ -6,10 +6,13 @@ runs with ``device="cpu"`` (same feeder thread, same hand-over).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import _distdata
 import numpy as np
@@ -583,32 +586,29 @@ def test_refused_set_epoch_and_state_leave_the_iteration_running(ds):
     assert got == want
 
 
-def _stall_second_block(ds: str) -> tuple[DebugHooks, int, tuple[int, int]]:
-    """Hooks stalling (12 s) the first read of epoch 0's second block; the batches that need
-    only the first block; and that read as (file index, row group) for the worker status."""
+@contextlib.contextmanager
+def _feeder_waiting_in_a_stalled_read(ds: str) -> Iterator[tuple[TorchLoader, Iterator[Any]]]:
+    """A TorchLoader whose loop took the batches that need only epoch 0's first block, so its
+    feeder now waits inside the loader for the second block, whose first read stalls 12 s."""
     with Loader(ds, **OPTS) as probe:
         second = probe.plan(0).schedule[1]
         u = second.units[0]
         fi, rg = int(probe._unit_files[u]), int(probe._unit_rgs[u])
         rel = probe.dataset.files[fi].path
-    return DebugHooks(stall_unit=(rel, rg), stall_seconds=12.0, stall_epoch=0), second.first_step, (fi, rg)
-
-
-def _feeder_waits_in_the_stalled_read(tl: TorchLoader, unit: tuple[int, int]) -> None:
-    status = tl.loader._pool.statuses[0]
-    wait_until(lambda: tuple(status.get()[2:]) == unit and tl._queue is not None and tl._queue.empty(), 10.0)
+    hooks = DebugHooks(stall_unit=(rel, rg), stall_seconds=12.0, stall_epoch=0)
+    with TorchLoader(Loader(ds, _debug=hooks, **OPTS), device="cpu") as tl:
+        it = iter(tl)
+        for _ in range(second.first_step):
+            next(it)
+        status = tl.loader._pool.statuses[0]
+        wait_until(lambda: tuple(status.get()[2:]) == (fi, rg) and tl._queue is not None and tl._queue.empty(),
+                   10.0)
+        yield tl, it
 
 
 def test_break_during_a_stalled_read_is_prompt(ds):
-    # The loop takes the batches that need only the first block, so the feeder then waits
-    # inside the loader for the second block, whose first read stalls: leaving the loop
-    # must not wait for it (a Loader's break does not either).
-    hooks, free, unit = _stall_second_block(ds)
-    with TorchLoader(Loader(ds, _debug=hooks, **OPTS), device="cpu") as tl:
-        it = iter(tl)
-        for _ in range(free):
-            next(it)
-        _feeder_waits_in_the_stalled_read(tl, unit)
+    # Leaving the loop must not wait for the stalled read (a Loader's break does not either).
+    with _feeder_waiting_in_a_stalled_read(ds) as (_, it):
         t0 = time.monotonic()
         it.close()
         left = time.monotonic() - t0
@@ -629,12 +629,7 @@ def test_an_interrupt_while_stopping_strands_no_feeder(ds, monkeypatch):
         return real(self)
 
     monkeypatch.setattr(WorkerPool, "drain", drain)
-    hooks, free, unit = _stall_second_block(ds)
-    with TorchLoader(Loader(ds, _debug=hooks, **OPTS), device="cpu") as tl:
-        it = iter(tl)
-        for _ in range(free):
-            next(it)
-        _feeder_waits_in_the_stalled_read(tl, unit)
+    with _feeder_waiting_in_a_stalled_read(ds) as (tl, it):
         armed[0] = True
         with pytest.raises(KeyboardInterrupt):
             it.close()
