@@ -116,14 +116,15 @@ def _write_wide(root: str, units: int, rows: int) -> int:
     return rows * 80
 
 
-def _live_segments() -> int:
-    """Blocks alive now: mapped in this process or waiting in /dev/shm, each counted once
-    (the consumer maps a segment before it unlinks it: in between it is in both)."""
-    prefix = f"/dev/shm/detload-{os.getpid()}-"
+def _live_segments(loader: Loader) -> int:
+    """This loader's blocks alive now: mapped in this process or waiting in /dev/shm, each
+    counted once (the consumer maps a segment before it unlinks it: in between it is in
+    both). Only its pool's names: segments an earlier test is still releasing do not count."""
+    prefix = loader._pool.shm_prefix
     with open("/proc/self/maps") as f:
         mapped = {os.path.basename(line.split(None, 5)[5].strip().removesuffix(" (deleted)"))
-                  for line in f if prefix in line}
-    return len(mapped | set(shm_segments()))
+                  for line in f if f"/{prefix}" in line}
+    return len(mapped | {n for n in shm_segments() if n.startswith(prefix)})
 
 
 def _rss(loader: Loader) -> int:
@@ -157,7 +158,7 @@ def test_slow_consumer_memory_bound(tmp_path, leaks, workers, prefetch):
             del b
             time.sleep(0.01)  # slower than the workers: every queue fills up
             if i % 2 == 0:
-                peak_blocks = max(peak_blocks, _live_segments())
+                peak_blocks = max(peak_blocks, _live_segments(loader))
                 peak_rss = max(peak_rss, _rss(loader))
     print(f"W={workers} prefetch={prefetch}: peak live blocks {peak_blocks} (bound {bound_blocks}), "
           f"RSS growth {(peak_rss - base) / 2**20:.1f} MiB (bound {bound_blocks * unit_bytes / 2**20:.1f} MiB + 48)")
