@@ -371,9 +371,12 @@ class Loader:
                 for i in range(len(item)):
                     batch, step, line, rows = item[i]
                     item[i] = None  # the item must not keep yielded batches (and their blocks) alive
+                    if run.stopped:
+                        # Superseded meanwhile (also between taking this item and here, when another
+                        # thread stops the pass: a TorchLoader's loop): fail like an empty queue would,
+                        # before the manifest records a batch nobody will receive.
+                        raise DetloadError(STOPPED)
                     if i:  # the rest of the item needed no wait
-                        if run.stopped:  # superseded meanwhile: fail like an empty queue would
-                            raise DetloadError(STOPPED)
                         span("consumer_wait", CONSUMER, t_back, t_back)
                     if writer is not None:
                         writer.write_batch(epoch, step, line)
