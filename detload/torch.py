@@ -62,12 +62,19 @@ TorchColumn = torch.Tensor | RaggedTensor
 TorchBatch = dict[str, TorchColumn]
 
 
-def _tensor(name: str, a: np.ndarray) -> torch.Tensor:
+def _host_dtype(name: str, a: np.ndarray) -> np.dtype:
+    """The dtype column ``name``'s array has as a tensor; OptionError if torch cannot hold it."""
     if a.dtype.kind in "mM":
         # datetime64/timedelta64: torch has no such dtype; the int64 ticks keep the bytes.
-        a = a.view(np.int64)
-    elif a.dtype.kind not in "biufc":
+        return np.dtype(np.int64)
+    if a.dtype.kind not in "biufc":
         raise OptionError(f"column {name!r} has dtype {a.dtype}, which torch cannot hold; leave it out with columns=")
+    return a.dtype
+
+
+def _tensor(name: str, a: np.ndarray) -> torch.Tensor:
+    if a.dtype.kind not in "biufc":  # numbers go as they are (the common case, checked first)
+        a = a.view(_host_dtype(name, a))
     if not a.flags.writeable:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # shares memory on purpose, as documented
@@ -168,12 +175,7 @@ def _pack(batches: Sequence[Mapping[str, Column]], pin: bool,
         parts: list[_Part] = []
         for name, kind, a in items:
             first = a[0] if isinstance(a, list) else a
-            if first.dtype.kind in "mM":
-                dt = np.dtype(np.int64)  # as in `_tensor`: torch has no datetime dtype
-            elif first.dtype.kind in "biufc":
-                dt = first.dtype
-            else:
-                _tensor(name, first)  # raises the OptionError that names the column
+            dt = _host_dtype(name, first)
             shape = (len(first), len(a)) if isinstance(a, list) else first.shape
             nbytes = int(np.prod(shape)) * dt.itemsize
             part = _Part(name, kind, total, nbytes, _torch_dtype(dt), shape, _contiguous_stride(shape))

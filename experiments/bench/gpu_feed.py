@@ -87,6 +87,11 @@ class Trainer:
             self.torch.cuda.synchronize()
 
 
+def _fold(cardinality: int) -> int:
+    """The generated ids lie in [0, 100000); smaller tables (--tiny) fold them modulo this (0: no fold)."""
+    return cardinality if cardinality < 100_000 else 0
+
+
 class Staging:
     """Turns a dict-of-columns batch into (dense, cats, label) host tensors with one copy each,
     straight into a ring of pinned buffers (on CUDA); a slot is reused only after the copy that
@@ -94,8 +99,7 @@ class Staging:
 
     def __init__(self, torch, batch: int, device, cardinality: int, slots: int = 4):
         self.torch = torch
-        # The generated ids lie in [0, 100000); smaller tables (--tiny) fold them.
-        self.fold = cardinality if cardinality < 100_000 else 0
+        self.fold = _fold(cardinality)
         pin = device.type == "cuda"
         self.bufs = [(torch.empty((batch, N_DENSE), dtype=torch.float32, pin_memory=pin),
                       torch.empty((batch, N_CAT), dtype=torch.int64, pin_memory=pin),
@@ -133,7 +137,7 @@ class DeviceStack:
 
     def __init__(self, torch, cardinality: int):
         self.torch = torch
-        self.fold = cardinality if cardinality < 100_000 else 0
+        self.fold = _fold(cardinality)
 
     def __call__(self, b: dict):
         stack = self.torch.stack
@@ -151,7 +155,7 @@ class NamedStaging:
     """For TorchLoader batches with stack=: the model's inputs are already there."""
 
     def __init__(self, cardinality: int):
-        self.fold = cardinality if cardinality < 100_000 else 0
+        self.fold = _fold(cardinality)
 
     def __call__(self, b: dict):
         cats = b["cats"] % self.fold if self.fold else b["cats"]
@@ -161,11 +165,15 @@ class NamedStaging:
         pass
 
 
-class TupleStaging(NamedStaging):
-    """For (dense, cats, label) tensors from the torch DataLoader baseline (pinned by it)."""
+class TupleStaging:
+    """For (dense, cats, label) tensors that are the model's inputs already: the in-memory
+    bound's slices, and the torch DataLoader baseline's (stacked, folded and pinned by it)."""
 
     def __call__(self, b):
-        return b[0], b[1], b[2], 0
+        return (*b, 0)
+
+    def done(self, i):
+        pass
 
 
 class StackedRowGroups(RowGroupDataset):
@@ -173,7 +181,7 @@ class StackedRowGroups(RowGroupDataset):
 
     def __init__(self, path, columns, cardinality):
         super().__init__(path, columns)
-        self.fold = cardinality if cardinality < 100_000 else 0
+        self.fold = _fold(cardinality)
 
     def __getitem__(self, i):
         b = super().__getitem__(i)
@@ -280,8 +288,8 @@ def main(argv: list[str] | None = None) -> int:
 
     mem_dense = torch.stack([cat_col(f"dense_{j}", np.float32) for j in range(N_DENSE)], dim=1)
     mem_cats = torch.stack([cat_col(f"cat_{j}", np.int64) for j in range(N_CAT)], dim=1)
-    if a.cardinality < 100_000:
-        mem_cats %= a.cardinality
+    if _fold(a.cardinality):
+        mem_cats %= _fold(a.cardinality)
     mem_label = cat_col("label", np.float32)
     if pin:
         mem_dense, mem_cats, mem_label = mem_dense.pin_memory(), mem_cats.pin_memory(), mem_label.pin_memory()
@@ -360,24 +368,18 @@ def main(argv: list[str] | None = None) -> int:
         return make, stage, src.close, f"detload {pool} W={w}{note}"
 
     stack = {"dense": [f"dense_{j}" for j in range(N_DENSE)], "cats": [f"cat_{j}" for j in range(N_CAT)]}
+    tuples = TupleStaging()
     for n_model, hidden in enumerate(a.hidden):
         torch.manual_seed(0)
         trainer = Trainer(torch, build_model(torch, hidden, a.cardinality, a.dim), device)
         nparams = sum(p.numel() for p in trainer.model.parameters())
-
-        class MemStaging:
-            def __call__(self, b):
-                return (*b, 0)
-
-            def done(self, i):
-                pass
 
         def mem_iter():
             for s in range(0, N - B + 1, B):
                 yield mem_dense[s : s + B], mem_cats[s : s + B], mem_label[s : s + B]
 
         def bound(trainer=trainer):
-            return run_feeder(torch, trainer, mem_iter, MemStaging(), a.warmup, a.seconds, a.max_steps)
+            return run_feeder(torch, trainer, mem_iter, tuples, a.warmup, a.seconds, a.max_steps)
 
         # The in-memory bound is measured before the first feeder and again after every feeder; each
         # feeder's efficiency is against the mean of the two measured beside it (the host's speed drifts).
@@ -385,7 +387,6 @@ def main(argv: list[str] | None = None) -> int:
         staging = Staging(torch, B, device, a.cardinality)
         stacking = DeviceStack(torch, a.cardinality)
         named = NamedStaging(a.cardinality)
-        tuples = TupleStaging(a.cardinality)
         runs = [(f, w) for f in a.feeders for w in a.workers]
         if n_model == 0:
             # The comparison variants run with the first model, at the middle worker count
