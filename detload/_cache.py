@@ -22,7 +22,7 @@ import uuid
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -68,16 +68,22 @@ class CacheConfig:
     root: str  # <cache_dir>/v<CACHE_FORMAT>
     limit: int | None
     session: str  # one loader: warnings are given once per session
+    #: Bytes of entries each worker keeps memory-mapped from one pass to the next
+    #: (``cache_map_limit`` split between the workers; see RowGroupCache).
+    map_budget: int = 0
     #: Test hook: act as if the disk were full once this many bytes were written by one worker.
     fail_after_bytes: int | None = None
 
 
-def parse_size(value: int | str | None) -> int | None:
-    """``cache_limit``: bytes as an int, or a string such as "500MB", "20GiB", "1.5T"."""
+def parse_size(value: int | str | None, name: str = "cache_limit", *, zero: bool = False) -> int | None:
+    """A size option: bytes as an int, or a string such as "500MB", "20GiB", "1.5T".
+
+    ``zero``: 0 is allowed (it turns the feature off) instead of refused.
+    """
     if value is None:
         return None
     if isinstance(value, bool):
-        raise OptionError(f"cache_limit must be a byte count or a size such as '20GiB', got {value!r}")
+        raise OptionError(f"{name} must be a byte count or a size such as '20GiB', got {value!r}")
     if isinstance(value, (int, np.integer)):
         n = int(value)
     elif isinstance(value, str):
@@ -91,11 +97,37 @@ def parse_size(value: int | str | None) -> int | None:
         try:
             n = int(float(num) * units[unit])
         except (ValueError, KeyError):
-            raise OptionError(f"cache_limit {value!r} is not a size; use bytes or e.g. '500MB', '20GiB'") from None
+            raise OptionError(f"{name} {value!r} is not a size; use bytes or e.g. '500MB', '20GiB'") from None
     else:
-        raise OptionError(f"cache_limit must be a byte count or a size such as '20GiB', got {value!r}")
-    if n <= 0:
-        raise OptionError(f"cache_limit must be positive, got {value!r}")
+        raise OptionError(f"{name} must be a byte count or a size such as '20GiB', got {value!r}")
+    if n < 0 or (n == 0 and not zero):
+        raise OptionError(f"{name} must be {'0 or more' if zero else 'positive'}, got {value!r}")
+    return n
+
+
+def memory_available() -> int:
+    """Physical memory this process may use: the machine's, or its cgroup's limit if lower."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+        break
+    return total
+
+
+def map_limit(value: int | str | None) -> int:
+    """``cache_map_limit`` in bytes: "auto" is a quarter of `memory_available`; 0 turns it off."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return memory_available() // 4
+    if value is None:
+        raise OptionError("cache_map_limit must be 'auto', 0 or a size such as '20GiB', got None")
+    n = parse_size(value, "cache_map_limit", zero=True)
+    assert n is not None
     return n
 
 
@@ -175,8 +207,13 @@ class _Store:
             self.set_usage(self.usage() - n)
 
     def rescan(self) -> int:
-        """Recount the bytes on disk (call under the lock); removes temp files of dead writers."""
-        total = 0
+        """Recount the bytes on disk (call under the lock); removes temp files of dead writers.
+
+        Files are counted once per inode: a writer links its temp file to the entry's
+        name before removing the temp name (without the lock), so for a moment, or
+        across the two folders of one scan, the same bytes have both names.
+        """
+        seen: dict[tuple[int, int], int] = {}
         host = socket.gethostname()
         with contextlib.suppress(FileNotFoundError):
             for e in os.scandir(self.tmp):
@@ -185,15 +222,17 @@ class _Store:
                         os.unlink(e.path)
                     continue
                 with contextlib.suppress(FileNotFoundError):
-                    total += e.stat().st_size
-        for _, _, size in _walk_entries(self.objects):
-            total += size
+                    st = e.stat()
+                    seen[(st.st_dev, st.st_ino)] = st.st_size
+        for _, _, st in _walk_entries(self.objects):
+            seen[(st.st_dev, st.st_ino)] = st.st_size
+        total = sum(seen.values())
         self.set_usage(total)
         return total
 
 
-def _walk_entries(objects: str) -> Iterator[tuple[str, str, int]]:
-    """(object key, entry path, size) of every entry file."""
+def _walk_entries(objects: str) -> Iterator[tuple[str, str, os.stat_result]]:
+    """(object key, entry path, stat) of every entry file."""
     with contextlib.suppress(FileNotFoundError):
         for a in os.scandir(objects):
             if not a.is_dir():
@@ -206,7 +245,7 @@ def _walk_entries(objects: str) -> Iterator[tuple[str, str, int]]:
                         for e in os.scandir(b.path):
                             if e.name.endswith(_SUFFIX):
                                 with contextlib.suppress(FileNotFoundError):
-                                    yield f"{a.name}/{b.name}", e.path, e.stat().st_size
+                                    yield f"{a.name}/{b.name}", e.path, e.stat()
 
 
 def _dead_writer(name: str, host: str) -> bool:
@@ -252,23 +291,27 @@ def _warn_once(cfg: CacheConfig, kind: str, message: str) -> None:
 
 
 def open_cache(cache_dir: str | os.PathLike[str] | None, cache_limit: int | str | None,
-               objects: Sequence[str], *, fail_after_bytes: int | None = None) -> CacheConfig | None:
+               objects: Sequence[str], *, cache_map_limit: int | str | None = "auto", workers: int = 1,
+               fail_after_bytes: int | None = None) -> CacheConfig | None:
     """Validate the options, create the folders, evict entries of replaced files, recount usage.
 
     ``objects`` are the `object_key` of every file of the dataset. Returns None
     (after one warning) when the directory cannot be used; loading goes on uncached.
     """
     limit = parse_size(cache_limit)
+    mapped = map_limit(cache_map_limit)
     if cache_dir is None:
         if cache_limit is not None:
             raise OptionError("cache_limit needs cache_dir")
+        if not (isinstance(cache_map_limit, str) and cache_map_limit.strip().lower() == "auto"):
+            raise OptionError("cache_map_limit needs cache_dir")
         return None
     base = os.path.abspath(os.fspath(cache_dir))
     if os.path.exists(base) and not os.path.isdir(base):
         raise OptionError(f"cache_dir {base!r} exists and is not a directory")
     root = os.path.join(base, f"v{CACHE_FORMAT}")
     session = f"{_safe_host(socket.gethostname())}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    cfg = CacheConfig(root, limit, session, fail_after_bytes)
+    cfg = CacheConfig(root, limit, session, map_budget=mapped // max(1, workers), fail_after_bytes=fail_after_bytes)
     store = _Store(root)
     try:
         os.makedirs(store.objects, exist_ok=True)
@@ -310,10 +353,10 @@ def cache_info(cache_dir: str | os.PathLike[str], *, verify: bool = False) -> di
     entries = 0
     size = 0
     bad: list[str] = []
-    for key, path, n in _walk_entries(store.objects):
+    for key, path, st in _walk_entries(store.objects):
         objects.add(key.split("/")[0])
         entries += 1
-        size += n
+        size += st.st_size
         if verify:
             try:
                 _load(path, None)
@@ -339,7 +382,7 @@ def clear_cache(cache_dir: str | os.PathLike[str]) -> int:
         if e.is_dir() and e.name.startswith("v") and e.name[1:].isdigit():
             store = _Store(e.path)
             with store.locked():
-                freed += sum(n for _, _, n in _walk_entries(store.objects))
+                freed += sum(st.st_size for _, _, st in _walk_entries(store.objects))
                 shutil.rmtree(store.objects, ignore_errors=True)
                 os.makedirs(store.objects, exist_ok=True)
                 store.rescan()
@@ -484,33 +527,58 @@ class PendingCheck:
         return self._h.digest() == self._digest
 
 
-def _load(path: str, expect: str | None, *, defer: bool = False) -> dict[str, Column] | None:
-    """The columns of an entry, memory-mapped; None if missing; raises _Corrupt if damaged.
+class _Mapping(NamedTuple):
+    """An entry file's mapping, and which file it maps (to tell when the name moved on)."""
 
-    With ``defer`` the checksum is not computed here: the result carries a
-    `PendingCheck` as ``.check``, which the caller must finish before using
-    anything built from the columns.
-    """
+    mm: mmap.mmap
+    size: int
+    ident: tuple[int, int]  # st_dev, st_ino
+
+
+class _Kept(NamedTuple):
+    """An entry kept mapped between passes, with its parsed header and column views."""
+
+    mapping: _Mapping
+    hlen: int
+    cols: UnitColumns
+    ends: dict[str, int]
+
+
+def _map(path: str) -> _Mapping | None:
+    """Map an entry file read-only; None if it does not exist."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
     try:
-        size = os.fstat(fd).st_size
-        if size < _PREFIX.size:
-            raise _Corrupt(f"{size} bytes, shorter than the entry prefix")
+        st = os.fstat(fd)
+        if st.st_size < _PREFIX.size:
+            raise _Corrupt(f"{st.st_size} bytes, shorter than the entry prefix")
         mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     finally:
         os.close(fd)
-    magic, hlen, digest = _PREFIX.unpack_from(mm, 0)
+    return _Mapping(mm, st.st_size, (st.st_dev, st.st_ino))
+
+
+def _prefix(mapping: _Mapping) -> tuple[int, bytes]:
+    """Check an entry's prefix; its header length and checksum."""
+    magic, hlen, digest = _PREFIX.unpack_from(mapping.mm, 0)
     if magic != _MAGIC:
         raise _Corrupt("bad magic")
-    if _PREFIX.size + hlen > size:
+    if _PREFIX.size + hlen > mapping.size:
         raise _Corrupt("header runs past the end")
-    if not defer:
-        with memoryview(mm) as mv, mv[_PREFIX.size:] as body:
-            if xxhash.xxh3_128_digest(body) != digest:
-                raise _Corrupt("checksum mismatch")
+    return hlen, digest
+
+
+def _verify(mapping: _Mapping, digest: bytes) -> None:
+    with memoryview(mapping.mm) as mv, mv[_PREFIX.size:] as body:
+        if xxhash.xxh3_128_digest(body) != digest:
+            raise _Corrupt("checksum mismatch")
+
+
+def _parse(mapping: _Mapping, hlen: int, expect: str | None) -> tuple[UnitColumns, dict[str, int]]:
+    """The entry's columns as views of its mapping (no checksum), and where each ends."""
+    mm, size = mapping.mm, mapping.size
     try:
         header, (columns, runs, ends) = _parse_header(mm[_PREFIX.size:_PREFIX.size + hlen])
         if expect is not None and header["key"] != expect:
@@ -533,11 +601,36 @@ def _load(path: str, expect: str | None, *, defer: bool = False) -> dict[str, Co
                 out[name] = _view(base, data)
             else:
                 out[name] = Ragged(_view(base, data), _view(base, offsets), ragged_kind)
-        if defer:
-            out.check = PendingCheck(mm, digest, size, ends, path)
     except (KeyError, TypeError, ValueError) as exc:
         raise _Corrupt(f"bad header ({exc})") from None
+    return out, ends
+
+
+def _checked(cols: UnitColumns, mapping: _Mapping, digest: bytes, ends: dict[str, int], path: str,
+             defer: bool) -> UnitColumns:
+    """``cols`` for one read: verified now, or (``defer``) carrying a `PendingCheck`."""
+    out = UnitColumns(cols)
+    out.runs = cols.runs
+    if defer:
+        out.check = PendingCheck(mapping.mm, digest, mapping.size, ends, path)
     return out
+
+
+def _load(path: str, expect: str | None, *, defer: bool = False) -> dict[str, Column] | None:
+    """The columns of an entry, memory-mapped; None if missing; raises _Corrupt if damaged.
+
+    With ``defer`` the checksum is not computed here: the result carries a
+    `PendingCheck` as ``.check``, which the caller must finish before using
+    anything built from the columns.
+    """
+    mapping = _map(path)
+    if mapping is None:
+        return None
+    hlen, digest = _prefix(mapping)
+    if not defer:
+        _verify(mapping, digest)
+    cols, ends = _parse(mapping, hlen, expect)
+    return _checked(cols, mapping, digest, ends, path, defer)
 
 
 def _view(base: np.ndarray, slot: tuple[int, np.dtype[Any], tuple[int, ...], int]) -> np.ndarray:
@@ -566,7 +659,17 @@ class _DiskFull(Exception):
 
 
 class RowGroupCache:
-    """One worker's handle on the cache: `get` a row group's columns or `put` them."""
+    """One worker's handle on the cache: `get` a row group's columns or `put` them.
+
+    Entries stay mapped from one pass to the next, up to ``cfg.map_budget`` bytes
+    (the first ones mapped stay, like the entries under ``cache_limit``). Mapping
+    an entry anew each epoch cost page-table work for every 4 KiB page -- the
+    faults during the first read and the unmapping after it -- which was about
+    a quarter of a warm CTR block's CPU time. A kept mapping is used only while
+    its path still names the same file, and its checksum is verified on every
+    read as before, so a deleted, replaced or damaged entry is treated exactly
+    as without it.
+    """
 
     def __init__(self, cfg: CacheConfig, specs: Sequence[ColumnSpec], null_fill: Mapping[str, Any]) -> None:
         self.cfg = cfg
@@ -578,6 +681,34 @@ class RowGroupCache:
         self._written = 0
         self.hits = 0
         self.misses = 0
+        self._kept: dict[str, _Kept] = {}
+        self.kept_bytes = 0
+        self.kept_hits = 0  # hits served by a mapping kept from an earlier pass
+
+    def close(self) -> None:
+        """Drop the kept mappings (each goes when the last view of it does)."""
+        self._kept.clear()
+        self.kept_bytes = 0
+
+    def _forget(self, path: str) -> None:
+        k = self._kept.pop(path, None)
+        if k is not None:
+            self.kept_bytes -= k.mapping.size
+
+    def _still_kept(self, path: str) -> _Kept | None:
+        """The kept entry of ``path`` if the name still holds that file (a stat, ~2 us)."""
+        k = self._kept.get(path)
+        if k is None:
+            return None
+        m = k.mapping
+        try:
+            st = os.stat(path)
+        except OSError:
+            st = None
+        if st is None or (st.st_dev, st.st_ino) != m.ident or st.st_size != m.size:
+            self._forget(path)  # deleted (evicted, cleared, found damaged) or written anew
+            return None
+        return k
 
     def _path(self, obj: str, rg: int) -> str:
         return os.path.join(self.store.objects, obj, _entry_name(rg, self.specs_key))
@@ -593,18 +724,41 @@ class RowGroupCache:
         # verified before use. A damaged fixed-width value only changes data, which the
         # deferred check catches before the block is handed over.
         defer = defer and not self._ragged
+        key = self._key(obj, rg)
         try:
-            cols = _load(path, self._key(obj, rg), defer=defer)
+            kept = self._still_kept(path)
+            if kept is not None:
+                mapping = kept.mapping
+                hlen, digest = _prefix(mapping)  # re-read: the checksum does not cover it
+                if hlen != kept.hlen:
+                    raise _Corrupt("header length changed")
+                if not defer:
+                    _verify(mapping, digest)
+                cols, ends = kept.cols, kept.ends
+                self.kept_hits += 1
+            else:
+                found = _map(path)
+                if found is None:
+                    self.misses += 1
+                    return None
+                mapping = found
+                hlen, digest = _prefix(mapping)
+                if not defer:
+                    _verify(mapping, digest)
+                cols, ends = _parse(mapping, hlen, key)
+                if self.kept_bytes + mapping.size <= self.cfg.map_budget:
+                    self._kept[path] = _Kept(mapping, hlen, cols, ends)
+                    self.kept_bytes += mapping.size
         except _Corrupt as exc:
             self._damaged(path, rg, uri, str(exc))
-            cols = None
-        except OSError:
-            cols = None  # unreadable (EIO, permissions): read the source instead
-        if cols is None:
             self.misses += 1
-        else:
-            self.hits += 1
-        return cols
+            return None
+        except OSError:
+            self._forget(path)
+            self.misses += 1
+            return None  # unreadable (EIO, permissions): read the source instead
+        self.hits += 1
+        return _checked(cols, mapping, digest, ends, path, defer)
 
     def settle(self, cols: Mapping[str, Column], rg: int, uri: str) -> bool:
         """Finish a deferred check; a damaged entry is discarded (and reported once)."""
@@ -616,6 +770,7 @@ class RowGroupCache:
         return False
 
     def _damaged(self, path: str, rg: int, uri: str, why: str) -> None:
+        self._forget(path)
         self._discard(path)
         _warn_once(self.cfg, "corrupt",
                    f"cache entry {path} (row group {rg} of {uri}) is damaged ({why}); it was "

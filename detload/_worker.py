@@ -190,10 +190,15 @@ class UnitReader:
             old.close()
         return pf
 
-    def close(self) -> None:
+    def _close_files(self) -> None:
         for pf in self._open.values():
             pf.close()
         self._open.clear()
+
+    def close(self) -> None:
+        self._close_files()
+        if self._cache is not None:
+            self._cache.close()
 
     def _still_listed(self, ref: FileRef) -> bool:
         """False if a local file's size or mtime differs from the plan's (True when unknown)."""
@@ -216,7 +221,7 @@ class UnitReader:
         would be a request anyway, are simply reopened."""
         fs = self.cfg.filesystem
         if fs.type_name != "local":
-            self.close()
+            self._close_files()
             return
         for i in list(self._open):
             if not self._still_listed(self.cfg.files[i]):

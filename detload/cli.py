@@ -19,6 +19,9 @@ from typing import Any
 from . import __version__
 from .errors import DetloadError, ManifestError, SchemaMismatchError
 
+_MAP_HELP = ("cache entries the workers keep memory-mapped between epochs, e.g. 8GB; 0 maps them anew each "
+             "epoch (default: auto, a quarter of the memory)")
+
 
 def _fill(s: str) -> tuple[str, Any]:
     """COLUMN=VALUE; VALUE is read as JSON when it parses (-1, 0.5, "7"), else as text."""
@@ -92,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
                         "the global batch, and write --manifest to a new directory")
     p.add_argument("--cache-dir", default=None, help="row-group cache directory (local SSD); see docs/remote.md")
     p.add_argument("--cache-limit", default=None, help="cache size limit, e.g. 50GB (default: no limit)")
+    p.add_argument("--cache-map-limit", default="auto", help=_MAP_HELP)
 
     p = sub.add_parser("verify", help="compare two manifests or run directories step by step",
                        description="Exit 0 when identical, 1 at the first difference or truncation, 2 on unreadable input.")
@@ -142,6 +146,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", default=None,
                    help="row-group cache folder: epoch 0 fills it, later epochs show warm-cache throughput")
     p.add_argument("--cache-limit", default=None, help="cache size limit, e.g. 50GB (default: no limit)")
+    p.add_argument("--cache-map-limit", default="auto", help=_MAP_HELP)
     p.add_argument("--trace", help="write the Chrome trace-event JSON here")
     p.add_argument("--json", action="store_true", help="print the stats as JSON")
     return ap
@@ -152,7 +157,8 @@ def _cmd_run(a: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     with Loader(a.source, workers=a.workers, pool=a.pool, prefetch=a.prefetch, manifest=a.manifest,
-                cache_dir=a.cache_dir, cache_limit=a.cache_limit, **_loader_kwargs(a)) as loader:
+                cache_dir=a.cache_dir, cache_limit=a.cache_limit, cache_map_limit=a.cache_map_limit,
+                **_loader_kwargs(a)) as loader:
         print(f"{loader!r}")
         first = a.start_epoch
         if a.resume:
@@ -249,7 +255,8 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with Loader(a.source, batch_size=a.batch_size, seed=a.seed, workers=a.workers, pool=a.pool,
                 prefetch=a.prefetch, shuffle_window=a.shuffle_window, columns=a.columns,
-                null_fill=dict(a.null_fill), cache_dir=a.cache_dir, cache_limit=a.cache_limit) as loader:
+                null_fill=dict(a.null_fill), cache_dir=a.cache_dir, cache_limit=a.cache_limit,
+                cache_map_limit=a.cache_map_limit) as loader:
         hits_before = 0
         for epoch in range(a.epochs):
             loader.set_epoch(epoch)

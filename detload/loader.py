@@ -116,6 +116,7 @@ class Loader:
         stall_timeout: float | None = 300.0,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
+        cache_map_limit: int | str = "auto",
         _debug: DebugHooks | None = None,
         _cache_fail_after_bytes: int | None = None,
         _benchmark_unordered: bool = False,
@@ -160,7 +161,8 @@ class Loader:
         fs = self.dataset.filesystem
         self._cache_keys = [object_key(fs, f.location, f.size, f.mtime_ns, f.etag) for f in self.dataset.files]
         self._uris = [object_uri(fs, f.location) for f in self.dataset.files]
-        self.cache = open_cache(cache_dir, cache_limit, self._cache_keys, fail_after_bytes=_cache_fail_after_bytes)
+        self.cache = open_cache(cache_dir, cache_limit, self._cache_keys, cache_map_limit=cache_map_limit,
+                                workers=self.workers, fail_after_bytes=_cache_fail_after_bytes)
         self.order = {
             **self.options.order_dict(),
             "columns": names,

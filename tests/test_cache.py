@@ -6,9 +6,11 @@ so "the same bytes" means the same manifest, step by step.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -353,6 +355,15 @@ def test_cache_options_are_checked(data, tmp_path):
         Loader(data, cache_dir=tmp_path / "c", cache_limit="lots", **OPTS)
     with pytest.raises(OptionError, match="must be positive"):
         Loader(data, cache_dir=tmp_path / "c", cache_limit=0, **OPTS)
+    with pytest.raises(OptionError, match="cache_map_limit needs cache_dir"):
+        Loader(data, cache_map_limit="1GB", **OPTS)
+    with pytest.raises(OptionError, match="cache_map_limit 'lots' is not a size"):
+        Loader(data, cache_dir=tmp_path / "c", cache_map_limit="lots", **OPTS)
+    with pytest.raises(OptionError, match="cache_map_limit must be 0 or more, got -1"):
+        Loader(data, cache_dir=tmp_path / "c", cache_map_limit=-1, **OPTS)
+    for bad in (None, True, 1.5):
+        with pytest.raises(OptionError, match="cache_map_limit must be .*a size such as '20GiB'"):
+            Loader(data, cache_dir=tmp_path / "c", cache_map_limit=bad, **OPTS)
     f = tmp_path / "f"
     f.write_text("")
     with pytest.raises(OptionError, match="not a directory"):
@@ -506,3 +517,137 @@ def test_a_pass_that_filled_the_cache_returns_arrows_free_memory(data, tmp_path,
         warm = len(calls) - cold
     assert 1 <= cold <= 2  # once per worker that wrote entries
     assert warm == 0
+
+
+# -- entries kept mapped between passes (cache_map_limit) --------------------------
+
+
+def _count_maps(monkeypatch):
+    """Count the entry files mapped afresh (thread workers share this process's module)."""
+    from detload import _cache
+
+    mapped = []
+    real = _cache._map
+
+    def counting(path):
+        m = real(path)
+        if m is not None:
+            mapped.append(path)
+        return m
+
+    monkeypatch.setattr(_cache, "_map", counting)
+    return mapped
+
+
+def _passes(loader, epochs):
+    for e in epochs:
+        loader.set_epoch(e)
+        for _ in loader:
+            pass
+
+
+# Workers build the first blocks of the next epoch while one ends, so a mapping may
+# happen in the epoch before the one it serves: the tests count over whole runs.
+def test_warm_epochs_keep_entries_mapped(data, tmp_path, monkeypatch):
+    """The first warm pass maps each entry; later passes reuse those mappings (no open, no
+    mmap, no page faults), and the manifest is the uncached one."""
+    mapped = _count_maps(monkeypatch)
+    run(data, tmp_path / "ref.jsonl", epochs=4)
+    with Loader(data, cache_dir=tmp_path / "cache", manifest=str(tmp_path / "kept.jsonl"), **OPTS) as loader:
+        _passes(loader, range(4))
+    assert sorted(collections.Counter(mapped).values()) == [1] * 6  # each once, in the first warm pass
+    same(tmp_path / "ref.jsonl", tmp_path / "kept.jsonl")
+
+
+def test_cache_map_limit_keeps_the_first_entries_mapped(data, tmp_path, monkeypatch):
+    mapped = _count_maps(monkeypatch)
+    cache = tmp_path / "cache"
+    run(data, tmp_path / "ref.jsonl", epochs=4, cache_dir=cache)
+    sizes = {os.path.join(cache, p): s for p, (_, _, s) in entries(cache).items()}
+    mapped.clear()
+    with Loader(data, cache_dir=cache, cache_map_limit=0, **OPTS) as loader:
+        _passes(loader, range(3))
+    counts = collections.Counter(mapped)
+    assert len(counts) == 6 and min(counts.values()) >= 3, counts  # 0: every pass maps anew
+    # Room for the three smallest: the first entries mapped that fit stay mapped; the rest
+    # are mapped in every pass (an LRU would drop each kept one just before its next use).
+    limit = sum(sorted(sizes.values())[:3])
+    mapped.clear()
+    with Loader(data, cache_dir=cache, cache_map_limit=limit, manifest=str(tmp_path / "some.jsonl"),
+                **OPTS) as loader:
+        _passes(loader, range(4))
+    counts = collections.Counter(mapped)
+    kept = [p for p, n in counts.items() if n == 1]
+    assert len(counts) == 6 and 3 <= len(kept) <= 5, counts
+    assert sum(sizes[p] for p in kept) <= limit
+    assert all(n >= 4 for p, n in counts.items() if p not in kept), counts
+    same(tmp_path / "ref.jsonl", tmp_path / "some.jsonl")
+
+
+def test_cache_map_limit_is_split_between_workers(data, tmp_path):
+    from detload._cache import memory_available
+
+    with Loader(data, cache_dir=tmp_path / "c", cache_map_limit="1MB", workers=4, **OPTS) as loader:
+        assert loader.cache.map_budget == 250_000
+    with Loader(data, cache_dir=tmp_path / "c", workers=2, **OPTS) as loader:  # "auto"
+        assert loader.cache.map_budget == memory_available() // 4 // 2
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+@pytest.mark.parametrize("shape", ["mixed", "fixed"])
+def test_kept_mappings_notice_deleted_replaced_and_damaged_entries(data, tmp_path, pool, shape):
+    """Entries changed on disk while a loader keeps them mapped are treated as without the
+    mapping: a deleted one is read from the source and written again, one replaced by a copy
+    is used, damage anywhere (also in the prefix, which the checksum does not cover) is found,
+    warned about once and refetched. "fixed" entries are verified while the block copies
+    them, "mixed" ones (variable-length columns) before use."""
+    if shape == "fixed":
+        src = tmp_path / "runs"
+        _write_runs(src)
+    else:
+        src = data
+    run(src, tmp_path / "ref.jsonl", epochs=4)
+    cache = tmp_path / "cache"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # One worker: it keeps every entry (with more, one that another worker maps afresh would
+        # find the damage without the kept mapping's checks).
+        with Loader(src, cache_dir=cache, manifest=str(tmp_path / "kept.jsonl"), pool=pool, workers=1,
+                    **OPTS) as loader:
+            for e in range(2):  # cold, then warm: every entry is mapped and kept
+                loader.set_epoch(e)
+                for _ in loader:
+                    pass
+            paths = [os.path.join(cache, p) for p in sorted(entries(cache))]
+            assert len(paths) >= 5
+            _flip(paths[0], os.path.getsize(paths[0]) // 2)  # in place: the kept pages change
+            _flip(paths[1], 0)  # the magic
+            _flip(paths[2], 20)  # the stored checksum
+            os.unlink(paths[3])
+            shutil.copyfile(paths[4], paths[4] + ".new")
+            os.replace(paths[4] + ".new", paths[4])
+            for e in (2, 3):
+                loader.set_epoch(e)
+                for _ in loader:
+                    pass
+    ours = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
+    assert len(ours) == 1 and "damaged" in ours[0], ours
+    same(tmp_path / "ref.jsonl", tmp_path / "kept.jsonl")
+    info = cache_info(cache, verify=True)
+    assert info["corrupt"] == [] and info["entries"] == len(paths)  # all refetched and rewritten
+
+
+def test_recount_counts_an_entry_once_while_its_temp_name_still_exists(data, tmp_path):
+    """A writer links its temp file to the entry's name and then removes the temp name,
+    without the lock: a loader starting in between recounts those bytes once, not twice."""
+    from detload._cache import _Store
+
+    cache = tmp_path / "cache"
+    run(data, tmp_path / "cold.jsonl", epochs=1, cache_dir=cache)
+    total = cache_info(cache)["bytes"]
+    store = _Store(str(cache / "v1"))
+    first = os.path.join(cache, sorted(entries(cache))[0])
+    os.link(first, os.path.join(store.tmp, f"{socket.gethostname()}-{os.getpid()}-0000abcd.tmp"))
+    with store.locked():
+        assert store.rescan() == total
+    assert cache_info(cache)["usage_counter"] == total
