@@ -18,6 +18,7 @@ import os
 import shutil
 import socket
 import struct
+import threading
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -36,6 +37,7 @@ __all__ = [
     "CACHE_FORMAT",
     "CONVERTER_VERSION",
     "CacheConfig",
+    "KeptMappings",
     "CacheWarning",
     "RowGroupCache",
     "cache_info",
@@ -68,8 +70,8 @@ class CacheConfig:
     root: str  # <cache_dir>/v<CACHE_FORMAT>
     limit: int | None
     session: str  # one loader: warnings are given once per session
-    #: Bytes of entries each worker keeps memory-mapped from one pass to the next
-    #: (``cache_map_limit`` split between the workers; see RowGroupCache).
+    #: Bytes of entries each process keeps memory-mapped from one pass to the next
+    #: (``cache_map_limit``; see KeptMappings).
     map_budget: int = 0
     #: Test hook: act as if the disk were full once this many bytes were written by one worker.
     fail_after_bytes: int | None = None
@@ -291,7 +293,7 @@ def _warn_once(cfg: CacheConfig, kind: str, message: str) -> None:
 
 
 def open_cache(cache_dir: str | os.PathLike[str] | None, cache_limit: int | str | None,
-               objects: Sequence[str], *, cache_map_limit: int | str | None = "auto", workers: int = 1,
+               objects: Sequence[str], *, cache_map_limit: int | str | None = "auto",
                fail_after_bytes: int | None = None) -> CacheConfig | None:
     """Validate the options, create the folders, evict entries of replaced files, recount usage.
 
@@ -311,7 +313,7 @@ def open_cache(cache_dir: str | os.PathLike[str] | None, cache_limit: int | str 
         raise OptionError(f"cache_dir {base!r} exists and is not a directory")
     root = os.path.join(base, f"v{CACHE_FORMAT}")
     session = f"{_safe_host(socket.gethostname())}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    cfg = CacheConfig(root, limit, session, map_budget=mapped // max(1, workers), fail_after_bytes=fail_after_bytes)
+    cfg = CacheConfig(root, limit, session, map_budget=mapped, fail_after_bytes=fail_after_bytes)
     store = _Store(root)
     try:
         os.makedirs(store.objects, exist_ok=True)
@@ -658,44 +660,29 @@ class _DiskFull(Exception):
     pass
 
 
-class RowGroupCache:
-    """One worker's handle on the cache: `get` a row group's columns or `put` them.
+class KeptMappings:
+    """The cache entries one process keeps mapped from one pass to the next.
 
-    Entries stay mapped from one pass to the next, up to ``cfg.map_budget`` bytes
-    (the first ones mapped stay, like the entries under ``cache_limit``). Mapping
-    an entry anew each epoch cost page-table work for every 4 KiB page -- the
-    faults during the first read and the unmapping after it -- which was about
-    a quarter of a warm CTR block's CPU time. A kept mapping is used only while
-    its path still names the same file, and its checksum is verified on every
-    read as before, so a deleted, replaced or damaged entry is treated exactly
-    as without it.
+    Mapping an entry anew each epoch cost page-table work for every 4 KiB page
+    -- the faults during the first read and the unmapping after it -- which was
+    about a quarter of a warm CTR block's CPU time. Up to ``budget`` bytes are
+    kept; the first ones mapped stay (like the entries under ``cache_limit``).
+    Thread workers share one table, so each entry is mapped once per process.
+    A kept mapping is used only while its path still names the same file, and
+    its checksum is verified on every read as before, so a deleted, replaced or
+    damaged entry is treated exactly as without it.
     """
 
-    def __init__(self, cfg: CacheConfig, specs: Sequence[ColumnSpec], null_fill: Mapping[str, Any]) -> None:
-        self.cfg = cfg
-        self.store = _Store(cfg.root)
-        self.specs = [s for s in specs if not s.partition]
-        self._ragged = any(s.kind == "ragged" for s in self.specs)
-        self.specs_key = specs_key(specs, null_fill)
-        self.writes_on = True
-        self._written = 0
-        self.hits = 0
-        self.misses = 0
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.nbytes = 0
         self._kept: dict[str, _Kept] = {}
-        self.kept_bytes = 0
-        self.kept_hits = 0  # hits served by a mapping kept from an earlier pass
+        self._lock = threading.Lock()
 
-    def close(self) -> None:
-        """Drop the kept mappings (each goes when the last view of it does)."""
-        self._kept.clear()
-        self.kept_bytes = 0
+    def __len__(self) -> int:
+        return len(self._kept)
 
-    def _forget(self, path: str) -> None:
-        k = self._kept.pop(path, None)
-        if k is not None:
-            self.kept_bytes -= k.mapping.size
-
-    def _still_kept(self, path: str) -> _Kept | None:
+    def get(self, path: str) -> _Kept | None:
         """The kept entry of ``path`` if the name still holds that file (a stat, ~2 us)."""
         k = self._kept.get(path)
         if k is None:
@@ -706,9 +693,58 @@ class RowGroupCache:
         except OSError:
             st = None
         if st is None or (st.st_dev, st.st_ino) != m.ident or st.st_size != m.size:
-            self._forget(path)  # deleted (evicted, cleared, found damaged) or written anew
+            self.forget(path)  # deleted (evicted, cleared, found damaged) or written anew
             return None
         return k
+
+    def offer(self, path: str, kept: _Kept) -> None:
+        """Keep ``kept`` if it fits in the budget."""
+        size = kept.mapping.size
+        if self.nbytes + size > self.budget:
+            return
+        with self._lock:
+            if path not in self._kept and self.nbytes + size <= self.budget:
+                self._kept[path] = kept
+                self.nbytes += size
+
+    def forget(self, path: str) -> None:
+        with self._lock:
+            k = self._kept.pop(path, None)
+            if k is not None:
+                self.nbytes -= k.mapping.size
+
+    def close(self) -> None:
+        """Drop every kept mapping (each goes when the last view of it does)."""
+        with self._lock:
+            self._kept.clear()
+            self.nbytes = 0
+
+
+class RowGroupCache:
+    """One worker's handle on the cache: `get` a row group's columns or `put` them.
+
+    ``kept``: the process's `KeptMappings` when workers share one (threads); by
+    default the cache keeps its own, dropped by `close`.
+    """
+
+    def __init__(self, cfg: CacheConfig, specs: Sequence[ColumnSpec], null_fill: Mapping[str, Any],
+                 kept: KeptMappings | None = None) -> None:
+        self.cfg = cfg
+        self.store = _Store(cfg.root)
+        self.specs = [s for s in specs if not s.partition]
+        self._ragged = any(s.kind == "ragged" for s in self.specs)
+        self.specs_key = specs_key(specs, null_fill)
+        self.writes_on = True
+        self._written = 0
+        self.hits = 0
+        self.misses = 0
+        self._own_kept = kept is None
+        self.kept = KeptMappings(cfg.map_budget) if kept is None else kept
+        self.kept_hits = 0  # hits served by a mapping kept from an earlier pass
+
+    def close(self) -> None:
+        if self._own_kept:
+            self.kept.close()
 
     def _path(self, obj: str, rg: int) -> str:
         return os.path.join(self.store.objects, obj, _entry_name(rg, self.specs_key))
@@ -726,7 +762,7 @@ class RowGroupCache:
         defer = defer and not self._ragged
         key = self._key(obj, rg)
         try:
-            kept = self._still_kept(path)
+            kept = self.kept.get(path)
             if kept is not None:
                 mapping = kept.mapping
                 hlen, digest = _prefix(mapping)  # re-read: the checksum does not cover it
@@ -746,15 +782,13 @@ class RowGroupCache:
                 if not defer:
                     _verify(mapping, digest)
                 cols, ends = _parse(mapping, hlen, key)
-                if self.kept_bytes + mapping.size <= self.cfg.map_budget:
-                    self._kept[path] = _Kept(mapping, hlen, cols, ends)
-                    self.kept_bytes += mapping.size
+                self.kept.offer(path, _Kept(mapping, hlen, cols, ends))
         except _Corrupt as exc:
             self._damaged(path, rg, uri, str(exc))
             self.misses += 1
             return None
         except OSError:
-            self._forget(path)
+            self.kept.forget(path)
             self.misses += 1
             return None  # unreadable (EIO, permissions): read the source instead
         self.hits += 1
@@ -770,7 +804,7 @@ class RowGroupCache:
         return False
 
     def _damaged(self, path: str, rg: int, uri: str, why: str) -> None:
-        self._forget(path)
+        self.kept.forget(path)
         self._discard(path)
         _warn_once(self.cfg, "corrupt",
                    f"cache entry {path} (row group {rg} of {uri}) is damaged ({why}); it was "

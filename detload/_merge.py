@@ -406,7 +406,9 @@ class Run:
             n = len(next(iter(cols.values())))
             a, b = max(lo, start), min(hi, start + n)
             if a < b:
-                pieces.append({k: _slice(c, a - start, b - start) for k, c in cols.items()})
+                i, j = a - start, b - start
+                # Arrays sliced in place: a call per column was a third of the merger's time.
+                pieces.append({k: c[i:j] if type(c) is np.ndarray else _slice(c, i, j) for k, c in cols.items()})
         # Rows below hi are never needed again.
         while buf and buf[0][0] + len(next(iter(buf[0][1].values()))) <= hi:
             buf.popleft()

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from . import _shm
 from ._buffers import BlockBuffers
+from ._cache import KeptMappings
 from ._worker import Status, Task, WorkerConfig, _SharedInt, process_main, worker_loop
 
 __all__ = ["WorkerPool"]
@@ -45,10 +46,13 @@ class WorkerPool:
         self.shm_dir = _shm.SHM_DIR if kind == "process" else None
         self.shm_prefix = _shm.segment_prefix(os.getpid(), self.token)
         self.cfg: WorkerConfig = cfg_factory(self.shm_dir, self.shm_prefix)
-        # Thread workers build blocks in reused heap slabs (see _buffers.py).
+        # Thread workers build blocks in reused heap slabs (see _buffers.py) and share
+        # the cache entries they keep mapped (one mapping per entry in the process).
         self.buffers = BlockBuffers() if kind == "thread" else None
+        self.kept = (KeptMappings(self.cfg.cache.map_budget)
+                     if kind == "thread" and self.cfg.cache is not None else None)
         if self.buffers is not None:
-            self.cfg = dataclasses.replace(self.cfg, buffers=self.buffers)
+            self.cfg = dataclasses.replace(self.cfg, buffers=self.buffers, kept=self.kept)
         self._closed = False
         # The consumer's first wait on a new pool includes its start-up (traced as "startup").
         self.awaiting_first_batch = True
@@ -193,6 +197,8 @@ class WorkerPool:
         self.drain()
         if self.buffers is not None:
             self.buffers.close()
+        if self.kept is not None:
+            self.kept.close()
         if self.kind == "process":
             for h in self.handles:
                 if h.is_alive():

@@ -28,7 +28,7 @@ import xxhash
 from . import _shm
 from ._block import Layout, assemble
 from ._buffers import BlockBuffers
-from ._cache import CacheConfig, RowGroupCache
+from ._cache import CacheConfig, KeptMappings, RowGroupCache
 from ._dataset import _etag
 from ._remote import describe_attempts
 from ._types import Column, ColumnSpec, Ragged, UnitColumns, column_spec, convert_column
@@ -92,6 +92,7 @@ class WorkerConfig:
     open_files: int = 32
     cache: CacheConfig | None = None
     buffers: BlockBuffers | None = None  # thread workers: reused block buffers (never pickled)
+    kept: KeptMappings | None = None  # thread workers: cache entries kept mapped (never pickled)
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ class UnitReader:
         self._file_specs = [s for s in cfg.specs if not s.partition]
         self._file_cols = [s.name for s in self._file_specs]
         # Nothing to cache when only Hive partition columns (constants) are asked for.
-        self._cache = (RowGroupCache(cfg.cache, cfg.specs, cfg.null_fill)
+        self._cache = (RowGroupCache(cfg.cache, cfg.specs, cfg.null_fill, cfg.kept)
                        if cfg.cache is not None and self._file_cols else None)
         # Remote reads: fetch the requested column chunks in a few coalesced ranged requests.
         self._pre_buffer = cfg.filesystem.type_name != "local"

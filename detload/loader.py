@@ -162,7 +162,7 @@ class Loader:
         self._cache_keys = [object_key(fs, f.location, f.size, f.mtime_ns, f.etag) for f in self.dataset.files]
         self._uris = [object_uri(fs, f.location) for f in self.dataset.files]
         self.cache = open_cache(cache_dir, cache_limit, self._cache_keys, cache_map_limit=cache_map_limit,
-                                workers=self.workers, fail_after_bytes=_cache_fail_after_bytes)
+                                fail_after_bytes=_cache_fail_after_bytes)
         self.order = {
             **self.options.order_dict(),
             "columns": names,

@@ -584,13 +584,24 @@ def test_cache_map_limit_keeps_the_first_entries_mapped(data, tmp_path, monkeypa
     same(tmp_path / "ref.jsonl", tmp_path / "some.jsonl")
 
 
-def test_cache_map_limit_is_split_between_workers(data, tmp_path):
+def test_cache_map_limit_is_per_process(data, tmp_path):
     from detload._cache import memory_available
 
     with Loader(data, cache_dir=tmp_path / "c", cache_map_limit="1MB", workers=4, **OPTS) as loader:
-        assert loader.cache.map_budget == 250_000
+        assert loader.cache.map_budget == 10**6
     with Loader(data, cache_dir=tmp_path / "c", workers=2, **OPTS) as loader:  # "auto"
-        assert loader.cache.map_budget == memory_available() // 4 // 2
+        assert loader.cache.map_budget == memory_available() // 4
+
+
+def test_thread_workers_share_their_kept_mappings(data, tmp_path, monkeypatch):
+    """Three thread workers map each entry once between them, whichever reads it next."""
+    mapped = _count_maps(monkeypatch)
+    with Loader(data, cache_dir=tmp_path / "cache", workers=3, **OPTS) as loader:
+        _passes(loader, range(5))
+        kept = loader._pool.kept
+        assert len(kept) == 6 and kept.nbytes == cache_info(tmp_path / "cache")["bytes"]
+    assert sorted(collections.Counter(mapped).values()) == [1] * 6
+    assert len(kept) == 0 and kept.nbytes == 0  # closing the loader drops them
 
 
 @pytest.mark.parametrize("pool", ["thread", "process"])
