@@ -19,7 +19,7 @@ from typing import Any
 from . import __version__
 from .errors import DetloadError, ManifestError, SchemaMismatchError
 
-_MAP_HELP = ("cache entries the workers keep memory-mapped between epochs, e.g. 8GB; 0 maps them anew each "
+_MAP_HELP = ("cache entries one process keeps memory-mapped between epochs, e.g. 8GB; 0 maps them anew each "
              "epoch (default: auto, a quarter of the memory)")
 
 
