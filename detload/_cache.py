@@ -9,6 +9,7 @@ bytes. Layout, policy and the entry format are described in docs/remote.md.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import json
@@ -97,8 +98,8 @@ def parse_size(value: int | str | None, name: str = "cache_limit", *, zero: bool
         num = text.rstrip("KMGTIB")
         unit = text[len(num):]
         try:
-            n = int(float(num) * units[unit])
-        except (ValueError, KeyError):
+            n = int(float(num) * units[unit])  # "inf" overflows, "nan" is a ValueError
+        except (ValueError, KeyError, OverflowError):
             raise OptionError(f"{name} {value!r} is not a size; use bytes or e.g. '500MB', '20GiB'") from None
     else:
         raise OptionError(f"{name} must be a byte count or a size such as '20GiB', got {value!r}")
@@ -107,18 +108,37 @@ def parse_size(value: int | str | None, name: str = "cache_limit", *, zero: bool
     return n
 
 
+def _cgroup_limits() -> Iterator[str]:
+    """Memory limit files of this process's cgroup and of the groups above it (v2, then v1)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        _, controllers, rel = line.split(":", 2)
+        if controllers == "":
+            root, name = "/sys/fs/cgroup", "memory.max"
+        elif "memory" in controllers.split(","):
+            root, name = "/sys/fs/cgroup/memory", "memory.limit_in_bytes"
+        else:
+            continue
+        parts = [p for p in rel.split("/") if p]
+        for i in range(len(parts), -1, -1):
+            yield os.path.join(root, *parts[:i], name)
+
+
 def memory_available() -> int:
-    """Physical memory this process may use: the machine's, or its cgroup's limit if lower."""
-    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+    """Physical memory this process may use: the machine's, or a cgroup's limit if lower."""
+    total = int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    for path in _cgroup_limits():
         try:
             with open(path) as f:
                 text = f.read().strip()
         except OSError:
-            continue
+            continue  # a group above ours that this namespace does not show
         if text.isdigit():
             total = min(total, int(text))
-        break
     return total
 
 
@@ -508,8 +528,8 @@ class PendingCheck:
     if it fails the block is rebuilt from the source (see _worker._produce).
     """
 
-    def __init__(self, mm: mmap.mmap, digest: bytes, size: int, ends: dict[str, int], path: str) -> None:
-        self._mm = mm
+    def __init__(self, buf: np.ndarray, digest: bytes, size: int, ends: dict[str, int], path: str) -> None:
+        self._buf = buf
         self._digest = digest
         self._size = size
         self._pos = _PREFIX.size
@@ -520,8 +540,7 @@ class PendingCheck:
     def upto(self, end: int) -> None:
         """Hash the entry's bytes up to ``end`` (no-op for what was hashed already)."""
         if end > self._pos:
-            with memoryview(self._mm) as mv, mv[self._pos : end] as part:
-                self._h.update(part)
+            self._h.update(self._buf[self._pos : end].data)
             self._pos = end
 
     def finish(self) -> bool:
@@ -532,7 +551,7 @@ class PendingCheck:
 class _Mapping(NamedTuple):
     """An entry file's mapping, and which file it maps (to tell when the name moved on)."""
 
-    mm: mmap.mmap
+    buf: np.ndarray  # the whole file, read-only uint8
     size: int
     ident: tuple[int, int]  # st_dev, st_ino
 
@@ -542,8 +561,57 @@ class _Kept(NamedTuple):
 
     mapping: _Mapping
     hlen: int
+    digest: bytes
     cols: UnitColumns
     ends: dict[str, int]
+
+
+# Entries are mapped with libc's mmap rather than Python's: mmap.mmap keeps a
+# duplicate of the file descriptor open for as long as the mapping lives (until
+# Python 3.13's trackfd=False), so keeping thousands of entries mapped ran a
+# process out of descriptors ("Too many open files"). A mapping made here holds
+# none; it is unmapped when the last array viewing it is gone.
+_libc: Any = None
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _libc_mmap() -> Any:
+    global _libc
+    if _libc is None:
+        lib = ctypes.CDLL(None, use_errno=True)
+        lib.mmap.restype = ctypes.c_void_p
+        lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                             ctypes.c_long]
+        lib.munmap.restype = ctypes.c_int
+        lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        _libc = lib
+    return _libc
+
+
+class _Unmap:
+    """Unmaps a region when collected; referenced by the region's ctypes buffer."""
+
+    __slots__ = ("addr", "lib", "size")
+
+    def __init__(self, lib: Any, addr: int, size: int) -> None:
+        self.lib, self.addr, self.size = lib, addr, size
+
+    def __del__(self) -> None:
+        self.lib.munmap(self.addr, self.size)
+
+
+def _mmap_read(fd: int, size: int) -> np.ndarray:
+    """The first ``size`` bytes of ``fd`` mapped read-only (shared) as a uint8 array; keeps no descriptor."""
+    lib = _libc_mmap()
+    addr = lib.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if addr is None or addr == _MAP_FAILED:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    raw = (ctypes.c_char * size).from_address(addr)
+    raw._unmap = _Unmap(lib, addr, size)  # type: ignore[attr-defined]  # lives as long as the buffer
+    buf = np.frombuffer(memoryview(raw).cast("B"), dtype=np.uint8)
+    buf.flags.writeable = False  # PROT_READ: a write would crash the process, not raise
+    return buf
 
 
 def _map(path: str) -> _Mapping | None:
@@ -556,15 +624,15 @@ def _map(path: str) -> _Mapping | None:
         st = os.fstat(fd)
         if st.st_size < _PREFIX.size:
             raise _Corrupt(f"{st.st_size} bytes, shorter than the entry prefix")
-        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        buf = _mmap_read(fd, st.st_size)
     finally:
         os.close(fd)
-    return _Mapping(mm, st.st_size, (st.st_dev, st.st_ino))
+    return _Mapping(buf, st.st_size, (st.st_dev, st.st_ino))
 
 
 def _prefix(mapping: _Mapping) -> tuple[int, bytes]:
     """Check an entry's prefix; its header length and checksum."""
-    magic, hlen, digest = _PREFIX.unpack_from(mapping.mm, 0)
+    magic, hlen, digest = _PREFIX.unpack_from(mapping.buf.data, 0)
     if magic != _MAGIC:
         raise _Corrupt("bad magic")
     if _PREFIX.size + hlen > mapping.size:
@@ -573,21 +641,19 @@ def _prefix(mapping: _Mapping) -> tuple[int, bytes]:
 
 
 def _verify(mapping: _Mapping, digest: bytes) -> None:
-    with memoryview(mapping.mm) as mv, mv[_PREFIX.size:] as body:
-        if xxhash.xxh3_128_digest(body) != digest:
-            raise _Corrupt("checksum mismatch")
+    if xxhash.xxh3_128_digest(mapping.buf[_PREFIX.size:].data) != digest:
+        raise _Corrupt("checksum mismatch")
 
 
 def _parse(mapping: _Mapping, hlen: int, expect: str | None) -> tuple[UnitColumns, dict[str, int]]:
     """The entry's columns as views of its mapping (no checksum), and where each ends."""
-    mm, size = mapping.mm, mapping.size
+    base, size = mapping.buf, mapping.size
     try:
-        header, (columns, runs, ends) = _parse_header(mm[_PREFIX.size:_PREFIX.size + hlen])
+        header, (columns, runs, ends) = _parse_header(base[_PREFIX.size:_PREFIX.size + hlen].tobytes())
         if expect is not None and header["key"] != expect:
             raise _Corrupt("entry holds another key")
         if header["size"] != size:
             raise _Corrupt("size differs from the header")
-        base = np.frombuffer(mm, dtype=np.uint8)
         out = UnitColumns()
         in_runs = out.runs
         for names, off0, dt, rows, stride in runs:
@@ -614,7 +680,7 @@ def _checked(cols: UnitColumns, mapping: _Mapping, digest: bytes, ends: dict[str
     out = UnitColumns(cols)
     out.runs = cols.runs
     if defer:
-        out.check = PendingCheck(mapping.mm, digest, mapping.size, ends, path)
+        out.check = PendingCheck(mapping.buf, digest, mapping.size, ends, path)
     return out
 
 
@@ -660,6 +726,14 @@ class _DiskFull(Exception):
     pass
 
 
+def _max_map_count() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 65530  # Linux's default
+
+
 class KeptMappings:
     """The cache entries one process keeps mapped from one pass to the next.
 
@@ -667,17 +741,21 @@ class KeptMappings:
     -- the faults during the first read and the unmapping after it -- which was
     about a quarter of a warm CTR block's CPU time. Up to ``budget`` bytes are
     kept; the first ones mapped stay (like the entries under ``cache_limit``).
-    Thread workers share one table, so each entry is mapped once per process.
-    A kept mapping is used only while its path still names the same file, and
-    its checksum is verified on every read as before, so a deleted, replaced or
-    damaged entry is treated exactly as without it.
+    Each mapping is one of the process's memory areas, which Linux caps
+    (``vm.max_map_count``, 65,530 by default), so at most a quarter of that many
+    are kept. Thread workers share one table, so each entry is mapped once per
+    process. A kept mapping is used only while its path still names the same
+    file, and its checksum is verified on every read as before, so a deleted,
+    replaced or damaged entry is treated exactly as without it.
     """
 
-    def __init__(self, budget: int) -> None:
+    def __init__(self, budget: int, max_count: int | None = None) -> None:
         self.budget = budget
+        self.max_count = _max_map_count() // 4 if max_count is None else max_count
         self.nbytes = 0
         self._kept: dict[str, _Kept] = {}
         self._lock = threading.Lock()
+        self._closed = False
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -685,8 +763,11 @@ class KeptMappings:
     def get(self, path: str) -> _Kept | None:
         """The kept entry of ``path`` if the name still holds that file (a stat, ~2 us)."""
         k = self._kept.get(path)
-        if k is None:
+        if k is None or not self._still_there(path, k):
             return None
+        return k
+
+    def _still_there(self, path: str, k: _Kept) -> bool:
         m = k.mapping
         try:
             st = os.stat(path)
@@ -694,16 +775,23 @@ class KeptMappings:
             st = None
         if st is None or (st.st_dev, st.st_ino) != m.ident or st.st_size != m.size:
             self.forget(path)  # deleted (evicted, cleared, found damaged) or written anew
-            return None
-        return k
+            return False
+        return True
+
+    def revalidate(self) -> None:
+        """Drop the entries whose file is gone or replaced, so that their disk space is freed
+        now rather than when this process next reads them (process workers: a few epochs on)."""
+        for path, k in list(self._kept.items()):
+            self._still_there(path, k)
 
     def offer(self, path: str, kept: _Kept) -> None:
-        """Keep ``kept`` if it fits in the budget."""
+        """Keep ``kept`` (in place of an older mapping of ``path``) if it fits."""
         size = kept.mapping.size
-        if self.nbytes + size > self.budget:
-            return
         with self._lock:
-            if path not in self._kept and self.nbytes + size <= self.budget:
+            old = self._kept.pop(path, None)
+            if old is not None:
+                self.nbytes -= old.mapping.size
+            if not self._closed and self.nbytes + size <= self.budget and len(self._kept) < self.max_count:
                 self._kept[path] = kept
                 self.nbytes += size
 
@@ -714,8 +802,9 @@ class KeptMappings:
                 self.nbytes -= k.mapping.size
 
     def close(self) -> None:
-        """Drop every kept mapping (each goes when the last view of it does)."""
+        """Drop every kept mapping (each goes when the last view of it does); keep no more."""
         with self._lock:
+            self._closed = True
             self._kept.clear()
             self.nbytes = 0
 
@@ -740,11 +829,15 @@ class RowGroupCache:
         self.misses = 0
         self._own_kept = kept is None
         self.kept = KeptMappings(cfg.map_budget) if kept is None else kept
-        self.kept_hits = 0  # hits served by a mapping kept from an earlier pass
 
     def close(self) -> None:
         if self._own_kept:
             self.kept.close()
+
+    def new_pass(self) -> None:
+        """A process worker's own table: let go of entries deleted since (their disk space)."""
+        if self._own_kept:
+            self.kept.revalidate()
 
     def _path(self, obj: str, rg: int) -> str:
         return os.path.join(self.store.objects, obj, _entry_name(rg, self.specs_key))
@@ -763,26 +856,20 @@ class RowGroupCache:
         key = self._key(obj, rg)
         try:
             kept = self.kept.get(path)
-            if kept is not None:
-                mapping = kept.mapping
-                hlen, digest = _prefix(mapping)  # re-read: the checksum does not cover it
-                if hlen != kept.hlen:
-                    raise _Corrupt("header length changed")
-                if not defer:
-                    _verify(mapping, digest)
+            found = kept.mapping if kept is not None else _map(path)
+            if found is None:
+                self.misses += 1
+                return None
+            mapping = found
+            # The prefix is read again on every use: the checksum does not cover it.
+            hlen, digest = _prefix(mapping)
+            if not defer:
+                _verify(mapping, digest)
+            if kept is not None and hlen == kept.hlen and digest == kept.digest:
                 cols, ends = kept.cols, kept.ends
-                self.kept_hits += 1
-            else:
-                found = _map(path)
-                if found is None:
-                    self.misses += 1
-                    return None
-                mapping = found
-                hlen, digest = _prefix(mapping)
-                if not defer:
-                    _verify(mapping, digest)
+            else:  # first mapped, or another entry written into the same file: parse it
                 cols, ends = _parse(mapping, hlen, key)
-                self.kept.offer(path, _Kept(mapping, hlen, cols, ends))
+                self.kept.offer(path, _Kept(mapping, hlen, digest, cols, ends))
         except _Corrupt as exc:
             self._damaged(path, rg, uri, str(exc))
             self.misses += 1

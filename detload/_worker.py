@@ -220,6 +220,8 @@ class UnitReader:
         may now serve other bytes. Local files are checked with a stat (reopening every
         file each pass cost ~3% of an uncached CTR epoch); remote ones, where the check
         would be a request anyway, are simply reopened."""
+        if self._cache is not None:
+            self._cache.new_pass()
         fs = self.cfg.filesystem
         if fs.type_name != "local":
             self._close_files()
@@ -273,7 +275,7 @@ class UnitReader:
         except OSError as exc:
             if not isinstance(exc, FileNotFoundError) and not self._still_listed(ref):
                 # Rewritten under an open handle in the middle of a pass ("File too short").
-                self.close()
+                self._close_files()
                 raise _file_changed(ref, rg, f" (reading it failed: {exc})") from exc
             # Name the object, the row group and the last response (pyarrow's text carries it).
             what = ref.uri or ref.location

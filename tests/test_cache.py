@@ -617,20 +617,30 @@ def test_kept_mappings_notice_deleted_replaced_and_damaged_entries(data, tmp_pat
         _write_runs(src)
     else:
         src = data
-    run(src, tmp_path / "ref.jsonl", epochs=4)
+    opts = {**OPTS, "shuffle_window": 1}  # blocks of one row group: one entry read ahead
+    run(src, tmp_path / "ref.jsonl", epochs=4, **opts)
     cache = tmp_path / "cache"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         # One worker: it keeps every entry (with more, one that another worker maps afresh would
         # find the damage without the kept mapping's checks).
         with Loader(src, cache_dir=cache, manifest=str(tmp_path / "kept.jsonl"), pool=pool, workers=1,
-                    **OPTS) as loader:
+                    prefetch=1, **opts) as loader:
             for e in range(2):  # cold, then warm: every entry is mapped and kept
                 loader.set_epoch(e)
                 for _ in loader:
                     pass
-            paths = [os.path.join(cache, p) for p in sorted(entries(cache))]
-            assert len(paths) >= 5
+            # Epoch 2's first block is being built ahead now. Damage only entries it does not
+            # read, once it is built: a change made while a worker reads an entry can reach that
+            # block (detload never changes an entry in place; this test does, on purpose).
+            first = {(loader._unit_files[u], loader._unit_rgs[u]) for u in loader.plan(2).schedule[0].units}
+            busy = {os.path.join(cache, "v1", "objects", loader._cache_keys[f], f"rg{rg:06d}-") for f, rg in first}
+            deadline = time.monotonic() + 30
+            while loader._pool.outboxes[0].qsize() < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            everything = [os.path.join(cache, p) for p in sorted(entries(cache))]
+            paths = [p for p in everything if not any(p.startswith(b) for b in busy)]
+            assert len(paths) == len(everything) - 1 >= 5
             _flip(paths[0], os.path.getsize(paths[0]) // 2)  # in place: the kept pages change
             _flip(paths[1], 0)  # the magic
             _flip(paths[2], 20)  # the stored checksum
@@ -645,7 +655,7 @@ def test_kept_mappings_notice_deleted_replaced_and_damaged_entries(data, tmp_pat
     assert len(ours) == 1 and "damaged" in ours[0], ours
     same(tmp_path / "ref.jsonl", tmp_path / "kept.jsonl")
     info = cache_info(cache, verify=True)
-    assert info["corrupt"] == [] and info["entries"] == len(paths)  # all refetched and rewritten
+    assert info["corrupt"] == [] and info["entries"] == len(everything)  # all refetched and rewritten
 
 
 def test_recount_counts_an_entry_once_while_its_temp_name_still_exists(data, tmp_path):
@@ -662,3 +672,92 @@ def test_recount_counts_an_entry_once_while_its_temp_name_still_exists(data, tmp
     with store.locked():
         assert store.rescan() == total
     assert cache_info(cache)["usage_counter"] == total
+
+
+def _dlc_fds():
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.endswith(".dlc"):
+            out.append(target)
+    return out
+
+
+def test_kept_mappings_hold_no_file_descriptors(data, tmp_path):
+    """Python's mmap keeps a duplicate descriptor per mapping: thousands of kept entries ran
+    a process out of descriptors ("Too many open files"). Entries are mapped without one."""
+    with Loader(data, cache_dir=tmp_path / "cache", workers=2, **OPTS) as loader:
+        _passes(loader, range(3))
+        assert len(loader._pool.kept) == 6
+        assert _dlc_fds() == []
+
+
+def test_kept_entries_are_read_only(data, tmp_path):
+    from detload._cache import _load
+
+    run(data, tmp_path / "cold.jsonl", epochs=1, cache_dir=tmp_path / "cache")
+    path = os.path.join(tmp_path / "cache", sorted(entries(tmp_path / "cache"))[0])
+    cols = _load(path, None)
+    for c in cols.values():
+        for a in (c.values, c.offsets) if hasattr(c, "offsets") else (c,):
+            assert not a.flags.writeable
+            with pytest.raises(ValueError, match="read-only"):
+                a[:1] = 0
+
+
+def test_kept_mappings_stay_under_the_map_count_cap(data, tmp_path, monkeypatch):
+    """Each mapping is one of the process's memory areas (vm.max_map_count): at most a
+    quarter of that many entries are kept, whatever the byte limit."""
+    from detload import _cache
+
+    monkeypatch.setattr(_cache, "_max_map_count", lambda: 12)
+    mapped = _count_maps(monkeypatch)
+    with Loader(data, cache_dir=tmp_path / "cache", manifest=str(tmp_path / "capped.jsonl"), **OPTS) as loader:
+        _passes(loader, range(4))
+        assert len(loader._pool.kept) == 3
+    counts = collections.Counter(mapped)
+    assert sorted(counts.values())[:3] == [1, 1, 1] and min(sorted(counts.values())[3:]) >= 3
+    run(data, tmp_path / "ref.jsonl", epochs=4)
+    same(tmp_path / "ref.jsonl", tmp_path / "capped.jsonl")
+
+
+def _deleted_entries_mapped(pid):
+    with open(f"/proc/{pid}/maps") as f:
+        return [line for line in f if ".dlc" in line and "(deleted)" in line]
+
+
+def test_process_workers_let_go_of_deleted_entries_at_the_next_pass(data, tmp_path):
+    """A process worker reads an entry again only every few epochs (blocks move between
+    workers): it checks its kept entries when a pass begins, so the disk space of entries
+    deleted meanwhile (here by `detload cache clear`) is not held for several epochs."""
+    from detload._cache import clear_cache
+
+    cache = tmp_path / "cache"
+    with Loader(data, cache_dir=cache, workers=2, pool="process", **OPTS) as loader:
+        _passes(loader, range(3))
+        pids = loader._pool.pids()
+        assert sum(len(_deleted_entries_mapped(p)) for p in pids) == 0
+        clear_cache(cache)
+        assert sum(len(_deleted_entries_mapped(p)) for p in pids) > 0  # still mapped, space held
+        loader.set_epoch(3)
+        it = iter(loader)
+        next(it)  # the pass has begun in both workers
+        deadline = time.monotonic() + 10
+        while sum(len(_deleted_entries_mapped(p)) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert sum(len(_deleted_entries_mapped(p)) for p in pids) == 0
+        for _ in it:
+            pass
+
+
+@pytest.mark.parametrize("bad", ["inf", "nan", "1e400GB", "-inf"])
+def test_sizes_that_are_not_finite_are_refused(data, tmp_path, bad, capsys):
+    for name in ("cache_limit", "cache_map_limit"):
+        with pytest.raises(OptionError, match=f"{name} '{bad}' is not a size"):
+            Loader(data, cache_dir=tmp_path / "c", **{name: bad}, **OPTS)
+    code = cli_main(["bench", str(data), "--epochs", "1", "--cache-dir", str(tmp_path / "c"),
+                     f"--cache-map-limit={bad}"])
+    assert code == 2 and f"cache_map_limit '{bad}' is not a size" in capsys.readouterr().err
