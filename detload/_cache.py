@@ -71,8 +71,8 @@ class CacheConfig:
     root: str  # <cache_dir>/v<CACHE_FORMAT>
     limit: int | None
     session: str  # one loader: warnings are given once per session
-    #: Bytes of entries each process keeps memory-mapped from one pass to the next
-    #: (``cache_map_limit``; see KeptMappings).
+    #: Bytes of entries kept memory-mapped from one pass to the next by a loader's
+    #: thread workers together, or by each worker process (``cache_map_limit``; see KeptMappings).
     map_budget: int = 0
     #: Test hook: act as if the disk were full once this many bytes were written by one worker.
     fail_after_bytes: int | None = None
@@ -573,6 +573,7 @@ class _Kept(NamedTuple):
 # none; it is unmapped when the last array viewing it is gone.
 _libc: Any = None
 _MAP_FAILED = ctypes.c_void_p(-1).value
+_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux
 
 
 def _libc_mmap() -> Any:
@@ -603,15 +604,30 @@ class _Unmap:
 def _mmap_read(fd: int, size: int) -> np.ndarray:
     """The first ``size`` bytes of ``fd`` mapped read-only (shared) as a uint8 array; keeps no descriptor."""
     lib = _libc_mmap()
-    addr = lib.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    # Populated at once: the checksum reads every page right after, and setting up all
+    # page-table entries in one call is a little cheaper than a fault per 64 KiB.
+    addr = lib.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_POPULATE, fd, 0)
     if addr is None or addr == _MAP_FAILED:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
-    raw = (ctypes.c_char * size).from_address(addr)
+    raw = _char_array(size).from_address(addr)
     raw._unmap = _Unmap(lib, addr, size)  # type: ignore[attr-defined]  # lives as long as the buffer
-    buf = np.frombuffer(memoryview(raw).cast("B"), dtype=np.uint8)
-    buf.flags.writeable = False  # PROT_READ: a write would crash the process, not raise
-    return buf
+    # A read-only buffer: NumPy then refuses to make any view of it writable (PROT_READ
+    # memory would crash the process on a write instead of raising).
+    return np.frombuffer(memoryview(raw).toreadonly().cast("B"), dtype=np.uint8)
+
+
+_ARRAY_TYPES: dict[int, Any] = {}
+
+
+def _char_array(size: int) -> Any:
+    """``ctypes.c_char * size``, made once per size (a new ctypes type costs ~12 us)."""
+    t = _ARRAY_TYPES.get(size)
+    if t is None:
+        if len(_ARRAY_TYPES) >= 1024:
+            _ARRAY_TYPES.clear()
+        t = _ARRAY_TYPES[size] = ctypes.c_char * size
+    return t
 
 
 def _map(path: str) -> _Mapping | None:
@@ -734,6 +750,12 @@ def _max_map_count() -> int:
         return 65530  # Linux's default
 
 
+# Kept mappings of every table in this process: each is one memory area, and
+# vm.max_map_count caps those per process, whatever the loaders.
+_KEPT_COUNT = [0]
+_KEPT_COUNT_LOCK = threading.Lock()
+
+
 class KeptMappings:
     """The cache entries one process keeps mapped from one pass to the next.
 
@@ -742,9 +764,9 @@ class KeptMappings:
     about a quarter of a warm CTR block's CPU time. Up to ``budget`` bytes are
     kept; the first ones mapped stay (like the entries under ``cache_limit``).
     Each mapping is one of the process's memory areas, which Linux caps
-    (``vm.max_map_count``, 65,530 by default), so at most a quarter of that many
-    are kept. Thread workers share one table, so each entry is mapped once per
-    process. A kept mapping is used only while its path still names the same
+    (``vm.max_map_count``, 65,530 by default), so the tables of one process keep
+    at most a quarter of that many together. Thread workers share their loader's
+    table, so each entry is mapped once per loader. A kept mapping is used only while its path still names the same
     file, and its checksum is verified on every read as before, so a deleted,
     replaced or damaged entry is treated exactly as without it.
     """
@@ -788,25 +810,33 @@ class KeptMappings:
         """Keep ``kept`` (in place of an older mapping of ``path``) if it fits."""
         size = kept.mapping.size
         with self._lock:
-            old = self._kept.pop(path, None)
-            if old is not None:
-                self.nbytes -= old.mapping.size
-            if not self._closed and self.nbytes + size <= self.budget and len(self._kept) < self.max_count:
-                self._kept[path] = kept
-                self.nbytes += size
+            self._drop(path)
+            if self._closed or self.nbytes + size > self.budget:
+                return
+            with _KEPT_COUNT_LOCK:
+                if _KEPT_COUNT[0] >= self.max_count:
+                    return
+                _KEPT_COUNT[0] += 1
+            self._kept[path] = kept
+            self.nbytes += size
+
+    def _drop(self, path: str) -> None:  # under self._lock
+        k = self._kept.pop(path, None)
+        if k is not None:
+            self.nbytes -= k.mapping.size
+            with _KEPT_COUNT_LOCK:
+                _KEPT_COUNT[0] -= 1
 
     def forget(self, path: str) -> None:
         with self._lock:
-            k = self._kept.pop(path, None)
-            if k is not None:
-                self.nbytes -= k.mapping.size
+            self._drop(path)
 
     def close(self) -> None:
         """Drop every kept mapping (each goes when the last view of it does); keep no more."""
         with self._lock:
             self._closed = True
-            self._kept.clear()
-            self.nbytes = 0
+            for path in list(self._kept):
+                self._drop(path)
 
 
 class RowGroupCache:

@@ -19,8 +19,8 @@ from typing import Any
 from . import __version__
 from .errors import DetloadError, ManifestError, SchemaMismatchError
 
-_MAP_HELP = ("cache entries one process keeps memory-mapped between epochs, e.g. 8GB; 0 maps them anew each "
-             "epoch (default: auto, a quarter of the memory)")
+_MAP_HELP = ("cache entries kept memory-mapped between epochs (thread workers together, or each worker "
+             "process), e.g. 8GB; 0 maps them anew each epoch (default: auto, a quarter of the memory)")
 
 
 def _fill(s: str) -> tuple[str, Any]:

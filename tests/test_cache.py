@@ -641,6 +641,19 @@ def test_kept_mappings_notice_deleted_replaced_and_damaged_entries(data, tmp_pat
             everything = [os.path.join(cache, p) for p in sorted(entries(cache))]
             paths = [p for p in everything if not any(p.startswith(b) for b in busy)]
             assert len(paths) == len(everything) - 1 >= 5
+            # Another entry of the same size written over a kept one, in place (its own prefix
+            # and checksum are valid): the kept header must not be used for it.
+            size = os.path.getsize
+            over = next((p for p in paths if any(size(q) == size(p) for q in everything if q != p)), None)
+            assert over is not None or shape == "mixed"  # "mixed" entries all differ in size
+            if over is not None:
+                twin = next(q for q in everything if q != over and size(q) == size(over))
+                with open(twin, "rb") as f:
+                    other = f.read()
+                paths.remove(over)
+                assert len(paths) >= 5
+                with open(over, "r+b") as f:
+                    f.write(other)
             _flip(paths[0], os.path.getsize(paths[0]) // 2)  # in place: the kept pages change
             _flip(paths[1], 0)  # the magic
             _flip(paths[2], 20)  # the stored checksum
@@ -706,6 +719,10 @@ def test_kept_entries_are_read_only(data, tmp_path):
             assert not a.flags.writeable
             with pytest.raises(ValueError, match="read-only"):
                 a[:1] = 0
+            with pytest.raises(ValueError):  # and cannot be made writable (a write would crash)
+                a.flags.writeable = True
+            with pytest.raises(ValueError):
+                a.base.flags.writeable = True
 
 
 def test_kept_mappings_stay_under_the_map_count_cap(data, tmp_path, monkeypatch):
@@ -761,3 +778,62 @@ def test_sizes_that_are_not_finite_are_refused(data, tmp_path, bad, capsys):
     code = cli_main(["bench", str(data), "--epochs", "1", "--cache-dir", str(tmp_path / "c"),
                      f"--cache-map-limit={bad}"])
     assert code == 2 and f"cache_map_limit '{bad}' is not a size" in capsys.readouterr().err
+
+
+def test_a_closed_table_keeps_nothing(data, tmp_path):
+    """A thread worker may outlive the pool's close() by a moment: what it offers then is not kept."""
+    from detload._cache import KeptMappings, _Kept, _map, _parse, _prefix
+
+    cache = tmp_path / "cache"
+    run(data, tmp_path / "cold.jsonl", epochs=1, cache_dir=cache)
+    path = os.path.join(cache, sorted(entries(cache))[0])
+    m = _map(path)
+    hlen, digest = _prefix(m)
+    kept = _Kept(m, hlen, digest, *_parse(m, hlen, None))
+    table = KeptMappings(10**9)
+    table.offer(path, kept)
+    assert len(table) == 1 and table.nbytes == m.size
+    table.close()
+    table.offer(path, kept)
+    assert len(table) == 0 and table.nbytes == 0
+
+
+def test_map_count_cap_counts_every_loader_of_the_process(data, tmp_path, monkeypatch):
+    """vm.max_map_count is per process: two loaders open at once share the cap."""
+    from detload import _cache
+
+    monkeypatch.setattr(_cache, "_max_map_count", lambda: 16)  # 4 kept mappings per process
+    with Loader(data, cache_dir=tmp_path / "a", **OPTS) as one, Loader(data, cache_dir=tmp_path / "b", **OPTS) as two:
+        _passes(one, range(2))
+        _passes(two, range(2))
+        assert len(one._pool.kept) + len(two._pool.kept) == 4
+    assert _cache._KEPT_COUNT[0] == 0
+
+
+def test_an_entry_cut_short_in_place_while_kept_is_read_again(tmp_path):
+    """A kept entry truncated in place (same file, fewer bytes) must not be read through the
+    old mapping: past the new end that is a bus error, not an exception."""
+    src = tmp_path / "runs"
+    _write_runs(src)
+    opts = {**OPTS, "shuffle_window": 1}
+    run(src, tmp_path / "ref.jsonl", epochs=4, **opts)
+    cache = tmp_path / "cache"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Loader(src, cache_dir=cache, manifest=str(tmp_path / "cut.jsonl"), pool="process", workers=1,
+                    prefetch=1, **opts) as loader:
+            _passes(loader, range(2))
+            first = {(loader._unit_files[u], loader._unit_rgs[u]) for u in loader.plan(2).schedule[0].units}
+            busy = {os.path.join(cache, "v1", "objects", loader._cache_keys[f], f"rg{rg:06d}-") for f, rg in first}
+            deadline = time.monotonic() + 30
+            while loader._pool.outboxes[0].qsize() < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            victims = [p for p in (os.path.join(cache, q) for q in sorted(entries(cache)))
+                       if not any(p.startswith(b) for b in busy)][:3]
+            for p in victims:
+                with open(p, "r+b") as f:
+                    f.truncate(os.path.getsize(p) // 2)
+            _passes(loader, range(2, 4))
+    assert [w for w in caught if issubclass(w.category, CacheWarning)]
+    same(tmp_path / "ref.jsonl", tmp_path / "cut.jsonl")
+    assert cache_info(cache, verify=True)["corrupt"] == []
