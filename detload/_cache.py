@@ -143,12 +143,16 @@ def memory_available() -> int:
 
 
 def map_limit(value: int | str | None) -> int:
-    """``cache_map_limit`` in bytes: "auto" is a quarter of `memory_available`; 0 turns it off."""
+    """``cache_map_limit`` in bytes: "auto" is a quarter of `memory_available`; 0 turns it
+    off; None sets no byte limit (the cap on the number of mappings remains)."""
     if isinstance(value, str) and value.strip().lower() == "auto":
         return memory_available() // 4
     if value is None:
-        raise OptionError("cache_map_limit must be 'auto', 0 or a size such as '20GiB', got None")
-    n = parse_size(value, "cache_map_limit", zero=True)
+        return 2**63 - 1
+    try:
+        n = parse_size(value, "cache_map_limit", zero=True)
+    except OptionError as exc:
+        raise OptionError(f"{exc} (or 'auto', the default, or None for no limit)") from None
     assert n is not None
     return n
 
@@ -326,9 +330,15 @@ def open_cache(cache_dir: str | os.PathLike[str] | None, cache_limit: int | str 
         if cache_limit is not None:
             raise OptionError("cache_limit needs cache_dir")
         if not (isinstance(cache_map_limit, str) and cache_map_limit.strip().lower() == "auto"):
-            raise OptionError("cache_map_limit needs cache_dir")
+            raise OptionError("cache_map_limit needs cache_dir")  # None included: it was set
         return None
-    base = os.path.abspath(os.fspath(cache_dir))
+    if isinstance(cache_dir, bytes) or not isinstance(cache_dir, (str, os.PathLike)):
+        raise OptionError(f"cache_dir must be a path (str or os.PathLike), got {cache_dir!r}")
+    text = os.fspath(cache_dir)
+    if not isinstance(text, str) or not text.strip():
+        # "" would make the current directory the cache (an unset $CACHE_DIR in a script).
+        raise OptionError(f"cache_dir must name a folder, got {cache_dir!r}")
+    base = os.path.abspath(os.path.expanduser(text))
     if os.path.exists(base) and not os.path.isdir(base):
         raise OptionError(f"cache_dir {base!r} exists and is not a directory")
     root = os.path.join(base, f"v{CACHE_FORMAT}")
@@ -336,12 +346,7 @@ def open_cache(cache_dir: str | os.PathLike[str] | None, cache_limit: int | str 
     cfg = CacheConfig(root, limit, session, map_budget=mapped, fail_after_bytes=fail_after_bytes)
     store = _Store(root)
     try:
-        os.makedirs(store.objects, exist_ok=True)
-        os.makedirs(store.tmp, exist_ok=True)
-        marker = os.path.join(base, _MARKER)
-        if not os.path.exists(marker):
-            with open(marker, "w") as f:
-                f.write(json.dumps({"what": "detload row-group cache", "format": CACHE_FORMAT}) + "\n")
+        _prepare(store)
         with store.locked():
             _evict_replaced(store, objects)
             store.rescan()
@@ -349,6 +354,16 @@ def open_cache(cache_dir: str | os.PathLike[str] | None, cache_limit: int | str 
         _warn_once(cfg, "unusable", f"cache_dir {base!r} cannot be used ({exc}); loading without a cache")
         return None
     return cfg
+
+
+def _prepare(store: _Store) -> None:
+    """Create the cache's folders and marker (again, if someone deleted them)."""
+    os.makedirs(store.objects, exist_ok=True)
+    os.makedirs(store.tmp, exist_ok=True)
+    marker = os.path.join(os.path.dirname(store.root), _MARKER)
+    if not os.path.exists(marker):
+        with open(marker, "w") as f:
+            f.write(json.dumps({"what": "detload row-group cache", "format": CACHE_FORMAT}) + "\n")
 
 
 def _evict_replaced(store: _Store, objects: Sequence[str]) -> None:
@@ -941,7 +956,14 @@ class RowGroupCache:
         if not self.writes_on:
             return
         try:
-            self._write(obj, rg, cols)
+            try:
+                self._write(obj, rg, cols)
+            except FileNotFoundError:
+                # The cache folder was deleted while the loader ran (rm -rf): make it again
+                # (once; another worker may be at it too) rather than load uncached for the
+                # rest of the loader's life.
+                _prepare(self.store)
+                self._write(obj, rg, cols)
         except _DiskFull as exc:
             self.writes_on = False
             _warn_once(self.cfg, "full",

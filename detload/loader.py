@@ -295,6 +295,10 @@ class Loader:
             start = self._resume_step
             self._resume_step = 0
             pool = self._ensure_pool()
+            if pool.kept is not None:
+                # Let go of cache entries deleted since the last pass (their disk space):
+                # one built ahead may not be read again in this pass. A stat per kept entry.
+                pool.kept.revalidate()
             writer = self._ensure_writer()
             ahead, self._ahead = self._ahead, None
             counts = None

@@ -361,9 +361,12 @@ def test_cache_options_are_checked(data, tmp_path):
         Loader(data, cache_dir=tmp_path / "c", cache_map_limit="lots", **OPTS)
     with pytest.raises(OptionError, match="cache_map_limit must be 0 or more, got -1"):
         Loader(data, cache_dir=tmp_path / "c", cache_map_limit=-1, **OPTS)
-    for bad in (None, True, 1.5):
-        with pytest.raises(OptionError, match="cache_map_limit must be .*a size such as '20GiB'"):
+    for bad in (True, 1.5, [1]):
+        with pytest.raises(OptionError, match="cache_map_limit must be .*a size such as '20GiB'.*or 'auto'"):
             Loader(data, cache_dir=tmp_path / "c", cache_map_limit=bad, **OPTS)
+    for bad in ("", "  ", b"/tmp/x", 123):
+        with pytest.raises(OptionError, match="cache_dir must"):
+            Loader(data, cache_dir=bad, **OPTS)
     f = tmp_path / "f"
     f.write_text("")
     with pytest.raises(OptionError, match="not a directory"):
@@ -591,6 +594,8 @@ def test_cache_map_limit_is_per_process(data, tmp_path):
         assert loader.cache.map_budget == 10**6
     with Loader(data, cache_dir=tmp_path / "c", workers=2, **OPTS) as loader:  # "auto"
         assert loader.cache.map_budget == memory_available() // 4
+    with Loader(data, cache_dir=tmp_path / "c", cache_map_limit=None, **OPTS) as loader:  # no byte limit
+        assert loader.cache.map_budget >= 2**62
 
 
 def test_thread_workers_share_their_kept_mappings(data, tmp_path, monkeypatch):
@@ -837,3 +842,56 @@ def test_an_entry_cut_short_in_place_while_kept_is_read_again(tmp_path):
     assert [w for w in caught if issubclass(w.category, CacheWarning)]
     same(tmp_path / "ref.jsonl", tmp_path / "cut.jsonl")
     assert cache_info(cache, verify=True)["corrupt"] == []
+
+
+def test_cache_dir_with_a_tilde_is_the_home_folder(data, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    with Loader(data, cache_dir="~/detload-cache", **OPTS) as loader:
+        for _ in loader:
+            pass
+    assert cache_info(tmp_path / "home" / "detload-cache")["entries"] == 6
+    assert not (tmp_path / "~").exists()
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_cache_folder_deleted_between_epochs_is_made_again(data, tmp_path, pool):
+    """Someone removes the whole cache folder while a loader runs: the next pass writes the
+    entries again (instead of loading uncached for the rest of the loader's life, with a
+    warning from every process worker), and the batches are the same."""
+    run(data, tmp_path / "ref.jsonl", epochs=4)
+    cache = tmp_path / "cache"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Loader(data, cache_dir=cache, manifest=str(tmp_path / "gone.jsonl"), pool=pool, workers=2,
+                    prefetch=1, **OPTS) as loader:
+            _passes(loader, range(2))
+            # Once the next pass's first blocks are built (a worker missing an entry during the
+            # removal would make the folder again under rmtree's feet).
+            deadline = time.monotonic() + 30
+            while min(q.qsize() for q in loader._pool.outboxes) < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            shutil.rmtree(cache)
+            _passes(loader, range(2, 4))
+    assert [str(w.message) for w in caught if issubclass(w.category, CacheWarning)] == []
+    same(tmp_path / "ref.jsonl", tmp_path / "gone.jsonl")
+    info = cache_info(cache, verify=True)
+    assert info["entries"] == 6 and info["corrupt"] == []
+
+
+def test_thread_loader_lets_go_of_deleted_entries_when_a_pass_begins(data, tmp_path):
+    """Entries read ahead for the next pass before `cache clear` are not read again in that
+    pass: the loader checks its kept entries when each pass begins."""
+    from detload._cache import clear_cache
+
+    cache = tmp_path / "cache"
+    with Loader(data, cache_dir=cache, workers=2, **OPTS) as loader:
+        _passes(loader, range(3))
+        kept = loader._pool.kept
+        assert len(kept) == 6
+        clear_cache(cache)
+        loader.set_epoch(3)
+        it = iter(loader)
+        assert len(kept) == 0  # before any block of the pass is read
+        for _ in it:
+            pass
