@@ -1055,6 +1055,12 @@ class RowGroupCache:
 
     def _reserve(self, n: int) -> str | None:
         """Under the lock: check the limit, create a temp file holding ``n`` bytes of disk, count them."""
+        if self.cfg.limit is not None and n > self.cfg.limit:
+            # Not a full cache: this entry could never fit, which would otherwise go unseen.
+            _warn_once(self.cfg, "small",
+                       f"cache_limit ({self.cfg.limit:,} bytes) is smaller than a row group's cache entry "
+                       f"({n:,} bytes): such row groups are never cached")
+            return None
         with self.store.locked():
             used = self.store.usage()
             if self.cfg.limit is not None and used + n > self.cfg.limit:

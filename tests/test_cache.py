@@ -895,3 +895,14 @@ def test_thread_loader_lets_go_of_deleted_entries_when_a_pass_begins(data, tmp_p
         assert len(kept) == 0  # before any block of the pass is read
         for _ in it:
             pass
+
+
+def test_cache_limit_smaller_than_an_entry_says_so_once(data, tmp_path):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(data, tmp_path / "tiny.jsonl", cache_dir=tmp_path / "cache", cache_limit=1000, workers=2)
+    ours = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
+    assert len(ours) == 1 and "cache_limit (1,000 bytes) is smaller than a row group's cache entry" in ours[0]
+    assert cache_info(tmp_path / "cache")["entries"] == 0
+    run(data, tmp_path / "ref.jsonl")
+    same(tmp_path / "ref.jsonl", tmp_path / "tiny.jsonl")
