@@ -152,7 +152,9 @@ def map_limit(value: int | str | None) -> int:
     try:
         n = parse_size(value, "cache_map_limit", zero=True)
     except OptionError as exc:
-        raise OptionError(f"{exc} (or 'auto', the default, or None for no limit)") from None
+        if "0 or more" in str(exc):
+            raise
+        raise OptionError(f"{exc}; 'auto' (the default) is also accepted") from None
     assert n is not None
     return n
 
@@ -382,7 +384,7 @@ def _evict_replaced(store: _Store, objects: Sequence[str]) -> None:
 
 def cache_info(cache_dir: str | os.PathLike[str], *, verify: bool = False) -> dict[str, Any]:
     """What a cache directory holds (and, with ``verify``, which entries fail their checksum)."""
-    base = os.path.abspath(os.fspath(cache_dir))
+    base = os.path.abspath(os.path.expanduser(os.fspath(cache_dir)))
     _check_is_cache(base)
     root = os.path.join(base, f"v{CACHE_FORMAT}")
     store = _Store(root)
@@ -412,7 +414,7 @@ def cache_info(cache_dir: str | os.PathLike[str], *, verify: bool = False) -> di
 
 def clear_cache(cache_dir: str | os.PathLike[str]) -> int:
     """Delete every entry (all formats); returns the bytes freed. Safe while no loader writes."""
-    base = os.path.abspath(os.fspath(cache_dir))
+    base = os.path.abspath(os.path.expanduser(os.fspath(cache_dir)))
     _check_is_cache(base)
     freed = 0
     for e in os.scandir(base):

@@ -362,7 +362,7 @@ def test_cache_options_are_checked(data, tmp_path):
     with pytest.raises(OptionError, match="cache_map_limit must be 0 or more, got -1"):
         Loader(data, cache_dir=tmp_path / "c", cache_map_limit=-1, **OPTS)
     for bad in (True, 1.5, [1]):
-        with pytest.raises(OptionError, match="cache_map_limit must be .*a size such as '20GiB'.*or 'auto'"):
+        with pytest.raises(OptionError, match="cache_map_limit must be .*a size such as '20GiB'.*'auto' \\(the default\\) is also accepted"):
             Loader(data, cache_dir=tmp_path / "c", cache_map_limit=bad, **OPTS)
     for bad in ("", "  ", b"/tmp/x", 123):
         with pytest.raises(OptionError, match="cache_dir must"):
@@ -852,6 +852,9 @@ def test_cache_dir_with_a_tilde_is_the_home_folder(data, tmp_path, monkeypatch):
             pass
     assert cache_info(tmp_path / "home" / "detload-cache")["entries"] == 6
     assert not (tmp_path / "~").exists()
+    assert cache_info("~/detload-cache")["entries"] == 6  # the same string works for the commands
+    assert cli_main(["cache", "clear", "~/detload-cache"]) == 0
+    assert cache_info(tmp_path / "home" / "detload-cache")["entries"] == 0
 
 
 @pytest.mark.parametrize("pool", ["thread", "process"])
