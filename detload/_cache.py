@@ -78,15 +78,17 @@ class CacheConfig:
     fail_after_bytes: int | None = None
 
 
-def parse_size(value: int | str | None, name: str = "cache_limit", *, zero: bool = False) -> int | None:
+def parse_size(value: int | str | None, name: str = "cache_limit", *, zero: bool = False,
+               also: str = "") -> int | None:
     """A size option: bytes as an int, or a string such as "500MB", "20GiB", "1.5T".
 
-    ``zero``: 0 is allowed (it turns the feature off) instead of refused.
+    ``zero``: 0 is allowed (it turns the feature off) instead of refused. ``also``:
+    appended to the messages that say what a size looks like (other accepted values).
     """
     if value is None:
         return None
     if isinstance(value, bool):
-        raise OptionError(f"{name} must be a byte count or a size such as '20GiB', got {value!r}")
+        raise OptionError(f"{name} must be a byte count or a size such as '20GiB', got {value!r}{also}")
     if isinstance(value, (int, np.integer)):
         n = int(value)
     elif isinstance(value, str):
@@ -100,9 +102,9 @@ def parse_size(value: int | str | None, name: str = "cache_limit", *, zero: bool
         try:
             n = int(float(num) * units[unit])  # "inf" overflows, "nan" is a ValueError
         except (ValueError, KeyError, OverflowError):
-            raise OptionError(f"{name} {value!r} is not a size; use bytes or e.g. '500MB', '20GiB'") from None
+            raise OptionError(f"{name} {value!r} is not a size; use bytes or e.g. '500MB', '20GiB'{also}") from None
     else:
-        raise OptionError(f"{name} must be a byte count or a size such as '20GiB', got {value!r}")
+        raise OptionError(f"{name} must be a byte count or a size such as '20GiB', got {value!r}{also}")
     if n < 0 or (n == 0 and not zero):
         raise OptionError(f"{name} must be {'0 or more' if zero else 'positive'}, got {value!r}")
     return n
@@ -142,19 +144,18 @@ def memory_available() -> int:
     return total
 
 
+def _is_auto(value: Any) -> bool:
+    return isinstance(value, str) and value.strip().lower() == "auto"
+
+
 def map_limit(value: int | str | None) -> int:
     """``cache_map_limit`` in bytes: "auto" is a quarter of `memory_available`; 0 turns it
     off; None sets no byte limit (the cap on the number of mappings remains)."""
-    if isinstance(value, str) and value.strip().lower() == "auto":
+    if _is_auto(value):
         return memory_available() // 4
     if value is None:
         return 2**63 - 1
-    try:
-        n = parse_size(value, "cache_map_limit", zero=True)
-    except OptionError as exc:
-        if "0 or more" in str(exc):
-            raise
-        raise OptionError(f"{exc}; 'auto' (the default) is also accepted") from None
+    n = parse_size(value, "cache_map_limit", zero=True, also="; 'auto' (the default) is also accepted")
     assert n is not None
     return n
 
@@ -331,7 +332,7 @@ def open_cache(cache_dir: str | os.PathLike[str] | None, cache_limit: int | str 
     if cache_dir is None:
         if cache_limit is not None:
             raise OptionError("cache_limit needs cache_dir")
-        if not (isinstance(cache_map_limit, str) and cache_map_limit.strip().lower() == "auto"):
+        if not _is_auto(cache_map_limit):
             raise OptionError("cache_map_limit needs cache_dir")  # None included: it was set
         return None
     if isinstance(cache_dir, bytes) or not isinstance(cache_dir, (str, os.PathLike)):
@@ -569,12 +570,15 @@ class _Mapping(NamedTuple):
     """An entry file's mapping, and which file it maps (to tell when the name moved on)."""
 
     buf: np.ndarray  # the whole file, read-only uint8
-    size: int
     ident: tuple[int, int]  # st_dev, st_ino
 
+    @property
+    def size(self) -> int:
+        return int(self.buf.shape[0])
 
-class _Kept(NamedTuple):
-    """An entry kept mapped between passes, with its parsed header and column views."""
+
+class _Entry(NamedTuple):
+    """A mapped entry with its parsed header and column views (what KeptMappings keeps)."""
 
     mapping: _Mapping
     hlen: int
@@ -660,7 +664,7 @@ def _map(path: str) -> _Mapping | None:
         buf = _mmap_read(fd, st.st_size)
     finally:
         os.close(fd)
-    return _Mapping(buf, st.st_size, (st.st_dev, st.st_ino))
+    return _Mapping(buf, (st.st_dev, st.st_ino))
 
 
 def _prefix(mapping: _Mapping) -> tuple[int, bytes]:
@@ -707,13 +711,27 @@ def _parse(mapping: _Mapping, hlen: int, expect: str | None) -> tuple[UnitColumn
     return out, ends
 
 
-def _checked(cols: UnitColumns, mapping: _Mapping, digest: bytes, ends: dict[str, int], path: str,
-             defer: bool) -> UnitColumns:
-    """``cols`` for one read: verified now, or (``defer``) carrying a `PendingCheck`."""
+def _entry(mapping: _Mapping, expect: str | None, defer: bool, kept: _Entry | None = None) -> _Entry:
+    """Check the prefix (re-read on every use: the checksum does not cover it) and, unless
+    ``defer``, the checksum; then parse the header, or reuse ``kept`` (an earlier parse of
+    this mapping) if the prefix is still the one it was parsed from."""
+    hlen, digest = _prefix(mapping)
+    if not defer:
+        _verify(mapping, digest)
+    if kept is not None and hlen == kept.hlen and digest == kept.digest:
+        return kept
+    # First mapped, or another entry written into the same file: parse it.
+    return _Entry(mapping, hlen, digest, *_parse(mapping, hlen, expect))
+
+
+def _checked(entry: _Entry, path: str, defer: bool) -> UnitColumns:
+    """The entry's columns for one read: verified already, or (``defer``) carrying a `PendingCheck`."""
+    cols = entry.cols
     out = UnitColumns(cols)
     out.runs = cols.runs
     if defer:
-        out.check = PendingCheck(mapping.buf, digest, mapping.size, ends, path)
+        m = entry.mapping
+        out.check = PendingCheck(m.buf, entry.digest, m.size, entry.ends, path)
     return out
 
 
@@ -727,11 +745,7 @@ def _load(path: str, expect: str | None, *, defer: bool = False) -> dict[str, Co
     mapping = _map(path)
     if mapping is None:
         return None
-    hlen, digest = _prefix(mapping)
-    if not defer:
-        _verify(mapping, digest)
-    cols, ends = _parse(mapping, hlen, expect)
-    return _checked(cols, mapping, digest, ends, path, defer)
+    return _checked(_entry(mapping, expect, defer), path, defer)
 
 
 def _view(base: np.ndarray, slot: tuple[int, np.dtype[Any], tuple[int, ...], int]) -> np.ndarray:
@@ -783,30 +797,31 @@ class KeptMappings:
     Each mapping is one of the process's memory areas, which Linux caps
     (``vm.max_map_count``, 65,530 by default), so the tables of one process keep
     at most a quarter of that many together. Thread workers share their loader's
-    table, so each entry is mapped once per loader. A kept mapping is used only while its path still names the same
-    file, and its checksum is verified on every read as before, so a deleted,
-    replaced or damaged entry is treated exactly as without it.
+    table, so each entry is mapped once per loader. A kept mapping is used only
+    while its path still names the same file, and its checksum is verified on
+    every read as before, so a deleted, replaced or damaged entry is treated
+    exactly as without it.
     """
 
     def __init__(self, budget: int, max_count: int | None = None) -> None:
         self.budget = budget
         self.max_count = _max_map_count() // 4 if max_count is None else max_count
         self.nbytes = 0
-        self._kept: dict[str, _Kept] = {}
+        self._kept: dict[str, _Entry] = {}
         self._lock = threading.Lock()
         self._closed = False
 
     def __len__(self) -> int:
         return len(self._kept)
 
-    def get(self, path: str) -> _Kept | None:
+    def get(self, path: str) -> _Entry | None:
         """The kept entry of ``path`` if the name still holds that file (a stat, ~2 us)."""
         k = self._kept.get(path)
         if k is None or not self._still_there(path, k):
             return None
         return k
 
-    def _still_there(self, path: str, k: _Kept) -> bool:
+    def _still_there(self, path: str, k: _Entry) -> bool:
         m = k.mapping
         try:
             st = os.stat(path)
@@ -823,7 +838,7 @@ class KeptMappings:
         for path, k in list(self._kept.items()):
             self._still_there(path, k)
 
-    def offer(self, path: str, kept: _Kept) -> None:
+    def offer(self, path: str, kept: _Entry) -> None:
         """Keep ``kept`` (in place of an older mapping of ``path``) if it fits."""
         size = kept.mapping.size
         with self._lock:
@@ -900,23 +915,15 @@ class RowGroupCache:
         # verified before use. A damaged fixed-width value only changes data, which the
         # deferred check catches before the block is handed over.
         defer = defer and not self._ragged
-        key = self._key(obj, rg)
         try:
             kept = self.kept.get(path)
-            found = kept.mapping if kept is not None else _map(path)
-            if found is None:
+            mapping = kept.mapping if kept is not None else _map(path)
+            if mapping is None:
                 self.misses += 1
                 return None
-            mapping = found
-            # The prefix is read again on every use: the checksum does not cover it.
-            hlen, digest = _prefix(mapping)
-            if not defer:
-                _verify(mapping, digest)
-            if kept is not None and hlen == kept.hlen and digest == kept.digest:
-                cols, ends = kept.cols, kept.ends
-            else:  # first mapped, or another entry written into the same file: parse it
-                cols, ends = _parse(mapping, hlen, key)
-                self.kept.offer(path, _Kept(mapping, hlen, digest, cols, ends))
+            entry = _entry(mapping, self._key(obj, rg), defer, kept)
+            if entry is not kept:
+                self.kept.offer(path, entry)
         except _Corrupt as exc:
             self._damaged(path, rg, uri, str(exc))
             self.misses += 1
@@ -926,7 +933,7 @@ class RowGroupCache:
             self.misses += 1
             return None  # unreadable (EIO, permissions): read the source instead
         self.hits += 1
-        return _checked(cols, mapping, digest, ends, path, defer)
+        return _checked(entry, path, defer)
 
     def settle(self, cols: Mapping[str, Column], rg: int, uri: str) -> bool:
         """Finish a deferred check; a damaged entry is discarded (and reported once)."""

@@ -116,7 +116,7 @@ class Loader:
         stall_timeout: float | None = 300.0,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
-        cache_map_limit: int | str = "auto",
+        cache_map_limit: int | str | None = "auto",
         _debug: DebugHooks | None = None,
         _cache_fail_after_bytes: int | None = None,
         _benchmark_unordered: bool = False,

@@ -787,14 +787,13 @@ def test_sizes_that_are_not_finite_are_refused(data, tmp_path, bad, capsys):
 
 def test_a_closed_table_keeps_nothing(data, tmp_path):
     """A thread worker may outlive the pool's close() by a moment: what it offers then is not kept."""
-    from detload._cache import KeptMappings, _Kept, _map, _parse, _prefix
+    from detload._cache import KeptMappings, _entry, _map
 
     cache = tmp_path / "cache"
     run(data, tmp_path / "cold.jsonl", epochs=1, cache_dir=cache)
     path = os.path.join(cache, sorted(entries(cache))[0])
     m = _map(path)
-    hlen, digest = _prefix(m)
-    kept = _Kept(m, hlen, digest, *_parse(m, hlen, None))
+    kept = _entry(m, None, defer=False)
     table = KeptMappings(10**9)
     table.offer(path, kept)
     assert len(table) == 1 and table.nbytes == m.size
