@@ -758,11 +758,29 @@ def _view(base: np.ndarray, slot: tuple[int, np.dtype[Any], tuple[int, ...], int
     return a if len(shape) == 1 else a.reshape(shape)
 
 
-def _pwrite_all(fd: int, data: Any, at: int) -> None:
-    view = memoryview(data).cast("B")
-    while view.nbytes:
-        n = os.pwrite(fd, view, at)
-        view, at = view[n:], at + n
+_ZEROS = bytes(_ALIGN)
+try:
+    _IOV_MAX = max(16, os.sysconf("SC_IOV_MAX"))  # buffers one call takes (1024 on Linux)
+except (AttributeError, ValueError, OSError):  # pragma: no cover
+    _IOV_MAX = 16  # the least POSIX allows
+_HAS_PWRITEV = hasattr(os, "pwritev")
+
+
+def _pwritev_all(fd: int, buffers: list[Any], at: int) -> None:
+    """Write ``buffers`` back to back from offset ``at``, in as few calls as the system allows."""
+    views = [v for v in (memoryview(b).cast("B") for b in buffers) if v.nbytes]
+    i = 0
+    while i < len(views):
+        n = (os.pwritev(fd, views[i:i + _IOV_MAX], at) if _HAS_PWRITEV
+             else os.pwrite(fd, views[i], at))  # pragma: no cover - platforms without pwritev
+        if n <= 0:  # never for a regular file; a loop that never ends if it were
+            raise OSError(errno.EIO, "a write to a cache entry made no progress")
+        at += n
+        while i < len(views) and n >= views[i].nbytes:  # skip what was written whole
+            n -= views[i].nbytes
+            i += 1
+        if n:  # a short write ended inside this buffer
+            views[i] = views[i][n:]
 
 
 class _Corrupt(Exception):
@@ -1029,20 +1047,24 @@ class RowGroupCache:
             return  # over cache_limit: what is cached stays, this row group is not added
         try:
             h = xxhash.xxh3_128()
+            h.update(hbytes)
+            body: list[Any] = [hbytes]
+            at = payload_start
+            for piece in pieces:
+                body.append(piece)
+                h.update(piece)  # type: ignore[arg-type]
+                end = at + piece.nbytes
+                pad = _aligned(end - payload_start) + payload_start - end
+                if pad and end < total:
+                    body.append(_ZEROS[:pad])
+                    h.update(_ZEROS[:pad])
+                at = end + pad
             fd = os.open(tmp, os.O_WRONLY)
             try:
-                _pwrite_all(fd, hbytes, _PREFIX.size)
-                h.update(hbytes)
-                at = payload_start
-                for piece in pieces:
-                    _pwrite_all(fd, piece, at)
-                    h.update(piece)  # type: ignore[arg-type]
-                    end = at + piece.nbytes
-                    pad = _aligned(end - payload_start) + payload_start - end
-                    if pad and end < total:
-                        h.update(b"\0" * pad)
-                    at = end + pad
-                _pwrite_all(fd, _PREFIX.pack(_MAGIC, len(hbytes), h.digest()), 0)
+                # One vectored write of the whole entry: the page cache then holds it in
+                # large folios, which a later mapping sets up in a few page-table entries
+                # (2 MiB ones where the kernel can) instead of one per 4 KiB page.
+                _pwritev_all(fd, [_PREFIX.pack(_MAGIC, len(hbytes), h.digest()), *body], 0)
             finally:
                 os.close(fd)
             os.makedirs(os.path.dirname(final), exist_ok=True)

@@ -908,3 +908,46 @@ def test_cache_limit_smaller_than_an_entry_says_so_once(data, tmp_path):
     assert cache_info(tmp_path / "cache")["entries"] == 0
     run(data, tmp_path / "ref.jsonl")
     same(tmp_path / "ref.jsonl", tmp_path / "tiny.jsonl")
+
+
+def test_entry_writes_survive_short_writes_and_many_buffers(tmp_path, monkeypatch):
+    # An entry is written with one vectored call (the page cache then holds it in large
+    # folios, cheap to map); the system may write less than asked, or take fewer buffers.
+    from detload import _cache
+
+    calls = []
+    real = os.pwritev
+
+    def short(fd, bufs, at):
+        calls.append(len(bufs))
+        # Writes a prefix of what it was given: at most 3 buffers, often ending inside one.
+        head = b"".join(bytes(b) for b in bufs[:3])
+        return real(fd, [head[: max(1, len(head) * 2 // 3)]], at)
+
+    monkeypatch.setattr(_cache.os, "pwritev", short)
+    rng = np.random.default_rng(0)
+    bufs = [rng.integers(0, 255, size=int(n), dtype=np.uint8) for n in rng.integers(0, 40, size=3000)]
+    bufs.insert(7, b"")
+    path = tmp_path / "f"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        _cache._pwritev_all(fd, bufs, 10)
+    finally:
+        os.close(fd)
+    want = b"\0" * 10 + b"".join(bytes(b) for b in bufs)
+    assert path.read_bytes() == want
+    assert len(calls) > 1 and max(calls) <= _cache._IOV_MAX
+
+
+def test_an_entry_is_one_write(data, tmp_path, monkeypatch):
+    from detload import _cache
+
+    calls = collections.Counter()
+    real_v, real_1 = os.pwritev, os.pwrite
+    monkeypatch.setattr(_cache.os, "pwritev", lambda *a: calls.update(["pwritev"]) or real_v(*a))
+    monkeypatch.setattr(_cache.os, "pwrite", lambda *a: calls.update(["pwrite"]) or real_1(*a))
+    with Loader(str(data), cache_dir=str(tmp_path / "c"), workers=1, **OPTS) as ld:
+        n = sum(1 for _ in ld)
+    assert n > 0
+    entries = cache_info(str(tmp_path / "c"))["entries"]
+    assert entries == 6 and calls["pwritev"] == entries
