@@ -12,9 +12,10 @@ list for the next block. A
 batch someone keeps therefore never changes: its slab is not reused while any
 view of it is alive.
 
-Memory: a slab is made only when no idle one fits, and idle slabs too small for
-the block at hand are freed first, so the pool never holds more slabs than
-blocks were alive at once (the documented peak-memory bound counts those).
+Memory: a slab is made only when no idle one fits, and then the smallest idle
+slab is freed first, so the pool never holds more slabs than blocks were alive
+at once (the documented peak-memory bound counts those); a new slab is as large
+as the largest block seen, so that varying block sizes do not make new slabs.
 Idle slabs stay allocated until the loader is closed or collected.
 """
 
@@ -39,6 +40,7 @@ class BlockBuffers:
         self._lock = threading.Lock()
         self._idle: list[np.ndarray] = []
         self._closed = False
+        self._largest = 0
         self.made = 0  # slabs allocated over the pool's life (tests and stats)
         self.reused = 0
 
@@ -52,11 +54,17 @@ class BlockBuffers:
                 self._idle = [s for s in self._idle if s is not slab]
                 self.reused += 1
             else:
-                # None fits: drop the ones too small, so slabs never outnumber live blocks.
-                self._idle.clear()
+                # None fits: the smallest idle slab makes way, so slabs never outnumber
+                # the blocks alive at once. The new one is as large as the largest so far:
+                # block sizes vary (a file's last row group is short), and slabs sized to
+                # each block were made again and again, each a fresh page per 4 KiB.
+                if self._idle:
+                    smallest = min(self._idle, key=lambda s: s.nbytes)
+                    self._idle = [s for s in self._idle if s is not smallest]
+                self._largest = size = max(-(-n // _ROUND) * _ROUND, 1, self._largest)
                 self.made += 1
         if slab is None:
-            slab = np.empty(max(-(-n // _ROUND) * _ROUND, 1), dtype=np.uint8)
+            slab = np.empty(size, dtype=np.uint8)
         # Not slab[:n]: NumPy would make views of that point at the slab itself.
         block = np.frombuffer(memoryview(slab)[:n], dtype=np.uint8)  # type: ignore[arg-type]
         weakref.finalize(block, self._give_back, slab)

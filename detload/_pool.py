@@ -89,7 +89,8 @@ class WorkerPool:
                 # Segments the consumer no longer views go back to the worker on this pipe.
                 r, wr = ctx.Pipe(duplex=False)
                 p = ctx.Process(
-                    target=process_main, args=(self.cfg, i, inbox, outbox, self.generation, arr, r),
+                    # prefetch finished blocks in the queue and the one being built.
+                    target=process_main, args=(self.cfg, i, inbox, outbox, self.generation, arr, r, prefetch + 1),
                     name=f"detload-worker-{i}", daemon=True,
                 )
                 self.inboxes.append(inbox)
@@ -143,8 +144,10 @@ class WorkerPool:
             seg = item[3]
             if not self._closed:
                 self.segments.release(seg)
-            elif seg.name is not None:  # closing: the workers go, nothing will be reused
-                _shm.discard(self.segments.directory, seg.name)
+            else:  # closing: the workers go, nothing will be reused
+                for name in [seg.name, *(name for _, name, _ in seg.made_ahead)]:
+                    if name is not None:
+                        _shm.discard(self.segments.directory, name)
 
     def drain(self) -> None:
         for q in self.outboxes:

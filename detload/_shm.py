@@ -14,6 +14,13 @@ zeroed pages and no unmapping; a fresh 12 MB segment per block cost that for
 every 4 KiB on both sides and made warm-cache process workers 2-3x slower than
 threads. A block someone keeps never changes: its segment does not go back
 while any view of it is alive.
+
+With its first block a worker makes the segments its queue can hold at once
+(``prefetch + 1``), sized for the largest block of the pass and populated, and
+sends their names along; later it makes one only when none idle fits, as large
+as the largest so far, in place of the smallest idle one. Segments made one by
+one in the first warm pass (where blocks come fastest and queues fill) cost
+about as much CPU each as building a block.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ __all__ = ["SHM_DIR", "ConsumerSegments", "Segment", "WorkerSegments", "create",
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 _PREFIX = "detload-"
+_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux
 _NAME_RE = re.compile(r"^detload-(\d+)-")
 
 
@@ -75,7 +83,9 @@ def create(directory: str, name: str, nbytes: int) -> tuple[np.ndarray, mmap.mma
             if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
                 raise _space_error(directory, nbytes, exc) from None
             raise
-        mm = mmap.mmap(fd, nbytes)
+        # Populated: every page is written soon (segments made ahead at the first block
+        # are not written until a later, faster pass, which should not pay for them).
+        mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | _MAP_POPULATE)
     finally:
         os.close(fd)
     return np.frombuffer(mm, dtype=np.uint8), mm
@@ -86,7 +96,7 @@ def _map(directory: str, name: str, nbytes: int) -> mmap.mmap:
     path = os.path.join(directory, name)
     fd = os.open(path, os.O_RDWR)
     try:
-        return mmap.mmap(fd, nbytes)
+        return mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | _MAP_POPULATE)
     finally:
         os.close(fd)
         os.unlink(path)
@@ -167,6 +177,9 @@ class Segment(NamedTuple):
     name: str | None       # set the first time: the consumer maps and unlinks it
     capacity: int
     dropped: tuple[int, ...] = ()  # segments the worker unmapped: the consumer unmaps them too
+    # Segments the worker made ahead, idle for now: (number, name, capacity). The consumer
+    # maps and unlinks them at once, like ``name``, so no name outlives the hand-over.
+    made_ahead: tuple[tuple[int, str, int], ...] = ()
 
 
 class WorkerSegments:
@@ -176,18 +189,26 @@ class WorkerSegments:
     numbers of segments it no longer views.
     """
 
-    def __init__(self, directory: str, prefix: str, worker: int, returns: Any) -> None:
+    def __init__(self, directory: str, prefix: str, worker: int, returns: Any, reserve: int = 1) -> None:
         self.directory = directory
         self.prefix = prefix
         self.worker = worker
+        self.reserve = reserve
         self._returns = returns
         self._maps: dict[int, mmap.mmap] = {}
         self._capacity: dict[int, int] = {}
         self._idle: set[int] = set()
+        self._unsent: set[int] = set()  # made ahead: the consumer has not got their names yet
         self._dropped: list[int] = []
         self._next = 0
+        self._largest = 0
+        self._pass_rows = 0
         self.made = 0
         self.reused = 0
+
+    def new_pass(self, rows: int) -> None:
+        """``rows``: the most rows of any block this worker builds in the pass at hand."""
+        self._pass_rows = rows
 
     def collect(self) -> None:
         """Take in the segments the consumer sent back (also while waiting, so its pipe never fills)."""
@@ -200,48 +221,83 @@ class WorkerSegments:
             if number in self._maps:
                 self._idle.add(number)
 
-    def get(self, nbytes: int) -> tuple[Segment, np.ndarray]:
-        """A segment of at least ``nbytes`` bytes and a writable uint8 array over its first ``nbytes``."""
+    def get(self, nbytes: int, rows: int = 0) -> tuple[Segment, np.ndarray]:
+        """A segment of at least ``nbytes`` bytes and a writable uint8 array over its first ``nbytes``
+        (for a block of ``rows`` rows)."""
         self.collect()
         fits = [i for i in self._idle if self._capacity[i] >= nbytes]
         if fits:
             number = min(fits, key=self._capacity.__getitem__)
             self._idle.discard(number)
             self.reused += 1
-            name = None
         else:
-            # None fits: unmap the idle ones, so segments never outnumber live blocks.
-            for i in sorted(self._idle):
-                self._forget(i)
-                self._dropped.append(i)
-            self._idle.clear()
-            number = self._next
-            self._next += 1
-            name = f"{self.prefix}{self.worker}-{number}"
-            cap = _capacity(nbytes)
-            _, mm = create(self.directory, name, cap)
-            self._maps[number] = mm
-            self._capacity[number] = cap
-            self.made += 1
+            # None fits: the smallest idle segment (if any) makes way for a new one, so
+            # segments never outnumber the blocks that were alive at once (or the
+            # reserve). A new one fits the largest block of the pass (scaled from this
+            # one's bytes per row) and is never smaller than the largest so far: block
+            # sizes vary (a file's last row group is short), and segments sized to each
+            # block were remade again and again, each costing a zeroed page and a fault
+            # per 4 KiB on both sides.
+            if self._idle:
+                self._drop(min(self._idle, key=self._capacity.__getitem__))
+            want = -(-nbytes * self._pass_rows // rows) if 0 < rows < self._pass_rows else nbytes
+            self._largest = max(_capacity(want), self._largest)
+            number = self._make(self._largest)
+            if self.made == 1:
+                # The first block: make the segments the worker's queue will hold at once
+                # now, rather than one by one in the first fast (warm) pass, where each
+                # new one cost about as much CPU as building a block.
+                for _ in range(self.reserve - 1):
+                    self._idle.add(self._make(self._largest))
+        name = None
+        if number in self._unsent:
+            self._unsent.discard(number)
+            name = self._name(number)
         seg = Segment(self.worker, number, name, self._capacity[number])
         return seg, np.frombuffer(self._maps[number], dtype=np.uint8, count=nbytes)
 
+    def _name(self, number: int) -> str:
+        return f"{self.prefix}{self.worker}-{number}"
+
+    def _make(self, capacity: int) -> int:
+        number = self._next
+        self._next += 1
+        _, mm = create(self.directory, self._name(number), capacity)
+        self._maps[number] = mm
+        self._capacity[number] = capacity
+        self._unsent.add(number)
+        self.made += 1
+        return number
+
+    def _drop(self, number: int) -> None:
+        """Unmap an idle segment; the consumer unmaps it too, or never hears of it."""
+        self._idle.discard(number)
+        if number in self._unsent:
+            self._unsent.discard(number)
+            discard(self.directory, self._name(number))
+        else:
+            self._dropped.append(number)
+        self._forget(number)
+
     def sending(self, seg: Segment) -> Segment:
-        """``seg`` as it is sent: with the drops the consumer has not heard of yet."""
-        if not self._dropped:
+        """``seg`` as it is sent: with the drops and the segments made ahead that the consumer
+        has not heard of yet."""
+        if not self._dropped and not self._unsent:
             return seg
-        out = seg._replace(dropped=tuple(self._dropped))
+        ahead = tuple((n, self._name(n), self._capacity[n]) for n in sorted(self._unsent))
+        out = seg._replace(dropped=tuple(self._dropped), made_ahead=ahead)
         self._dropped.clear()
+        self._unsent.clear()
         return out
 
     def unsent(self, seg: Segment) -> None:
         """A block built in ``seg`` did not reach the consumer (stale, or rebuilt)."""
         self._dropped.extend(seg.dropped)
-        if seg.name is None:  # the consumer has it mapped: build in it again
-            self._idle.add(seg.number)
-        else:  # the consumer never saw its name: nobody else will unlink it
-            discard(self.directory, seg.name)
-            self._forget(seg.number)
+        # Names the consumer never saw go with the next block (unless dropped meanwhile).
+        self._unsent.update(n for n, _, _ in seg.made_ahead if n in self._maps)
+        if seg.name is not None:
+            self._unsent.add(seg.number)
+        self._idle.add(seg.number)
 
     def _forget(self, number: int) -> None:
         mm = self._maps.pop(number)
@@ -252,6 +308,9 @@ class WorkerSegments:
             pass
 
     def close(self) -> None:
+        for number in self._unsent:  # nobody else would unlink these names
+            discard(self.directory, self._name(number))
+        self._unsent.clear()
         for number in list(self._maps):
             self._forget(number)
         self._idle.clear()
@@ -319,6 +378,9 @@ class ConsumerSegments:
             returns.flush()
         for number in seg.dropped:
             self._maps.pop((seg.worker, number), None)
+        for number, name, capacity in seg.made_ahead:
+            self._maps[(seg.worker, number)] = _map(self.directory, name, capacity)
+            self.made += 1
         if seg.name is not None:
             self._maps[(seg.worker, seg.number)] = _map(self.directory, seg.name, seg.capacity)
 

@@ -470,7 +470,7 @@ def _assemble(cfg: WorkerConfig, task: Task, segs: _shm.WorkerSegments | None,
     got: list[_shm.Segment] = []
 
     def alloc_shm(n: int) -> np.ndarray:
-        seg, arr = segs.get(n)
+        seg, arr = segs.get(n, task.rows)
         got.append(seg)
         return arr
 
@@ -519,6 +519,8 @@ def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generati
             # Every message starts (part of) a pass: the first blocks of the next one,
             # built ahead, or the rest of a pass when it begins, perhaps long after.
             reader.new_pass()
+            if segs is not None and tasks:
+                segs.new_pass(max(task.rows for task in tasks))
             for task in tasks:
                 if generation.value > gen:  # stale; a newer generation (built ahead) is not
                     break
@@ -609,8 +611,9 @@ class _SharedInt:
 
 
 def process_main(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generation: Any,
-                 status_arr: Any, returns: Any) -> None:
-    """Entry point of a worker process; ``returns`` brings back the segments the consumer is done with."""
+                 status_arr: Any, returns: Any, segments: int = 1) -> None:
+    """Entry point of a worker process; ``returns`` brings back the segments the consumer is done with;
+    ``segments``: how many to make with the first block (the blocks the worker may hold at once)."""
     import signal
 
     # Ctrl-C reaches the whole process group; the parent decides how to stop.
@@ -620,7 +623,7 @@ def process_main(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generat
     pa.set_cpu_count(1)
     pa.set_io_thread_count(2)
     assert cfg.shm_dir is not None
-    segs = _shm.WorkerSegments(cfg.shm_dir, cfg.shm_prefix, index, returns)
+    segs = _shm.WorkerSegments(cfg.shm_dir, cfg.shm_prefix, index, returns, reserve=segments)
     try:
         worker_loop(cfg, index, inbox, outbox, generation, Status(status_arr), segs)
     except KeyboardInterrupt:  # the parent handles Ctrl-C; just leave

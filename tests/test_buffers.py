@@ -54,6 +54,35 @@ def test_slabs_never_outnumber_live_blocks():
     assert pool.idle == 0
 
 
+def test_new_slabs_are_as_large_as_the_largest_block_so_far():
+    # Block sizes vary (a file's last row group is short): slabs sized to each block were
+    # remade again and again when a larger block followed a smaller one.
+    pool = BlockBuffers()
+    big = pool.get(4 << 20)
+    small = pool.get(100)  # a new slab, made as large as the 4 MiB one
+    assert pool.made == 2
+    del small
+    gc.collect()
+    big2 = pool.get(4 << 20)  # so a large block fits it
+    assert pool.made == 2 and pool.reused == 1
+    del big, big2
+    pool.close()
+
+
+def test_only_the_smallest_idle_slab_makes_way():
+    pool = BlockBuffers()
+    a, b, c = pool.get(1 << 20), pool.get(2 << 20), pool.get(100)
+    del a, b
+    gc.collect()
+    assert pool.idle == 2
+    d = pool.get(3 << 20)  # fits neither: the 1 MiB slab goes, the 2 MiB one stays for later
+    assert pool.idle == 1 and pool.made == 4
+    e = pool.get(2 << 20)
+    assert pool.made == 4 and pool.reused == 1
+    del c, d, e
+    pool.close()
+
+
 def test_closed_pool_keeps_nothing():
     pool = BlockBuffers()
     a = pool.get(100)

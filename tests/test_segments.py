@@ -65,14 +65,30 @@ def test_idle_segments_too_small_are_dropped_on_both_sides(pair):
     del big
 
 
-def test_unsent_blocks_free_their_segment(pair):
+def test_only_the_smallest_idle_segment_makes_way(pair):
+    worker, consumer, _ = pair
+    a, _ = _send(worker, consumer, 10, 1)
+    b, seg_b = _send(worker, consumer, 1 << 20, 2)
+    c, _ = _send(worker, consumer, 2 << 20, 3)
+    keep, _ = _send(worker, consumer, 10, 4)
+    del a, c
+    gc.collect()
+    d, seg_d = _send(worker, consumer, 4 << 20, 5)  # fits no idle one: only the 10-byte one goes
+    assert worker.made == 5 and len(seg_d.dropped) == 1
+    e, seg_e = _send(worker, consumer, 2 << 20, 6)  # the 2 MiB one stayed
+    assert worker.made == 5 and seg_e.name is None
+    del b, keep, d, e
+
+
+def test_unsent_blocks_keep_their_segment(pair):
     worker, consumer, d = pair
     seg, arr = worker.get(100)
     del arr
     assert os.listdir(d) == [seg.name]
-    worker.unsent(seg)  # never reached the consumer: its name is unlinked, its mapping dropped
-    assert os.listdir(d) == []
+    worker.unsent(seg)  # never reached the consumer: kept, its name goes with the next block
+    assert os.listdir(d) == [seg.name]
     block, seg2 = _send(worker, consumer, 100, 3)
+    assert seg2.number == seg.number and seg2.name == seg.name and os.listdir(d) == []
     del block
     gc.collect()
     seg3, arr = worker.get(100)
@@ -80,8 +96,93 @@ def test_unsent_blocks_free_their_segment(pair):
     assert seg3.number == seg2.number and seg3.name is None
     worker.unsent(seg3)  # the consumer maps it: it stays for the next block
     seg4, arr = worker.get(100)
-    assert seg4.number == seg2.number
+    assert seg4.number == seg2.number and seg4.name is None
     del arr
+
+
+def test_close_unlinks_names_never_sent(tmp_path):
+    r, _w = mp.Pipe(duplex=False)
+    worker = WorkerSegments(str(tmp_path), "detload-1-t-", 0, r, reserve=3)
+    seg, arr = worker.get(100)
+    del arr
+    worker.unsent(worker.sending(seg))
+    assert len(os.listdir(tmp_path)) == 3
+    worker.close()
+    assert os.listdir(tmp_path) == []
+
+
+def test_first_block_makes_the_reserve(tmp_path):
+    # The segments a worker's queue holds at once are made (populated) with its first block,
+    # not one by one in the first fast pass; their names go with that block, so no name
+    # outlives the first hand-over.
+    r, w = mp.Pipe(duplex=False)
+    worker = WorkerSegments(str(tmp_path), "detload-1-t-", 0, r, reserve=3)
+    consumer = ConsumerSegments(str(tmp_path), [w])
+    first, seg = _send(worker, consumer, 5000, 0)
+    assert seg.name is not None and len(seg.made_ahead) == 2
+    assert worker.made == 3 and consumer.made == 3 and os.listdir(tmp_path) == []
+    blocks = [first]
+    for v in (1, 2):
+        block, seg = _send(worker, consumer, 5000, v)
+        assert seg.name is None and not seg.made_ahead
+        blocks.append(block)
+    assert [int(b[0]) for b in blocks] == [0, 1, 2] and consumer.mapped == 3
+    block, seg = _send(worker, consumer, 5000, 9)  # all three in use: one more
+    assert worker.made == 4 and seg.name is not None
+    del blocks, block, first
+    gc.collect()
+    worker.close()
+    consumer.close()
+
+
+def test_a_block_not_handed_over_keeps_the_names_for_the_next(pair, tmp_path):
+    r, w = mp.Pipe(duplex=False)
+    worker = WorkerSegments(str(tmp_path), "detload-2-t-", 0, r, reserve=2)
+    consumer = ConsumerSegments(str(tmp_path), [w])
+    seg, arr = worker.get(100)
+    del arr
+    worker.unsent(worker.sending(seg))  # stale: the consumer never saw it
+    block, seg2 = _send(worker, consumer, 100, 4)
+    assert seg2.name is not None and len(seg2.made_ahead) == 1
+    assert os.listdir(tmp_path) == [] and consumer.mapped == 2
+    other, seg3 = _send(worker, consumer, 100, 5)  # the one made ahead, mapped on both sides
+    assert seg3.name is None and (other == 5).all() and (block == 4).all()
+    del block, other
+    gc.collect()
+    worker.close()
+    consumer.close()
+
+
+def test_new_segments_fit_the_largest_block_of_the_pass(pair):
+    worker, consumer, _ = pair
+    worker.new_pass(rows=1000)
+    small, seg = _send_rows(worker, consumer, 100_000, 500, 1)  # 200 bytes a row
+    assert seg.capacity >= 200_000
+    del small
+    gc.collect()
+    big, seg2 = _send_rows(worker, consumer, 200_000, 1000, 2)
+    assert seg2.number == seg.number and worker.made == 1
+    del big
+
+
+def _send_rows(worker, consumer, nbytes, rows, value):
+    seg, arr = worker.get(nbytes, rows)
+    arr[:] = value
+    del arr
+    sent = worker.sending(seg)
+    return consumer.attach(sent, nbytes), sent
+
+
+def test_new_segments_are_as_large_as_the_largest_so_far(pair):
+    worker, consumer, _ = pair
+    big, _ = _send(worker, consumer, 3 << 20, 1)
+    small, seg = _send(worker, consumer, 100, 2)  # made while the big one is in use: as large
+    assert seg.capacity >= 3 << 20
+    del small
+    gc.collect()
+    big2, seg2 = _send(worker, consumer, 3 << 20, 3)
+    assert seg2.number == seg.number and worker.made == 2
+    del big, big2
 
 
 def test_release_of_a_stale_block_gives_its_segment_back(pair):
