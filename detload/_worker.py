@@ -8,6 +8,7 @@ values carrying the worker's traceback and the unit it was on.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import os
 import queue
@@ -622,6 +623,7 @@ def process_main(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generat
     # One worker is one core of parallelism; pyarrow's own pool would compete.
     pa.set_cpu_count(1)
     pa.set_io_thread_count(2)
+    _keep_freed_memory()
     assert cfg.shm_dir is not None
     segs = _shm.WorkerSegments(cfg.shm_dir, cfg.shm_prefix, index, returns, reserve=segments)
     try:
@@ -634,6 +636,24 @@ def process_main(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generat
         # mapped would stay in /dev/shm until the next pool starts.
         if not _parent_alive(cfg):
             _shm.sweep(cfg.shm_dir, cfg.shm_prefix)
+
+
+def _keep_freed_memory() -> None:
+    """In a worker process (ours alone): let glibc keep freed memory for the next block.
+
+    A block's NumPy temporaries (the permutation's keys and orders; for string and list
+    columns the value index, several MB per block) are freed after it; glibc gave such
+    chunks back to the kernel (unmapped, or trimmed off the heap) and the next block
+    faulted in zeroed pages again. Thresholds above a block's temporaries keep them.
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    mallopt(m_mmap_threshold, 32 << 20)  # glibc's largest
+    mallopt(m_trim_threshold, 256 << 20)
 
 
 # Warnings raised in a worker process, waiting to travel with its next block.
