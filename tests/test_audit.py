@@ -8,7 +8,10 @@ loader yielded. Also: the manifest's JSONL structure, and torn-tail reading.
 from __future__ import annotations
 
 import json
+import os
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -287,3 +290,18 @@ def test_verify_puts_differing_order_options_before_the_columns(tmp_path):
     head = "diverged at epoch 0 step 0, and the runs used different order options: seed (A: 1, B: 2), fingerprint ("
     assert res.message.startswith(head), res.message
     assert res.message.endswith("; columns c0, c1, c2, c3, c4, c5, c6, c7 and 4 more differ")
+
+
+def test_python_dash_m_runs_the_command_line(small_dataset, tmp_path):
+    # Where the `detload` script is not on PATH (a venv not activated), `python -m detload` works.
+    m = tmp_path / "m.jsonl"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-m", "detload", "run", str(small_dataset.root), "--batch-size", "64",
+                          "--seed", "1", "--manifest", str(m)], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    same = subprocess.run([sys.executable, "-m", "detload", "verify", str(m), str(m)], capture_output=True,
+                          text=True, env=env)
+    assert same.returncode == 0 and same.stdout.startswith("identical"), same.stdout + same.stderr
+    bad = subprocess.run([sys.executable, "-m", "detload", "verify", str(m)], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "usage: detload" in bad.stderr
