@@ -20,6 +20,7 @@ each column lies in it, so the consumer side can rebuild zero-copy views.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -162,17 +163,43 @@ def views(buf: np.ndarray | memoryview | bytearray, layout: Layout) -> dict[str,
     return out
 
 
-def _concat_ragged(parts: Sequence[Ragged]) -> Ragged:
+# Per-thread arrays reused by every block a worker builds: the scratch, the value
+# index and the concatenated string/list columns. Fresh ones of several MB per
+# block made the allocator hand pages back to the kernel and fault in zeroed ones
+# again (about 900 faults per 65,536-row block of a string/list dataset with
+# thread workers). Each keeps the largest size asked of it; a worker thread's go
+# when it exits (the pool's close), a worker process's with the process.
+_WORKSPACE = threading.local()
+
+
+def _workspace(key: str, n: int, dtype: np.dtype | type) -> np.ndarray:
+    """A reused array of ``n`` items of ``dtype`` for this thread; its contents are garbage."""
+    spaces = getattr(_WORKSPACE, "spaces", None)
+    if spaces is None:
+        spaces = _WORKSPACE.spaces = {}
+    dt = np.dtype(dtype)
+    nbytes = n * dt.itemsize
+    buf = spaces.get(key)
+    if buf is None or buf.nbytes < nbytes:
+        buf = spaces[key] = np.empty(max(nbytes, 1), dtype=np.uint8)
+    return buf[:nbytes].view(dt)
+
+
+def _concat_ragged(name: str, parts: Sequence[Ragged]) -> Ragged:
     if len(parts) == 1:
         return parts[0]
-    values = np.concatenate([p.values for p in parts])
-    offs = [parts[0].offsets[:-1]]
-    base = int(parts[0].offsets[-1])
-    for p in parts[1:]:
-        offs.append(p.offsets[:-1] + base)
+    values = _workspace(f"values:{name}", sum(int(p.values.shape[0]) for p in parts),
+                        np.result_type(*[p.values.dtype for p in parts]))
+    np.concatenate([p.values for p in parts], out=values)
+    offs = _workspace(f"offsets:{name}", sum(int(p.offsets.shape[0]) - 1 for p in parts) + 1, np.int64)
+    at, base = 0, 0
+    for p in parts:
+        n = int(p.offsets.shape[0]) - 1
+        np.add(p.offsets[:-1], base, out=offs[at : at + n])
+        at += n
         base += int(p.offsets[-1])
-    offs.append(np.array([base], dtype=np.int64))
-    return Ragged(values, np.concatenate(offs), parts[0].kind)
+    offs[at] = base
+    return Ragged(values, offs, parts[0].kind)
 
 
 def _bytes_take(src: Ragged, perm: np.ndarray, out_offsets: np.ndarray, out_values: np.ndarray) -> None:
@@ -206,7 +233,8 @@ def _ragged_take(src: Ragged, perm: np.ndarray, out_offsets: np.ndarray, out_val
     starts = src.offsets[:-1][perm[rows]]
     jump = starts.copy()
     jump[1:] -= starts[:-1] + lengths[rows[:-1]] - 1
-    idx = np.ones(total, dtype=np.int64)
+    idx = _workspace("index", total, np.int64)
+    idx.fill(1)
     idx[out_offsets[rows]] = jump
     np.cumsum(idx, out=idx)
     np.take(src.values, idx, out=out_values, mode="clip")
@@ -298,7 +326,8 @@ def assemble(
     for n in lengths:
         spans.append((pos, pos + n))
         pos += n
-    ragged = {s.name: _concat_ragged([u[s.name] for u in units]) for s in specs if s.kind == "ragged"}  # type: ignore[misc]
+    ragged = {s.name: _concat_ragged(s.name, [u[s.name] for u in units])  # type: ignore[misc]
+              for s in specs if s.kind == "ragged"}
     layout, groups = _plan(specs, rows, {k: int(v.values.shape[0]) for k, v in ragged.items()})
     buf = allocate(layout.nbytes)
     base = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)
@@ -307,7 +336,7 @@ def assemble(
     if perm is not None and rows:
         need = max((min(k, _chunk_cols(rows, _dtype(dt).itemsize)) * rows * _dtype(dt).itemsize
                     for _, k, dt in groups), default=0)
-    scratch = np.empty(need, dtype=np.uint8)
+    scratch = _workspace("scratch", need, np.uint8)
     for first, k, dt in groups:
         names = tuple(c.name for c in layout.columns[first : first + k])
         d0 = layout.columns[first].data

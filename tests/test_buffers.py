@@ -158,10 +158,12 @@ def _minor_faults(pid: int) -> int:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat") or platform.libc_ver()[0] != "glibc",
                     reason="glibc's allocator, page-fault counts from /proc")
-def test_process_workers_reuse_the_memory_of_block_temporaries(tmp_path):
+@pytest.mark.parametrize("pool", ["process", "thread"])
+def test_workers_reuse_the_memory_of_block_temporaries(tmp_path, pool):
     # Building a block of string and list columns allocates several MB of NumPy temporaries.
     # glibc gave them back to the kernel after each block, and every block faulted in
     # zeroed pages again (about 2,000 per 65,536-row block): a third of a warm block's CPU.
+    # Workers now reuse their working arrays (and worker processes keep freed heap memory).
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -177,17 +179,38 @@ def test_process_workers_reuse_the_memory_of_block_temporaries(tmp_path):
         cols["query"] = pa.array(["q" * int(n) for n in rng.integers(5, 41, rows)])
         cols["hist"] = pa.ListArray.from_arrays(pa.array(offsets), values)
         pq.write_table(pa.table(cols), tmp_path / "d" / f"part{part}.parquet", row_group_size=16384)
-    with Loader(str(tmp_path / "d"), batch_size=4096, seed=0, workers=1, pool="process", prefetch=1,
+    with Loader(str(tmp_path / "d"), batch_size=4096, seed=0, workers=1, pool=pool, prefetch=1,
                 cache_dir=str(tmp_path / "c")) as ld:
         for epoch in range(2):  # fills the cache, then a warm epoch
             ld.set_epoch(epoch)
             for _ in ld:
                 pass
-        pid = ld._pool.handles[0].pid
+        pid = ld._pool.handles[0].pid if pool == "process" else os.getpid()
         before = _minor_faults(pid)
         for epoch in range(2, 6):
             ld.set_epoch(epoch)
             for _ in ld:
                 pass
         per_block = (_minor_faults(pid) - before) / 8  # 8 row groups, 4 to a block, 4 epochs
-    assert per_block < 500, f"{per_block:.0f} page faults per warm block in the worker"
+    assert per_block < 500, f"{per_block:.0f} page faults per warm block in the worker's process"
+
+
+def test_workspace_arrays_are_reused_per_thread_and_key():
+    import threading
+
+    from detload._block import _workspace
+
+    a = _workspace("t:a", 1000, np.int64)
+    a[:] = 7
+    b = _workspace("t:a", 10, np.float32)  # smaller: the same memory, another dtype
+    assert b.__array_interface__["data"][0] == a.__array_interface__["data"][0] and b.shape == (10,)
+    c = _workspace("t:b", 1000, np.int64)
+    assert not np.shares_memory(a, c)
+    d = _workspace("t:a", 2000, np.int64)  # larger: a new array, kept from now on
+    assert d.shape == (2000,) and _workspace("t:a", 1500, np.int64).__array_interface__["data"][0] == \
+        d.__array_interface__["data"][0]
+    other = []
+    t = threading.Thread(target=lambda: other.append(_workspace("t:a", 1000, np.int64)))
+    t.start()
+    t.join()
+    assert not np.shares_memory(other[0], d)
