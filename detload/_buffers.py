@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections import deque
 
 import numpy as np
 
@@ -39,6 +40,10 @@ class BlockBuffers:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._idle: list[np.ndarray] = []
+        # Slabs whose block died. A finalizer puts them here without the lock: it can run
+        # inside get(), in a garbage collection an allocation under the lock started,
+        # and taking the lock there again would hang the thread. get() takes them in.
+        self._returned: deque[np.ndarray] = deque()
         self._closed = False
         self._largest = 0
         self.made = 0  # slabs allocated over the pool's life (tests and stats)
@@ -48,6 +53,7 @@ class BlockBuffers:
         """A writable uint8 array of ``n`` bytes whose slab returns here when the array is gone."""
         slab = None
         with self._lock:
+            self._take_returned()
             fits = [s for s in self._idle if s.nbytes >= n]
             if fits:
                 slab = min(fits, key=lambda s: s.nbytes)
@@ -71,16 +77,28 @@ class BlockBuffers:
         return block
 
     def _give_back(self, slab: np.ndarray) -> None:
-        with self._lock:
+        if not self._closed:
+            self._returned.append(slab)  # deque.append is atomic; no lock (see __init__)
+
+    def _take_returned(self) -> None:
+        """Under the lock: returned slabs become idle (or are dropped once closed)."""
+        while True:
+            try:
+                slab = self._returned.popleft()
+            except IndexError:
+                return
             if not self._closed:
                 self._idle.append(slab)
 
     @property
     def idle(self) -> int:
-        return len(self._idle)
+        with self._lock:
+            self._take_returned()
+            return len(self._idle)
 
     def close(self) -> None:
         """Free the idle slabs; slabs still in use are freed with their last array."""
         with self._lock:
             self._closed = True
             self._idle.clear()
+            self._returned.clear()

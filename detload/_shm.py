@@ -2,7 +2,8 @@
 
 A worker creates a segment, writes a block into it and sends its name; the
 consumer side maps it and unlinks it at once, so no name outlives that moment
-and the memory lives exactly as long as the mappings. Names carry the
+and the memory lives exactly as long as the mappings (the segments a worker
+makes ahead, below, are named until the next block it hands over). Names carry the
 consumer's pid and a loader token, so `sweep` can reclaim what a killed
 process left behind.
 
@@ -233,14 +234,16 @@ class WorkerSegments:
         else:
             # None fits: the smallest idle segment (if any) makes way for a new one, so
             # segments never outnumber the blocks that were alive at once (or the
-            # reserve). A new one fits the largest block of the pass (scaled from this
-            # one's bytes per row) and is never smaller than the largest so far: block
-            # sizes vary (a file's last row group is short), and segments sized to each
-            # block were remade again and again, each costing a zeroed page and a fault
-            # per 4 KiB on both sides.
+            # reserve). A new one is never smaller than the largest so far, and fits
+            # the largest block of the pass as estimated from this one's bytes per row:
+            # block sizes vary (a file's last row group is short), and segments sized
+            # to each block were remade again and again, each costing a zeroed page and
+            # a fault per 4 KiB on both sides. The estimate is used only for a block of
+            # at least half the pass's largest row count, so it is at most twice this
+            # block: a short block's bytes per row (long strings, alignment) say little.
             if self._idle:
                 self._drop(min(self._idle, key=self._capacity.__getitem__))
-            want = -(-nbytes * self._pass_rows // rows) if 0 < rows < self._pass_rows else nbytes
+            want = -(-nbytes * self._pass_rows // rows) if 0 < rows < self._pass_rows <= 2 * rows else nbytes
             self._largest = max(_capacity(want), self._largest)
             number = self._make(self._largest)
             if self.made == 1:
@@ -391,7 +394,12 @@ class ConsumerSegments:
             self.made += 1
         else:
             self.reused += 1
-        mm = self._maps[(seg.worker, seg.number)]
+        mm = self._maps.get((seg.worker, seg.number))
+        if mm is None:  # a bug, not a user error: say which, rather than a bare KeyError
+            raise SharedMemoryError(
+                f"worker {seg.worker} built a block in its segment {seg.number}, whose name never "
+                "reached this process (the block that carried it was lost)"
+            )
         # Not a slice of an array over the whole mapping: NumPy would make views of
         # that point at it, and this block array could die while they live.
         block = np.frombuffer(memoryview(mm)[:nbytes], dtype=np.uint8)  # type: ignore[arg-type]

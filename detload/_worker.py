@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import multiprocessing as mp
 import os
+import platform
 import queue
 import time
 import traceback
@@ -452,8 +453,6 @@ def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: 
             raise
         return None, None, False  # type: ignore[return-value]
     intact = all([reader.settle(u, f, rg) for u, (f, rg) in zip(units, task.units)])
-    if segs is not None and intact:
-        payload = segs.sending(payload)
     t.add("permute", t0, time.perf_counter())
     return payload, layout, intact
 
@@ -542,6 +541,10 @@ def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generati
                 if _FORWARDED:  # raised while building this block (or since the last one)
                     t.warnings, _FORWARDED[:] = list(_FORWARDED), []
                 t0 = time.perf_counter()
+                if segs is not None:
+                    # Last, right before the hand-over: the drops and names it carries are the
+                    # worker's to send again (unsent) if this block does not get through.
+                    payload = segs.sending(payload)
                 ok = _put(outbox, ("ok", gen, task.k, payload, layout, t), generation, gen, cfg, segs, payload)
                 last_wait = ("worker_queue_wait", t0, time.perf_counter())
                 if not ok:
@@ -646,10 +649,11 @@ def _keep_freed_memory() -> None:
     chunks back to the kernel (unmapped, or trimmed off the heap) and the next block
     faulted in zeroed pages again. Thresholds above a block's temporaries keep them.
     """
+    if platform.libc_ver()[0] != "glibc":  # the thresholds below are glibc's
+        return
     try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc: nothing to tune
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError, TypeError):
         return
     m_trim_threshold, m_mmap_threshold = -1, -3
     mallopt(m_mmap_threshold, 32 << 20)  # glibc's largest

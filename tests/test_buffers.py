@@ -85,6 +85,39 @@ def test_only_the_smallest_idle_slab_makes_way():
     pool.close()
 
 
+def test_a_block_freed_by_a_collection_inside_get_does_not_hang():
+    # A block in a reference cycle dies in whatever garbage collection comes next: that can
+    # be one an allocation inside get() starts while it holds the pool's lock, and the
+    # block's finalizer used to wait for that same lock.
+    import threading
+
+    class CollectingLock:
+        """The pool's lock, with a garbage collection right after each acquire."""
+
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+
+        def __enter__(self) -> None:
+            self.lock.acquire()
+            gc.collect()
+
+        def __exit__(self, *exc: object) -> None:
+            self.lock.release()
+
+    pool = BlockBuffers()
+    cycle: list[object] = [pool.get(100)]
+    cycle.append(cycle)  # the block dies only in a collection
+    del cycle
+    pool._lock = CollectingLock()  # type: ignore[assignment]
+    got: list[np.ndarray] = []
+    t = threading.Thread(target=lambda: got.append(pool.get(100)), daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "BlockBuffers.get hung in its own lock"
+    assert len(got) == 1 and pool.reused == 1  # the dead block's slab came back and served it
+    got.clear()
+
+
 def test_closed_pool_keeps_nothing():
     pool = BlockBuffers()
     a = pool.get(100)

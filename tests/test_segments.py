@@ -135,7 +135,7 @@ def test_first_block_makes_the_reserve(tmp_path):
     consumer.close()
 
 
-def test_a_block_not_handed_over_keeps_the_names_for_the_next(pair, tmp_path):
+def test_a_block_not_handed_over_keeps_the_names_for_the_next(tmp_path):
     r, w = mp.Pipe(duplex=False)
     worker = WorkerSegments(str(tmp_path), "detload-2-t-", 0, r, reserve=2)
     consumer = ConsumerSegments(str(tmp_path), [w])
@@ -163,6 +163,50 @@ def test_new_segments_fit_the_largest_block_of_the_pass(pair):
     big, seg2 = _send_rows(worker, consumer, 200_000, 1000, 2)
     assert seg2.number == seg.number and worker.made == 1
     del big
+
+
+def test_a_short_block_does_not_size_the_segments(pair):
+    # A 2-row block of long strings has a bytes-per-row that says nothing about the pass's
+    # 100,000-row blocks: scaling it made 190 GiB segments (and a SharedMemoryError).
+    worker, consumer, _ = pair
+    worker.new_pass(rows=100_000)
+    block, seg = _send_rows(worker, consumer, 4_000_000, 2, 1)
+    assert seg.capacity <= 4_000_000 + (1 << 20)
+    del block
+    gc.collect()
+    worker.new_pass(rows=100_000)
+    half, seg2 = _send_rows(worker, consumer, 6_000_000, 49_999, 2)  # under half: not scaled either
+    assert seg2.capacity <= 6_000_000 + (1 << 20)
+    del half
+
+
+def test_dropping_a_segment_never_announced_unlinks_it_here(tmp_path):
+    r, w = mp.Pipe(duplex=False)
+    worker = WorkerSegments(str(tmp_path), "detload-1-t-", 0, r, reserve=3)
+    consumer = ConsumerSegments(str(tmp_path), [w])
+    seg, arr = worker.get(100)  # makes three: this one and two idle, not announced yet
+    del arr
+    seg2, arr2 = worker.get(1 << 20)  # fits no idle one: one of the two makes way
+    del arr2
+    assert len(os.listdir(tmp_path)) == 3
+    sent = worker.sending(seg)
+    assert sent.dropped == () and len(sent.made_ahead) == 1  # the dropped one is never mentioned
+    block = consumer.attach(sent, 100)
+    block2 = consumer.attach(worker.sending(seg2), 1 << 20)
+    assert os.listdir(tmp_path) == [] and consumer.mapped == 3
+    del block, block2
+    gc.collect()
+    worker.close()
+    consumer.close()
+
+
+def test_a_block_whose_segment_was_never_announced_says_so(pair):
+    worker, consumer, _ = pair
+    seg, arr = worker.get(100)
+    del arr
+    with pytest.raises(_shm.SharedMemoryError, match="never reached this process"):
+        consumer.attach(seg._replace(name=None), 100)
+    worker.unsent(seg)
 
 
 def _send_rows(worker, consumer, nbytes, rows, value):
