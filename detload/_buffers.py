@@ -79,6 +79,8 @@ class BlockBuffers:
     def _give_back(self, slab: np.ndarray) -> None:
         if not self._closed:
             self._returned.append(slab)  # deque.append is atomic; no lock (see __init__)
+            if self._closed:  # close() ran meanwhile: nothing would take it in
+                self._returned.clear()
 
     def _take_returned(self) -> None:
         """Under the lock: returned slabs become idle (or are dropped once closed)."""

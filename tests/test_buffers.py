@@ -124,7 +124,23 @@ def test_closed_pool_keeps_nothing():
     pool.close()
     del a
     gc.collect()
-    assert pool.idle == 0
+    assert pool.idle == 0 and not pool._returned
+
+
+def test_a_slab_given_back_while_the_pool_closes_is_not_kept():
+    # A finalizer checks "closed" without the lock; close() can run between that check
+    # and its append. The slab must not stay referenced by the closed pool.
+    pool = BlockBuffers()
+    slab = np.empty(1 << 20, dtype=np.uint8)
+
+    class ClosesOnCheck:
+        def __bool__(self) -> bool:  # the first check says open, and closes the pool meanwhile
+            pool._closed = True
+            return False
+
+    pool._closed = ClosesOnCheck()  # type: ignore[assignment]
+    pool._give_back(slab)
+    assert not pool._returned
 
 
 @pytest.fixture(scope="module")
