@@ -19,17 +19,33 @@ from detload._shm import ConsumerSegments, WorkerSegments
 
 
 @pytest.fixture
-def pair(tmp_path):
-    r, w = mp.Pipe(duplex=False)
-    worker = WorkerSegments(str(tmp_path), "detload-1-t-", 0, r)
-    consumer = ConsumerSegments(str(tmp_path), [w])
-    yield worker, consumer, tmp_path
-    worker.close()
-    consumer.close()
+def make_pair(tmp_path):
+    """make_pair(reserve=1): a worker's segments and the consumer's, in tmp_path; closed after the test."""
+    made = []
+
+    def make(reserve: int = 1):
+        r, w = mp.Pipe(duplex=False)
+        worker = WorkerSegments(str(tmp_path), "detload-1-t-", 0, r, reserve=reserve)
+        consumer = ConsumerSegments(str(tmp_path), [w])
+        made.append((worker, consumer))
+        return worker, consumer
+
+    yield make
+    gc.collect()
+    for worker, consumer in made:
+        worker.close()
+        consumer.close()
 
 
-def _send(worker, consumer, nbytes, value):
-    seg, arr = worker.get(nbytes)
+@pytest.fixture
+def pair(make_pair, tmp_path):
+    worker, consumer = make_pair()
+    return worker, consumer, tmp_path
+
+
+def _send(worker, consumer, nbytes, value, rows=0):
+    """Build a block of ``nbytes`` (``rows`` rows) filled with ``value`` and hand it over."""
+    seg, arr = worker.get(nbytes, rows)
     arr[:] = value
     del arr
     sent = worker.sending(seg)
@@ -100,9 +116,8 @@ def test_unsent_blocks_keep_their_segment(pair):
     del arr
 
 
-def test_close_unlinks_names_never_sent(tmp_path):
-    r, _w = mp.Pipe(duplex=False)
-    worker = WorkerSegments(str(tmp_path), "detload-1-t-", 0, r, reserve=3)
+def test_close_unlinks_names_never_sent(make_pair, tmp_path):
+    worker, _ = make_pair(reserve=3)
     seg, arr = worker.get(100)
     del arr
     worker.unsent(worker.sending(seg))
@@ -111,13 +126,11 @@ def test_close_unlinks_names_never_sent(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_first_block_makes_the_reserve(tmp_path):
+def test_first_block_makes_the_reserve(make_pair, tmp_path):
     # The segments a worker's queue holds at once are made (populated) with its first block,
     # not one by one in the first fast pass; their names go with that block, so no name
     # outlives the first hand-over.
-    r, w = mp.Pipe(duplex=False)
-    worker = WorkerSegments(str(tmp_path), "detload-1-t-", 0, r, reserve=3)
-    consumer = ConsumerSegments(str(tmp_path), [w])
+    worker, consumer = make_pair(reserve=3)
     first, seg = _send(worker, consumer, 5000, 0)
     assert seg.name is not None and len(seg.made_ahead) == 2
     assert worker.made == 3 and consumer.made == 3 and os.listdir(tmp_path) == []
@@ -130,15 +143,10 @@ def test_first_block_makes_the_reserve(tmp_path):
     block, seg = _send(worker, consumer, 5000, 9)  # all three in use: one more
     assert worker.made == 4 and seg.name is not None
     del blocks, block, first
-    gc.collect()
-    worker.close()
-    consumer.close()
 
 
-def test_a_block_not_handed_over_keeps_the_names_for_the_next(tmp_path):
-    r, w = mp.Pipe(duplex=False)
-    worker = WorkerSegments(str(tmp_path), "detload-2-t-", 0, r, reserve=2)
-    consumer = ConsumerSegments(str(tmp_path), [w])
+def test_a_block_not_handed_over_keeps_the_names_for_the_next(make_pair, tmp_path):
+    worker, consumer = make_pair(reserve=2)
     seg, arr = worker.get(100)
     del arr
     worker.unsent(worker.sending(seg))  # stale: the consumer never saw it
@@ -148,19 +156,16 @@ def test_a_block_not_handed_over_keeps_the_names_for_the_next(tmp_path):
     other, seg3 = _send(worker, consumer, 100, 5)  # the one made ahead, mapped on both sides
     assert seg3.name is None and (other == 5).all() and (block == 4).all()
     del block, other
-    gc.collect()
-    worker.close()
-    consumer.close()
 
 
 def test_new_segments_fit_the_largest_block_of_the_pass(pair):
     worker, consumer, _ = pair
     worker.new_pass(rows=1000)
-    small, seg = _send_rows(worker, consumer, 100_000, 500, 1)  # 200 bytes a row
+    small, seg = _send(worker, consumer, 100_000, 1, rows=500)  # 200 bytes a row
     assert seg.capacity >= 200_000
     del small
     gc.collect()
-    big, seg2 = _send_rows(worker, consumer, 200_000, 1000, 2)
+    big, seg2 = _send(worker, consumer, 200_000, 2, rows=1000)
     assert seg2.number == seg.number and worker.made == 1
     del big
 
@@ -170,20 +175,18 @@ def test_a_short_block_does_not_size_the_segments(pair):
     # 100,000-row blocks: scaling it made 190 GiB segments (and a SharedMemoryError).
     worker, consumer, _ = pair
     worker.new_pass(rows=100_000)
-    block, seg = _send_rows(worker, consumer, 4_000_000, 2, 1)
+    block, seg = _send(worker, consumer, 4_000_000, 1, rows=2)
     assert seg.capacity <= 4_000_000 + (1 << 20)
     del block
     gc.collect()
     worker.new_pass(rows=100_000)
-    half, seg2 = _send_rows(worker, consumer, 6_000_000, 49_999, 2)  # under half: not scaled either
+    half, seg2 = _send(worker, consumer, 6_000_000, 2, rows=49_999)  # under half: not scaled either
     assert seg2.capacity <= 6_000_000 + (1 << 20)
     del half
 
 
-def test_dropping_a_segment_never_announced_unlinks_it_here(tmp_path):
-    r, w = mp.Pipe(duplex=False)
-    worker = WorkerSegments(str(tmp_path), "detload-1-t-", 0, r, reserve=3)
-    consumer = ConsumerSegments(str(tmp_path), [w])
+def test_dropping_a_segment_never_announced_unlinks_it_here(make_pair, tmp_path):
+    worker, consumer = make_pair(reserve=3)
     seg, arr = worker.get(100)  # makes three: this one and two idle, not announced yet
     del arr
     seg2, arr2 = worker.get(1 << 20)  # fits no idle one: one of the two makes way
@@ -195,9 +198,6 @@ def test_dropping_a_segment_never_announced_unlinks_it_here(tmp_path):
     block2 = consumer.attach(worker.sending(seg2), 1 << 20)
     assert os.listdir(tmp_path) == [] and consumer.mapped == 3
     del block, block2
-    gc.collect()
-    worker.close()
-    consumer.close()
 
 
 def test_a_block_whose_segment_was_never_announced_says_so(pair):
@@ -207,14 +207,6 @@ def test_a_block_whose_segment_was_never_announced_says_so(pair):
     with pytest.raises(_shm.SharedMemoryError, match="never reached this process"):
         consumer.attach(seg._replace(name=None), 100)
     worker.unsent(seg)
-
-
-def _send_rows(worker, consumer, nbytes, rows, value):
-    seg, arr = worker.get(nbytes, rows)
-    arr[:] = value
-    del arr
-    sent = worker.sending(seg)
-    return consumer.attach(sent, nbytes), sent
 
 
 def test_new_segments_are_as_large_as_the_largest_so_far(pair):
