@@ -238,7 +238,7 @@ class UnitReader:
         ref = self.cfg.files[file_idx]
         t0 = time.perf_counter()
         cache = self._cache
-        cols = (cache.get(ref.cache_key, rg, ref.uri, defer=defer)
+        cols = (cache.get(ref.cache_key, rg, ref.uri, defer=defer, rows=self._planned_rows(ref, rg))
                 if cache is not None and ref.cache_key else None)
         if cols is not None:
             rows = len(next(iter(cols.values())))
@@ -269,11 +269,16 @@ class UnitReader:
         """Finish a unit's deferred cache check; False if the entry was damaged (now discarded)."""
         return self._cache is None or self._cache.settle(unit, rg, self.cfg.files[file_idx].uri)
 
+    @staticmethod
+    def _planned_rows(ref: FileRef, rg: int) -> int | None:
+        return ref.row_groups[rg] if ref.row_groups is not None and 0 <= rg < len(ref.row_groups) else None
+
     def _read_source(self, file_idx: int, rg: int, t: Timings) -> tuple[dict[str, Column], int]:
         ref = self.cfg.files[file_idx]
         t0 = time.perf_counter()
         try:
-            table = self._file(file_idx, rg).read_row_group(rg, columns=self._file_cols, use_threads=False)
+            pf = self._file(file_idx, rg)
+            table = pf.read_row_group(rg, columns=self._file_cols, use_threads=False)
         except OSError as exc:
             if not isinstance(exc, FileNotFoundError) and not self._still_listed(ref):
                 # Rewritten under an open handle in the middle of a pass ("File too short").
@@ -294,11 +299,29 @@ class UnitReader:
         # The table's columns come in the order asked for; by position is cheaper than by name.
         arrays = (table.columns if table.column_names == self._file_cols
                   else [table.column(n) for n in self._file_cols])
+        # Every column must decode to the rows the footer promised and the plan counted on:
+        # a short one (a footer that disagrees with its pages) would shorten the epoch.
+        expected = self._planned_rows(ref, rg)
+        if expected is None:
+            expected = pf.metadata.row_group(rg).num_rows
+        for name, arr in zip(self._file_cols, arrays):
+            if len(arr) != expected:
+                raise _short_unit(ref.path, rg, name, expected, len(arr))
         for spec, arr in zip(self._file_specs, arrays):
             out[spec.name] = convert_column(spec, arr, where, fills.get(spec.name))
         t.add("read", t0, t1)
         t.add("convert", t1, time.perf_counter())
-        return out, table.num_rows
+        return out, expected
+
+
+def _short_unit(path: str, rg: int, column: str, expected: int, got: int) -> DataError:
+    """The error for a row group whose column does not decode to the rows the plan counted on."""
+    return DataError(
+        f"{path} row group {rg}: column {column!r} decodes to {got:,} rows, but the file's footer (which the "
+        f"plan follows) says the row group holds {expected:,}. The file is damaged or was written by "
+        "a faulty writer; nothing of this row group was delivered, and every batch before it was "
+        "delivered intact. Rewrite the file, or leave the column out with columns=[...]."
+    )
 
 
 def _file_changed(ref: FileRef, rg: int, detail: str) -> DataError:
