@@ -31,7 +31,7 @@ import pyarrow.fs as pafs
 import xxhash
 
 from ._remote import object_uri
-from ._types import TYPE_MAPPING_VERSION, Column, ColumnSpec, Ragged, UnitColumns
+from ._types import Column, ColumnSpec, Ragged, UnitColumns, type_mapping_version
 from .errors import OptionError
 
 __all__ = [
@@ -180,12 +180,23 @@ def _entry_name(rg: int, specs_key: str) -> str:
 
 
 def specs_key(specs: Sequence[ColumnSpec], null_fill: Mapping[str, Any]) -> str:
-    """Hash of what decides the converted bytes besides the file: columns, fills, versions."""
+    """Hash of what decides the converted bytes besides the file: columns, casts, fills, versions.
+
+    A cast (and the scale or INT96 unit it implies) is added to its column only where
+    there is one, so that the entries of uncast columns keep their keys.
+    """
     cols = [s for s in specs if not s.partition]
+
+    def column(s: ColumnSpec) -> list[Any]:
+        out: list[Any] = [s.name, s.arrow_type, s.kind, s.dtype, list(s.inner), s.ragged_kind, s.null]
+        extra = {k: v for k, v in (("cast", s.cast), ("scale", s.scale), ("int96", s.int96 or None))
+                 if v is not None}
+        return [*out, extra] if extra else out
+
     payload = {
-        "columns": [[s.name, s.arrow_type, s.kind, s.dtype, list(s.inner), s.ragged_kind, s.null] for s in cols],
+        "columns": [column(s) for s in cols],
         "null_fill": {s.name: repr(null_fill[s.name]) for s in cols if s.name in null_fill},
-        "type_mapping": TYPE_MAPPING_VERSION,
+        "type_mapping": type_mapping_version(cols),
         "converter": CONVERTER_VERSION,
         "format": CACHE_FORMAT,
     }
