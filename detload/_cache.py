@@ -31,7 +31,7 @@ import pyarrow.fs as pafs
 import xxhash
 
 from ._remote import object_uri
-from ._types import TYPE_MAPPING_VERSION, Column, ColumnSpec, Ragged, UnitColumns
+from ._types import Column, ColumnSpec, Ragged, UnitColumns, type_mapping_version
 from .errors import OptionError
 
 __all__ = [
@@ -180,12 +180,23 @@ def _entry_name(rg: int, specs_key: str) -> str:
 
 
 def specs_key(specs: Sequence[ColumnSpec], null_fill: Mapping[str, Any]) -> str:
-    """Hash of what decides the converted bytes besides the file: columns, fills, versions."""
+    """Hash of what decides the converted bytes besides the file: columns, casts, fills, versions.
+
+    A cast (and the scale or INT96 unit it implies) is added to its column only where
+    there is one, so that the entries of uncast columns keep their keys.
+    """
     cols = [s for s in specs if not s.partition]
+
+    def column(s: ColumnSpec) -> list[Any]:
+        out: list[Any] = [s.name, s.arrow_type, s.kind, s.dtype, list(s.inner), s.ragged_kind, s.null]
+        extra = {k: v for k, v in (("cast", s.cast), ("scale", s.scale), ("int96", s.int96 or None))
+                 if v is not None}
+        return [*out, extra] if extra else out
+
     payload = {
-        "columns": [[s.name, s.arrow_type, s.kind, s.dtype, list(s.inner), s.ragged_kind, s.null] for s in cols],
+        "columns": [column(s) for s in cols],
         "null_fill": {s.name: repr(null_fill[s.name]) for s in cols if s.name in null_fill},
-        "type_mapping": TYPE_MAPPING_VERSION,
+        "type_mapping": type_mapping_version(cols),
         "converter": CONVERTER_VERSION,
         "format": CACHE_FORMAT,
     }
@@ -682,8 +693,13 @@ def _verify(mapping: _Mapping, digest: bytes) -> None:
         raise _Corrupt("checksum mismatch")
 
 
-def _parse(mapping: _Mapping, hlen: int, expect: str | None) -> tuple[UnitColumns, dict[str, int]]:
-    """The entry's columns as views of its mapping (no checksum), and where each ends."""
+def _parse(mapping: _Mapping, hlen: int, expect: str | None,
+           rows: int | None = None) -> tuple[UnitColumns, dict[str, int]]:
+    """The entry's columns as views of its mapping (no checksum), and where each ends.
+
+    ``rows``: the row count the plan expects; an entry whose columns hold another
+    (written by a version that did not check decoded rows, or damaged) is _Corrupt.
+    """
     base, size = mapping.buf, mapping.size
     try:
         header, (columns, runs, ends) = _parse_header(base[_PREFIX.size:_PREFIX.size + hlen].tobytes())
@@ -708,20 +724,26 @@ def _parse(mapping: _Mapping, hlen: int, expect: str | None) -> tuple[UnitColumn
                 out[name] = Ragged(_view(base, data), _view(base, offsets), ragged_kind)
     except (KeyError, TypeError, ValueError) as exc:
         raise _Corrupt(f"bad header ({exc})") from None
+    if rows is not None:
+        for name, col in out.items():
+            if len(col) != rows:
+                raise _Corrupt(f"its column {name!r} holds {len(col):,} rows, the row group {rows:,}")
     return out, ends
 
 
-def _entry(mapping: _Mapping, expect: str | None, defer: bool, kept: _Entry | None = None) -> _Entry:
+def _entry(mapping: _Mapping, expect: str | None, defer: bool, kept: _Entry | None = None,
+           rows: int | None = None) -> _Entry:
     """Check the prefix (re-read on every use: the checksum does not cover it) and, unless
     ``defer``, the checksum; then parse the header, or reuse ``kept`` (an earlier parse of
-    this mapping) if the prefix is still the one it was parsed from."""
+    this mapping, whose row count was checked then) if the prefix is still the one it was
+    parsed from."""
     hlen, digest = _prefix(mapping)
     if not defer:
         _verify(mapping, digest)
     if kept is not None and hlen == kept.hlen and digest == kept.digest:
         return kept
     # First mapped, or another entry written into the same file: parse it.
-    return _Entry(mapping, hlen, digest, *_parse(mapping, hlen, expect))
+    return _Entry(mapping, hlen, digest, *_parse(mapping, hlen, expect, rows))
 
 
 def _checked(entry: _Entry, path: str, defer: bool) -> UnitColumns:
@@ -925,9 +947,12 @@ class RowGroupCache:
     def _key(self, obj: str, rg: int) -> str:
         return f"{obj}/{_entry_name(rg, self.specs_key)}"
 
-    def get(self, obj: str, rg: int, uri: str, *, defer: bool = False) -> dict[str, Column] | None:
+    def get(self, obj: str, rg: int, uri: str, *, defer: bool = False,
+            rows: int | None = None) -> dict[str, Column] | None:
         """The row group's columns, or None. With ``defer``, a hit carries a `PendingCheck`
-        that `settle` must pass before anything built from it is used."""
+        that `settle` must pass before anything built from it is used. An entry whose
+        columns do not hold ``rows`` rows (the plan's count) is discarded as damaged: the
+        row group is read from the source again, whose own check then says what is wrong."""
         path = self._path(obj, rg)
         # Offsets of variable-length columns steer copies and sizes: those entries are
         # verified before use. A damaged fixed-width value only changes data, which the
@@ -939,7 +964,7 @@ class RowGroupCache:
             if mapping is None:
                 self.misses += 1
                 return None
-            entry = _entry(mapping, self._key(obj, rg), defer, kept)
+            entry = _entry(mapping, self._key(obj, rg), defer, kept, rows)
             if entry is not kept:
                 self.kept.offer(path, entry)
         except _Corrupt as exc:

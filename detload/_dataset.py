@@ -16,7 +16,7 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from ._remote import describe_attempts, object_uri, s3_from_uri
-from ._types import ColumnSpec, column_spec
+from ._types import INT96_UNIT, ColumnSpec, column_spec
 from .errors import DatasetError, EmptyDatasetError, OptionError, SchemaMismatchError, SourceError
 
 __all__ = ["Dataset", "FileInfo", "discover", "Source"]
@@ -63,6 +63,9 @@ class Dataset:
     filesystem: pafs.FileSystem = field(repr=False)
     fingerprint: str
     file_schemas: tuple[pa.Schema, ...] = field(default=(), repr=False, compare=False)
+    #: Columns stored as Parquet INT96 in some file (Spark's legacy timestamps): their
+    #: schema type is timestamp[us], the unit they are read at (_types.INT96_UNIT).
+    int96: frozenset[str] = frozenset()
 
     @property
     def rows(self) -> int:
@@ -86,8 +89,11 @@ class Dataset:
     def column_names(self) -> list[str]:
         return [*self.schema.names, *self.partition_keys]
 
-    def specs(self, columns: Sequence[str] | None) -> list[ColumnSpec]:
-        """How each requested column is delivered; listed order, partition columns last."""
+    def specs(self, columns: Sequence[str] | None, cast: Mapping[str, str] | None = None) -> list[ColumnSpec]:
+        """How each requested column is delivered; listed order, partition columns last.
+
+        ``cast`` maps a column to a dtype from `normalize_cast` (the Loader's ``cast=``).
+        """
         available = self.column_names()
         if columns is None:
             wanted = available
@@ -109,17 +115,27 @@ class Dataset:
                 raise OptionError(f"columns lists {dup} more than once")
             keys = set(self.partition_keys)
             wanted = [c for c in wanted if c not in keys] + [c for c in wanted if c in keys]
+        cast = dict(cast or {})
+        unknown_cast = [k for k in cast if k not in wanted]
+        if unknown_cast:
+            raise OptionError(f"cast names {unknown_cast}, which are not among the loaded columns {wanted}")
         self.check_drift([c for c in wanted if c not in self.partition_keys])
         ptypes = dict(self.partition_types)
         out = []
         for name in wanted:
             if name in ptypes:
+                if name in cast:
+                    raise OptionError(
+                        f"cast[{name!r}]: {name!r} is a Hive partition column, typed {ptypes[name]} from its "
+                        "folder names; cast applies to columns stored in the files (type a partition "
+                        "column with partitioning= instead)"
+                    )
                 t = pa.int64() if ptypes[name] == "int64" else pa.string()
                 out.append(column_spec(name, t, partition=True))
             else:
-                out.append(column_spec(name, self.schema.field(name).type))
+                out.append(column_spec(name, self.schema.field(name).type, cast=cast.get(name),
+                                       int96=name in self.int96))
         return out
-
 
     def check_drift(self, names: Sequence[str]) -> None:
         """Raise SchemaMismatchError if files disagree on any of ``names`` (ignoring nullability)."""
@@ -288,11 +304,22 @@ def _partition_values(rel: str) -> tuple[tuple[str, str], ...]:
     return tuple(vals)
 
 
-def _read_footer(fs: pafs.FileSystem, location: str) -> tuple[pq.FileMetaData, str | None]:
-    """The footer, and the object's ETag where the filesystem reports one (S3 does)."""
+class _Footer(NamedTuple):
+    """What discovery keeps of one file's footer."""
+
+    metadata: pq.FileMetaData
+    etag: str | None  # where the filesystem reports one (S3 does)
+    schema: pa.Schema  # as detload reads the file: INT96 columns as timestamp[us]
+    int96: tuple[str, ...]  # the top-level columns holding INT96 values
+
+
+def _read_footer(fs: pafs.FileSystem, location: str) -> _Footer:
+    """The footer of one data file, read as the workers will read the file."""
     try:
         with fs.open_input_file(location) as f:
-            return pq.ParquetFile(f).metadata, _etag(f)
+            pf = pq.ParquetFile(f, coerce_int96_timestamp_unit=INT96_UNIT)
+            md = pf.metadata
+            return _Footer(md, _etag(f), pf.schema_arrow, _int96_columns(md, pf.schema_arrow))
     except FileNotFoundError:
         raise FileNotFoundError(f"data file {location!r} vanished while the dataset was listed") from None
     except (OSError, pa.ArrowException) as exc:
@@ -303,6 +330,15 @@ def _read_footer(fs: pafs.FileSystem, location: str) -> tuple[pq.FileMetaData, s
             f"cannot read the Parquet footer of {location!r}: {exc}. Is it a complete Parquet file? "
             "Remove or rewrite it, or leave it out of the source."
         ) from None
+
+
+def _int96_columns(md: pq.FileMetaData, schema: pa.Schema) -> tuple[str, ...]:
+    """Top-level columns with an INT96 leaf: those whose type the coercion to INT96_UNIT changed."""
+    pschema = md.schema
+    if not any(pschema.column(i).physical_type == "INT96" for i in range(len(pschema))):
+        return ()
+    written = pschema.to_arrow_schema()  # INT96 as pyarrow reads it by default: timestamp[ns]
+    return tuple(a.name for a, b in zip(written, schema) if not a.type.equals(b.type))
 
 
 def _is_storage_error(exc: OSError) -> bool:
@@ -358,22 +394,33 @@ def discover(
         metas = list(ex.map(lambda r: _read_footer(fs, r[1]), rels))
     files: list[FileInfo] = []
     schemas: list[pa.Schema] = []
-    for (rel, loc, size, mt), (md, etag) in zip(rels, metas):
-        s = md.schema.to_arrow_schema()
+    int96: set[str] = set()
+    for (rel, loc, size, mt), foot in zip(rels, metas):
+        md, s = foot.metadata, foot.schema
         # Files written alike share one schema object: drift checks then cost nothing.
         schemas.append(schemas[0] if schemas and s.equals(schemas[0]) else s)
         rg = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
-        files.append(FileInfo(rel, loc, size, mt, rg, _partition_values(rel), etag))
+        files.append(FileInfo(rel, loc, size, mt, rg, _partition_values(rel), foot.etag))
+        if sum(rg):
+            int96.update(foot.int96)
     # The first file with rows defines the schema (an empty file's may be all null types).
-    ref_schema = schemas[_reference(files)]
-    schema = pa.schema([pa.field(f.name, f.type) for f in ref_schema])  # drop metadata and nullability
+    ref = _reference(files)
+    schema = _plain(schemas[ref])
     ptypes = _partition_types(files, schema, partitioning)
     if not any(n > 0 for f in files for n in f.row_groups):
         raise EmptyDatasetError(
             f"the dataset at {root!r} has no rows: its {len(files)} file(s) hold no non-empty row group"
         )
-    fp = _fingerprint(files, schema, ptypes)
-    return Dataset(root, tuple(files), schema, ptypes, fs, fp, tuple(schemas))
+    # The fingerprint sees the types as written (INT96 as pyarrow's default timestamp[ns]),
+    # so that reading INT96 at another unit changed the type mapping, not the dataset.
+    written = _plain(metas[ref].metadata.schema.to_arrow_schema()) if metas[ref].int96 else schema
+    fp = _fingerprint(files, written, ptypes)
+    return Dataset(root, tuple(files), schema, ptypes, fs, fp, tuple(schemas), frozenset(int96))
+
+
+def _plain(schema: pa.Schema) -> pa.Schema:
+    """Names and types only: no metadata, no nullability."""
+    return pa.schema([pa.field(f.name, f.type) for f in schema])
 
 
 def _check_same_schema(a: pa.Schema, a_rel: str, b: pa.Schema, b_rel: str, names: Sequence[str]) -> None:

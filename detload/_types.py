@@ -1,32 +1,57 @@
 """Arrow → NumPy type mapping, decided per column from the Arrow type alone.
 
-`column_spec` maps an Arrow type to a `ColumnSpec` once, at planning; `convert`
-turns one row group's Arrow columns into NumPy following those specs, so a
-batch's dtype never depends on its contents (nulls, chunking, dictionary use).
+`column_spec` maps an Arrow type (and the user's ``cast``, if any) to a
+`ColumnSpec` once, at planning; `convert_column` turns one row group's Arrow
+columns into NumPy following those specs, so a batch's dtype never depends on
+its contents (nulls, chunking, dictionary use). Casts are checked: a value the
+asked-for dtype cannot hold is a `DataError`, never a wrapped value.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 import numpy as np
 import pyarrow as pa
 
-from .errors import DataError, UnsupportedTypeError
+from .errors import DataError, OptionError, UnsupportedTypeError
 
 __all__ = [
+    "INT96_UNIT",
+    "SCALED",
     "TYPE_MAPPING_VERSION",
     "Column",
     "ColumnSpec",
     "Ragged",
+    "allowed_casts",
     "column_spec",
     "convert_column",
+    "normalize_cast",
+    "type_mapping_version",
 ]
 
-#: Bumped whenever a mapping below changes what bytes a column yields.
-TYPE_MAPPING_VERSION = 1
+#: Bumped whenever a mapping below changes what bytes a column yields. Version 2
+#: reads Parquet INT96 timestamps as datetime64[us] (version 1 read them as
+#: datetime64[ns], which wraps dates outside 1677-2262). Every other type yields
+#: what it did in version 1, so a loader without INT96 columns still reports 1
+#: (see `type_mapping_version`) and its manifests and states stay valid.
+TYPE_MAPPING_VERSION = 2
+
+#: The unit INT96 timestamps are read at: it holds every date from 0001 to 9999.
+INT96_UNIT = "us"
+
+#: The cast that delivers a decimal's unscaled integer as int64 (value = x / 10**scale).
+SCALED = "int64-scaled"
+
+
+def type_mapping_version(specs: Sequence[ColumnSpec]) -> int:
+    """The type-mapping version that decides these columns' bytes (the order option)."""
+    return TYPE_MAPPING_VERSION if any(s.int96 for s in specs) else 1
+
 
 Kind = Literal["fixed", "ragged"]
 RaggedKind = Literal["utf8", "binary", "list"]
@@ -111,6 +136,10 @@ class ColumnSpec:
     ``kind="fixed"``: an ndarray of ``dtype`` and shape ``(rows, *inner)``.
     ``kind="ragged"``: a `Ragged` whose values have ``dtype``.
     ``null`` says what a null becomes: "nan"/"nat" (float/time), or "error".
+    ``cast`` is the dtype the user asked for with ``cast=`` (normalised, e.g.
+    "float64", "int64-scaled", "datetime64[ns]"), None for the type's own mapping;
+    ``scale`` the decimal scale of an "int64-scaled" column (value = x / 10**scale);
+    ``int96`` marks a Parquet INT96 timestamp, read at `INT96_UNIT`.
     """
 
     name: str
@@ -121,12 +150,23 @@ class ColumnSpec:
     ragged_kind: RaggedKind = "list"
     null: Literal["nan", "nat", "error"] = "error"
     partition: bool = False
+    cast: str | None = None
+    scale: int | None = None
+    int96: bool = False
 
     def describe(self) -> str:
         if self.kind == "ragged":
-            return f"Ragged[{self.ragged_kind}] values {self.dtype}, offsets int64"
-        shape = ", ".join(["rows", *map(str, self.inner)])
-        return f"ndarray {self.dtype} ({shape})"
+            text = f"Ragged[{self.ragged_kind}] values {self.dtype}, offsets int64"
+        else:
+            shape = ", ".join(["rows", *map(str, self.inner)])
+            text = f"ndarray {self.dtype} ({shape})"
+        if self.scale is not None:
+            text += f", unscaled decimal: value = x / 10**{self.scale} (scale {self.scale})"
+        if self.int96:
+            text += f", from Parquet INT96 (read at {INT96_UNIT})"
+        if self.cast is not None:
+            text += f", cast to {self.cast}"
+        return text
 
 
 def _fixed_dtype(t: pa.DataType) -> tuple[str, Literal["nan", "nat", "error"]] | None:
@@ -150,12 +190,22 @@ def _fixed_dtype(t: pa.DataType) -> tuple[str, Literal["nan", "nat", "error"]] |
     return None
 
 
-def column_spec(name: str, t: pa.DataType, *, partition: bool = False) -> ColumnSpec:
-    """Decide how column ``name`` of Arrow type ``t`` is delivered (nullability ignored)."""
-    arrow_type = str(t)
+def column_spec(name: str, t: pa.DataType, *, partition: bool = False, cast: str | None = None,
+                int96: bool = False) -> ColumnSpec:
+    """Decide how column ``name`` of Arrow type ``t`` is delivered (nullability ignored).
+
+    ``cast`` is a dtype from `normalize_cast` (the user's ``cast=``); OptionError if it
+    does not apply to ``t``. ``int96``: the column is stored as Parquet INT96.
+    """
     if pa.types.is_dictionary(t):
-        inner = column_spec(name, t.value_type, partition=partition)
-        return ColumnSpec(**{**inner.__dict__, "arrow_type": arrow_type})
+        inner = column_spec(name, t.value_type, partition=partition, cast=cast, int96=int96)
+        return dataclasses.replace(inner, arrow_type=str(t))
+    spec = _cast_spec(name, t, cast, partition) if cast is not None else _spec(name, t, partition)
+    return dataclasses.replace(spec, int96=True) if int96 else spec
+
+
+def _spec(name: str, t: pa.DataType, partition: bool) -> ColumnSpec:
+    arrow_type = str(t)
     prim = _fixed_dtype(t)
     if prim is not None:
         return ColumnSpec(name, arrow_type, "fixed", prim[0], null=prim[1], partition=partition)
@@ -180,12 +230,90 @@ def column_spec(name: str, t: pa.DataType, *, partition: bool = False) -> Column
             return ColumnSpec(name, arrow_type, "ragged", prim[0], ragged_kind="list", null=prim[1])
     hint = ""
     if pa.types.is_decimal(t):
-        hint = " Cast it to float64 when writing, or leave it out with columns=[...]."
+        scaled = (f", or cast={{{name!r}: {SCALED!r}}} for the unscaled integers (scale {t.scale})"
+                  if t.precision <= 18 else "")
+        hint = (f" Decimals are delivered only when asked, as floats would round them: pass "
+                f"cast={{{name!r}: 'float64'}} (on the command line: --cast {name}=float64){scaled}; "
+                "or leave the column out with columns=[...].")
     raise UnsupportedTypeError(
         f"column {name!r} has Arrow type {t}, which detload does not map to NumPy.{hint} "
         "Supported: booleans, integers, floats, timestamps, dates, durations, strings, "
         "binary, fixed-size lists and lists of those primitives, dictionaries of them."
     )
+
+
+_INT_CASTS = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+_FLOAT_CASTS = ("float16", "float32", "float64")
+_TIME_CASTS = ("datetime64[s]", "datetime64[ms]", "datetime64[us]", "datetime64[ns]")
+
+
+def _element_casts(t: pa.DataType) -> tuple[str, ...]:
+    if pa.types.is_timestamp(t):
+        return _TIME_CASTS
+    if pa.types.is_integer(t):
+        return _INT_CASTS
+    if pa.types.is_floating(t):
+        return _FLOAT_CASTS
+    return ()
+
+
+def allowed_casts(t: pa.DataType) -> tuple[str, ...]:
+    """The ``cast=`` dtypes a column of Arrow type ``t`` can be delivered as (none: empty).
+
+    Integers to any integer type, floats to any float type, timestamps to any unit,
+    each checked value by value; decimals to floats, or (precision <= 18) to their
+    unscaled int64. A list or fixed-size list of integers, floats or timestamps
+    casts its elements.
+    """
+    if pa.types.is_dictionary(t):
+        return allowed_casts(t.value_type)
+    if pa.types.is_decimal(t):
+        return ("float64", "float32", SCALED) if t.precision <= 18 else ("float64", "float32")
+    if pa.types.is_fixed_size_list(t):
+        v = t.value_type
+        while pa.types.is_fixed_size_list(v):
+            v = v.value_type
+        return _element_casts(v)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or _is_view(t, "list"):
+        return _element_casts(t.value_type)
+    return _element_casts(t)
+
+
+def normalize_cast(name: str, value: Any) -> str:
+    """``cast[name]`` in one canonical spelling ("f8" and np.float64 are "float64"), or OptionError."""
+    if isinstance(value, str) and value == SCALED:
+        return SCALED
+    dt: np.dtype[Any] | None = None
+    if isinstance(value, (str, np.dtype, type)):
+        try:
+            dt = np.dtype(value)
+        except TypeError:
+            dt = None
+    if dt is not None and dt.kind in "iuf":
+        return dt.name
+    if dt is not None and dt.kind == "M":
+        unit, count = np.datetime_data(dt)  # type: ignore[arg-type]
+        if count == 1 and unit in ("s", "ms", "us", "ns"):
+            return f"datetime64[{unit}]"
+    raise OptionError(
+        f"cast[{name!r}] = {value!r} is not a dtype detload casts to; use an integer or float dtype "
+        f"name (e.g. 'int32', 'float32'), {SCALED!r} (a decimal's unscaled integer) or a timestamp "
+        "unit such as 'datetime64[ms]'"
+    )
+
+
+def _cast_spec(name: str, t: pa.DataType, cast: str, partition: bool) -> ColumnSpec:
+    allowed = allowed_casts(t)
+    if cast not in allowed:
+        raise OptionError(
+            f"cast[{name!r}] = {cast!r} does not apply to column {name!r} of Arrow type {t}; "
+            + (f"the casts allowed for it: {', '.join(allowed)}" if allowed else "no cast applies to that type")
+        )
+    if pa.types.is_decimal(t):
+        if cast == SCALED:
+            return ColumnSpec(name, str(t), "fixed", "<i8", cast=cast, scale=t.scale, partition=partition)
+        return ColumnSpec(name, str(t), "fixed", np.dtype(cast).str, null="nan", cast=cast, partition=partition)
+    return dataclasses.replace(_spec(name, t, partition), dtype=np.dtype(cast).str, cast=cast)
 
 
 def _is_view(t: pa.DataType, what: str) -> bool:
@@ -217,7 +345,8 @@ def convert_column(
     """
     # The common case first, with as few pyarrow calls as possible: a worker
     # converts every column of every row group while holding the GIL.
-    if spec.kind == "fixed" and not spec.inner and type(arr) is pa.ChunkedArray and arr.num_chunks == 1:
+    if (spec.kind == "fixed" and not spec.inner and spec.cast is None and type(arr) is pa.ChunkedArray
+            and arr.num_chunks == 1):
         a = arr.chunk(0)
         if a.null_count == 0 and a.type.id not in _NOT_PLAIN:
             out = a.to_numpy(zero_copy_only=False)
@@ -237,9 +366,11 @@ def convert_column(
                     f"of type {arr.type}: {exc}"
                 ) from None
         elif spec.null == "error" or spec.kind == "ragged" or spec.inner:
+            what = (f"its type {arr.type}" if spec.cast is None
+                    else f"{spec.cast} (its type {arr.type}, cast as asked)")
             raise DataError(
-                f"{_where(spec.name, where)} holds {arr.null_count} null(s), but its type "
-                f"{arr.type} has no null value in NumPy. Pass null_fill={{{spec.name!r}: value}} "
+                f"{_where(spec.name, where)} holds {arr.null_count} null(s), but {what} "
+                f"has no null value in NumPy. Pass null_fill={{{spec.name!r}: value}} "
                 f"(on the command line: --null-fill {spec.name}=VALUE) to replace them."
             )
     if spec.kind == "fixed":
@@ -277,11 +408,151 @@ def _primitive(spec: ColumnSpec, arr: pa.Array, where: tuple[str, int]) -> np.nd
             "whole-row nulls) cannot reach. Rewrite the column without null elements, or "
             "as a float list (nulls become NaN)."
         )
+    if spec.cast is not None:
+        return _cast(spec, arr, where)
     out = arr.to_numpy(zero_copy_only=False)
     want = np.dtype(spec.dtype)
     if out.dtype != want:
         out = out.astype(want)
     return out
+
+
+def _cast(spec: ColumnSpec, arr: pa.Array, where: tuple[str, int]) -> np.ndarray:
+    """Values (nulls already filled or NaN/NaT-able) as ``spec.cast`` asks; DataError for one it cannot hold."""
+    t = arr.type
+    want = _np_dtype(spec.dtype)
+    if pa.types.is_decimal(t):
+        if spec.cast == SCALED:
+            return _unscaled(spec, arr, where)
+        out = _decimal_float64(arr)
+        if want.itemsize < 8:
+            with np.errstate(over="ignore"):
+                out32 = out.astype(want)
+            _check_finite(spec, out, out32, where)  # a decimal256 can exceed float32's range
+            return out32
+        return out
+    if pa.types.is_floating(t):
+        src = arr.to_numpy(zero_copy_only=False)
+        if src.dtype == want:
+            return src
+        with np.errstate(over="ignore"):
+            out = src.astype(want)
+        if want.itemsize < src.itemsize:
+            _check_finite(spec, src, out, where)
+        return out
+    target = pa.timestamp(np.datetime_data(want)[0], tz=t.tz) if pa.types.is_timestamp(t) else pa.from_numpy_dtype(want)
+    if not target.equals(t):
+        try:
+            arr = arr.cast(target, safe=True)  # checked: out of range or losing digits raises
+        except pa.ArrowInvalid as exc:
+            raise _misfit(spec, arr, where, exc) from None
+    return arr.to_numpy(zero_copy_only=False)
+
+
+def _words(arr: pa.Array) -> np.ndarray:
+    """A decimal array's values as (rows, 2 or 4) little-endian int64 words, low word first."""
+    n = len(arr)
+    k = arr.type.byte_width // 8
+    return np.frombuffer(arr.buffers()[1], dtype="<i8")[arr.offset * k : (arr.offset + n) * k].reshape(n, k)
+
+
+def _decimal_float64(arr: pa.Array) -> np.ndarray:
+    """Each decimal rounded to the nearest float64 (what ``float(Decimal)`` gives); NaN for null.
+
+    Not Arrow's decimal-to-double cast: that one is off by an ulp for about one value in
+    eight (decimal128(10, 2)), and its results could change between pyarrow releases.
+    A value whose unscaled integer and power of ten are both exact doubles needs one
+    IEEE division, which rounds correctly; the rest go through the decimal text, which
+    Arrow parses with correct rounding.
+    """
+    words = _words(arr)
+    lo = words[:, 0]
+    scale = arr.type.scale
+    exact = (lo >= -(2**53)) & (lo <= 2**53)
+    if words.shape[1] > 1:
+        exact &= (words[:, 1:] == (lo >> 63)[:, None]).all(axis=1)
+    if abs(scale) <= 22:  # 10**22 is the largest power of ten a double holds exactly
+        out = lo / float(10**scale) if scale >= 0 else lo * float(10**-scale)
+    else:
+        out = np.empty(len(arr), dtype=np.float64)
+        exact[:] = False
+    if not exact.all():
+        idx = np.flatnonzero(~exact)
+        rest = arr.take(pa.array(idx)).cast(pa.string()).cast(pa.float64())
+        out[idx] = rest.to_numpy(zero_copy_only=False)
+    if arr.null_count:
+        out[arr.is_null().to_numpy(zero_copy_only=False)] = np.nan
+    return out
+
+
+def _unscaled(spec: ColumnSpec, arr: pa.Array, where: tuple[str, int]) -> np.ndarray:
+    """A decimal's unscaled integers: the low 64-bit word of each little-endian value."""
+    words = _words(arr)
+    lo = words[:, 0]
+    # Precision <= 18 keeps every value inside int64, but a file may hold values beyond
+    # its declared precision: the higher words must be the low word's sign extension.
+    high = words[:, 1:]
+    if high.size and not np.array_equal(high, np.broadcast_to((lo >> 63)[:, None], high.shape)):
+        i = int(np.flatnonzero((high != (lo >> 63)[:, None]).any(axis=1))[0])
+        raise _misfit(spec, arr, where, None, i, "beyond int64")
+    return lo.copy()
+
+
+def _check_finite(spec: ColumnSpec, src: Any, out: np.ndarray, where: tuple[str, int]) -> None:
+    """Raise if narrowing made a finite value infinite (``src``: NumPy or decimal Arrow values)."""
+    if np.isfinite(out).all():
+        return
+    finite = np.isfinite(src) if isinstance(src, np.ndarray) else np.ones(len(out), dtype=bool)
+    bad = np.flatnonzero(np.isinf(out) & finite)
+    if bad.size:
+        raise _misfit(spec, src, where, None, int(bad[0]), f"beyond {spec.cast}'s range")
+
+
+def _misfit(spec: ColumnSpec, src: Any, where: tuple[str, int], exc: Exception | None,
+            i: int | None = None, why: str = "") -> DataError:
+    """The DataError for a value that ``spec.cast`` cannot hold, naming the first such value."""
+    if i is None:
+        i, why = _first_misfit(spec, src)
+    if i is None:  # not found again: pyarrow's own words
+        detail = f": {exc}"
+    else:
+        v = src[i]
+        shown = v.as_py() if isinstance(v, pa.Scalar) and not pa.types.is_timestamp(v.type) else v
+        if isinstance(v, pa.Scalar) and pa.types.is_timestamp(v.type):
+            shown = np.datetime64(v.value, v.type.unit)
+        at = f" at row {i}" if spec.kind == "fixed" and not spec.inner else ""
+        detail = f": the value {shown}{at} is {why}"
+    return DataError(
+        f"{_where(spec.name, where)} cannot be delivered as {spec.cast}, which cast={{{spec.name!r}: "
+        f"{spec.cast!r}}} asks for{detail}. Pick a dtype that holds every value of the column "
+        f"(its type is {spec.arrow_type}), or leave the cast out."
+    )
+
+
+def _first_misfit(spec: ColumnSpec, arr: pa.Array) -> tuple[int | None, str]:
+    """The first value a checked integer or timestamp cast refused, and why."""
+    want = _np_dtype(spec.dtype)
+    src = arr.to_numpy(zero_copy_only=False)
+    if want.kind in "iu":
+        info = np.iinfo(want)
+        bad = np.flatnonzero((src < info.min) | (src > info.max))
+        return (int(bad[0]), f"outside {spec.cast}'s range {info.min} to {info.max}") if bad.size else (None, "")
+    if want.kind == "M":
+        have_unit, to_unit = np.datetime_data(src.dtype)[0], np.datetime_data(want)[0]
+        ticks = src.view(np.int64)
+        valid = ticks != np.iinfo(np.int64).min  # NaT
+        per = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}
+        if per[to_unit] > per[have_unit]:
+            f = per[to_unit] // per[have_unit]
+            limit = np.iinfo(np.int64).max // f
+            bad = np.flatnonzero(valid & ((ticks > limit) | (ticks < -limit)))
+            why = f"outside the dates {spec.cast} can hold"
+        else:
+            f = per[have_unit] // per[to_unit]
+            bad = np.flatnonzero(valid & (ticks % f != 0))
+            why = f"not a whole number of {to_unit}: {spec.cast} would drop digits"
+        return (int(bad[0]), why) if bad.size else (None, "")
+    return None, ""
 
 
 def _ragged(spec: ColumnSpec, arr: pa.Array, where: tuple[str, int]) -> Ragged:

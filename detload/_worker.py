@@ -31,9 +31,9 @@ from . import _shm
 from ._block import Layout, assemble
 from ._buffers import BlockBuffers
 from ._cache import CacheConfig, KeptMappings, RowGroupCache
-from ._dataset import _etag
+from ._dataset import _etag, _int96_columns
 from ._remote import describe_attempts
-from ._types import Column, ColumnSpec, Ragged, UnitColumns, column_spec, convert_column
+from ._types import INT96_UNIT, Column, ColumnSpec, Ragged, UnitColumns, column_spec, convert_column
 from .errors import DataError, DetloadError
 from .plan import block_permutation
 
@@ -156,6 +156,11 @@ class UnitReader:
         self.filled_cache = False  # a row group went into the cache since the pass began
         self._file_specs = [s for s in cfg.specs if not s.partition]
         self._file_cols = [s.name for s in self._file_specs]
+        # INT96 columns are also read at milliseconds, which no INT96 value overflows,
+        # to catch values that overflowed on the way to INT96_UNIT (see _check_int96):
+        # per open file, a reader at milliseconds and the columns that are INT96 there.
+        self._int96 = [s.name for s in self._file_specs if s.int96]
+        self._int96_ms: dict[int, tuple[pq.ParquetFile, list[str]]] = {}
         # Nothing to cache when only Hive partition columns (constants) are asked for.
         self._cache = (RowGroupCache(cfg.cache, cfg.specs, cfg.null_fill, cfg.kept)
                        if cfg.cache is not None and self._file_cols else None)
@@ -173,7 +178,14 @@ class UnitReader:
         try:
             # Pages written with CRCs are checked: garbage in an uncompressed or
             # zstd page would otherwise decode into wrong values without a word.
-            pf = pq.ParquetFile(f, page_checksum_verification=True, pre_buffer=self._pre_buffer)
+            pf = pq.ParquetFile(f, page_checksum_verification=True, pre_buffer=self._pre_buffer,
+                                coerce_int96_timestamp_unit=INT96_UNIT)
+            here = ([n for n in _int96_columns(pf.metadata, pf.schema_arrow) if n in self._int96]
+                    if self._int96 else [])
+            if here:
+                ms = pq.ParquetFile(f, metadata=pf.metadata, page_checksum_verification=True,
+                                    pre_buffer=self._pre_buffer, coerce_int96_timestamp_unit="ms")
+                self._int96_ms[i] = (ms, here)
         except BaseException:
             try:
                 _check_same_version(fs, f, ref, rg)  # a replaced file explains a bad footer
@@ -185,18 +197,21 @@ class UnitReader:
             _check_unchanged(pf, ref, rg, self.cfg.specs)
             _check_same_version(fs, f, ref, rg)
         except BaseException:
+            self._int96_ms.pop(i, None)
             pf.close()
             raise
         self._open[i] = pf
         if len(self._open) > self.cfg.open_files:
-            _, old = self._open.popitem(last=False)
-            old.close()
+            self._drop(next(iter(self._open)))
         return pf
 
+    def _drop(self, i: int) -> None:
+        self._int96_ms.pop(i, None)
+        self._open.pop(i).close()
+
     def _close_files(self) -> None:
-        for pf in self._open.values():
-            pf.close()
-        self._open.clear()
+        for i in list(self._open):
+            self._drop(i)
 
     def close(self) -> None:
         self._close_files()
@@ -230,7 +245,7 @@ class UnitReader:
             return
         for i in list(self._open):
             if not self._still_listed(self.cfg.files[i]):
-                self._open.pop(i).close()
+                self._drop(i)
 
     def read(self, file_idx: int, rg: int, t: Timings, *, defer: bool = False) -> dict[str, Column]:
         """One row group's columns. With ``defer``, a cache hit's checksum is verified
@@ -238,7 +253,7 @@ class UnitReader:
         ref = self.cfg.files[file_idx]
         t0 = time.perf_counter()
         cache = self._cache
-        cols = (cache.get(ref.cache_key, rg, ref.uri, defer=defer)
+        cols = (cache.get(ref.cache_key, rg, ref.uri, defer=defer, rows=self._planned_rows(ref, rg))
                 if cache is not None and ref.cache_key else None)
         if cols is not None:
             rows = len(next(iter(cols.values())))
@@ -269,11 +284,18 @@ class UnitReader:
         """Finish a unit's deferred cache check; False if the entry was damaged (now discarded)."""
         return self._cache is None or self._cache.settle(unit, rg, self.cfg.files[file_idx].uri)
 
+    @staticmethod
+    def _planned_rows(ref: FileRef, rg: int) -> int | None:
+        return ref.row_groups[rg] if ref.row_groups is not None and 0 <= rg < len(ref.row_groups) else None
+
     def _read_source(self, file_idx: int, rg: int, t: Timings) -> tuple[dict[str, Column], int]:
         ref = self.cfg.files[file_idx]
         t0 = time.perf_counter()
         try:
-            table = self._file(file_idx, rg).read_row_group(rg, columns=self._file_cols, use_threads=False)
+            pf = self._file(file_idx, rg)
+            table = pf.read_row_group(rg, columns=self._file_cols, use_threads=False)
+            at_ms = self._int96_ms.get(file_idx)
+            ms = at_ms[0].read_row_group(rg, columns=at_ms[1], use_threads=False) if at_ms else None
         except OSError as exc:
             if not isinstance(exc, FileNotFoundError) and not self._still_listed(ref):
                 # Rewritten under an open handle in the middle of a pass ("File too short").
@@ -294,11 +316,65 @@ class UnitReader:
         # The table's columns come in the order asked for; by position is cheaper than by name.
         arrays = (table.columns if table.column_names == self._file_cols
                   else [table.column(n) for n in self._file_cols])
+        # Every column must decode to the rows the footer promised and the plan counted on:
+        # a short one (a footer that disagrees with its pages) would shorten the epoch.
+        expected = self._planned_rows(ref, rg)
+        if expected is None:
+            expected = pf.metadata.row_group(rg).num_rows
+        for name, arr in zip(self._file_cols, arrays):
+            if len(arr) != expected:
+                raise _short_unit(ref.path, rg, name, expected, len(arr))
+        if ms is not None:
+            for name in ms.column_names:
+                _check_int96(table.column(name), ms.column(name), ref.path, rg, name)
         for spec, arr in zip(self._file_specs, arrays):
             out[spec.name] = convert_column(spec, arr, where, fills.get(spec.name))
         t.add("read", t0, t1)
         t.add("convert", t1, time.perf_counter())
-        return out, table.num_rows
+        return out, expected
+
+
+def _short_unit(path: str, rg: int, column: str, expected: int, got: int) -> DataError:
+    """The error for a row group whose column does not decode to the rows the plan counted on."""
+    return DataError(
+        f"{path} row group {rg}: column {column!r} decodes to {got:,} rows, but the file's footer (which the "
+        f"plan follows) says the row group holds {expected:,}. The file is damaged or was written by "
+        "a faulty writer; nothing of this row group was delivered, and every batch before it was "
+        "delivered intact. Rewrite the file, or leave the column out with columns=[...]."
+    )
+
+
+def _leaf_values(arr: pa.ChunkedArray) -> np.ndarray:
+    """A timestamp column's values, of lists too, as int64 ticks (NaT: the int64 minimum)."""
+    a: Any = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    while not pa.types.is_timestamp(a.type):
+        a = a.flatten()
+    return a.to_numpy(zero_copy_only=False).view(np.int64)
+
+
+def _check_int96(us: pa.ChunkedArray, ms: pa.ChunkedArray, path: str, rg: int, name: str) -> None:
+    """Refuse INT96 values that wrapped around when read at INT96_UNIT.
+
+    An INT96 holds a Julian day (32 bits) and nanoseconds of the day: dates up to
+    millions of years from now, while datetime64[us] ends at year 294,247, and pyarrow's
+    reader wraps what lies beyond without a word. At milliseconds no INT96 value
+    wraps, and a value read correctly at both units agrees once the microseconds
+    are floored; so a disagreement is exactly a wrapped value.
+    """
+    u, m = _leaf_values(us), _leaf_values(ms)
+    nat = np.iinfo(np.int64).min
+    bad = np.flatnonzero((u // 1000 != m) & (m != nat))
+    if bad.size:
+        i = int(bad[0])
+        at = f" at row {i}" if pa.types.is_timestamp(us.type) else ""
+        wrapped = u[i : i + 1].view(f"datetime64[{INT96_UNIT}]")[0]
+        raise DataError(
+            f"column {name!r} in {path} row group {rg} holds an INT96 timestamp{at} that does not fit "
+            f"datetime64[{INT96_UNIT}] (years -290308 to 294247): read at that unit it wraps around (to "
+            f"{wrapped}), and detload does not deliver wrapped values. Such "
+            "a value lies outside those years, or is malformed (Spark writes dates after about year "
+            "287,000 that way). Rewrite the column as timestamp[us], or leave it out with columns=[...]."
+        )
 
 
 def _file_changed(ref: FileRef, rg: int, detail: str) -> DataError:
@@ -364,7 +440,7 @@ def _check_unchanged(pf: pq.ParquetFile, ref: FileRef, rg: int, specs: Sequence[
             continue
         t = schema.field(idx).type
         try:
-            got = column_spec(spec.name, t)
+            got = column_spec(spec.name, t, cast=spec.cast)
             same = (got.kind, got.dtype, got.inner, got.ragged_kind) == (spec.kind, spec.dtype, spec.inner, spec.ragged_kind)
         except DetloadError:
             same = False

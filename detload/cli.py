@@ -43,6 +43,22 @@ def _add_null_fill(p: argparse.ArgumentParser) -> None:
                         "id=-1, score=0.5, name=, code='\"7\"'); repeat for more columns")
 
 
+def _cast(s: str) -> tuple[str, str]:
+    """COLUMN=DTYPE, e.g. price=float64, amount=int64-scaled, ts=datetime64[ns]."""
+    name, sep, dtype = s.partition("=")
+    if not sep or not name or not dtype:
+        raise argparse.ArgumentTypeError(f"expected COLUMN=DTYPE (e.g. price=float64), got {s!r}")
+    return name, dtype
+
+
+def _add_cast(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cast", type=_cast, action="append", default=[], metavar="COLUMN=DTYPE",
+                   help="deliver COLUMN as DTYPE, checked value by value: float64 or float32 for a decimal, "
+                        "int64-scaled for a decimal's unscaled integer, datetime64[ns|us|ms|s] for a timestamp, "
+                        "a narrower integer or float type (int32, float32); repeat for more columns "
+                        "(default: none; see docs/types.md)")
+
+
 def _common_loader_args(p: argparse.ArgumentParser, *, need_seed: bool = True) -> None:
     p.add_argument("source", help="a Parquet file, directory, glob or URI (s3://bucket/prefix)")
     p.add_argument("--batch-size", type=int, required=True, help="rows per batch (per rank)")
@@ -57,13 +73,14 @@ def _common_loader_args(p: argparse.ArgumentParser, *, need_seed: bool = True) -
     p.add_argument("--rank", type=int, default=None)
     p.add_argument("--world-size", type=int, default=None)
     _add_null_fill(p)
+    _add_cast(p)
 
 
 def _loader_kwargs(a: argparse.Namespace) -> dict[str, Any]:
     return dict(
         batch_size=a.batch_size, seed=a.seed, columns=a.columns, shuffle=not a.no_shuffle,
         shuffle_window=a.shuffle_window, drop_last=a.drop_last, partitions=a.partitions,
-        rank=a.rank, world_size=a.world_size, null_fill=dict(a.null_fill),
+        rank=a.rank, world_size=a.world_size, null_fill=dict(a.null_fill), cast=dict(a.cast) or None,
     )
 
 
@@ -143,6 +160,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--columns", type=lambda s: [c for c in s.split(",") if c])
     p.add_argument("--seed", type=int, default=0)
     _add_null_fill(p)
+    _add_cast(p)
     p.add_argument("--cache-dir", default=None,
                    help="row-group cache folder: epoch 0 fills it, later epochs show warm-cache throughput")
     p.add_argument("--cache-limit", default=None, help="cache size limit, e.g. 50GB (default: no limit)")
@@ -255,7 +273,8 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with Loader(a.source, batch_size=a.batch_size, seed=a.seed, workers=a.workers, pool=a.pool,
                 prefetch=a.prefetch, shuffle_window=a.shuffle_window, columns=a.columns,
-                null_fill=dict(a.null_fill), cache_dir=a.cache_dir, cache_limit=a.cache_limit,
+                null_fill=dict(a.null_fill), cast=dict(a.cast) or None, cache_dir=a.cache_dir,
+                cache_limit=a.cache_limit,
                 cache_map_limit=a.cache_map_limit) as loader:
         hits_before = 0
         for epoch in range(a.epochs):
@@ -307,6 +326,7 @@ def _cmd_verify(a: argparse.Namespace) -> int:
 
 def _cmd_inspect(a: argparse.Namespace) -> int:
     from ._dataset import discover
+    from ._types import SCALED, allowed_casts
 
     ds = discover(a.source)
     specs = ds.specs(None) if _all_mappable(ds) else None
@@ -327,7 +347,12 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
         except SchemaMismatchError as exc:
             delivered[fld.name] = f"files disagree ({exc})"
         except DetloadError as exc:
-            delivered[fld.name] = f"unsupported: {exc}".split(".")[0]
+            casts = allowed_casts(fld.type)
+            if casts:  # a decimal: delivered when a cast says how
+                scale = f"; scale {fld.type.scale}" if SCALED in casts else ""
+                delivered[fld.name] = f"only with cast= ({', '.join(casts)}{scale})"
+            else:
+                delivered[fld.name] = f"unsupported: {exc}".split(".")[0]
     for k, _ in ds.partition_types:
         delivered[k] = ds.specs([k])[0].describe() + " (Hive partition)"
     info["numpy"] = delivered

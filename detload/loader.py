@@ -28,7 +28,7 @@ from ._merge import END, STOPPED, Failure, Run, make_tasks
 from ._pool import WorkerPool
 from ._remote import object_uri
 from ._trace import CONSUMER, Tracer
-from ._types import TYPE_MAPPING_VERSION, Column, ColumnSpec
+from ._types import INT96_UNIT, SCALED, Column, ColumnSpec, normalize_cast, type_mapping_version
 from ._worker import DebugHooks, FileRef, WorkerConfig
 from .audit import MANIFEST_FORMAT, MANIFEST_VERSION, ManifestWriter
 from .errors import DetloadError, OptionError, StateError
@@ -89,7 +89,7 @@ class Loader:
 
     The batches are a pure function of the dataset, ``seed``, the epoch and the
     order options (batch_size x world size, shuffle, shuffle_window, columns,
-    drop_last, partitions, null_fill) — never of ``workers``, ``pool``,
+    drop_last, partitions, null_fill, cast) — never of ``workers``, ``pool``,
     ``prefetch`` or timing. See docs/loader.md for every option.
     """
 
@@ -108,6 +108,7 @@ class Loader:
         prefetch: int = 2,
         manifest: str | os.PathLike[str] | None = None,
         null_fill: Mapping[str, Any] | None = None,
+        cast: Mapping[str, Any] | None = None,
         partitions: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
@@ -147,8 +148,12 @@ class Loader:
         if null_fill is not None and not isinstance(null_fill, Mapping):
             raise OptionError(f"null_fill must be a dict {{column: value}}, got {null_fill!r}")
         self.null_fill = dict(null_fill or {})
+        if cast is not None and not isinstance(cast, Mapping):
+            raise OptionError(f"cast must be a dict {{column: dtype}}, got {cast!r}")
+        #: Each cast column's dtype in one spelling ("f4" -> "float32"), as `order` records it.
+        self.cast: dict[str, str] = {str(k): normalize_cast(str(k), v) for k, v in (cast or {}).items()}
         self.dataset: Dataset = discover(source, filesystem=filesystem, partitioning=partitioning)
-        self.specs: list[ColumnSpec] = self.dataset.specs(columns)
+        self.specs: list[ColumnSpec] = self.dataset.specs(columns, self.cast)
         names = [s.name for s in self.specs]
         unknown_fill = [k for k in self.null_fill if k not in names]
         if unknown_fill:
@@ -167,10 +172,13 @@ class Loader:
             **self.options.order_dict(),
             "columns": names,
             "null_fill": {k: _jsonable(v) for k, v in sorted(self.null_fill.items())},
-            "type_mapping": TYPE_MAPPING_VERSION,
+            # 1 unless an INT96 column is loaded, so that other datasets keep their states.
+            "type_mapping": type_mapping_version(self.specs),
             "plan_format": PLAN_FORMAT_VERSION,
             "dataset": self.dataset.fingerprint,
         }
+        if self.cast:  # only when given: loaders without a cast keep their fingerprints
+            self.order["cast"] = dict(sorted(self.cast.items()))
         self.fingerprint = xxhash.xxh3_128_hexdigest(json.dumps(self.order, sort_keys=True).encode())
         self._debug = _debug
         # Benchmark-only (the determinism-tax measurement): the merger takes blocks in
@@ -475,6 +483,14 @@ class Loader:
             return (f"the dataset changed (fingerprint {theirs!r} in the state, {mine!r} here): "
                     "files, row groups or schema differ")
         what = f"{key}: {theirs!r} in the state, {mine!r} here"
+        if key == "type_mapping":
+            int96 = [sp.name for sp in self.specs if sp.int96]
+            why = (f"; this detload reads the INT96 timestamp column(s) {int96} as datetime64[{INT96_UNIT}], "
+                   "where earlier versions read them as datetime64[ns], which wraps dates outside "
+                   "1677-2262" if int96 and theirs == 1 else "")
+            return (f"the type mapping changed ({theirs!r} in the state, {mine!r} here){why}: the columns "
+                    "would not be the bytes the state's run delivered. Start a new run, or resume with "
+                    "the detload version that wrote the state")
         if key == "global_batch_size":
             what += (f" (batch_size {self.options.batch_size} x world size {self.options.world_size}; "
                      "batch_size is per rank, so at another world size scale it to keep the global batch)")
@@ -563,9 +579,26 @@ def _check_fill(spec: ColumnSpec, dataset: Dataset, value: Any) -> None:
     if pa.types.is_dictionary(t):
         t = t.value_type
     try:
-        pa.scalar(value, type=t)
+        scalar = pa.scalar(value, type=t)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
         raise OptionError(f"null_fill[{spec.name!r}] = {value!r} does not fit the column's type {t}: {exc}") from None
+    target = _cast_target(spec, t)
+    if target is not None:
+        try:
+            scalar.cast(target, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            raise OptionError(f"null_fill[{spec.name!r}] = {value!r} does not fit {spec.cast}, which "
+                              f"cast[{spec.name!r}] asks for: {exc}") from None
+
+
+def _cast_target(spec: ColumnSpec, t: Any) -> Any:
+    """The Arrow type a cast integer or timestamp column is checked against, else None."""
+    import pyarrow as pa
+
+    if spec.cast is None or spec.cast == SCALED or not (pa.types.is_integer(t) or pa.types.is_timestamp(t)):
+        return None
+    dt = np.dtype(spec.dtype)
+    return pa.timestamp(np.datetime_data(dt)[0], tz=t.tz) if dt.kind == "M" else pa.from_numpy_dtype(dt)
 
 
 def _manifest_file(manifest: str | os.PathLike[str], rank: int) -> str:

@@ -176,7 +176,7 @@ def test_unsupported_type(tmp_path):
 
     pq.write_table(pa.table({"d": pa.array([decimal.Decimal("1.5")], pa.decimal128(5, 2)), "i": [1]}),
                    tmp_path / "a.parquet")
-    with pytest.raises(UnsupportedTypeError, match=r"column 'd' has Arrow type decimal128\(5, 2\).*Cast it to float64"):
+    with pytest.raises(UnsupportedTypeError, match=r"column 'd' has Arrow type decimal128\(5, 2\).*pass cast=\{'d': 'float64'\}"):
         Loader(str(tmp_path), batch_size=10, seed=0)
     Loader(str(tmp_path), batch_size=10, seed=0, columns=["i"]).close()  # leaving it out works
 
