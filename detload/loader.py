@@ -26,7 +26,7 @@ from ._cache import object_key, open_cache
 from ._dataset import Dataset, discover
 from ._merge import END, STOPPED, Failure, Run, make_tasks
 from ._pool import WorkerPool
-from ._remote import object_uri
+from ._remote import display_uri, object_uri
 from ._trace import CONSUMER, Tracer
 from ._types import TYPE_MAPPING_VERSION, Column, ColumnSpec
 from ._worker import DebugHooks, FileRef, WorkerConfig
@@ -538,7 +538,8 @@ class Loader:
             pool.close()
 
     def __repr__(self) -> str:
-        return (f"Loader({self.dataset.root!r}, files={len(self.dataset.files)}, rows={self.dataset.rows}, "
+        where = display_uri(self.dataset.filesystem, self.dataset.root)
+        return (f"Loader({where!r}, files={len(self.dataset.files)}, rows={self.dataset.rows}, "
                 f"batch_size={self.options.batch_size}, workers={self.workers}, pool={self.pool_kind!r})")
 
 
