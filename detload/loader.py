@@ -610,10 +610,17 @@ class _RegisterAfterExec(importlib.abc.Loader):
 
     def exec_module(self, module: types.ModuleType) -> None:
         self._inner.exec_module(module)
+        # Leave nothing of ours on the module: its loader is its own again.
+        if module.__spec__ is not None and module.__spec__.loader is self:
+            module.__spec__.loader = self._inner
+        if getattr(module, "__loader__", None) is self:
+            module.__loader__ = self._inner
         if _register_with_torch():
             _TorchDataFinder.remove()
 
     def __getattr__(self, name: str) -> Any:  # get_source, is_package, resource readers ...
+        if name == "_inner":
+            raise AttributeError(name)
         return getattr(self._inner, name)
 
 

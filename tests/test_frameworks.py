@@ -79,7 +79,8 @@ from torch.utils.data import DataLoader, IterableDataset
 assert isinstance(loader, IterableDataset)
 assert sum(len(b["id"]) for b in DataLoader(loader, batch_size=None)) == loader.dataset.rows
 assert not [f for f in sys.meta_path if type(f).__module__.startswith("detload")], "the finder stayed"
-inspect.getsource(DataLoader)  # torch.utils.data's own loader still answers for its module
+inspect.getsource(DataLoader)
+assert not type(sys.modules["torch.utils.data"].__loader__).__module__.startswith("detload"), "our loader stayed"
 from detload.torch import TorchLoader
 assert isinstance(TorchLoader(loader), IterableDataset)
 print("ok")
