@@ -24,7 +24,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import xxhash
 
-from ._remote import describe_attempts, object_uri, s3_from_uri
+from ._remote import describe_attempts, display_uri, object_uri, path_on, s3_from_uri
 from ._types import INT96_UNIT, ColumnSpec, column_spec
 from .errors import DatasetError, EmptyDatasetError, OptionError, SchemaMismatchError, SourceError
 
@@ -170,7 +170,7 @@ def _to_filesystem(filesystem: Any) -> pafs.FileSystem | None:
 
 def _resolve(path: str, filesystem: pafs.FileSystem | None) -> tuple[pafs.FileSystem, str]:
     if filesystem is not None:
-        return filesystem, path
+        return filesystem, path_on(filesystem, path)
     if path.startswith(("s3://", "s3a://")):
         try:
             return s3_from_uri(path)
@@ -245,7 +245,7 @@ def _list_locations(fs: pafs.FileSystem, locations: list[str], single: bool,
             sel = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
             hits = [fi for fi in sel if fi.type == pafs.FileType.File and fnmatch.fnmatchcase(fi.path, loc)]
             if not hits:
-                raise FileNotFoundError(f"the glob {loc!r} matches no file")
+                raise FileNotFoundError(f"the glob {display_uri(fs, loc)!r} matches no file")
             if single:
                 # The folder above the first wildcard, so key=value folders the
                 # glob walks through stay partition columns.
@@ -254,7 +254,7 @@ def _list_locations(fs: pafs.FileSystem, locations: list[str], single: bool,
             continue
         fi = fs.get_file_info(loc)
         if fi.type == pafs.FileType.NotFound:
-            raise FileNotFoundError(f"dataset path {loc!r} does not exist")
+            raise FileNotFoundError(f"dataset path {display_uri(fs, loc)!r} does not exist")
         if fi.type == pafs.FileType.Directory:
             if single:
                 root = fi.path
@@ -270,7 +270,7 @@ def _list_locations(fs: pafs.FileSystem, locations: list[str], single: bool,
                     data.append(info_of(s))
             if not data:
                 raise DatasetError(
-                    f"no Parquet data files under {loc!r} (looked for *.parquet, *.parq, *.pq "
+                    f"no Parquet data files under {display_uri(fs, loc)!r} (looked for *.parquet, *.parq, *.pq "
                     "and files starting with the Parquet magic; hidden and _-prefixed files are skipped)"
                 )
             found.extend(data)

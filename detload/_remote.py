@@ -1,4 +1,5 @@
-"""Remote sources: an S3 filesystem built from a URI and the usual AWS environment variables.
+"""Remote sources: an S3 filesystem built from a URI and the usual AWS environment variables,
+and how a source string maps onto a filesystem the user passed (``path_on``).
 
 Retries come from the AWS SDK inside pyarrow (standard mode: bounded exponential
 backoff with jitter). pyarrow drops ``retry_strategy`` when an S3FileSystem is
@@ -9,6 +10,7 @@ pickles its settings and rebuilds the same filesystem in the worker.
 from __future__ import annotations
 
 import os
+import re
 import urllib.parse
 from typing import Any
 
@@ -16,7 +18,8 @@ import pyarrow.fs as pafs
 
 from .errors import OptionError
 
-__all__ = ["DEFAULT_MAX_ATTEMPTS", "RetryingS3FileSystem", "describe_attempts", "s3_from_uri"]
+__all__ = ["DEFAULT_MAX_ATTEMPTS", "RetryingS3FileSystem", "describe_attempts", "display_uri", "object_uri",
+           "path_on", "s3_from_uri"]
 
 #: Attempts per S3 request (the first try included) unless AWS_MAX_ATTEMPTS says otherwise.
 DEFAULT_MAX_ATTEMPTS = 5
@@ -107,6 +110,111 @@ def s3_from_uri(uri: str) -> tuple[RetryingS3FileSystem, str]:
     return RetryingS3FileSystem(max_attempts=attempts, **options), path
 
 
+#: URI schemes a pyarrow filesystem (by ``type_name``) takes, the first one canonical. Only
+#: these two forms are rewritten: "scheme://bucket/key" is "bucket/key" on the filesystem.
+#: Other types (HDFS's host in the URI, Azure's container@account) take paths only.
+_BUCKET_SCHEMES = {"s3": ("s3", "s3a"), "gcs": ("gs", "gcs")}
+#: Object stores, whose paths are "bucket/key" and never start with a separator.
+_OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "adl"})
+_URI_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def _fsspec(fs: pafs.FileSystem) -> Any:
+    """The fsspec filesystem inside a ``PyFileSystem(FSSpecHandler(...))``, else None."""
+    handler = getattr(fs, "handler", None) if isinstance(fs, pafs.PyFileSystem) else None
+    return getattr(handler, "fs", None)
+
+
+def _schemes(fs: pafs.FileSystem) -> tuple[str, ...]:
+    inner = _fsspec(fs)
+    if inner is not None:
+        protocol = inner.protocol
+        protocols = (protocol,) if isinstance(protocol, str) else tuple(protocol)
+        # Aliases of one store: an fsspec filesystem may list only one of them.
+        for aliases in _BUCKET_SCHEMES.values():
+            if set(aliases) & set(protocols):
+                protocols += tuple(a for a in aliases if a not in protocols)
+        return protocols
+    if fs.type_name == "local":
+        return ("file",)
+    return _BUCKET_SCHEMES.get(fs.type_name, ())
+
+
+def _describe(fs: pafs.FileSystem) -> str:
+    inner = _fsspec(fs)
+    if inner is not None:
+        return f"the fsspec filesystem {type(inner).__name__} ({'/'.join(_schemes(fs))})"
+    return f"a pyarrow {type(fs).__name__}"
+
+
+def _forms(fs: pafs.FileSystem) -> str:
+    """The source forms ``fs`` takes, for messages."""
+    schemes = _schemes(fs)
+    if "file" in schemes:
+        return "a local path (or file:// URI)"
+    if _OBJECT_STORES.intersection(schemes):
+        return f"'bucket/prefix' or '{schemes[0]}://bucket/prefix'"
+    if schemes:
+        return f"a path on it or a {schemes[0]}:// URI"
+    return "a path on it (no URI)"
+
+
+def path_on(fs: pafs.FileSystem, source: str) -> str:
+    """``source`` (a path, a glob or a URI) as a path on the filesystem the user passed.
+
+    A URI is accepted when its scheme is the filesystem's: ``s3://bucket/key`` on an
+    S3 filesystem is ``bucket/key``. OptionError when the two do not fit together, naming
+    the form to pass (pyarrow would say "got a URI" or "Path cannot start with a separator").
+    """
+    schemes = _schemes(fs)
+    local = "file" in schemes
+    m = _URI_RE.match(source)
+    if m is not None:
+        scheme = m.group(1).lower()
+        if scheme not in schemes:
+            raise OptionError(
+                f"source {source!r} is a URI ({scheme}://), but filesystem= is {_describe(fs)}, which takes "
+                f"{_forms(fs)}: pass that form, or leave filesystem= out"
+                + (" (detload opens s3:// URIs itself)" if scheme in ("s3", "s3a") else "")
+            )
+        rest = source[m.end():]
+        if "?" in rest and not local:
+            raise OptionError(
+                f"source {source!r} carries URI options, which apply only when detload opens the URI "
+                "itself: with filesystem=, set them on the filesystem and pass the URI without them"
+            )
+        inner = _fsspec(fs)
+        if inner is not None:
+            return str(inner._strip_protocol(source))
+        if local:
+            return os.path.abspath(rest)
+        return rest.rstrip("/")
+    if source.startswith(("/", os.sep)) and _OBJECT_STORES.intersection(schemes):
+        raise OptionError(
+            f"source {source!r} is an absolute local path, but filesystem= is {_describe(fs)}, which takes "
+            f"{_forms(fs)}: pass that form, or leave filesystem= out to read local files"
+        )
+    inner = _fsspec(fs)
+    if inner is not None:
+        return str(inner._strip_protocol(source))
+    return os.path.abspath(source) if local else source
+
+
+def display_uri(fs: pafs.FileSystem, location: str) -> str:
+    """``location`` on ``fs`` as the user would write it, for messages and reprs: s3://bucket/key, /abs/path."""
+    kind = fs.type_name
+    if kind == "local":
+        return location
+    inner = _fsspec(fs)
+    if inner is not None:
+        try:
+            return str(inner.unstrip_protocol(location))
+        except Exception:  # noqa: BLE001 - a message must not fail on an odd filesystem
+            return location
+    schemes = _BUCKET_SCHEMES.get(kind)
+    return f"{schemes[0]}://{location}" if schemes else f"{kind}://{location}"
+
+
 def describe_attempts(fs: pafs.FileSystem) -> str:
     """How many attempts a request had, for error messages ("" when unknown)."""
     if isinstance(fs, RetryingS3FileSystem):
@@ -115,7 +223,10 @@ def describe_attempts(fs: pafs.FileSystem) -> str:
 
 
 def object_uri(fs: pafs.FileSystem, location: str) -> str:
-    """A URI naming one object, for messages and cache keys: s3://bucket/key, /abs/path, ..."""
+    """A URI naming one object, for messages and cache keys: s3://bucket/key (endpoint ...), /abs/path, ...
+
+    Cache keys hash it: its output for a given filesystem must not change.
+    """
     kind = fs.type_name
     if kind == "local":
         return location

@@ -8,11 +8,14 @@ merger's thread. Workers also build the first blocks of the pass expected next
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import json
 import os
 import sys
 import threading
 import time
+import types
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +29,7 @@ from ._cache import object_key, open_cache
 from ._dataset import Dataset, discover
 from ._merge import END, STOPPED, Failure, Run, make_tasks
 from ._pool import WorkerPool
-from ._remote import object_uri
+from ._remote import display_uri, object_uri
 from ._trace import CONSUMER, Tracer
 from ._types import INT96_UNIT, SCALED, Column, ColumnSpec, normalize_cast, type_mapping_version
 from ._worker import DebugHooks, FileRef, WorkerConfig
@@ -84,6 +87,35 @@ def check_epoch(epoch: Any) -> None:
         raise OptionError(f"epoch must be an int in [0, 2**32), got {epoch!r}")
 
 
+def refuse_torch_workers(what: str) -> None:
+    """OptionError when called inside a worker process of a torch DataLoader (``num_workers > 0``).
+
+    Each of those workers would get a copy of the loader and read the whole epoch:
+    detload's own workers are the parallelism. torch is consulted only when
+    something already imported it.
+    """
+    data = sys.modules.get("torch.utils.data")
+    info = data.get_worker_info() if data is not None and hasattr(data, "get_worker_info") else None
+    if info is not None:
+        raise OptionError(_dataloader_workers(what, f"num_workers={info.num_workers}"))
+
+
+def _dataloader_workers(what: str, workers: str) -> str:
+    return (f"a {what} cannot run in the worker processes of a torch DataLoader ({workers}): detload is "
+            f"already parallel, and each of them would read the whole epoch. Pass num_workers=0 to the "
+            f"DataLoader (with batch_size=None) and set the {what}'s own workers= (and pool=\"process\")")
+
+
+def refuse_pickling(what: str) -> OptionError:
+    """The error for pickling a loader: it holds threads, processes and shared memory."""
+    return OptionError(
+        f"a {what} cannot be pickled or copied: it holds worker threads or processes and shared memory. "
+        "A torch DataLoader with num_workers > 0 pickles its dataset for each worker process, and detload is "
+        f"already parallel: pass num_workers=0 to the DataLoader (with batch_size=None) and set the {what}'s "
+        f"own workers= (and pool=\"process\"). Elsewhere, build the {what} in the process that iterates it"
+    )
+
+
 class Loader:
     """Deterministic parallel Parquet loader. Iterating yields ``dict[str, ndarray | Ragged]``.
 
@@ -122,6 +154,7 @@ class Loader:
         _cache_fail_after_bytes: int | None = None,
         _benchmark_unordered: bool = False,
     ) -> None:
+        _register_with_torch()  # in case torch.utils.data was loaded past the finder (a cheap check)
         self.workers = resolve_workers(workers)
         if pool not in ("thread", "process"):
             raise OptionError(f"pool must be 'thread' or 'process', got {pool!r}")
@@ -297,6 +330,7 @@ class Loader:
             run.stop()
 
     def __iter__(self) -> Iterator[dict[str, Column]]:
+        refuse_torch_workers("Loader")
         with self._lock:
             self._stop_run()
             plan = self.plan()
@@ -553,9 +587,85 @@ class Loader:
         if pool is not None:
             pool.close()
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise refuse_pickling("Loader")
+
     def __repr__(self) -> str:
-        return (f"Loader({self.dataset.root!r}, files={len(self.dataset.files)}, rows={self.dataset.rows}, "
+        where = display_uri(self.dataset.filesystem, self.dataset.root)
+        return (f"Loader({where!r}, files={len(self.dataset.files)}, rows={self.dataset.rows}, "
                 f"batch_size={self.options.batch_size}, workers={self.workers}, pool={self.pool_kind!r})")
+
+
+# -- torch's DataLoader -------------------------------------------------------------
+#
+# torch.utils.data.DataLoader treats an object as an iterable dataset only if it is an
+# instance of IterableDataset (else it indexes it: "'Loader' object is not subscriptable").
+# IterableDataset's metaclass is ABCMeta (through typing.Iterable), so Loader is
+# registered as a virtual subclass -- without importing torch, which costs seconds:
+# at once if torch.utils.data is loaded, else by a finder that runs when it is.
+
+def _register_with_torch() -> bool:
+    """Register Loader as a torch IterableDataset if torch.utils.data is loaded; True once done."""
+    data = sys.modules.get("torch.utils.data")
+    iterable = getattr(data, "IterableDataset", None)
+    if iterable is None:
+        return False
+    if not issubclass(Loader, iterable):
+        iterable.register(Loader)
+    return True
+
+
+class _RegisterAfterExec(importlib.abc.Loader):
+    """Runs torch.utils.data's own loader, then registers; everything else is the real loader's."""
+
+    def __init__(self, inner: importlib.abc.Loader) -> None:
+        self._inner = inner
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self._inner.exec_module(module)
+        # Leave nothing of ours on the module: its loader is its own again.
+        if module.__spec__ is not None and module.__spec__.loader is self:
+            module.__spec__.loader = self._inner
+        if getattr(module, "__loader__", None) is self:
+            module.__loader__ = self._inner
+        if _register_with_torch():
+            _TorchDataFinder.remove()
+
+    def __getattr__(self, name: str) -> Any:  # get_source, is_package, resource readers ...
+        if name == "_inner":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+class _TorchDataFinder(importlib.abc.MetaPathFinder):
+    """A sys.meta_path entry that only acts on ``torch.utils.data``: it finds the module
+    with the finders after it and wraps its loader in `_RegisterAfterExec`."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: types.ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "torch.utils.data":
+            return None
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _RegisterAfterExec(spec.loader)
+                return spec
+        return None
+
+    @staticmethod
+    def remove() -> None:
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _TorchDataFinder)]
+
+
+if not _register_with_torch() and not any(isinstance(f, _TorchDataFinder) for f in sys.meta_path):
+    sys.meta_path.insert(0, _TorchDataFinder())
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,23 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-import torch
+
+try:
+    import torch
+    import torch.utils.data
+except ModuleNotFoundError as exc:
+    if exc.name not in ("torch", "torch.utils", "torch.utils.data"):
+        raise  # torch is there but broken (one of its own dependencies is missing): say so as it is
+    raise ModuleNotFoundError(
+        'detload.torch needs PyTorch, which is not installed: pip install "detload[torch]". '
+        "An unpinned torch from PyPI pulls a multi-GB CUDA build; for the CPU build, install torch first "
+        "with pip install torch --index-url https://download.pytorch.org/whl/cpu",
+        name="torch",
+    ) from None
 
 from ._types import Column, Ragged
 from .errors import DetloadError, OptionError
-from .loader import Loader, check_epoch
+from .loader import Loader, check_epoch, refuse_pickling, refuse_torch_workers
 from .stats import Stats
 
 __all__ = ["RaggedTensor", "TorchLoader", "to_torch"]
@@ -321,6 +333,8 @@ class TorchLoader:
         # Benchmark-only switch: pin and copy column by column (the previous path) instead of one slab.
         self._slab = True
         self._pos: int | None = None  # batches of this epoch handed to the training loop
+        # The latest iter()'s token: an iteration starts only if it is still the latest.
+        self._latest: object | None = None
         self._stop: threading.Event | None = None
         self._thread: threading.Thread | None = None
         self._queue: queue.Queue[Any] | None = None
@@ -366,6 +380,7 @@ class TorchLoader:
         self._pos = None
 
     def close(self) -> None:
+        self._latest = None
         self._shutdown()
         self.loader.close()
 
@@ -378,20 +393,38 @@ class TorchLoader:
     def __repr__(self) -> str:
         return f"TorchLoader({self.loader!r}, device={self.device}, pin_memory={self.pin_memory})"
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise refuse_pickling("TorchLoader")
+
     # -- iteration -----------------------------------------------------------------
     def __iter__(self) -> Iterator[TorchBatch]:
+        """A pass over the current epoch from the current position, which it takes at its first
+        ``next()``: until then, ``set_epoch()`` and ``load_state_dict()`` decide what it yields.
+
+        Frameworks call ``iter()`` before the hooks that set the epoch (Lightning does after
+        restoring a checkpoint), so the pass must not be fixed when the iterator is made.
+        """
+        refuse_torch_workers("TorchLoader")
         self._shutdown()
+        token = self._latest = object()
+        return self._iterate(token)
+
+    def _iterate(self, token: object) -> Iterator[TorchBatch]:
+        if self._latest is not token:
+            raise DetloadError("this TorchLoader iteration was stopped before it began: close() or a new "
+                               "iter() was called since it was made; start a new one")
         if self.check_ranks:
             self.loader.check_ranks()
         it = iter(self.loader)
         self._pos = self.loader.position
         if not self._threaded:
-            return self._direct(it)
+            yield from self._direct(it)
+            return
         q: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
         th = threading.Thread(target=self._feed, args=(it, q, stop), name="detload-torch-feeder", daemon=True)
         self._stop, self._thread, self._queue = stop, th, q
-        return self._consume(q, stop, th)  # starts the thread at the first next()
+        yield from self._consume(q, stop, th)
 
     def _direct(self, it: Iterator[dict[str, Column]]) -> Iterator[TorchBatch]:
         loader = self.loader
@@ -561,6 +594,11 @@ class TorchLoader:
     def _shutdown(self) -> None:
         if self._stop is not None and self._thread is not None:
             self._halt(self._stop, self._thread, self._queue)
+
+
+# What torch.utils.data.DataLoader(loader, batch_size=None) needs to iterate it rather than
+# index it (Loader is registered by detload.loader, without importing torch).
+torch.utils.data.IterableDataset.register(TorchLoader)
 
 
 def _device(device: Any) -> torch.device | None:

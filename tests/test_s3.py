@@ -260,6 +260,81 @@ def test_explicit_filesystem(s3, proxy, tmp_path):
     same(ref, tmp_path / "explicit.jsonl")
 
 
+def _explicit_s3(endpoint):
+    return pafs.S3FileSystem(endpoint_override=endpoint.split("://")[1], scheme="http", region="us-east-1",
+                             access_key=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                             secret_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
+
+
+@pytest.mark.parametrize("kind", ["pyarrow", "fsspec"])
+def test_explicit_filesystem_takes_the_uri_its_scheme_names(s3, proxy, tmp_path, kind):
+    """s3://bucket/prefix with filesystem=: as a folder, a list of objects and a glob, the
+    same batches as the local copy (pyarrow said "Expected an S3 object path ... got a URI")."""
+    _, _, _, uri, ref = s3
+    fs = _explicit_s3(proxy.endpoint)
+    if kind == "fsspec":  # an fsspec filesystem whose protocol is s3 (s3fs is not needed for this)
+        from fsspec.implementations.arrow import ArrowFSWrapper
+        fs = ArrowFSWrapper(fs)
+    files = [f"{uri}/{name}" for name in FILES]
+    for name, source in [("folder", uri), ("list", files), ("glob", f"{uri}/*.parquet"), ("s3a", uri.replace("s3:", "s3a:"))]:
+        run(source, tmp_path / f"{name}.jsonl", filesystem=fs)
+        same(ref, tmp_path / f"{name}.jsonl")
+    with Loader(uri, filesystem=fs, **OPTS) as loader:
+        assert repr(loader).startswith(f"Loader('s3://{BUCKET}/ds', files=3,")
+
+
+def test_real_s3fs_takes_the_uri(s3, proxy, tmp_path):
+    s3fs = pytest.importorskip("s3fs")
+    _, _, _, uri, ref = s3
+    fs = s3fs.S3FileSystem(key=CREDENTIALS["AWS_ACCESS_KEY_ID"], secret=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+                           client_kwargs={"endpoint_url": proxy.endpoint, "region_name": "us-east-1"})
+    run(uri, tmp_path / "s3fs.jsonl", filesystem=fs)
+    same(ref, tmp_path / "s3fs.jsonl")
+
+
+def test_the_scheme_stays_in_the_repr_and_in_not_found_messages(s3, proxy):
+    _, _, _, uri, _ = s3
+    with Loader(uri, **OPTS) as loader:
+        assert repr(loader).startswith(f"Loader('s3://{BUCKET}/ds', files=3, rows=1368,")
+    fs = _explicit_s3(proxy.endpoint)
+    for filesystem in (None, fs):
+        with pytest.raises(FileNotFoundError, match=rf"^dataset path 's3://{BUCKET}/missing' does not exist$"):
+            Loader(f"s3://{BUCKET}/missing", filesystem=filesystem, **OPTS)
+        with pytest.raises(FileNotFoundError, match=rf"^the glob 's3://{BUCKET}/ds/\*\.csv' matches no file$"):
+            Loader(f"s3://{BUCKET}/ds/*.csv", filesystem=filesystem, **OPTS)
+    with pytest.raises(FileNotFoundError, match=rf"^dataset path 's3://{BUCKET}/missing' does not exist$"):
+        Loader(f"{BUCKET}/missing", filesystem=fs, **OPTS)
+
+
+def test_a_source_that_does_not_fit_the_filesystem_names_the_form_to_pass(tmp_path):
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    s3fs = _explicit_s3("http://127.0.0.1:9")  # never contacted: the forms are refused first
+    cases = [
+        (s3fs, str(tmp_path / "data"),
+         rf"^source '{tmp_path}/data' is an absolute local path, but filesystem= is a pyarrow S3FileSystem, "
+         r"which takes 'bucket/prefix' or 's3://bucket/prefix': pass that form, or leave filesystem= out to "
+         r"read local files$"),
+        (s3fs, "gs://bucket/data",
+         r"^source 'gs://bucket/data' is a URI \(gs://\), but filesystem= is a pyarrow S3FileSystem, which takes "
+         r"'bucket/prefix' or 's3://bucket/prefix': pass that form, or leave filesystem= out$"),
+        (s3fs, "s3://bucket/data?region=eu-west-1",
+         r"^source 's3://bucket/data\?region=eu-west-1' carries URI options, which apply only when detload "
+         r"opens the URI itself: with filesystem=, set them on the filesystem and pass the URI without them$"),
+        (pafs.LocalFileSystem(), "s3://bucket/data",
+         r"^source 's3://bucket/data' is a URI \(s3://\), but filesystem= is a pyarrow LocalFileSystem, which "
+         r"takes a local path \(or file:// URI\): pass that form, or leave filesystem= out \(detload opens "
+         r"s3:// URIs itself\)$"),
+        (MemoryFileSystem(), "s3://bucket/data",
+         r"^source 's3://bucket/data' is a URI \(s3://\), but filesystem= is the fsspec filesystem MemoryFileSystem "
+         r"\(memory\), which takes a path on it or a memory:// URI: pass that form, or leave filesystem= out"),
+    ]
+    for fs, source, message in cases:
+        for src in (source, [source]):
+            with pytest.raises(OptionError, match=message):
+                Loader(src, filesystem=fs, **OPTS)
+
+
 def test_s3_uri_options_and_environment(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "4")
