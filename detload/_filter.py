@@ -1107,6 +1107,8 @@ def _compile(node: Mapping[str, Any], partitions: Mapping[str, str]) -> Leaf:
     return _cmp_leaf(field, op, key, is_float)
 
 
+_UNKNOWN = ColumnStats()
+
 _CMP_FUNC_PY: dict[str, Callable[[Any, Any], bool]] = {
     "==": lambda a, b: a == b, "!=": lambda a, b: a != b,
     "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
@@ -1119,9 +1121,7 @@ def _cmp_leaf(field: str, op: str, v: Any, is_float: bool) -> Leaf:
     nan = (_T if op == "!=" else _F) if is_float else 0
 
     def leaf(stats: Mapping[str, Any], pv: Mapping[str, Any], n: int, bloom: Any) -> int:
-        s = stats.get(field)
-        if s is None:
-            return _TFN
+        s = stats.get(field) or _UNKNOWN  # a bloom filter may still rule the value out
         nc = s.null_count
         if nc is not None and nc >= n:
             return _N
@@ -1157,9 +1157,7 @@ def _isin_leaf(field: str, keys: list[Any], null_hit: int, is_float: bool) -> Le
     nan = _F if is_float else 0
 
     def leaf(stats: Mapping[str, Any], pv: Mapping[str, Any], n: int, bloom: Any) -> int:
-        s = stats.get(field)
-        if s is None:
-            return null_hit | _T | _F
+        s = stats.get(field) or _UNKNOWN
         nc = s.null_count
         if nc is not None and nc >= n:
             return null_hit
