@@ -1,34 +1,51 @@
-"""Row filters: detload's canonical form, row-group pruning and the exact selection.
+"""Row filters: detload's canonical form of a filter, and the `Filter` object.
 
 `parse_filter` reads a pyarrow.compute expression, a pyarrow DNF list or JSON
 into one canonical JSON tree typed against the dataset's schema, so that equal
 filters get equal fingerprints whichever form they were written in. A `Filter`
-prunes row groups three-valued from Hive partition values, statistics and
-(optionally) bloom filters, and selects the exact rows pyarrow's own filter keeps.
+prunes row groups (`detload._prune`) and selects the exact rows pyarrow's own
+filter keeps.
 """
 
 from __future__ import annotations
 
-import bisect
-import datetime as dt
-import decimal
 import json
 import math
-import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, Union
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Union
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 import xxhash
 
+from ._filter_scalars import (
+    SUPPORTED_SUBSET,
+    coerce,
+    decode_value,
+    encode_value,
+    family_of,
+    node_literal,
+    parse_type_name,
+    to_scalar,
+    type_name,
+    value_type,
+)
+from ._prune import (
+    BloomProbe,
+    ColumnStats,
+    Leaf,
+    PruneResult,
+    PruneSource,
+    compile_prune,
+    row_group_stats,
+    verdict,
+)
 from .errors import OptionError
 
 __all__ = [
+    "BloomProbe",
     "ColumnStats",
     "Filter",
     "FilterInput",
@@ -42,21 +59,9 @@ __all__ = [
 
 #: What `parse_filter` accepts: an expression, a DNF list, JSON text or a canonical dict.
 FilterInput = Union[pc.Expression, Sequence[Any], str, Mapping[str, Any], "Filter"]
-#: "none": no row of the row group can match; "all": every row matches; "some": check the rows.
-PruneResult = Literal["none", "some", "all"]
-#: Which evidence settled a row group, for `detload plan` ("selection" when none did).
-PruneSource = Literal["partition", "statistics", "bloom", "selection"]
-#: ``(column, keys) -> may any of these values be stored in this row group's column``.
-BloomProbe = Callable[[str, Sequence[Any]], bool]
 
 #: An ``isin`` list longer than this enters the order options as a hash (`Filter.order_value`).
 ISIN_HASH_THRESHOLD = 64
-
-SUPPORTED_SUBSET = (
-    "pc.field(name) compared (==, !=, <, <=, >, >=) with a scalar of type "
-    "int, float, bool, str, bytes, date, datetime or Decimal; field.isin(values); "
-    "field.is_null(); field.is_valid(); combined with &, | and ~"
-)
 
 _CMP_OPS = ("==", "!=", "<", "<=", ">", ">=")
 _FLIP = {"==": "==", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
@@ -66,322 +71,6 @@ _ARROW_CMP = {
     "greater": ">", "greater_equal": ">=",
 }
 _CMP_FUNC = {v: getattr(pc, k) for k, v in _ARROW_CMP.items()}
-_NS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
-_MS_PER_DAY = 86_400_000
-_DEC = decimal.Context(prec=100)
-
-Family = Literal["int", "float", "bool", "string", "binary", "date", "timestamp", "decimal"]
-
-
-# -- types ---------------------------------------------------------------------
-
-def _value_type(t: pa.DataType) -> pa.DataType:
-    return t.value_type if pa.types.is_dictionary(t) else t
-
-
-def _family(t: pa.DataType) -> Family | None:
-    t = _value_type(t)
-    if pa.types.is_integer(t):
-        return "int"
-    if pa.types.is_float32(t) or pa.types.is_float64(t):
-        return "float"
-    if pa.types.is_boolean(t):
-        return "bool"
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return "string"
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
-        return "binary"
-    if pa.types.is_date32(t) or pa.types.is_date64(t):
-        return "date"
-    if pa.types.is_timestamp(t):
-        return "timestamp"
-    if pa.types.is_decimal128(t) or pa.types.is_decimal256(t):
-        return "decimal"
-    return None
-
-
-_SIMPLE_TYPES: dict[str, pa.DataType] = {
-    "int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(), "int64": pa.int64(),
-    "uint8": pa.uint8(), "uint16": pa.uint16(), "uint32": pa.uint32(), "uint64": pa.uint64(),
-    "float32": pa.float32(), "float64": pa.float64(), "bool": pa.bool_(),
-    "string": pa.string(), "large_string": pa.large_string(),
-    "binary": pa.binary(), "large_binary": pa.large_binary(),
-    "date32": pa.date32(), "date64": pa.date64(),
-}
-_SIMPLE_NAMES = {v: k for k, v in _SIMPLE_TYPES.items()}
-_FSB_RE = re.compile(r"^fixed_size_binary\[([0-9]+)\]$")
-_TS_RE = re.compile(r"^timestamp\[(s|ms|us|ns)(?:, tz=(.+))?\]$")
-_DECIMAL_RE = re.compile(r"^decimal(128|256)\(([0-9]+), (-?[0-9]+)\)$")
-
-
-def type_name(t: pa.DataType) -> str:
-    """detload's own spelling of a filter scalar's type (independent of pyarrow's ``str``)."""
-    t = _value_type(t)
-    if t in _SIMPLE_NAMES:
-        return _SIMPLE_NAMES[t]
-    if pa.types.is_fixed_size_binary(t):
-        return f"fixed_size_binary[{t.byte_width}]"
-    if pa.types.is_timestamp(t):
-        return f"timestamp[{t.unit}]" if t.tz is None else f"timestamp[{t.unit}, tz={t.tz}]"
-    if pa.types.is_decimal128(t):
-        return f"decimal128({t.precision}, {t.scale})"
-    if pa.types.is_decimal256(t):
-        return f"decimal256({t.precision}, {t.scale})"
-    raise OptionError(f"type {t} cannot appear in a filter; {SUPPORTED_SUBSET}")
-
-
-def parse_type_name(name: str) -> pa.DataType:
-    """The inverse of `type_name`."""
-    if name in _SIMPLE_TYPES:
-        return _SIMPLE_TYPES[name]
-    if m := _FSB_RE.match(name):
-        return pa.binary(int(m.group(1)))
-    if m := _TS_RE.match(name):
-        return pa.timestamp(m.group(1), m.group(2))
-    if m := _DECIMAL_RE.match(name):
-        make = pa.decimal128 if m.group(1) == "128" else pa.decimal256
-        return make(int(m.group(2)), int(m.group(3)))
-    raise OptionError(
-        f"unknown filter scalar type {name!r}; expected one of {sorted(_SIMPLE_TYPES)}, "
-        "fixed_size_binary[N], timestamp[UNIT] or timestamp[UNIT, tz=ZONE], decimal128(P, S), decimal256(P, S)"
-    )
-
-
-def _int_range(t: pa.DataType) -> tuple[int, int]:
-    bits = t.bit_width
-    if pa.types.is_unsigned_integer(t):
-        return 0, (1 << bits) - 1
-    return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-
-
-# -- scalar coercion -------------------------------------------------------------
-#
-# A literal is first reduced to an abstract value (kind, payload), then fitted to
-# the column's type exactly; only a float literal that float32 cannot hold keeps
-# float64, which is how pyarrow compares it anyway.
-
-def _abstract(value: Any) -> tuple[str, Any]:
-    if isinstance(value, pa.Scalar):
-        return _abstract_scalar(value)
-    if isinstance(value, (bool, np.bool_)):
-        return "bool", bool(value)
-    if isinstance(value, (int, np.integer)):
-        return "int", int(value)
-    if isinstance(value, (float, np.floating)):
-        return "float", float(value)
-    if isinstance(value, str):
-        return "str", str(value)
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return "bytes", bytes(value)
-    if isinstance(value, decimal.Decimal):
-        return "decimal", value
-    if isinstance(value, dt.datetime):
-        epoch = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc if value.tzinfo else None)
-        d = value - epoch
-        ns = ((d.days * 86_400 + d.seconds) * 1_000_000 + d.microseconds) * 1000
-        ns += int(getattr(value, "nanosecond", 0))  # pandas.Timestamp
-        return "ts", (ns, value.tzinfo is not None)
-    if isinstance(value, dt.date):
-        return "date", (value - dt.date(1970, 1, 1)).days
-    if isinstance(value, np.datetime64):
-        if np.isnat(value):
-            return "null", None
-        unit, _ = np.datetime_data(value.dtype)
-        if unit == "D":
-            return "date", int(value.astype(np.int64))
-        if unit in _NS:
-            return "ts", (int(value.astype(np.int64)) * _NS[unit], False)
-        return "other", value
-    if value is None:
-        return "null", None
-    return "other", value
-
-
-def _abstract_scalar(s: pa.Scalar) -> tuple[str, Any]:
-    if not s.is_valid:
-        return "null", None
-    t = s.type
-    if pa.types.is_dictionary(t):
-        return _abstract_scalar(s.value)
-    f = _family(t)
-    if f == "timestamp":
-        return "ts", (int(s.value) * _NS[t.unit], t.tz is not None)
-    if f == "date":
-        if pa.types.is_date64(t):
-            ms = int(s.cast(pa.int64()).as_py())
-            return ("date", ms // _MS_PER_DAY) if ms % _MS_PER_DAY == 0 else ("other", s)
-        return "date", int(s.cast(pa.int32()).as_py())
-    if f in ("int", "float", "bool", "decimal"):
-        return _abstract(s.as_py())
-    if f == "string":
-        return "str", s.as_py()
-    if f == "binary":
-        return "bytes", s.as_py()
-    return "other", s
-
-
-def _describe(value: Any) -> str:
-    if value is None:
-        return "None"
-    if isinstance(value, pa.Scalar):
-        return f"{value.type} scalar {value.as_py()!r}" if value.is_valid else f"null {value.type} scalar"
-    return f"{type(value).__name__} {value!r}"
-
-
-def _coerce(value: Any, column: str, t: pa.DataType, *, one_zero: bool = True) -> tuple[pa.DataType, Any]:
-    """Fit a literal to column type ``t``: (the canonical scalar type, its internal value).
-
-    Internal values: int, float, bool, str, bytes, days (date), count of the
-    type's unit since the epoch (timestamp), unscaled int (decimal).
-    ``one_zero`` maps -0.0 to 0.0, right for comparisons (where they are equal)
-    but not for isin, whose hash lookup tells them apart.
-    """
-    t = _value_type(t)
-    fam = _family(t)
-    kind, v = _abstract(value)
-
-    def bad(reason: str) -> OptionError:
-        return OptionError(
-            f"filter value {_describe(value)} does not fit column {column!r} of type {t}: {reason}"
-        )
-
-    if kind == "null":
-        raise bad("a comparison with null is never true and selects no row; use pc.field(name).is_null()")
-    if kind == "float" and math.isnan(v):
-        raise bad("NaN compares false with every value; filters do not accept NaN")
-    if fam == "int":
-        if kind == "float" and v.is_integer():
-            kind, v = "int", int(v)
-        if kind == "decimal" and v == v.to_integral_value():
-            kind, v = "int", int(v)
-        if kind != "int":
-            raise bad("an integer column is compared with integers only")
-        lo, hi = _int_range(t)
-        if not lo <= v <= hi:
-            raise bad(f"the value is outside the type's range [{lo}, {hi}]")
-        return t, v
-    if fam == "float":
-        if kind == "int":
-            f = float(v)
-            if f != v:
-                raise bad("the integer is not exactly representable as a float")
-            kind, v = "float", f
-        if kind != "float":
-            raise bad("a float column is compared with numbers only")
-        if v == 0.0 and one_zero:
-            v = 0.0
-        if pa.types.is_float32(t) and float(np.float32(v)) != v and not math.isinf(v):
-            return pa.float64(), v  # pyarrow compares such a literal in float64
-        return t, v
-    if fam == "bool":
-        if kind != "bool":
-            raise bad("a bool column is compared with True or False only")
-        return t, v
-    if fam == "string":
-        if kind != "str":
-            raise bad("a string column is compared with str values only")
-        return t, v
-    if fam == "binary":
-        if kind != "bytes":
-            raise bad("a binary column is compared with bytes values only")
-        if pa.types.is_fixed_size_binary(t) and len(v) != t.byte_width:
-            raise bad(f"the value has {len(v)} bytes, the column {t.byte_width}")
-        return t, v
-    if fam == "date":
-        if kind != "date":
-            raise bad("a date column is compared with datetime.date values only")
-        return t, v
-    if fam == "timestamp":
-        if kind != "ts":
-            raise bad("a timestamp column is compared with datetime (or numpy.datetime64) values only")
-        ns, aware = v
-        if aware != (t.tz is not None):
-            raise bad(
-                "the column has time zone " + repr(t.tz) + " and the value none" if t.tz is not None
-                else "the column has no time zone and the value has one"
-            )
-        step = _NS[t.unit]
-        if ns % step:
-            raise bad(f"the value is finer than the column's unit {t.unit!r}")
-        return t, ns // step
-    if fam == "decimal":
-        if kind == "int":
-            kind, v = "decimal", decimal.Decimal(v)
-        if kind != "decimal" or not v.is_finite():
-            raise bad("a decimal column is compared with int or decimal.Decimal values only")
-        unscaled = v.scaleb(t.scale, _DEC)
-        if unscaled != unscaled.to_integral_value():
-            raise bad(f"the value has more than {t.scale} digits after the point")
-        u = int(unscaled)
-        if abs(u) >= 10 ** t.precision:
-            raise bad(f"the value has more than {t.precision} digits")
-        return t, u
-    raise OptionError(f"column {column!r} has type {t}, which filters do not support; {SUPPORTED_SUBSET}")
-
-
-def _encode(t: pa.DataType, v: Any) -> Any:
-    """Internal value → canonical JSON value."""
-    fam = _family(t)
-    if fam == "float":
-        return v if math.isfinite(v) else ("inf" if v > 0 else "-inf")
-    if fam == "binary":
-        return v.hex()
-    if fam == "date":
-        return str(np.datetime64(v, "D"))
-    if fam == "timestamp":
-        text = str(np.datetime64(v, t.unit))
-        return text + "Z" if t.tz is not None else text
-    if fam == "decimal":
-        return str(decimal.Decimal(v).scaleb(-t.scale, _DEC))
-    return v
-
-
-def _decode(t: pa.DataType, j: Any, column: str) -> Any:
-    """Canonical JSON value → a Python literal `_coerce` accepts for ``t``."""
-    fam = _family(t)
-    try:
-        if fam == "float" and isinstance(j, str):
-            return float(j)  # "inf", "-inf"
-        if fam == "binary" and isinstance(j, str):
-            return bytes.fromhex(j)
-        if fam == "date" and isinstance(j, str):
-            day = np.datetime64(j)
-            if np.datetime_data(day.dtype)[0] != "D":
-                raise ValueError("a date is written YYYY-MM-DD")
-            return day
-        if fam == "timestamp" and isinstance(j, str):
-            aware = j.endswith("Z")
-            raw = np.datetime64(j[:-1] if aware else j)  # the unit follows the digits written
-            if np.isnat(raw):
-                raise ValueError("NaT")
-            unit = np.datetime_data(raw.dtype)[0]
-            if unit not in _NS:
-                raw, unit = raw.astype("datetime64[s]"), "s"
-            return pa.scalar(int(raw.astype(np.int64)), pa.timestamp(unit, "UTC" if aware else None))
-        if fam == "decimal" and isinstance(j, (str, int)):
-            return decimal.Decimal(j)
-    except (ValueError, decimal.InvalidOperation) as e:
-        raise OptionError(f"filter value {j!r} for column {column!r} cannot be read as {type_name(t)}: {e}") from None
-    return j
-
-
-def _key(t: pa.DataType, v: Any) -> Any:
-    """Internal value → the comparison domain of `ColumnStats` (see there)."""
-    fam = _family(t)
-    if fam == "string":
-        return v.encode("utf-8")
-    if fam == "timestamp":
-        return v * _NS[t.unit]
-    return v
-
-
-def _scalar(t: pa.DataType, v: Any) -> pa.Scalar:
-    fam = _family(t)
-    if fam == "date" and pa.types.is_date64(t):
-        return pa.scalar(v * _MS_PER_DAY, t)
-    if fam == "decimal":
-        return pa.scalar(decimal.Decimal(v).scaleb(-t.scale, _DEC), t)
-    return pa.scalar(v, t)
 
 
 # -- raw trees ------------------------------------------------------------------
@@ -614,7 +303,7 @@ def _read_canonical(node: Any) -> Raw:
     t = parse_type_name(node["type"])
 
     def typed(j: Any) -> Any:
-        return None if j is None else _scalar(*_coerce(_decode(t, j, field), field, t, one_zero=op != "isin"))
+        return None if j is None else to_scalar(*coerce(decode_value(t, j, field), field, t, one_zero=op != "isin"))
 
     if op == "isin":
         if not isinstance(node["values"], list):
@@ -646,7 +335,7 @@ class _Canonicalizer:
         t = self.types.get(field)
         if t is None:
             raise OptionError(f"filter column {field!r} does not exist; the available columns are {self.available}")
-        if typed and _family(t) is None:
+        if typed and family_of(t) is None:
             raise OptionError(
                 f"filter column {field!r} has type {t}, which filters cannot compare; comparisons and isin "
                 "take integer, float32/float64, bool, string, binary, date, timestamp and decimal columns"
@@ -656,8 +345,8 @@ class _Canonicalizer:
 
     def literal(self, x: Any, field: str, t: pa.DataType, *, one_zero: bool = True) -> tuple[pa.DataType, Any]:
         if isinstance(x, _Json):
-            x = _decode(_value_type(t), x.value, field)
-        return _coerce(x, field, t, one_zero=one_zero)
+            x = decode_value(value_type(t), x.value, field)
+        return coerce(x, field, t, one_zero=one_zero)
 
     def node(self, raw: Raw) -> dict[str, Any]:
         tag = raw[0]
@@ -676,7 +365,7 @@ class _Canonicalizer:
             _, op, field, lit, left = raw
             t = self.column(field, typed=True)
             ct, v = self.literal(lit, field, t)
-            return {"op": _FLIP[op] if left else op, "field": field, "type": type_name(ct), "value": _encode(ct, v)}
+            return {"op": _FLIP[op] if left else op, "field": field, "type": type_name(ct), "value": encode_value(ct, v)}
         if tag == "isin":
             _, field, values, skip_nulls = raw
             t = self.column(field, typed=True)
@@ -685,9 +374,9 @@ class _Canonicalizer:
             fitted = [self.literal(x, field, t, one_zero=False) for x in items if not _is_null_literal(x)]
             if len({ct for ct, _ in fitted}) > 1:  # a float32 column with some inexact literals
                 fitted = [self.literal(x, field, pa.float64(), one_zero=False) for x in items if not _is_null_literal(x)]
-            ct = fitted[0][0] if fitted else _value_type(t)
+            ct = fitted[0][0] if fitted else value_type(t)
             vals: list[Any] = [None] if null and not skip_nulls else []
-            vals += [_encode(ct, v) for v in _sorted_unique(fitted)]
+            vals += [encode_value(ct, v) for v in _sorted_unique(fitted)]
             return {"op": "isin", "field": field, "type": type_name(ct), "values": vals}
         raise AssertionError(tag)
 
@@ -769,61 +458,6 @@ def _fields(node: Mapping[str, Any]) -> set[str]:
     if "arg" in node:
         return _fields(node["arg"])
     return {node["field"]}
-
-
-# -- the Filter ---------------------------------------------------------------------
-
-_T, _F, _N = 1, 2, 4
-_TFN = _T | _F | _N
-
-
-def _kleene(op: str, a: int, b: int) -> int:
-    if op == "and":
-        return _F if _F in (a, b) else _N if _N in (a, b) else _T
-    return _T if _T in (a, b) else _N if _N in (a, b) else _F
-
-
-def _table(op: str) -> tuple[tuple[int, ...], ...]:
-    # Outcome sets of x op y, where each side is a set of possible outcomes (bit mask).
-    rows = []
-    for x in range(8):
-        row = []
-        for y in range(8):
-            m = 0
-            for a in (_T, _F, _N):
-                for b in (_T, _F, _N):
-                    if x & a and y & b:
-                        m |= _kleene(op, a, b)
-            row.append(m)
-        rows.append(tuple(row))
-    return tuple(rows)
-
-
-_AND, _OR = _table("and"), _table("or")
-_NOT = tuple((m & _N) | (_F if m & _T else 0) | (_T if m & _F else 0) for m in range(8))
-
-Leaf = Callable[[Mapping[str, Any], Mapping[str, Any], int, Any], int]
-
-
-@dataclass(frozen=True, slots=True)
-class ColumnStats:
-    """What a row group's statistics say about one column.
-
-    ``min``/``max`` are in the comparison domain of the column's family: int
-    for integers (unsigned as their value), float, bool, UTF-8 ``bytes`` for
-    strings, ``bytes`` for binary, days since 1970-01-01 for dates, nanoseconds
-    since the epoch for timestamps (UTC for zoned ones), the unscaled int for
-    decimals (at the column's scale). ``None``: unknown. ``min`` is always a
-    lower bound; ``max`` is an upper bound only when ``max_exact`` (a truncated
-    maximum is not one). ``min_exact`` is recorded for completeness.
-    Float statistics ignore NaN: a float column may always hold NaN.
-    """
-
-    min: Any = None
-    max: Any = None
-    null_count: int | None = None
-    min_exact: bool = True
-    max_exact: bool = True
 
 
 class Filter:
@@ -937,10 +571,9 @@ class Filter:
             return "none"
         root = self._compiled
         if root is None:
-            root = _compile(self.canonical, dict(self._partitions))
+            root = compile_prune(self.canonical, dict(self._partitions))
             object.__setattr__(self, "_compiled", root)
-        m = root(stats, partition_values, num_rows, bloom)
-        return "none" if not m & _T else "all" if m == _T else "some"
+        return verdict(root(stats, partition_values, num_rows, bloom))
 
     def prune_source(
         self,
@@ -994,13 +627,8 @@ class Filter:
 
 # -- rebuilding and compiling the canonical tree ---------------------------------------
 
-def _literal(node: Mapping[str, Any], j: Any) -> tuple[pa.DataType, Any]:
-    t = parse_type_name(node["type"])
-    return _coerce(_decode(t, j, node["field"]), node["field"], t, one_zero=node["op"] != "isin")
-
-
 def _array(t: pa.DataType, values: list[Any]) -> pa.Array:
-    return pa.array([None if v is None else _scalar(t, v) for v in values], t)
+    return pa.array([None if v is None else to_scalar(t, v) for v in values], t)
 
 
 def _build(node: Mapping[str, Any]) -> pc.Expression:
@@ -1019,276 +647,8 @@ def _build(node: Mapping[str, Any]) -> pc.Expression:
         return f.is_valid()
     if op == "isin":
         t = parse_type_name(node["type"])
-        vals = [None if j is None else _literal(node, j)[1] for j in node["values"]]
+        vals = [None if j is None else node_literal(node, j)[1] for j in node["values"]]
         return f.isin(_array(t, vals))
-    t, v = _literal(node, node["value"])
-    return _CMP_FUNC[op](f, pc.scalar(_scalar(t, v)))
+    t, v = node_literal(node, node["value"])
+    return _CMP_FUNC[op](f, pc.scalar(to_scalar(t, v)))
 
-
-def _partition_key(ptype: str, value: Any) -> Any:
-    if ptype == "int64":
-        return int(value)
-    return value.encode("utf-8") if isinstance(value, str) else bytes(value)
-
-
-_MISSING = object()
-
-
-def _compile(node: Mapping[str, Any], partitions: Mapping[str, str]) -> Leaf:
-    op = node["op"]
-    if op in ("and", "or"):
-        kids = [_compile(a, partitions) for a in node["args"]]
-        table = _AND if op == "and" else _OR
-        stop = _F if op == "and" else _T
-
-        def combine(stats: Mapping[str, Any], pv: Mapping[str, Any], n: int, bloom: Any) -> int:
-            m = kids[0](stats, pv, n, bloom)
-            for k in kids[1:]:
-                if m == stop:
-                    return m
-                m = table[m][k(stats, pv, n, bloom)]
-            return m
-
-        return combine
-    if op == "not":
-        kid = _compile(node["arg"], partitions)
-        return lambda stats, pv, n, bloom: _NOT[kid(stats, pv, n, bloom)]
-    field = node["field"]
-    if op in ("is_null", "is_valid"):
-        want = op == "is_null"
-        if field in partitions:
-            def part_null(stats: Mapping[str, Any], pv: Mapping[str, Any], n: int, bloom: Any) -> int:
-                v = pv.get(field, _MISSING)
-                if v is _MISSING:
-                    return _T | _F
-                return _T if (v is None) == want else _F
-            return part_null
-
-        def null_leaf(stats: Mapping[str, Any], pv: Mapping[str, Any], n: int, bloom: Any) -> int:
-            s = stats.get(field)
-            nc = None if s is None else s.null_count
-            if nc is None:
-                return _T | _F
-            some_null = _T if want else _F
-            some_valid = _F if want else _T
-            return (some_null if nc > 0 else 0) | (some_valid if nc < n else 0)
-        return null_leaf
-    t = parse_type_name(node["type"])
-    is_float = _family(t) == "float"
-    if op == "isin":
-        keys = sorted(_key(t, _literal(node, j)[1]) for j in node["values"] if j is not None)
-        null_hit = _T if None in node["values"] else _F
-        if field in partitions:
-            ptype = partitions[field]
-            keyset = set(keys)
-
-            def part_isin(stats: Mapping[str, Any], pv: Mapping[str, Any], n: int, bloom: Any) -> int:
-                v = pv.get(field, _MISSING)
-                if v is _MISSING:
-                    return _TFN
-                if v is None:
-                    return null_hit
-                return _T if _partition_key(ptype, v) in keyset else _F
-            return part_isin
-        return _isin_leaf(field, keys, null_hit, is_float)
-    key = _key(t, _literal(node, node["value"])[1])
-    if field in partitions:
-        ptype = partitions[field]
-        test = _CMP_FUNC_PY[op]
-
-        def part_cmp(stats: Mapping[str, Any], pv: Mapping[str, Any], n: int, bloom: Any) -> int:
-            v = pv.get(field, _MISSING)
-            if v is _MISSING:
-                return _TFN
-            if v is None:
-                return _N
-            return _T if test(_partition_key(ptype, v), key) else _F
-        return part_cmp
-    return _cmp_leaf(field, op, key, is_float)
-
-
-_UNKNOWN = ColumnStats()
-
-_CMP_FUNC_PY: dict[str, Callable[[Any, Any], bool]] = {
-    "==": lambda a, b: a == b, "!=": lambda a, b: a != b,
-    "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
-    ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
-}
-
-
-def _cmp_leaf(field: str, op: str, v: Any, is_float: bool) -> Leaf:
-    # NaN (never in float statistics) is false for every comparison but !=.
-    nan = (_T if op == "!=" else _F) if is_float else 0
-
-    def leaf(stats: Mapping[str, Any], pv: Mapping[str, Any], n: int, bloom: Any) -> int:
-        s = stats.get(field) or _UNKNOWN  # a bloom filter may still rule the value out
-        nc = s.null_count
-        if nc is not None and nc >= n:
-            return _N
-        out = _N if nc is None or nc > 0 else 0
-        lo = s.min
-        hi = s.max if s.max_exact else None
-        if op == "==":
-            t = (lo is None or lo <= v) and (hi is None or v <= hi)
-            f = lo is None or hi is None or not (lo == hi == v)
-            if t and bloom is not None and not bloom(field, (v,)):
-                t = False
-        elif op == "!=":
-            t = lo is None or hi is None or not (lo == hi == v)
-            f = (lo is None or lo <= v) and (hi is None or v <= hi)
-        elif op == "<":
-            t = lo is None or lo < v
-            f = hi is None or hi >= v
-        elif op == "<=":
-            t = lo is None or lo <= v
-            f = hi is None or hi > v
-        elif op == ">":
-            t = hi is None or hi > v
-            f = lo is None or lo <= v
-        else:  # ">="
-            t = hi is None or hi >= v
-            f = lo is None or lo < v
-        return out | nan | (_T if t else 0) | (_F if f else 0)
-
-    return leaf
-
-
-def _isin_leaf(field: str, keys: list[Any], null_hit: int, is_float: bool) -> Leaf:
-    nan = _F if is_float else 0
-
-    def leaf(stats: Mapping[str, Any], pv: Mapping[str, Any], n: int, bloom: Any) -> int:
-        s = stats.get(field) or _UNKNOWN
-        nc = s.null_count
-        if nc is not None and nc >= n:
-            return null_hit
-        out = null_hit if nc is None or nc > 0 else 0
-        lo = s.min
-        hi = s.max if s.max_exact else None
-        i = 0 if lo is None else bisect.bisect_left(keys, lo)
-        j = len(keys) if hi is None else bisect.bisect_right(keys, hi)
-        t = i < j
-        if t and bloom is not None and not bloom(field, keys[i:j]):
-            t = False
-        f = lo is None or hi is None or lo != hi or j - i != 1
-        return out | nan | (_T if t else 0) | (_F if f else 0)
-
-    return leaf
-
-
-# -- statistics -------------------------------------------------------------------------
-
-_UNIT_RE = re.compile(r"timeUnit=(milliseconds|microseconds|nanoseconds)")
-_UNIT_NS = {"milliseconds": 1_000_000, "microseconds": 1_000, "nanoseconds": 1}
-
-
-def row_group_stats(
-    row_group: pq.RowGroupMetaData,
-    schema: pa.Schema,
-    *,
-    columns: Iterable[str] | None = None,
-) -> dict[str, ColumnStats | None]:
-    """`ColumnStats` of every top-level primitive column of a row group (or of ``columns``).
-
-    ``schema`` is the file's Arrow schema. A column without statistics, or of a
-    type whose statistics detload cannot read (INT96 timestamps, float16,
-    nested types), maps to None or has no min/max: "may match".
-    """
-    index, types = _leaf_index(schema)
-    names = list(index) if columns is None else [c for c in columns if c in index]
-    out: dict[str, ColumnStats | None] = {}
-    n = row_group.num_columns
-    for name in names:
-        i = index.get(name)
-        if i is None or i >= n:
-            continue
-        cc = row_group.column(i)
-        if cc.path_in_schema != name:  # a layout this index does not know: look the column up
-            found = [j for j in range(n) if row_group.column(j).path_in_schema == name]
-            if not found:
-                continue
-            cc = row_group.column(found[0])
-        out[name] = _column_stats(cc, types[name])
-    return out
-
-
-def _leaves(t: pa.DataType) -> int:
-    if pa.types.is_struct(t):
-        return sum(_leaves(t.field(i).type) for i in range(t.num_fields))
-    if pa.types.is_map(t):
-        return _leaves(t.key_type) + _leaves(t.item_type)
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return _leaves(t.value_type)
-    return 1
-
-
-# Keyed by identity: hashing a pa.Schema costs ~100 µs, more than reading the statistics.
-_INDEX_CACHE: dict[int, tuple[pa.Schema, dict[str, int], dict[str, pa.DataType]]] = {}
-
-
-def _leaf_index(schema: pa.Schema) -> tuple[dict[str, int], dict[str, pa.DataType]]:
-    """Top-level primitive column → its Parquet leaf index (pyarrow writes leaves in schema order), and its type."""
-    got = _INDEX_CACHE.get(id(schema))
-    if got is None or got[0] is not schema:
-        index, types, i = {}, {}, 0
-        for f in schema:
-            k = _leaves(f.type)
-            if k == 1 and not pa.types.is_nested(f.type):
-                index[f.name] = i
-                types[f.name] = f.type
-            i += k
-        if len(_INDEX_CACHE) > 256:
-            _INDEX_CACHE.clear()
-        got = _INDEX_CACHE[id(schema)] = (schema, index, types)
-    return got[1], got[2]
-
-
-def _column_stats(cc: pq.ColumnChunkMetaData, t: pa.DataType) -> ColumnStats | None:
-    s = cc.statistics
-    if s is None:
-        return None
-    nc = s.null_count if s.has_null_count else None
-    lo = hi = None
-    if s.has_min_max:
-        conv = _converter(_value_type(t), s)
-        if conv is not None:
-            try:
-                lo, hi = conv(s.min_raw), conv(s.max_raw)
-            except (TypeError, ValueError, OverflowError):
-                lo = hi = None
-            if isinstance(lo, float) and isinstance(hi, float) and (math.isnan(lo) or math.isnan(hi)):
-                lo = hi = None  # an old writer's NaN bound orders nothing
-    return ColumnStats(
-        lo, hi, nc,
-        bool(getattr(s, "is_min_value_exact", True)),
-        bool(getattr(s, "is_max_value_exact", True)),
-    )
-
-
-def _converter(t: pa.DataType, s: Any) -> Callable[[Any], Any] | None:
-    fam = _family(t)
-    phys = s.physical_type
-    if fam == "int" and phys in ("INT32", "INT64"):
-        if pa.types.is_unsigned_integer(t):
-            mask = (1 << (32 if phys == "INT32" else 64)) - 1
-            return lambda r: int(r) & mask
-        return int
-    if fam == "float" and phys in ("FLOAT", "DOUBLE"):
-        return float
-    if fam == "bool" and phys == "BOOLEAN":
-        return bool
-    if fam in ("string", "binary") and phys in ("BYTE_ARRAY", "FIXED_LEN_BYTE_ARRAY"):
-        return lambda r: r if isinstance(r, bytes) else str(r).encode("utf-8")
-    if fam == "date" and phys == "INT32":
-        return int
-    if fam == "timestamp" and phys == "INT64":
-        m = _UNIT_RE.search(str(s.logical_type))
-        if m is None:
-            return None
-        step = _UNIT_NS[m.group(1)]
-        return lambda r: int(r) * step
-    if fam == "decimal":
-        if phys in ("INT32", "INT64"):
-            return int
-        if phys in ("FIXED_LEN_BYTE_ARRAY", "BYTE_ARRAY"):
-            return lambda r: int.from_bytes(r, "big", signed=True)
-    return None

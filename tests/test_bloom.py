@@ -199,7 +199,8 @@ def test_no_false_negatives(name, data, as_integer):
                     verdict = flt.prune({}, {}, n, bloom=reader.probe(g))
                     in_group = any(v == s for s in stored)
                     assert verdict != "none" or not in_group, (name, v, stored)
-                    isin = parse_filter(f("c").isin([*probes, v]), schema)
+                    value_set = pa.array([*probes, v], t.value_type if pa.types.is_dictionary(t) else t)
+                    isin = parse_filter(f("c").isin(value_set), schema)
                     assert isin.prune({}, {}, n, bloom=reader.probe(g)) != "none" or not in_group
 
 
