@@ -215,6 +215,8 @@ def _float_encoder(fmt: str) -> Encoder:
 
 def _bytes_encoder(width: int | None) -> Encoder:
     def enc(k: Any) -> tuple[bytes, ...] | None:
+        if isinstance(k, str):
+            k = k.encode("utf-8")  # a caller's str: the bytes a string column stores
         if not isinstance(k, bytes) or (width is not None and len(k) != width):
             return None
         return (k,)

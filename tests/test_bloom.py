@@ -297,6 +297,7 @@ def test_each_filter_is_read_once_from_any_source(tmp_path):
     for _ in range(3):
         assert reader.might_contain(0, "c", [b"a"]) and reader.might_contain(1, "c", [b"d"])
         assert not reader.might_contain(0, "c", [b"d", b"zz"])
+        assert reader.might_contain(0, "c", ["a"]) and not reader.might_contain(0, "c", ["d"])
     assert CountingFile.reads == 2  # one per column chunk (the footer records the lengths)
     reader.close()
     assert not fh.closed  # a file the caller opened stays open
