@@ -239,27 +239,38 @@ def _finish_sequence(s: np.ndarray, lengths: np.ndarray, seed: int) -> np.ndarra
     return _mix(s)
 
 
-def _sequence(items: np.ndarray, offsets: np.ndarray, seed: int, positions: np.ndarray | None = None,
-              length: np.ndarray | None = None) -> np.ndarray:
+def _few_words(n: int, longest: int, words: int) -> bool:
+    """Whether to hash strings a word position at a time (one pass per position over all strings).
+
+    Short strings are the common case; a pass per position then avoids per-word index arrays.
+    Measured on 7-18 byte strings: about 1.6x faster than per word. (For lists, whose items are
+    hashed already, the per-item sum stays faster even for short lists.)
+    """
+    return longest <= 8 and n * longest <= 2 * (words + n)
+
+
+def _sequence(items: np.ndarray, offsets: np.ndarray, seed: int, length: np.ndarray | None = None) -> np.ndarray:
     """Hash of each segment [offsets[i], offsets[i+1]) of ``items``: sum of item * P_position, then length.
 
-    ``items`` is consumed; ``positions`` (each item's index in its segment) may be given when known;
-    ``length`` is what the hash counts as each segment's length (default: its item count).
+    ``items`` is consumed; ``length`` is what the hash counts as each segment's length (default:
+    its item count).
     """
     lengths = np.diff(offsets)
+    counted = lengths if length is None else length
+    n = len(lengths)
     m = len(items)
     if not m:
-        return _finish_sequence(np.zeros(len(lengths), _U64), lengths if length is None else length, seed)
-    if positions is None:
-        positions = np.arange(m, dtype=np.int64)
-        positions -= np.repeat(offsets[:-1], lengths)
-    items *= _weights(seed, int(lengths.max()))[positions]
+        return _finish_sequence(np.zeros(n, _U64), counted, seed)
+    weights = _weights(seed, int(lengths.max()))
+    positions = np.arange(m, dtype=np.int64)
+    positions -= np.repeat(offsets[:-1], lengths)
+    items *= weights[positions]
     cs = np.empty(m + 1, _U64)
     cs[0] = 0
     np.cumsum(items, out=cs[1:])
     s = cs[offsets[1:]]
     s -= cs[offsets[:-1]]
-    return _finish_sequence(s, lengths if length is None else length, seed)
+    return _finish_sequence(s, counted, seed)
 
 
 def _hash_bytes(data: np.ndarray, offsets: np.ndarray, seed: int) -> np.ndarray:
@@ -272,36 +283,51 @@ def _hash_bytes(data: np.ndarray, offsets: np.ndarray, seed: int) -> np.ndarray:
     lengths = np.diff(offsets)
     nwords = lengths + 7
     nwords >>= 3
-    word_offsets = np.zeros(n + 1, np.int64)
-    np.cumsum(nwords, out=word_offsets[1:])
-    total = int(word_offsets[-1])
-    if total == 0:
+    longest = int(nwords.max()) if n else 0
+    if longest == 0:
         return _finish_sequence(np.zeros(n, _U64), lengths, seed)
-    # Word j of a string starts at byte offset + 8 j.
-    pos = np.arange(total, dtype=np.int64)
-    pos -= np.repeat(word_offsets[:-1], nwords)
-    starts = np.repeat(offsets[:-1], nwords)
-    starts += pos << 3
     padded = np.zeros(len(data) + 8, np.uint8)
     padded[: len(data)] = data
     # An unaligned view in which element k is the 8 bytes starting at byte k.
     every = np.ndarray(shape=(len(data) + 1,), dtype="<u8", buffer=padded, strides=(1,))
+    item_seed = _U64(_child_seed(_ITEMS, seed))
+    total = int(nwords.sum())
+    if _few_words(n, longest, total):
+        # Word j of every string at once: its 8 bytes, cut to the string's own, hashed, weighted.
+        weights = _weights(seed, longest)
+        s = np.zeros(n, _U64)
+        starts = offsets[:-1].copy()
+        shortest = int(lengths.min())
+        for j in range(longest):
+            if j:
+                starts += 8
+                np.minimum(starts, len(data), out=starts)
+            w = every[starts].view(_U64)
+            if 8 * (j + 1) > shortest:  # some strings end inside (or before) word j
+                keep = lengths - 8 * j
+                np.clip(keep, 0, 8, out=keep)
+                w &= _KEEP[keep]
+            w ^= item_seed
+            _mix(w)
+            w *= weights[j]
+            if 8 * j >= shortest:
+                w *= keep != 0  # zero where the string has no word j
+            s += w
+        return _finish_sequence(s, lengths, seed)
+    word_offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(nwords, out=word_offsets[1:])
+    # Word j of a string starts at byte offset + 8 j.
+    starts = np.arange(total, dtype=np.int64)
+    starts -= np.repeat(word_offsets[:-1], nwords)
+    starts <<= 3
+    starts += np.repeat(offsets[:-1], nwords)
     words = every[starts].view(_U64)
     # The last word of a string keeps only the string's own bytes (1 to 8 of them).
-    if nwords.all():
-        last = word_offsets[1:] - 1
-        keep = lengths - ((nwords - 1) << 3)
-    else:
-        nonempty = np.flatnonzero(nwords)
-        last = word_offsets[1:].take(nonempty) - 1
-        keep = lengths.take(nonempty) - ((nwords.take(nonempty) - 1) << 3)
-    partial = keep < 8
-    if not partial.all():
-        last = last[partial]
-        keep = keep[partial]
-    words[last] &= _KEEP[keep]
-    words ^= _U64(_child_seed(_ITEMS, seed))
-    return _sequence(_mix(words), word_offsets, seed, pos, lengths)
+    nonempty = np.flatnonzero(nwords)
+    last = word_offsets[1:].take(nonempty) - 1
+    words[last] &= _KEEP[lengths.take(nonempty) - ((nwords.take(nonempty) - 1) << 3)]
+    words ^= item_seed
+    return _sequence(_mix(words), word_offsets, seed, lengths)
 
 
 # -- rows and lanes ---------------------------------------------------------------------------------------
@@ -387,10 +413,11 @@ def digest(source: Any, *, filesystem: Any = None, columns: Sequence[str] | None
     def one(task: tuple[str, int, dict[str, pa.Scalar]]) -> _Lanes:
         location, rg, consts = task
         with fs.open_input_file(location) as fh:
-            pf = pq.ParquetFile(fh)
+            md = pq.read_metadata(fh)
             if file_cols == []:  # only partition columns: the row count is in the footer
-                n = pf.metadata.row_group(rg).num_rows
+                n = md.row_group(rg).num_rows
                 return _digest_batches([pa.record_batch([pa.nulls(n)], names=["_"]).drop_columns(["_"])], consts)
+            pf = pq.ParquetFile(fh, metadata=md, read_dictionary=_dictionary_columns(md, rg, file_cols))
             batches = pf.iter_batches(batch_size=_CHUNK, row_groups=[rg], columns=file_cols, use_threads=False)
             return _digest_batches(batches, consts)
 
@@ -400,6 +427,34 @@ def digest(source: Any, *, filesystem: Any = None, columns: Sequence[str] | None
         for lanes in ex.map(one, tasks):
             total.merge(lanes)  # sums commute: the completion order cannot change the result
     return total.result()
+
+
+def _dictionary_columns(md: pq.FileMetaData, rg: int, wanted: Sequence[str] | None) -> list[str]:
+    """Top-level string and binary columns whose chunk in row group ``rg`` is dictionary-encoded.
+
+    Read as dictionaries, they hash each distinct value once (a dictionary's hash is its decoded
+    values' hash, so the digest is the same either way). Parquet writers fall back to plain pages
+    when a dictionary grows large; a plain value takes at least 4 bytes (its length), a dictionary
+    index at most 4, so a chunk under 4 bytes a value past its dictionary page is dictionary pages.
+    """
+    schema = md.schema.to_arrow_schema()
+    group = md.row_group(rg)
+    out = []
+    for j in range(group.num_columns):
+        col = group.column(j)
+        name = col.path_in_schema
+        if col.physical_type != "BYTE_ARRAY" or not col.has_dictionary_page or name not in schema.names:
+            continue
+        if wanted is not None and name not in wanted:
+            continue
+        t = schema.field(name).type
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+                or pa.types.is_large_binary(t)):
+            continue
+        dict_page = (col.data_page_offset or 0) - (col.dictionary_page_offset or 0)
+        if col.total_uncompressed_size - max(dict_page, 0) < 4 * max(col.num_values, 1):
+            out.append(name)
+    return out
 
 
 def _check_columns(columns: Sequence[str], available: Sequence[str], where: str) -> None:
