@@ -357,6 +357,8 @@ def layout(
         config["threads"] = int(threads)
     try:
         con = duckdb.connect(config=config)
+        # DuckDB's own progress bar would print on stdout; tqdm's bars on stderr show the run instead.
+        con.execute("SET enable_progress_bar = false")
         try:
             result = _sort_and_write(con, ds, schema, columns, sort_keys, group_by, blooms,
                                      dst_path, row_group_rows, files, boundary_slack, compression, on, written)

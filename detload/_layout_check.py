@@ -206,22 +206,26 @@ def check_layout(source: Any, *, sort_by: Sequence[str], filesystem: Any = None)
                         f"{f.path}: row {i + 1} {_fmt(cols, i + 1)} comes after row {i} {_fmt(cols, i)}"
                         f" ({len(bad)} such place(s))")
         leaf = {md.schema.column(j).path: j for j in range(md.num_columns)}
+        by_key = dict(zip(keys, cols))
+        first_row = 0
         for g in range(md.num_row_groups):
             rg = md.row_group(g)
-            if rg.num_rows == 0:
+            rows_here = rg.num_rows
+            first_row += rows_here
+            if rows_here == 0:
                 continue
             row_groups += 1
             for k in stored:
                 j = leaf.get(k)
-                st = rg.column(j).statistics if j is not None else None
-                if st is None or not (st.has_min_max or (st.has_null_count and st.null_count == rg.num_rows)):
+                c = rg.column(j) if j is not None else None
+                st = c.statistics if c is not None else None
+                # Writers leave min/max out for a chunk of nulls and NaNs only: nothing to prune by.
+                nothing = _only_nulls_or_nan(by_key[k].slice(first_row - rows_here, rows_here))
+                if not nothing and (st is None or not st.has_min_max):
                     missing_stats.append(f"{f.path}#{g}: {k}")
-            for k in stored:
-                j = leaf.get(k)
-                if j is not None:
-                    c = rg.column(j)
+                if c is not None:
                     chunks += 1
-                    with_index += bool(c.has_column_index and c.has_offset_index)
+                    with_index += bool(c.has_offset_index and (c.has_column_index or nothing))
             for j in range(md.num_columns):
                 c = rg.column(j)
                 if c.bloom_filter_offset is not None:
@@ -244,6 +248,14 @@ def check_layout(source: Any, *, sort_by: Sequence[str], filesystem: Any = None)
         file_order_found=order_found, missing_statistics=tuple(missing_stats), page_index=page,
         bloom_filters=blooms, sorting_columns=sorting_declared or (),
     )
+
+
+def _only_nulls_or_nan(arr: pa.Array) -> bool:
+    if arr.null_count == len(arr):
+        return True
+    if pa.types.is_floating(arr.type):
+        return bool(pc.all(pc.or_kleene(pc.is_null(arr), pc.is_nan(arr).fill_null(True))).as_py())
+    return False
 
 
 def _describe(source: Any) -> str:

@@ -498,3 +498,14 @@ def test_docs_layout_examples_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for code in runnable:
         exec(compile(code, "docs/layout.md", "exec"), {"__name__": "__docs__"})
+
+
+@pytest.mark.parametrize("key", ["u64", "i8", "f64", "f32", "b", "s", "ls", "dict", "bin", "fsb", "d32", "t64",
+                                 "ts_ns_tz", "dur", "dec", "dec38", "uuid"])
+def test_every_sortable_type_sorts_as_check_layout_expects(tmp_path, key):
+    # Keys travel through DuckDB as carriers (integers, bytes): their order must be the type's order.
+    table = parquet_types_table(40)
+    src = _write_parts(table.take(np.random.default_rng(9).permutation(40)), tmp_path / "src", [40])
+    layout(src, tmp_path / "dst", sort_by=[key, "k"], row_group_rows=9, progress=False)
+    res = check_layout(str(tmp_path / "dst"), sort_by=[key, "k"])
+    assert res.ok and res.nulls == "last", str(res)
