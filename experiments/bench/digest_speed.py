@@ -32,7 +32,7 @@ def make_table(rows: int, seed: int = 0, unique_strings: bool = False) -> pa.Tab
         cols[f"f{i}"] = pa.array(rng.standard_normal(rows).astype(dt))
     words = np.array([f"w{k:05d}-{'x' * (k % 13)}" for k in range(5000)])
     for i in range(4):
-        if unique_strings:  # 7 to 19 bytes, distinct in every row
+        if unique_strings:  # 10 to 28 bytes, distinct in every row
             ids = np.char.add(f"{i}-", rng.permutation(rows).astype(str))
             cols[f"s{i}"] = pa.array(np.char.add(ids, words[rng.integers(0, len(words), rows)]))
         else:
