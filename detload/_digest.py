@@ -127,8 +127,10 @@ def _words_fixed(arr: pa.Array) -> np.ndarray:
     n = len(arr)
     buf = arr.buffers()[1]
     if pa.types.is_boolean(t):
-        bits = np.unpackbits(np.frombuffer(buf, np.uint8), bitorder="little")
-        return bits[arr.offset : arr.offset + n].astype(_U64)
+        first, last = arr.offset // 8, (arr.offset + n + 7) // 8  # only the bytes of this slice
+        bits = np.unpackbits(np.frombuffer(buf, np.uint8, count=last)[first:], bitorder="little")
+        skip = arr.offset % 8
+        return bits[skip : skip + n].astype(_U64)
     width = t.bit_width // 8
     if pa.types.is_floating(t) or pa.types.is_unsigned_integer(t):
         dt = np.dtype(f"<u{width}")
