@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from . import __version__
+from . import __version__, _layout_cli
 from .errors import DetloadError, ManifestError, SchemaMismatchError
 
 _MAP_HELP = ("cache entries kept memory-mapped between epochs (thread workers together, or each worker "
@@ -167,6 +167,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-map-limit", default="auto", help=_MAP_HELP)
     p.add_argument("--trace", help="write the Chrome trace-event JSON here")
     p.add_argument("--json", action="store_true", help="print the stats as JSON")
+    _layout_cli.add_parsers(sub)  # digest, layout, check-layout
     return ap
 
 
@@ -472,7 +473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = _parser()
     a = ap.parse_args(argv)
     cmd = {"run": _cmd_run, "verify": _cmd_verify, "inspect": _cmd_inspect, "plan": _cmd_plan, "demo": _cmd_demo,
-            "cache": _cmd_cache, "bench": _cmd_bench}
+            "cache": _cmd_cache, "bench": _cmd_bench, **_layout_cli.COMMANDS}
     try:
         return cmd[a.command](a)
     except (DetloadError, FileNotFoundError, ValueError) as exc:
