@@ -207,7 +207,9 @@ def _bytes_take(src: Ragged, perm: np.ndarray, out_offsets: np.ndarray, out_valu
     # int64 index per byte, which costs ~2x more for text columns.
     n = int(src.offsets.shape[0]) - 1
     arr = pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(src.offsets), pa.py_buffer(src.values)])
-    taken = arr.take(pa.array(perm))
+    # From the buffer, not pa.array(perm): converting from Python imports pandas (see _arrow.py).
+    index = np.ascontiguousarray(perm, dtype=np.int64)
+    taken = arr.take(pa.Array.from_buffers(pa.int64(), len(index), [None, pa.py_buffer(index)]))
     bufs = taken.buffers()
     offs = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1, offset=taken.offset * 8)
     np.subtract(offs, offs[0], out=out_offsets)

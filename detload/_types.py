@@ -14,6 +14,7 @@ from typing import Any, Literal, Union
 import numpy as np
 import pyarrow as pa
 
+from ._arrow import fill_nulls, numpy_of
 from .errors import DataError, UnsupportedTypeError
 
 __all__ = [
@@ -181,11 +182,37 @@ def column_spec(name: str, t: pa.DataType, *, partition: bool = False) -> Column
     hint = ""
     if pa.types.is_decimal(t):
         hint = " Cast it to float64 when writing, or leave it out with columns=[...]."
+    elif pa.types.is_struct(t):
+        hint = (" Write one column per field (flatten the struct), or leave it out with "
+                "columns=[...] listing the columns to load.")
+    elif pa.types.is_map(t):
+        hint = (" Write its keys and values as two list columns, or leave it out with "
+                "columns=[...] listing the columns to load.")
+    elif _is_list_like(t) and _is_list_like(t.value_type):
+        hint = (" Variable-length lists of lists have no flat NumPy layout: flatten them when "
+                "writing (fixed-size lists of fixed-size lists are supported, as 3-D arrays), or "
+                "leave the column out with columns=[...] listing the columns to load.")
+    elif _is_list_like(t) and _is_text(t.value_type):
+        hint = (" Lists of strings are not mapped: join each list into one string or encode the "
+                "strings as integer ids when writing; or leave the column out with columns=[...] "
+                "listing the columns to load.")
+    else:
+        hint = " Leave it out with columns=[...] listing the columns to load."
     raise UnsupportedTypeError(
         f"column {name!r} has Arrow type {t}, which detload does not map to NumPy.{hint} "
         "Supported: booleans, integers, floats, timestamps, dates, durations, strings, "
         "binary, fixed-size lists and lists of those primitives, dictionaries of them."
     )
+
+
+def _is_list_like(t: pa.DataType) -> bool:
+    return (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+            or _is_view(t, "list"))
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t) or _is_view(t, "string") or _is_view(t, "binary"))
 
 
 def _is_view(t: pa.DataType, what: str) -> bool:
@@ -220,7 +247,7 @@ def convert_column(
     if spec.kind == "fixed" and not spec.inner and type(arr) is pa.ChunkedArray and arr.num_chunks == 1:
         a = arr.chunk(0)
         if a.null_count == 0 and a.type.id not in _NOT_PLAIN:
-            out = a.to_numpy(zero_copy_only=False)
+            out = numpy_of(a)
             want = _np_dtype(spec.dtype)
             return out if out.dtype == want else out.astype(want)
     if isinstance(arr, pa.ChunkedArray):
@@ -229,6 +256,11 @@ def convert_column(
         arr = arr.dictionary_decode()
     if arr.null_count:
         if null_fill is not None:
+            if spec.kind == "fixed" and not spec.inner:
+                filled = fill_nulls(arr, null_fill)
+                if filled is not None:
+                    want = _np_dtype(spec.dtype)
+                    return filled if filled.dtype == want else filled.astype(want)
             try:
                 arr = arr.fill_null(null_fill)
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
@@ -255,7 +287,7 @@ def convert_column(
     return _ragged(spec, arr, where)
 
 
-# Type ids that need more than to_numpy (see convert_column's general path).
+# Type ids that need more than reading the values buffer (see convert_column's general path).
 _NOT_PLAIN = frozenset({pa.dictionary(pa.int32(), pa.string()).id, pa.binary(1).id})
 
 
@@ -277,7 +309,7 @@ def _primitive(spec: ColumnSpec, arr: pa.Array, where: tuple[str, int]) -> np.nd
             "whole-row nulls) cannot reach. Rewrite the column without null elements, or "
             "as a float list (nulls become NaN)."
         )
-    out = arr.to_numpy(zero_copy_only=False)
+    out = numpy_of(arr)
     want = np.dtype(spec.dtype)
     if out.dtype != want:
         out = out.astype(want)
@@ -301,7 +333,7 @@ def _ragged(spec: ColumnSpec, arr: pa.Array, where: tuple[str, int]) -> Ragged:
         raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.empty(0, np.uint8)
         values = raw[offsets[0] : offsets[-1]] if n else raw[:0]
     else:
-        offsets = arr.offsets.to_numpy()
+        offsets = numpy_of(arr.offsets)
         child = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])) if n else arr.values.slice(0, 0)
         values = _primitive(spec, child, where)
     if n == 0:
