@@ -1,8 +1,46 @@
-"""``python -m detload``: the same command line as the ``detload`` script (for environments
-where the script is not on PATH)."""
+"""``python -m detload`` and the ``detload`` script: the command line, with signals handled from the start.
 
+Until a command enters the part of its work that holds resources (`cli.interruptible`),
+Ctrl-C or SIGTERM ends the process at once with one line, ``interrupted`` (exit 130)
+or ``terminated`` (exit 143): there is nothing to clean up, and a KeyboardInterrupt
+raised while NumPy or pyarrow import would come out as an ImportError with a traceback.
+"""
+
+import atexit
+import os
+import signal
 import sys
 
-from .cli import main
 
-sys.exit(main())
+def _early(signum: int, frame: object) -> None:
+    os.write(2, b"interrupted\n" if signum == signal.SIGINT else b"terminated\n")
+    os._exit(130 if signum == signal.SIGINT else 143)
+
+
+def _exit(code: int) -> None:
+    """Exit with ``code`` after the usual clean-up (atexit handlers, flushed streams).
+
+    Not through the interpreter's own exit: CPython marks a KeyboardInterrupt as unhandled
+    whenever one ends code run by ``exec`` of a string (dataclasses and namedtuples are made
+    so), even when it was caught, and ``python -m`` then exits by SIGINT whatever the status.
+    """
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more to say
+            pass
+    os._exit(code)
+
+
+def run() -> None:
+    """The console entry point."""
+    signal.signal(signal.SIGINT, _early)
+    signal.signal(signal.SIGTERM, _early)
+    from .cli import main
+
+    _exit(main(_process=True))  # returns with both signals ignored
+
+
+if __name__ == "__main__":
+    run()
