@@ -94,10 +94,9 @@ def fill_value(t: pa.DataType, value: Any) -> np.ndarray | None:
         info = np.iinfo(dtype)  # type: ignore[type-var]  # an integer dtype here
         return np.asarray(value, dtype=dtype) if info.min <= value <= info.max else None
     if pa.types.is_floating(t):
-        try:
-            f = float(value)
-        except OverflowError:
-            return None
+        if isinstance(value, int) and abs(value) > 2**53:
+            return None  # not exact as a double: how it rounds is pyarrow's to say
+        f = float(value)
         if math.isfinite(f) and abs(f) > float(np.finfo(dtype).max):
             return None  # would overflow to inf: pyarrow's answer is the one to give
         return np.asarray(f, dtype=dtype)

@@ -525,3 +525,12 @@ def test_an_interrupted_run_leaves_a_verifiable_prefix(data, tmp_path, capsys):
     assert (code, err) == (130, "interrupted\n")
     code, out, _ = _run(["verify", str(cut), str(full)], capsys)
     assert code == 1 and "is truncated: it stops at epoch" in out and "diverged" not in out, out
+
+
+def test_demo_dataset_refuses_a_bad_row_count_by_name(tmp_path):
+    from detload import OptionError
+    from detload._demo import write_demo_dataset
+
+    with pytest.raises(OptionError, match=r"^rows must be an int >= 1 \(rows of the example dataset\), got -1$"):
+        write_demo_dataset(str(tmp_path / "d"), rows=-1)
+    assert not (tmp_path / "d").exists()
