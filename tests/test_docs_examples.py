@@ -5,8 +5,10 @@ The convention the pages follow:
 - A block that cannot run alone (it continues an earlier one, needs a GPU cluster,
   an S3 bucket or a model defined elsewhere) is preceded by the HTML comment
   ``<!-- fragment -->`` on its own line, right before the fence; it is skipped.
-- Every other block runs in a fresh interpreter (``python -c``), with its page's
-  folder as the working directory. The blocks of a page run in order in that
+- Every other block is saved as a script and run by a fresh interpreter
+  (``python example.py``, as a reader would run it: with ``pool="process"`` the
+  workers then re-import it, so a missing ``__main__`` guard fails here too), with
+  its page's folder as the working directory. The blocks of a page run in order in that
   folder, which `SETUP` below prepares with the data the page refers to
   (``data/``, ``example-data/``); an example may also write its own files.
 - A block whose first line is ``# NAME.py: ...`` is also saved as ``NAME.py`` in
@@ -49,7 +51,7 @@ def blocks(page: str) -> list[tuple[int, str, bool]]:
 def _example_data(where: Path) -> None:
     """determinism.md's make_example.py: the example-data/ that several pages use."""
     (code,) = [c for _, c, _ in blocks("docs/determinism.md") if c.startswith("# make_example.py:")]
-    _python(code, where)
+    _python(code, where, name="make_example.py")
 
 
 def _train_data(where: Path) -> None:
@@ -68,7 +70,7 @@ def _train_data(where: Path) -> None:
                 "query": pa.array([f"q{i % 97}" for i in range(n)]),
             })
             pq.write_table(table, f"data/part-{f}.parquet", row_group_size=700)
-    """), where)
+    """), where, name="make_train_data.py")
 
 
 def _free_port() -> str:
@@ -96,10 +98,12 @@ SETUP: dict[str, tuple[list[Callable[[Path], None]], Callable[[], dict[str, str]
 TIMEOUT = 240
 
 
-def _python(code: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _python(code: str, cwd: Path, env: dict[str, str] | None = None, name: str = "example.py",
+            ) -> subprocess.CompletedProcess[str]:
     full = {**os.environ, **(env or {}),
             "PYTHONPATH": os.pathsep.join([str(cwd), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    res = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=full, capture_output=True, text=True,
+    (cwd / name).write_text(code, encoding="utf-8")
+    res = subprocess.run([sys.executable, name], cwd=cwd, env=full, capture_output=True, text=True,
                          timeout=TIMEOUT)
     assert res.returncode == 0, f"exit {res.returncode}\n--- code\n{code}\n--- stdout\n{res.stdout}\n--- stderr\n{res.stderr}"
     return res
@@ -133,7 +137,8 @@ CASES = [pytest.param(page, line, code, id=f"{page}:{line}",
 @pytest.mark.parametrize(("page", "line", "code"), CASES)
 def test_example_runs(page_folder, page, line, code):
     env = SETUP.get(page, ([], dict))[1]()
-    _python(code, page_folder(page), env)
+    m = re.match(r"# ([\w.]+\.py):", code)
+    _python(code, page_folder(page), env, name=m.group(1) if m else f"example_{line}.py")
 
 
 def test_every_page_with_examples_is_set_up_or_self_contained():
