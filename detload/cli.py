@@ -653,15 +653,17 @@ _COMMANDS = {"run": _cmd_run, "verify": _cmd_verify, "inspect": _cmd_inspect, "p
              "cache": _cmd_cache, "bench": _cmd_bench}
 
 
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise Terminated
+def _interrupt(signum: int, frame: Any) -> None:
+    # The first signal decides: a second one must not cut short the clean-up it starts.
+    hold_signals()
+    raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
 
 @contextlib.contextmanager
 def interruptible() -> Iterator[None]:
     """Within the block, Ctrl-C raises KeyboardInterrupt and SIGTERM `Terminated` in the main
     thread, so that every ``with Loader`` inside closes (workers stopped, shared memory and
-    semaphores freed) before main() reports.
+    semaphores freed) before main() reports; further signals are ignored meanwhile.
 
     Outside such blocks the console script exits at once on either signal (see
     detload/__main__.py): an interrupt raised inside a C extension's import (NumPy's,
@@ -672,8 +674,8 @@ def interruptible() -> Iterator[None]:
         yield
         return
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         yield
     finally:

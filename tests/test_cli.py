@@ -434,22 +434,14 @@ def test_fuzzed_command_lines_exit_0_1_or_2_without_a_traceback(tmp_path_factory
 
 # -- signals ------------------------------------------------------------------------------------
 
-_SITE = """\
-import os
-fd = os.environ.pop("DETLOAD_TEST_READY_FD", None)  # popped: worker processes must not see it
-if fd:  # the interpreter has started: from here on every moment is detload's to handle
-    os.write(int(fd), b"R")
-    os.close(int(fd))
-"""
-
-
 def _start(tmp_path: Path, argv: list[str]) -> subprocess.Popen:
-    """``python -m detload ARGV``; returns once the interpreter is up (site imported), before detload runs."""
-    site = tmp_path / "site"
-    site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(_SITE)
+    """``python -m detload ARGV``; returns once detload's first lines installed its signal handlers.
+
+    The moments before (the interpreter starting, site and runpy importing) are the
+    interpreter's, not detload's: no Python code can handle a signal there.
+    """
     r, w = os.pipe()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "DETLOAD_TEST_READY_FD": str(w)}
     proc = subprocess.Popen([sys.executable, "-m", "detload", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=env, pass_fds=(w,), start_new_session=True, cwd=tmp_path)
