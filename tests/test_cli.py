@@ -515,8 +515,12 @@ def test_an_interrupted_run_leaves_a_verifiable_prefix(data, tmp_path, capsys):
     if code == 0:
         pytest.skip("the run finished before the interrupt")
     assert (code, err) == (130, "interrupted\n")
-    code, out, _ = _run(["verify", str(cut), str(full)], capsys)
-    assert code == 1 and "is truncated: it stops at epoch" in out and "diverged" not in out, out
+    code, out, _ = _run(["verify", str(cut), str(full), "--json"], capsys)
+    res = json.loads(out)
+    # A prefix: cut inside an epoch ("truncated"), or, if the signal came just as one ended, before
+    # the next one's first line ("epochs": A stops before it). Never a divergence.
+    assert code == 1 and res["kind"] in ("truncated", "epochs"), res
+    assert "stops" in res["message"] and res["steps_compared"] >= 3, res
 
 
 def test_demo_dataset_refuses_a_bad_row_count_by_name(tmp_path):
