@@ -1,34 +1,44 @@
 """detload: deterministic, fast Parquet loading for ML training, with a per-batch audit trail.
 
-Public API; the implementation lives in private modules.
+Public API; the implementation lives in private modules. The names are loaded on
+first use (PEP 562): ``import detload`` imports neither NumPy nor pyarrow, so the
+command line starts fast and a Ctrl-C while it starts is handled by its own code.
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from ._cache import CacheWarning  # noqa: E402
-from ._types import ColumnSpec, Ragged  # noqa: E402
-from .audit import hash_batch, read_manifest  # noqa: E402
-from .errors import (  # noqa: E402
-    DataError,
-    DatasetError,
-    DetloadError,
-    EmptyDatasetError,
-    ManifestError,
-    OptionError,
-    SchemaMismatchError,
-    SharedMemoryError,
-    SourceError,
-    StateError,
-    UnsupportedTypeError,
-    WorkerError,
-    WorkerStalledError,
-)
-from .loader import Loader  # noqa: E402
-from .plan import OrderOptions, Plan, make_plan  # noqa: E402
-from .starvation import StarvationReport, starvation_check  # noqa: E402
-from .stats import StageStats, Stats  # noqa: E402
+# Where each public name lives. `from detload import Loader` imports detload.loader then.
+_EXPORTS = {
+    "CacheWarning": "_cache",
+    "ColumnSpec": "_types",
+    "DataError": "errors",
+    "DatasetError": "errors",
+    "DetloadError": "errors",
+    "EmptyDatasetError": "errors",
+    "Loader": "loader",
+    "ManifestError": "errors",
+    "OptionError": "errors",
+    "OrderOptions": "plan",
+    "Plan": "plan",
+    "Ragged": "_types",
+    "SchemaMismatchError": "errors",
+    "SharedMemoryError": "errors",
+    "SkippedFilesWarning": "_dataset",
+    "SourceError": "errors",
+    "StageStats": "stats",
+    "StarvationReport": "starvation",
+    "StateError": "errors",
+    "Stats": "stats",
+    "UnsupportedTypeError": "errors",
+    "WorkerError": "errors",
+    "WorkerStalledError": "errors",
+    "hash_batch": "audit",
+    "make_plan": "plan",
+    "read_manifest": "audit",
+    "starvation_check": "starvation",
+}
 
 __all__ = [
     "CacheWarning",
@@ -45,6 +55,7 @@ __all__ = [
     "Ragged",
     "SchemaMismatchError",
     "SharedMemoryError",
+    "SkippedFilesWarning",
     "SourceError",
     "StageStats",
     "StarvationReport",
@@ -59,3 +70,44 @@ __all__ = [
     "read_manifest",
     "starvation_check",
 ]
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
+    from ._cache import CacheWarning
+    from ._dataset import SkippedFilesWarning
+    from ._types import ColumnSpec, Ragged
+    from .audit import hash_batch, read_manifest
+    from .errors import (
+        DataError,
+        DatasetError,
+        DetloadError,
+        EmptyDatasetError,
+        ManifestError,
+        OptionError,
+        SchemaMismatchError,
+        SharedMemoryError,
+        SourceError,
+        StateError,
+        UnsupportedTypeError,
+        WorkerError,
+        WorkerStalledError,
+    )
+    from .loader import Loader
+    from .plan import OrderOptions, Plan, make_plan
+    from .starvation import StarvationReport, starvation_check
+    from .stats import StageStats, Stats
+
+
+def __getattr__(name: str) -> object:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'detload' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups do not come here again
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -28,6 +28,7 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from ._arrow import int64_array
 from ._types import Column, ColumnSpec, Ragged, RaggedKind
 from ._types import _np_dtype as _dtype
 
@@ -207,7 +208,7 @@ def _bytes_take(src: Ragged, perm: np.ndarray, out_offsets: np.ndarray, out_valu
     # int64 index per byte, which costs ~2x more for text columns.
     n = int(src.offsets.shape[0]) - 1
     arr = pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(src.offsets), pa.py_buffer(src.values)])
-    taken = arr.take(pa.array(perm))
+    taken = arr.take(int64_array(perm))  # not pa.array(perm), which imports pandas (see _arrow.py)
     bufs = taken.buffers()
     offs = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1, offset=taken.offset * 8)
     np.subtract(offs, offs[0], out=out_offsets)

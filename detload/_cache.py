@@ -22,7 +22,7 @@ import struct
 import threading
 import uuid
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -394,8 +394,10 @@ def _evict_replaced(store: _Store, objects: Sequence[str]) -> None:
                     shutil.rmtree(e.path, ignore_errors=True)
 
 
-def cache_info(cache_dir: str | os.PathLike[str], *, verify: bool = False) -> dict[str, Any]:
-    """What a cache directory holds (and, with ``verify``, which entries fail their checksum)."""
+def cache_info(cache_dir: str | os.PathLike[str], *, verify: bool = False,
+               progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """What a cache directory holds (and, with ``verify``, which entries fail their checksum).
+    ``progress(nbytes)`` is called after each entry (the command line's progress display)."""
     base = os.path.abspath(os.path.expanduser(os.fspath(cache_dir)))
     _check_is_cache(base)
     root = os.path.join(base, f"v{CACHE_FORMAT}")
@@ -413,6 +415,8 @@ def cache_info(cache_dir: str | os.PathLike[str], *, verify: bool = False) -> di
                 _load(path, None)
             except (_Corrupt, OSError):
                 bad.append(path)
+        if progress is not None:
+            progress(st.st_size)
     tmp = 0
     with contextlib.suppress(FileNotFoundError):
         tmp = sum(1 for e in os.scandir(store.tmp) if e.name.endswith(".tmp"))

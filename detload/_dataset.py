@@ -28,13 +28,27 @@ from ._remote import describe_attempts, display_uri, object_uri, path_on, s3_fro
 from ._types import INT96_UNIT, ColumnSpec, column_spec
 from .errors import DatasetError, EmptyDatasetError, OptionError, SchemaMismatchError, SourceError
 
-__all__ = ["Dataset", "FileInfo", "discover", "Source"]
+__all__ = ["Dataset", "FileInfo", "SkippedFilesWarning", "discover", "Source"]
 
 #: What ``Loader`` and ``discover`` accept as a source.
 Source = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
 
 _DATA_SUFFIXES = (".parquet", ".parq", ".pq")
 _INT_RE = re.compile(r"^-?[0-9]+$")
+
+
+class SkippedFilesWarning(UserWarning):
+    """A dataset folder holds files that are neither Parquet nor a known side file; they were skipped."""
+
+
+def describe_skipped(skipped: Sequence[str]) -> str:
+    """``"2 files skipped: 1 .csv, 1 .txt"``: how many, and of which kinds (by suffix)."""
+    kinds: dict[str, int] = {}
+    for rel in skipped:
+        suffix = posixpath.splitext(posixpath.basename(rel))[1].lower() or "without suffix"
+        kinds[suffix] = kinds.get(suffix, 0) + 1
+    parts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    return f"{len(skipped)} file{'s' if len(skipped) != 1 else ''} skipped: {parts}"
 
 
 @dataclass(frozen=True)
@@ -66,6 +80,9 @@ class Dataset:
     #: Columns stored as Parquet INT96 in some file (Spark's legacy timestamps): their
     #: schema type is timestamp[us], the unit they are read at (_types.INT96_UNIT).
     int96: frozenset[str] = frozenset()
+    #: Files in a listed folder that are not Parquet (a stray CSV), relative to ``root``;
+    #: side files (_SUCCESS, *.crc, _metadata, hidden files) are not counted.
+    skipped: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def rows(self) -> int:
@@ -198,8 +215,10 @@ def _is_parquet_magic(fs: pafs.FileSystem, location: str) -> bool:
         return False
 
 
-def _list_source(source: Any, filesystem: pafs.FileSystem | None) -> tuple[pafs.FileSystem, str, list[tuple[str, int, int | None]]]:
-    """(filesystem, root, [(location, size, mtime_ns)]) of the data files a source names."""
+def _list_source(source: Any, filesystem: pafs.FileSystem | None, skipped: list[str] | None = None,
+                 ) -> tuple[pafs.FileSystem, str, list[tuple[str, int, int | None]]]:
+    """(filesystem, root, [(location, size, mtime_ns)]) of the data files a source names;
+    ``skipped`` collects the locations of non-Parquet files found in listed folders."""
     if isinstance(source, (str, os.PathLike)):
         items = [os.fspath(source)]
         single = True
@@ -219,7 +238,7 @@ def _list_source(source: Any, filesystem: pafs.FileSystem | None) -> tuple[pafs.
         locations.append(loc)
     assert fs is not None
     try:
-        return _list_locations(fs, locations, single)
+        return _list_locations(fs, locations, single, skipped)
     except OSError as exc:
         if isinstance(exc, FileNotFoundError):
             raise
@@ -228,7 +247,7 @@ def _list_source(source: Any, filesystem: pafs.FileSystem | None) -> tuple[pafs.
         raise SourceError(f"cannot list {what}{describe_attempts(fs)}: {exc}") from exc
 
 
-def _list_locations(fs: pafs.FileSystem, locations: list[str], single: bool,
+def _list_locations(fs: pafs.FileSystem, locations: list[str], single: bool, skipped: list[str] | None = None,
                     ) -> tuple[pafs.FileSystem, str, list[tuple[str, int, int | None]]]:
     found: list[tuple[str, int, int | None]] = []
     root: str | None = None
@@ -268,6 +287,8 @@ def _list_locations(fs: pafs.FileSystem, locations: list[str], single: bool,
                     continue
                 if s.path.endswith(_DATA_SUFFIXES) or _is_parquet_magic(fs, s.path):
                     data.append(info_of(s))
+                elif skipped is not None:
+                    skipped.append(s.path)
             if not data:
                 raise DatasetError(
                     f"no Parquet data files under {display_uri(fs, loc)!r} (looked for *.parquet, *.parq, *.pq "
@@ -326,8 +347,14 @@ def _read_footer(fs: pafs.FileSystem, location: str) -> _Footer:
         if isinstance(exc, OSError) and _is_storage_error(exc):
             raise SourceError(f"cannot read the footer of {object_uri(fs, location)}{describe_attempts(fs)}: "
                               f"{exc}") from exc
+        detail = " ".join(str(exc).split()).rstrip(". ")  # one line, without a period of its own
+        if _ends_with_magic(fs, location):
+            what = f"its footer is damaged ({detail})"
+        else:
+            what = (f"it does not end with the Parquet magic bytes, so it is truncated (an interrupted "
+                    f"write or copy?) or not a Parquet file ({detail})")
         raise DatasetError(
-            f"cannot read the Parquet footer of {location!r}: {exc}. Is it a complete Parquet file? "
+            f"cannot read the Parquet footer of {location!r}: {what}. "
             "Remove or rewrite it, or leave it out of the source."
         ) from None
 
@@ -339,6 +366,19 @@ def _int96_columns(md: pq.FileMetaData, schema: pa.Schema) -> tuple[str, ...]:
         return ()
     written = pschema.to_arrow_schema()  # INT96 as pyarrow reads it by default: timestamp[ns]
     return tuple(a.name for a, b in zip(written, schema) if not a.type.equals(b.type))
+
+
+def _ends_with_magic(fs: pafs.FileSystem, location: str) -> bool:
+    """A complete Parquet file ends with PAR1 (after a footer length): tells truncated from damaged."""
+    try:
+        with fs.open_input_file(location) as f:
+            size = f.size()
+            if size < 12:
+                return False
+            f.seek(size - 4)
+            return f.read(4) == b"PAR1"
+    except (OSError, pa.ArrowException):
+        return False
 
 
 def _is_storage_error(exc: OSError) -> bool:
@@ -384,7 +424,8 @@ def discover(
     ``partitioning`` fixes Hive partition column types ({"key": "int64" | "string"});
     without it a key is int64 when every value found is an integer, else string.
     """
-    fs, root, listed = _list_source(source, _to_filesystem(filesystem))
+    skipped: list[str] = []
+    fs, root, listed = _list_source(source, _to_filesystem(filesystem), skipped)
     rels = []
     for loc, size, mt in listed:
         rel = posixpath.relpath(loc, root) if root else loc
@@ -408,6 +449,9 @@ def discover(
     schema = _plain(schemas[ref])
     ptypes = _partition_types(files, schema, partitioning)
     if not any(n > 0 for f in files for n in f.row_groups):
+        if len(files) == 1 and isinstance(source, (str, os.PathLike)) and _names_file(files[0].location, source):
+            raise EmptyDatasetError(f"the file {object_uri(fs, files[0].location)!r} has no rows: "
+                                    "it holds no non-empty row group")
         raise EmptyDatasetError(
             f"the dataset at {root!r} has no rows: its {len(files)} file(s) hold no non-empty row group"
         )
@@ -415,12 +459,25 @@ def discover(
     # so that reading INT96 at another unit changed the type mapping, not the dataset.
     written = _plain(metas[ref].metadata.schema.to_arrow_schema()) if metas[ref].int96 else schema
     fp = _fingerprint(files, written, ptypes)
-    return Dataset(root, tuple(files), schema, ptypes, fs, fp, tuple(schemas), frozenset(int96))
+    rel_skipped = tuple(sorted((posixpath.relpath(p, root) if root else p for p in skipped),
+                               key=lambda r: r.encode("utf-8")))
+    return Dataset(root, tuple(files), schema, ptypes, fs, fp, tuple(schemas), int96=frozenset(int96),
+                   skipped=rel_skipped)
 
 
 def _plain(schema: pa.Schema) -> pa.Schema:
     """Names and types only: no metadata, no nullability."""
     return pa.schema([pa.field(f.name, f.type) for f in schema])
+
+
+def _names_file(location: str, source: Any) -> bool:
+    """Whether the source named this one file itself (not a folder or glob holding only it)."""
+    text = os.fspath(source)
+    if any(ch in text for ch in "*?["):
+        return False
+    if text.startswith("file://"):
+        text = text[len("file://"):]
+    return text == location or os.path.abspath(text) == location or text.endswith("/" + location.lstrip("/"))
 
 
 def _check_same_schema(a: pa.Schema, a_rel: str, b: pa.Schema, b_rel: str, names: Sequence[str]) -> None:

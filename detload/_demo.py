@@ -8,11 +8,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ._check import check_int
+
 __all__ = ["write_demo_dataset"]
 
 
 def write_demo_dataset(path: str, *, rows: int = 200_000, files: int = 6, seed: int = 0) -> str:
     """Write ``files`` Parquet files with odd row-group sizes and one empty file; returns ``path``."""
+    rows = check_int("rows", rows, 1, what="rows of the example dataset")
+    files = check_int("files", files, 2, what="files, the last one empty")
     os.makedirs(path, exist_ok=True)
     rng = np.random.default_rng(seed)
     schema = pa.schema([

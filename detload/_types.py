@@ -18,6 +18,7 @@ from typing import Any, Literal, Union
 import numpy as np
 import pyarrow as pa
 
+from ._arrow import fill_nulls, int64_array, numpy_of
 from .errors import DataError, OptionError, UnsupportedTypeError
 
 __all__ = [
@@ -235,6 +236,22 @@ def _spec(name: str, t: pa.DataType, partition: bool) -> ColumnSpec:
         hint = (f" Decimals are delivered only when asked, as floats would round them: pass "
                 f"cast={{{name!r}: 'float64'}} (on the command line: --cast {name}=float64){scaled}; "
                 "or leave the column out with columns=[...].")
+    elif pa.types.is_struct(t):
+        hint = (" Write one column per field (flatten the struct), or leave it out with "
+                "columns=[...] listing the columns to load.")
+    elif pa.types.is_map(t):
+        hint = (" Write its keys and values as two list columns, or leave it out with "
+                "columns=[...] listing the columns to load.")
+    elif _is_list_like(t) and _is_list_like(t.value_type):
+        hint = (" Variable-length lists of lists have no flat NumPy layout: flatten them when "
+                "writing (fixed-size lists of fixed-size lists are supported, as 3-D arrays), or "
+                "leave the column out with columns=[...] listing the columns to load.")
+    elif _is_list_like(t) and _is_text(t.value_type):
+        hint = (" Lists of strings are not mapped: join each list into one string or encode the "
+                "strings as integer ids when writing; or leave the column out with columns=[...] "
+                "listing the columns to load.")
+    else:
+        hint = " Leave it out with columns=[...] listing the columns to load."
     raise UnsupportedTypeError(
         f"column {name!r} has Arrow type {t}, which detload does not map to NumPy.{hint} "
         "Supported: booleans, integers, floats, timestamps, dates, durations, strings, "
@@ -316,6 +333,16 @@ def _cast_spec(name: str, t: pa.DataType, cast: str, partition: bool) -> ColumnS
     return dataclasses.replace(_spec(name, t, partition), dtype=np.dtype(cast).str, cast=cast)
 
 
+def _is_list_like(t: pa.DataType) -> bool:
+    return (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+            or _is_view(t, "list"))
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t) or _is_view(t, "string") or _is_view(t, "binary"))
+
+
 def _is_view(t: pa.DataType, what: str) -> bool:
     fn = {
         "string": "is_string_view",
@@ -349,7 +376,7 @@ def convert_column(
             and arr.num_chunks == 1):
         a = arr.chunk(0)
         if a.null_count == 0 and a.type.id not in _NOT_PLAIN:
-            out = a.to_numpy(zero_copy_only=False)
+            out = numpy_of(a)
             want = _np_dtype(spec.dtype)
             return out if out.dtype == want else out.astype(want)
     if isinstance(arr, pa.ChunkedArray):
@@ -358,6 +385,11 @@ def convert_column(
         arr = arr.dictionary_decode()
     if arr.null_count:
         if null_fill is not None:
+            if spec.kind == "fixed" and not spec.inner:
+                filled = fill_nulls(arr, null_fill)
+                if filled is not None:
+                    want = _np_dtype(spec.dtype)
+                    return filled if filled.dtype == want else filled.astype(want)
             try:
                 arr = arr.fill_null(null_fill)
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
@@ -386,7 +418,7 @@ def convert_column(
     return _ragged(spec, arr, where)
 
 
-# Type ids that need more than to_numpy (see convert_column's general path).
+# Type ids that need more than reading the values buffer (see convert_column's general path).
 _NOT_PLAIN = frozenset({pa.dictionary(pa.int32(), pa.string()).id, pa.binary(1).id})
 
 
@@ -410,7 +442,7 @@ def _primitive(spec: ColumnSpec, arr: pa.Array, where: tuple[str, int]) -> np.nd
         )
     if spec.cast is not None:
         return _cast(spec, arr, where)
-    out = arr.to_numpy(zero_copy_only=False)
+    out = numpy_of(arr)
     want = np.dtype(spec.dtype)
     if out.dtype != want:
         out = out.astype(want)
@@ -432,7 +464,7 @@ def _cast(spec: ColumnSpec, arr: pa.Array, where: tuple[str, int]) -> np.ndarray
             return out32
         return out
     if pa.types.is_floating(t):
-        src = arr.to_numpy(zero_copy_only=False)
+        src = numpy_of(arr)
         if src.dtype == want:
             return src
         with np.errstate(over="ignore"):
@@ -446,7 +478,7 @@ def _cast(spec: ColumnSpec, arr: pa.Array, where: tuple[str, int]) -> np.ndarray
             arr = arr.cast(target, safe=True)  # checked: out of range or losing digits raises
         except pa.ArrowInvalid as exc:
             raise _misfit(spec, arr, where, exc) from None
-    return arr.to_numpy(zero_copy_only=False)
+    return numpy_of(arr)
 
 
 def _words(arr: pa.Array) -> np.ndarray:
@@ -478,10 +510,10 @@ def _decimal_float64(arr: pa.Array) -> np.ndarray:
         exact[:] = False
     if not exact.all():
         idx = np.flatnonzero(~exact)
-        rest = arr.take(pa.array(idx)).cast(pa.string()).cast(pa.float64())
-        out[idx] = rest.to_numpy(zero_copy_only=False)
+        rest = arr.take(int64_array(idx)).cast(pa.string()).cast(pa.float64())
+        out[idx] = numpy_of(rest)
     if arr.null_count:
-        out[arr.is_null().to_numpy(zero_copy_only=False)] = np.nan
+        out[numpy_of(arr.is_null())] = np.nan
     return out
 
 
@@ -532,7 +564,7 @@ def _misfit(spec: ColumnSpec, src: Any, where: tuple[str, int], exc: Exception |
 def _first_misfit(spec: ColumnSpec, arr: pa.Array) -> tuple[int | None, str]:
     """The first value a checked integer or timestamp cast refused, and why."""
     want = _np_dtype(spec.dtype)
-    src = arr.to_numpy(zero_copy_only=False)
+    src = numpy_of(arr)
     if want.kind in "iu":
         info = np.iinfo(want)
         bad = np.flatnonzero((src < info.min) | (src > info.max))
@@ -572,7 +604,7 @@ def _ragged(spec: ColumnSpec, arr: pa.Array, where: tuple[str, int]) -> Ragged:
         raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.empty(0, np.uint8)
         values = raw[offsets[0] : offsets[-1]] if n else raw[:0]
     else:
-        offsets = arr.offsets.to_numpy()
+        offsets = numpy_of(arr.offsets)
         child = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])) if n else arr.values.slice(0, 0)
         values = _primitive(spec, child, where)
     if n == 0:

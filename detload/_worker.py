@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from . import _shm
+from ._arrow import numpy_of
 from ._block import Layout, assemble
 from ._buffers import BlockBuffers
 from ._cache import CacheConfig, KeptMappings, RowGroupCache
@@ -349,7 +350,7 @@ def _leaf_values(arr: pa.ChunkedArray) -> np.ndarray:
     a: Any = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
     while not pa.types.is_timestamp(a.type):
         a = a.flatten()
-    return a.to_numpy(zero_copy_only=False).view(np.int64)
+    return numpy_of(a).view(np.int64)
 
 
 def _check_int96(us: pa.ChunkedArray, ms: pa.ChunkedArray, path: str, rg: int, name: str) -> None:
@@ -378,10 +379,16 @@ def _check_int96(us: pa.ChunkedArray, ms: pa.ChunkedArray, path: str, rg: int, n
 
 
 def _file_changed(ref: FileRef, rg: int, detail: str) -> DataError:
-    return DataError(
+    # Honest about what was checked: the size, version and footer are compared when a file is
+    # opened and when a pass begins, not on every read, so a file rewritten in place (same
+    # inode) between two checks may already have served its new bytes through an open handle.
+    err = DataError(
         f"{ref.path} row group {rg}: the file changed after the loader planned the epoch{detail}. "
-        "Batches up to here were delivered intact. Do not rewrite a dataset while it is being "
-        "loaded; create a new Loader to plan the new files.")
+        "detload compares a file with the plan when it opens it and when a pass begins, not on every "
+        "read, so batches read from it since its last check may hold rows of the new version. Do not "
+        "rewrite a dataset while it is being loaded; create a new Loader to plan the new files.")
+    err.changed_file = ref.path  # type: ignore[attr-defined]  # the loader names the batches concerned
+    return err
 
 
 def _stat_matches(info: pafs.FileInfo, ref: FileRef) -> bool:
@@ -574,11 +581,13 @@ def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generati
     a block built for one is released rather than queued. ``segs`` is set in a
     worker process: blocks are built in its shared-memory segments.
     """
+    t0 = time.perf_counter()
+    _warm_up()
     reader = UnitReader(cfg)
     pid = os.getpid() if cfg.shm_dir is not None else 0
     # A block's wait on the full queue is known only after it was queued: it
-    # travels with the worker's next block.
-    last_wait: tuple[str, float, float] | None = None
+    # travels with the worker's next block; so does the start-up, with the first.
+    last_wait: tuple[str, float, float] | None = ("worker_startup", t0, time.perf_counter())
     try:
         while True:
             try:
@@ -634,6 +643,18 @@ def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generati
                 pa.default_memory_pool().release_unused()
     finally:
         reader.close()
+
+
+def _warm_up() -> None:
+    """Pay a worker's one-time costs before its first block, where they are traced as start-up.
+
+    pyarrow.compute (imported by the first cast, 0.05-0.3 s) would otherwise land in the
+    first block's ``convert`` and decide a short benchmark's verdict. Nothing here may
+    import pandas (see _arrow.py).
+    """
+    import pyarrow.compute  # noqa: F401
+
+    pa.nulls(1, pa.string()).cast(pa.large_string())  # the cast kernels' first dispatch
 
 
 def _parent_alive(cfg: WorkerConfig) -> bool:

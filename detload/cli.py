@@ -1,7 +1,8 @@
 """The ``detload`` command line: a thin layer over the library (argparse, no hand-rolled parsing).
 
 Commands: run, verify, inspect, plan, demo, cache (info, clear), bench. Exit codes: 0 success, 1 a
-verification found a difference, 2 bad input or usage.
+verification found a difference, 2 bad input or usage (one ``detload CMD: error: ...`` line),
+130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import contextlib
 import json
 import os
 import re
+import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from . import __version__, _layout_cli
@@ -21,6 +24,50 @@ from .errors import DetloadError, ManifestError, SchemaMismatchError
 
 _MAP_HELP = ("cache entries kept memory-mapped between epochs (thread workers together, or each worker "
              "process), e.g. 8GB; 0 maps them anew each epoch (default: auto, a quarter of the memory)")
+_LAST_EPOCH = 2**32 - 1
+
+
+class CommandError(Exception):
+    """A bad command-line input found by the command itself: one error line, exit 2."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt, so that the same
+    clean-up runs (every ``with Loader`` closes); main() then exits 143 instead of 130."""
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" unless the help already says its default; flags are off by
+    default and options without a value (None) say in words what happens without them."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        d = action.default
+        if "default" in text or d is None or d is False or d is argparse.SUPPRESS or d == []:
+            return text
+        return super()._get_help_string(action) or text
+
+
+def _positive(name: str) -> Any:
+    def parse(s: str) -> int:
+        try:
+            n = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {s!r}") from None
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be at least 1, got {n}")
+        return n
+    return parse
+
+
+def _epoch_number(s: str) -> int:
+    try:
+        n = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {s!r}") from None
+    if not 0 <= n <= _LAST_EPOCH:
+        raise argparse.ArgumentTypeError(f"epochs are numbered 0 to {_LAST_EPOCH}, got {n}")
+    return n
 
 
 def _fill(s: str) -> tuple[str, Any]:
@@ -40,7 +87,17 @@ def _fill(s: str) -> tuple[str, Any]:
 def _add_null_fill(p: argparse.ArgumentParser) -> None:
     p.add_argument("--null-fill", type=_fill, action="append", default=[], metavar="COLUMN=VALUE",
                    help="replace nulls of COLUMN with VALUE (read as JSON when it parses, else text: "
-                        "id=-1, score=0.5, name=, code='\"7\"'); repeat for more columns")
+                        "id=-1, score=0.5, name=, code='\"7\"'); repeat for more columns (default: none, "
+                        "a null in an integer column is an error)")
+
+
+def _columns(s: str) -> list[str]:
+    return [c for c in s.split(",") if c]
+
+
+def _add_quiet(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress display (shown on stderr only when it is a terminal)")
 
 
 def _cast(s: str) -> tuple[str, str]:
@@ -63,15 +120,18 @@ def _common_loader_args(p: argparse.ArgumentParser, *, need_seed: bool = True) -
     p.add_argument("source", help="a Parquet file, directory, glob or URI (s3://bucket/prefix)")
     p.add_argument("--batch-size", type=int, required=True, help="rows per batch (per rank)")
     p.add_argument("--seed", type=int, required=need_seed, help="the seed that fixes the order")
-    p.add_argument("--columns", type=lambda s: [c for c in s.split(",") if c],
-                   help="comma-separated columns (default: all, schema order)")
-    p.add_argument("--shuffle-window", type=int, default=4, help="row groups whose rows are mixed together (default 4)")
+    p.add_argument("--columns", type=_columns, metavar="A,B,...",
+                   help="comma-separated columns (default: all, in schema order)")
+    p.add_argument("--shuffle-window", type=int, default=4, help="row groups whose rows are mixed together")
     p.add_argument("--no-shuffle", action="store_true", help="canonical order: files, then row groups, then rows")
     p.add_argument("--drop-last", action="store_true",
-                   help="drop the ragged tail (the last incomplete batch; with partitions, the rows past the shortest partition's last full micro-batch)")
-    p.add_argument("--partitions", type=int, default=None, help="canonical partitions (default: world size)")
-    p.add_argument("--rank", type=int, default=None)
-    p.add_argument("--world-size", type=int, default=None)
+                   help="drop the ragged tail (the last incomplete batch; with partitions, the rows past the "
+                        "shortest partition's last full micro-batch)")
+    p.add_argument("--partitions", type=int, default=None, help="canonical partitions (default: the world size)")
+    p.add_argument("--rank", type=int, default=None,
+                   help="this process's rank (default: from torch.distributed, else $RANK, else 0)")
+    p.add_argument("--world-size", type=int, default=None,
+                   help="ranks in the job (default: from torch.distributed, else $WORLD_SIZE, else 1)")
     _add_null_fill(p)
     _add_cast(p)
 
@@ -85,23 +145,32 @@ def _loader_kwargs(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def _workers(s: str) -> int | str:
-    return s if s == "auto" else int(s)
+    if s == "auto":
+        return s
+    try:
+        return int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a worker count or 'auto', got {s!r}") from None
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="detload", description="Deterministic, audited Parquet loading for ML training.")
+    fmt = _HelpFormatter
+    ap = argparse.ArgumentParser(prog="detload", description="Deterministic, audited Parquet loading for ML training.",
+                                 formatter_class=fmt)
     ap.add_argument("--version", action="version", version=f"detload {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("run", help="iterate a dataset and write the manifest of every batch",
+    p = sub.add_parser("run", help="iterate a dataset and write the manifest of every batch", formatter_class=fmt,
                        description="Iterate SOURCE for --epochs epochs as a training job would, writing the manifest.")
     _common_loader_args(p)
-    p.add_argument("--workers", type=_workers, default=1, help="worker count or 'auto' (default 1)")
-    p.add_argument("--pool", choices=["thread", "process"], default="thread")
-    p.add_argument("--prefetch", type=int, default=2, help="blocks queued per worker (default 2)")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--start-epoch", type=int, default=0)
-    p.add_argument("--manifest", required=True, help="manifest file, or a directory for rank-NNNNN.jsonl files")
+    p.add_argument("--workers", type=_workers, default=1, help="worker count or 'auto' (one per core, at most 16)")
+    p.add_argument("--pool", choices=["thread", "process"], default="thread", help="what the workers are")
+    p.add_argument("--prefetch", type=int, default=2, help="blocks queued per worker")
+    p.add_argument("--epochs", type=_positive("--epochs"), default=1,
+                   help="epochs to run, from --start-epoch on (at least 1)")
+    p.add_argument("--start-epoch", type=_epoch_number, default=0, help="the first epoch's number")
+    p.add_argument("--manifest", required=True,
+                   help="manifest file, or a directory for rank-NNNNN.jsonl files (outside the dataset folder)")
     p.add_argument("--save-state", action="store_true",
                    help="after every batch, write the resume state beside the manifest (m.jsonl -> m.state.json, "
                         "rank-00000.jsonl -> rank-00000.state.json)")
@@ -109,75 +178,170 @@ def _parser() -> argparse.ArgumentParser:
                    help="continue an interrupted run: FROM is a state file, or the manifest / run directory of a "
                         "run made with --save-state (a directory resumes at the step every rank reached). Give the "
                         "same --start-epoch/--epochs as the first run; at another world size keep --partitions and "
-                        "the global batch, and write --manifest to a new directory")
-    p.add_argument("--cache-dir", default=None, help="row-group cache directory (local SSD); see docs/remote.md")
+                        "the global batch, and write --manifest to a new directory (default: start afresh)")
+    p.add_argument("--cache-dir", default=None,
+                   help="row-group cache directory (local SSD); see docs/remote.md (default: no cache)")
     p.add_argument("--cache-limit", default=None, help="cache size limit, e.g. 50GB (default: no limit)")
     p.add_argument("--cache-map-limit", default="auto", help=_MAP_HELP)
+    _add_quiet(p)
 
-    p = sub.add_parser("verify", help="compare two manifests or run directories step by step",
-                       description="Exit 0 when identical, 1 at the first difference or truncation, 2 on unreadable input.")
-    p.add_argument("a")
-    p.add_argument("b")
-    p.add_argument("b_continued", nargs="*", metavar="B_RESUMED",
-                   help="where B's resumed continuations wrote (run directories or manifests, in order): each "
-                        "replaces B from its first recorded step on")
+    p = sub.add_parser("verify", help="compare two manifests or run directories step by step", formatter_class=fmt,
+                       description="Exit 0 when identical, 1 at the first difference or truncation, "
+                                   "2 on unreadable input.")
+    p.add_argument("a", metavar="A", help="a manifest file or run directory")
+    p.add_argument("b", metavar="B", help="the manifest file or run directory to compare A with")
+    p.add_argument("b_continued", nargs="*", default=[], metavar="B_RESUMED",
+                   help="optional: where B's resumed continuations wrote (run directories or manifests, in "
+                        "order); each replaces B from its first recorded step on")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    p = sub.add_parser("inspect", help="files, row groups, rows, schema and fingerprint of a dataset")
-    p.add_argument("source")
-    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("inspect", help="files, row groups, rows, schema and fingerprint of a dataset",
+                       formatter_class=fmt,
+                       description="Print a dataset's files, row groups, rows, fingerprint and each column's "
+                                   "Arrow type with the NumPy form it is delivered in; list skipped files.")
+    p.add_argument("source", help="a Parquet file, directory, glob or URI")
+    p.add_argument("--json", action="store_true", help="print it as JSON")
 
-    p = sub.add_parser("plan", help="print an epoch's plan: units, blocks and per-worker schedules")
+    p = sub.add_parser("plan", help="print an epoch's plan: units, blocks and per-worker schedules",
+                       formatter_class=fmt,
+                       description="Plan an epoch as a run would (same fingerprint) without starting a worker.")
     _common_loader_args(p)
-    p.add_argument("--epoch", type=int, default=0)
-    p.add_argument("--workers", type=_workers, default=1)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--epoch", type=_epoch_number, default=0, help="the epoch to plan")
+    p.add_argument("--workers", type=_workers, default=1, help="worker count or 'auto', for the schedules")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
-    p = sub.add_parser("cache", help="look at or empty a row-group cache directory")
+    p = sub.add_parser("cache", help="look at or empty a row-group cache directory", formatter_class=fmt,
+                       description="Look at (info) or empty (clear) a row-group cache directory.")
     csub = p.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
-    c = csub.add_parser("info", help="entries, bytes and objects in a cache directory")
-    c.add_argument("dir")
+    c = csub.add_parser("info", help="entries, bytes and objects in a cache directory", formatter_class=fmt,
+                        description="Count a cache directory's entries, bytes and objects; --verify also "
+                                    "checks every entry's checksum (exit 1 when one is damaged).")
+    c.add_argument("dir", help="the cache directory (the cache_dir= of the loaders)")
     c.add_argument("--verify", action="store_true", help="check every entry's checksum")
-    c.add_argument("--json", action="store_true")
-    c = csub.add_parser("clear", help="delete every entry of a cache directory")
-    c.add_argument("dir")
+    c.add_argument("--json", action="store_true", help="print it as JSON")
+    _add_quiet(c)
+    c = csub.add_parser("clear", help="delete every entry of a cache directory", formatter_class=fmt,
+                        description="Delete every entry of a cache directory (safe while no loader writes to it).")
+    c.add_argument("dir", help="the cache directory (the cache_dir= of the loaders)")
 
-    p = sub.add_parser("demo", help="generate an example dataset, load it at 1 and 4 process workers, verify")
-    p.add_argument("--dir", default="detload-demo", help="where the dataset and manifests go (default ./detload-demo)")
-    p.add_argument("--rows", type=int, default=200_000)
+    p = sub.add_parser("demo", help="generate an example dataset, load it at 1 and 4 process workers, verify",
+                       formatter_class=fmt,
+                       description="Write an example dataset, load it for 2 epochs with 1 and with 4 process "
+                                   "workers, and verify that both runs saw byte-identical batches.")
+    p.add_argument("--dir", default="detload-demo", help="where the dataset and manifests go")
+    p.add_argument("--rows", type=_positive("--rows"), default=200_000, help="rows of the example dataset")
 
     p = sub.add_parser("bench", help="measure throughput per stage and name the stage that bounds it",
+                       formatter_class=fmt,
                        description="Iterate SOURCE as fast as possible (no training step), print rows/s per "
                                    "epoch and the per-stage table naming the bounding stage; optionally write "
                                    "a Chrome trace-event file (open it in https://ui.perfetto.dev or chrome://tracing).")
     p.add_argument("source", help="a Parquet file, directory, glob or URI")
-    p.add_argument("--workers", type=_workers, default="auto", help="worker count or 'auto' (default auto)")
-    p.add_argument("--pool", choices=["thread", "process"], default="thread")
-    p.add_argument("--batch-size", type=int, default=4096)
-    p.add_argument("--epochs", type=int, default=2, help="epochs; workers persist across them (default 2)")
-    p.add_argument("--shuffle-window", type=int, default=4)
-    p.add_argument("--prefetch", type=int, default=2)
-    p.add_argument("--columns", type=lambda s: [c for c in s.split(",") if c])
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=_workers, default="auto", help="worker count or 'auto' (one per core, at most 16)")
+    p.add_argument("--pool", choices=["thread", "process"], default="thread", help="what the workers are")
+    p.add_argument("--batch-size", type=int, default=4096, help="rows per batch")
+    p.add_argument("--epochs", type=_positive("--epochs"), default=2, help="epochs; workers persist across them")
+    p.add_argument("--shuffle-window", type=int, default=4, help="row groups whose rows are mixed together")
+    p.add_argument("--prefetch", type=int, default=2, help="blocks queued per worker")
+    p.add_argument("--columns", type=_columns, metavar="A,B,...",
+                   help="comma-separated columns (default: all, in schema order)")
+    p.add_argument("--seed", type=int, default=0, help="the seed that fixes the order")
     _add_null_fill(p)
     _add_cast(p)
     p.add_argument("--cache-dir", default=None,
-                   help="row-group cache folder: epoch 0 fills it, later epochs show warm-cache throughput")
+                   help="row-group cache folder: epoch 0 fills it, later epochs show warm-cache throughput "
+                        "(default: no cache)")
     p.add_argument("--cache-limit", default=None, help="cache size limit, e.g. 50GB (default: no limit)")
     p.add_argument("--cache-map-limit", default="auto", help=_MAP_HELP)
-    p.add_argument("--trace", help="write the Chrome trace-event JSON here")
+    p.add_argument("--trace", metavar="PATH",
+                   help="write the Chrome trace-event JSON here; checked for writing before the run "
+                        "(default: no trace file)")
     p.add_argument("--json", action="store_true", help="print the stats as JSON")
+    _add_quiet(p)
     _layout_cli.add_parsers(sub)  # digest, layout, check-layout
     return ap
 
 
+# -- progress display --------------------------------------------------------------
+
+def progress_wanted(a: argparse.Namespace, stream: Any = None) -> bool:
+    """Show a progress display: only on a terminal, and never with --quiet or --json."""
+    if getattr(a, "quiet", False) or getattr(a, "json", False):
+        return False
+    stream = sys.stderr if stream is None else stream
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _bar(a: argparse.Namespace, *, total: int | None, desc: str, unit: str, scale: bool = False) -> Any:
+    """A tqdm bar on stderr, or a stand-in doing nothing (see progress_wanted)."""
+    if not progress_wanted(a):
+        return _NoBar()
+    from tqdm import tqdm
+
+    # leave=False: the bar is erased when it closes, and the epoch's line takes its place.
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=scale, file=sys.stderr, leave=False,
+                dynamic_ncols=True, mininterval=0.2)
+
+
+def _epochs(loader: Any, a: argparse.Namespace, epochs: range, per_batch: Any = None) -> Iterator[tuple[int, int, int, float]]:
+    """Run ``epochs`` of ``loader``: yields (epoch, batches, rows, seconds) after each one."""
+    for epoch in epochs:
+        loader.set_epoch(epoch)
+        bar = _bar(a, total=len(loader) - loader.position, desc=f"epoch {epoch}", unit="batch")
+        t = time.perf_counter()
+        rows = batches = 0
+        try:
+            for batch in loader:
+                rows += len(next(iter(batch.values()))) if batch else 0
+                batches += 1
+                bar.update()
+                if per_batch is not None:
+                    per_batch()
+        finally:
+            bar.close()
+        yield epoch, batches, rows, time.perf_counter() - t
+
+
+def _preload(a: argparse.Namespace) -> None:
+    """Import now what an `interruptible` part would import on first use (see there)."""
+    import multiprocessing.forkserver  # noqa: F401
+    import multiprocessing.synchronize  # noqa: F401
+
+    if progress_wanted(a):
+        import tqdm  # noqa: F401
+
+
+def _rate(rows: int, seconds: float) -> str:
+    return f"{rows / seconds if seconds > 0 else float('inf'):,.0f}"
+
+
+# -- commands ------------------------------------------------------------------------
+
 def _cmd_run(a: argparse.Namespace) -> int:
     from .loader import Loader
 
+    last = a.start_epoch + a.epochs - 1
+    if last > _LAST_EPOCH:  # found now, not after a whole epoch
+        raise CommandError(f"--start-epoch {a.start_epoch} --epochs {a.epochs} would run epochs up to {last}; "
+                           f"epochs are numbered 0 to {_LAST_EPOCH}")
+    _preload(a)
     t0 = time.perf_counter()
-    with Loader(a.source, workers=a.workers, pool=a.pool, prefetch=a.prefetch, manifest=a.manifest,
-                cache_dir=a.cache_dir, cache_limit=a.cache_limit, cache_map_limit=a.cache_map_limit,
-                **_loader_kwargs(a)) as loader:
+    with interruptible(), Loader(a.source, workers=a.workers, pool=a.pool, prefetch=a.prefetch,
+                                 manifest=a.manifest, cache_dir=a.cache_dir, cache_limit=a.cache_limit,
+                                 cache_map_limit=a.cache_map_limit, **_loader_kwargs(a)) as loader:
+        _check_outside_dataset(loader, a.source, "--manifest", loader.manifest_path)
+        _check_outside_dataset(loader, a.source, "--cache-dir", a.cache_dir)
         print(f"{loader!r}")
         first = a.start_epoch
         if a.resume:
@@ -186,25 +350,32 @@ def _cmd_run(a: argparse.Namespace) -> int:
             first = state["epoch"]
             print(f"resuming at epoch {state['epoch']} step {state['step']} (from {a.resume})")
         state_path = state_file(loader.manifest_path) if a.save_state and loader.manifest_path else None
+        save = None
         if state_path is not None:
             _sweep_state_temps(state_path)
-        for epoch in range(first, a.start_epoch + a.epochs):
-            loader.set_epoch(epoch)
-            t = time.perf_counter()
-            rows = batches = 0
-            for batch in loader:
-                rows += len(next(iter(batch.values()))) if batch else 0
-                batches += 1
-                if state_path is not None:
-                    _write_json_atomic(state_path, loader.state_dict())
-            if state_path is not None:  # an epoch without batches to go still records its end
+
+            def save() -> None:
                 _write_json_atomic(state_path, loader.state_dict())
-            dt = time.perf_counter() - t
+
+        for epoch, batches, rows, dt in _epochs(loader, a, range(first, a.start_epoch + a.epochs), save):
+            if save is not None:  # an epoch without batches to go still records its end
+                save()
             plan = loader.plan()
-            print(f"epoch {epoch}: {batches} batches, {rows} rows, {plan.dropped_rows} dropped, "
-                  f"{rows / dt if dt > 0 else float('inf'):,.0f} rows/s")
+            print(f"epoch {epoch}: {batches:,} batches, {rows:,} rows, {plan.dropped_rows:,} dropped, "
+                  f"{_rate(rows, dt)} rows/s", flush=True)
         print(f"manifest: {loader.manifest_path}  ({time.perf_counter() - t0:.2f} s)")
     return 0
+
+
+def _check_outside_dataset(loader: Any, source: str, option: str, path: str | None) -> None:
+    """Refuse to write into the dataset folder: the file would become part of what is listed next time."""
+    ds = loader.dataset
+    if path is None or ds.filesystem.type_name != "local" or os.path.isfile(source):
+        return  # a single-file source: its folder is not the dataset
+    root = os.path.realpath(ds.root)
+    where = os.path.realpath(path)
+    if where == root or where.startswith(root.rstrip(os.sep) + os.sep):
+        raise CommandError(f"{option} {path} is inside the dataset folder {ds.root}; write it elsewhere")
 
 
 def state_file(manifest_path: str) -> str:
@@ -269,36 +440,42 @@ def _write_json_atomic(path: str, obj: Any) -> None:
 
 
 def _cmd_bench(a: argparse.Namespace) -> int:
+    from ._check import check_writable_file
+    from .errors import OptionError
     from .loader import Loader
 
+    if a.trace:
+        check_writable_file("--trace", a.trace)  # before the run, not after it
+    _preload(a)
     t0 = time.perf_counter()
-    with Loader(a.source, batch_size=a.batch_size, seed=a.seed, workers=a.workers, pool=a.pool,
-                prefetch=a.prefetch, shuffle_window=a.shuffle_window, columns=a.columns,
-                null_fill=dict(a.null_fill), cast=dict(a.cast) or None, cache_dir=a.cache_dir,
-                cache_limit=a.cache_limit,
-                cache_map_limit=a.cache_map_limit) as loader:
+    with interruptible(), Loader(a.source, batch_size=a.batch_size, seed=a.seed, workers=a.workers,
+                                 pool=a.pool, prefetch=a.prefetch, shuffle_window=a.shuffle_window,
+                                 columns=a.columns, null_fill=dict(a.null_fill), cast=dict(a.cast) or None,
+                                 cache_dir=a.cache_dir,
+                                 cache_limit=a.cache_limit, cache_map_limit=a.cache_map_limit) as loader:
+        _check_outside_dataset(loader, a.source, "--trace", a.trace)
+        _check_outside_dataset(loader, a.source, "--cache-dir", a.cache_dir)
+        if a.trace:
+            loader._tracer.keep_events(1_000_000)  # the whole benchmark in the trace file
         hits_before = 0
-        for epoch in range(a.epochs):
-            loader.set_epoch(epoch)
-            t = time.perf_counter()
-            rows = 0
-            for batch in loader:
-                rows += len(next(iter(batch.values()))) if batch else 0
-            dt = time.perf_counter() - t
+        for epoch, _batches, rows, dt in _epochs(loader, a, range(a.epochs)):
             what = " (includes worker start-up)" if epoch == 0 else ""
             if a.cache_dir:
                 # Row groups this epoch served from the cache (each hit is a traced cache_read).
                 hits = loader.stats().stages["cache_read"].count
-                what += f", {hits - hits_before} of its row groups from the cache"
+                what += f", {hits - hits_before:,} of its row groups from the cache"
                 hits_before = hits
-            print(f"epoch {epoch}: {rows:,} rows in {dt:.2f} s, {rows / dt if dt > 0 else 0:,.0f} rows/s{what}")
+            print(f"epoch {epoch}: {rows:,} rows in {dt:.2f} s, {_rate(rows, dt)} rows/s{what}", flush=True)
         st = loader.stats()
         if a.json:
             print(json.dumps(st.as_dict(), indent=2, default=str))
         else:
             print(st.table())
         if a.trace:
-            st.write_trace(a.trace)
+            try:
+                st.write_trace(a.trace)
+            except OSError as exc:
+                raise OptionError(f"cannot write --trace {a.trace}: {exc.strerror or exc}") from None
             print(f"trace: {a.trace} (open in https://ui.perfetto.dev or chrome://tracing)")
     print(f"total {time.perf_counter() - t0:.2f} s")
     return 0
@@ -313,7 +490,7 @@ def _cmd_verify(a: argparse.Namespace) -> int:
         if a.json:
             print(json.dumps({"identical": False, "kind": "unreadable", "message": str(exc)}))
         else:
-            print(f"detload verify: {exc}", file=sys.stderr)
+            print(f"detload verify: error: {exc}", file=sys.stderr)
         return 2
     if a.json:
         print(json.dumps(res.to_dict(), indent=2, default=str))
@@ -326,12 +503,13 @@ def _cmd_verify(a: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(a: argparse.Namespace) -> int:
-    from ._dataset import discover
+    from ._dataset import describe_skipped, discover
     from ._types import SCALED, allowed_casts
+    from .loader import _check_source
 
+    _check_source(a.source)
     ds = discover(a.source)
-    specs = ds.specs(None) if _all_mappable(ds) else None
-    info = {
+    info: dict[str, Any] = {
         "root": ds.root,
         "fingerprint": ds.fingerprint,
         "files": [{"path": f.path, "size": f.size, "row_groups": list(f.row_groups), "rows": sum(f.row_groups)}
@@ -340,6 +518,7 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
         "row_groups": sum(len(f.row_groups) for f in ds.files),
         "schema": [{"name": fld.name, "arrow": str(fld.type)} for fld in ds.schema],
         "partitions": [{"key": k, "type": t} for k, t in ds.partition_types],
+        "skipped": list(ds.skipped),
     }
     delivered = {}
     for fld in ds.schema:
@@ -357,17 +536,20 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
     for k, _ in ds.partition_types:
         delivered[k] = ds.specs([k])[0].describe() + " (Hive partition)"
     info["numpy"] = delivered
-    del specs
     if a.json:
         print(json.dumps(info, indent=2))
         return 0
     print(f"dataset {ds.root}")
     print(f"  fingerprint {ds.fingerprint}")
-    print(f"  {len(ds.files)} files, {info['row_groups']} row groups, {ds.rows:,} rows")
+    print(f"  {len(ds.files):,} files, {info['row_groups']:,} row groups, {ds.rows:,} rows")
     for f in ds.files:
         rg = list(f.row_groups)
-        shown = ", ".join(map(str, rg[:8])) + (", ..." if len(rg) > 8 else "")
+        shown = ", ".join(f"{n:,}" for n in rg[:8]) + (", ..." if len(rg) > 8 else "")
         print(f"  {f.path}  {f.size:,} B  {sum(rg):,} rows in {len(rg)} row groups [{shown}]")
+    if ds.skipped:
+        print(f"  {describe_skipped(ds.skipped)} (not Parquet):")
+        for rel in ds.skipped:
+            print(f"    {rel}")
     print("  columns:")
     for fld in ds.schema:
         print(f"    {fld.name}: {fld.type} -> {delivered[fld.name]}")
@@ -376,19 +558,16 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
     return 0
 
 
-def _all_mappable(ds: Any) -> bool:
-    try:
-        ds.specs(None)
-        return True
-    except DetloadError:
-        return False
-
-
 def _cmd_plan(a: argparse.Namespace) -> int:
+    import warnings
+
+    from ._dataset import SkippedFilesWarning
     from .loader import Loader, resolve_workers
 
     # A Loader plans exactly as a run would (same fingerprint); it starts no worker.
-    loader = Loader(a.source, **_loader_kwargs(a))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SkippedFilesWarning)  # `detload inspect` lists them
+        loader = Loader(a.source, **_loader_kwargs(a))
     ds = loader.dataset
     opts = loader.options
     files, rgs, _rows = ds.units()
@@ -401,13 +580,14 @@ def _cmd_plan(a: argparse.Namespace) -> int:
         print(json.dumps(d, indent=2))
         return 0
     print(f"plan {plan.fingerprint} (format {d['plan_format']}) epoch {plan.epoch} rank {plan.rank}")
-    print(f"  {d['units']} units, {d['rows']:,} rows -> {plan.steps} steps of {opts.batch_size} rows, "
-          f"{plan.dropped_rows} dropped; partitions {opts.partitions}, rows per partition {list(plan.partition_rows)}")
+    print(f"  {d['units']:,} units, {d['rows']:,} rows -> {plan.steps:,} steps of {opts.batch_size:,} rows, "
+          f"{plan.dropped_rows:,} dropped; partitions {opts.partitions}, rows per partition "
+          f"[{', '.join(f'{n:,}' for n in plan.partition_rows)}]")
     print("  unit order: " + " ".join(str(u) for u in plan.unit_order[:32]) + (" ..." if d["units"] > 32 else ""))
     for blk in d["blocks"]:
         units = ", ".join(names[u] for u in blk["units"])
         print(f"  block k={blk['k']:<4} partition {blk['partition']} #{blk['number']:<3} worker {blk['worker']:<3} "
-              f"rows {blk['rows']:<7} steps {blk['steps'][0]}-{blk['steps'][1]}  [{units}]")
+              f"rows {blk['rows']:<7,} steps {blk['steps'][0]}-{blk['steps'][1]}  [{units}]")
     for w, sched in enumerate(plan.worker_schedules(workers)):
         print(f"  worker {w}: blocks " + " ".join(f"p{b.partition}#{b.number}" for b in sched))
     return 0
@@ -416,11 +596,20 @@ def _cmd_plan(a: argparse.Namespace) -> int:
 def _cmd_cache(a: argparse.Namespace) -> int:
     from ._cache import cache_info, clear_cache
 
-    if a.cache_command == "clear":
-        freed = clear_cache(a.dir)
-        print(f"cleared {a.dir}: freed {freed:,} bytes")
-        return 0
-    info = cache_info(a.dir, verify=a.verify)
+    try:
+        if a.cache_command == "clear":
+            freed = clear_cache(a.dir)
+            print(f"cleared {a.dir}: freed {freed:,} bytes")
+            return 0
+        bar = _bar(a, total=None, desc="verifying" if a.verify else "counting", unit="B", scale=True)
+        try:
+            info = cache_info(a.dir, verify=a.verify, progress=bar.update)
+        finally:
+            bar.close()
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError) and not os.path.exists(a.dir):
+            raise
+        raise CommandError(f"{a.dir} is not a usable cache directory: {exc}") from None
     # Damage found by --verify exits 1, so a script can act on it (a loader would
     # discard and refetch those entries anyway).
     status = 1 if a.verify and info["corrupt"] else 0
@@ -428,11 +617,11 @@ def _cmd_cache(a: argparse.Namespace) -> int:
         print(json.dumps(info, indent=2))
         return status
     print(f"cache {info['dir']} (format v{info['format']}; formats present: {', '.join(info['formats_present'])})")
-    print(f"  {info['entries']} entries of {info['objects']} files, {info['bytes']:,} bytes"
-          f" (usage counter {info['usage_counter']:,}), {info['temp_files']} temp files")
+    print(f"  {info['entries']:,} entries of {info['objects']:,} files, {info['bytes']:,} bytes"
+          f" (usage counter {info['usage_counter']:,}), {info['temp_files']:,} temp files")
     if a.verify:
         bad = info["corrupt"]
-        print(f"  checksums: {'all good' if not bad else f'{len(bad)} damaged'}")
+        print(f"  checksums: {'all good' if not bad else f'{len(bad):,} damaged'}")
         for path in bad:
             print(f"    damaged: {path}")
     return status
@@ -443,6 +632,7 @@ def _cmd_demo(a: argparse.Namespace) -> int:
     from .loader import Loader
     from .verify import verify
 
+    _check_writable_dir("--dir", a.dir)
     data = os.path.join(a.dir, "data")
     print(f"1. writing an example dataset ({a.rows:,} rows, 6 files with odd row-group sizes, one empty) to {data}")
     write_demo_dataset(data, rows=a.rows)
@@ -451,8 +641,8 @@ def _cmd_demo(a: argparse.Namespace) -> int:
         path = os.path.join(a.dir, f"manifest-w{workers}.jsonl")
         t = time.perf_counter()
         rows = 0
-        with Loader(data, batch_size=4096, seed=42, workers=workers, pool="process", shuffle_window=4,
-                    manifest=path) as loader:
+        with interruptible(), Loader(data, batch_size=4096, seed=42, workers=workers, pool="process",
+                                     shuffle_window=4, manifest=path) as loader:
             for epoch in range(2):
                 loader.set_epoch(epoch)
                 for batch in loader:
@@ -469,23 +659,123 @@ def _cmd_demo(a: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = _parser()
-    a = ap.parse_args(argv)
-    cmd = {"run": _cmd_run, "verify": _cmd_verify, "inspect": _cmd_inspect, "plan": _cmd_plan, "demo": _cmd_demo,
-            "cache": _cmd_cache, "bench": _cmd_bench, **_layout_cli.COMMANDS}
+def _check_writable_dir(option: str, path: str) -> None:
+    """A folder that exists and is writable, or can be created: refused now, with its reason."""
+    full = os.path.abspath(path)
+    probe = full
+    while not os.path.exists(probe):
+        up = os.path.dirname(probe)
+        if up == probe:
+            break
+        probe = up
+    if not os.path.isdir(probe):
+        what = "is a file" if probe == full else f"is under {probe}, which is a file"
+        raise CommandError(f"{option} {path} {what}, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise CommandError(f"{option} {path}: {probe} is not writable (permissions, or a read-only file system)")
+
+
+_COMMANDS = {"run": _cmd_run, "verify": _cmd_verify, "inspect": _cmd_inspect, "plan": _cmd_plan, "demo": _cmd_demo,
+             "cache": _cmd_cache, "bench": _cmd_bench, **_layout_cli.COMMANDS}
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    # The first signal decides: a second one must not cut short the clean-up it starts.
+    hold_signals()
+    raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Within the block, Ctrl-C raises KeyboardInterrupt and SIGTERM `Terminated` in the main
+    thread, so that every ``with Loader`` inside closes (workers stopped, shared memory and
+    semaphores freed) before main() reports; further signals are ignored meanwhile.
+
+    Outside such blocks the console script exits at once on either signal (see
+    detload/__main__.py): an interrupt raised inside a C extension's import (NumPy's,
+    pyarrow's) comes out as an ImportError with a traceback, so the commands import what
+    they need before entering the block.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        return cmd[a.command](a)
-    except (DetloadError, FileNotFoundError, ValueError) as exc:
-        print(f"detload {a.command}: error: {exc}", file=sys.stderr)
-        return 2
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    signal.signal(sig, handler)
+
+
+def hold_signals() -> None:
+    """Ignore Ctrl-C and SIGTERM from here on: the outcome is decided, and a second signal
+    must not put a traceback on stderr while the process reports and exits."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(OSError, ValueError):
+                signal.signal(sig, signal.SIG_IGN)
+
+
+def main(argv: Sequence[str] | None = None, *, _process: bool = False) -> int:
+    """Run one command; returns its exit status (argparse exits 2 itself on a bad command line).
+
+    A Ctrl-C or SIGTERM inside a command's `interruptible` part ends it with one line on
+    stderr, ``interrupted`` (exit 130) or ``terminated`` (143), after its loaders closed.
+    ``_process`` (the console script): argparse's exits become the returned status too,
+    and the signals stay ignored from the return on, through the process's exit.
+    """
+    try:
+        code = _run_command(argv)
+    except Terminated:
+        hold_signals()
+        print("terminated", file=sys.stderr)
+        code = 143
     except KeyboardInterrupt:
+        hold_signals()
         print("interrupted", file=sys.stderr)
-        return 130
+        code = 130
+    except SystemExit as exc:  # argparse: a usage error, --help or --version
+        if not _process:
+            raise
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+    if _process:
+        hold_signals()
+    return code
+
+
+def _run_command(argv: Sequence[str] | None) -> int:
+    import warnings
+
+    a = _parser().parse_args(argv)
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: Any = None, line: str | None = None) -> None:
+        # One line, like the errors: the command's name, not the library's source line.
+        print(f"detload {a.command}: warning: {message}", file=sys.stderr)
+
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = show
+            return _COMMANDS[a.command](a)
     except BrokenPipeError:  # output piped into `head` and closed early
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except (DetloadError, CommandError, OSError, ValueError) as exc:
+        print(f"detload {a.command}: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+
+
+def _one_line(exc: BaseException) -> str:
+    """The message on one line (a worker's traceback, when carried, stays out of it)."""
+    text = str(exc).split("\n\nWorker traceback:")[0]
+    return " ".join(text.split("\n")) if text else type(exc).__name__
 
 
 if __name__ == "__main__":  # pragma: no cover

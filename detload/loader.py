@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import types
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,8 +26,10 @@ import numpy as np
 import xxhash
 
 from . import __version__
+from ._arrow import fill_value
 from ._cache import object_key, open_cache
-from ._dataset import Dataset, discover
+from ._check import check_int, check_path, check_seconds, check_writable_file
+from ._dataset import Dataset, SkippedFilesWarning, describe_skipped, discover
 from ._merge import END, STOPPED, Failure, Run, make_tasks
 from ._pool import WorkerPool
 from ._remote import display_uri, object_uri
@@ -34,7 +37,7 @@ from ._trace import CONSUMER, Tracer
 from ._types import INT96_UNIT, SCALED, Column, ColumnSpec, normalize_cast, type_mapping_version
 from ._worker import DebugHooks, FileRef, WorkerConfig
 from .audit import MANIFEST_FORMAT, MANIFEST_VERSION, ManifestWriter
-from .errors import DetloadError, OptionError, StateError
+from .errors import DataError, DetloadError, OptionError, StateError
 from .plan import PLAN_FORMAT_VERSION, OrderOptions, Plan, make_plan
 from .stats import Stats, _cores, summarize
 
@@ -43,17 +46,18 @@ __all__ = ["STATE_FORMAT_VERSION", "Loader", "compare_ranks", "resolve_workers"]
 STATE_FORMAT_VERSION = 1
 PoolKind = Literal["thread", "process"]
 _MAX_WORKERS = 256
+#: Blocks queued per worker at most: each holds shuffle_window row groups, so more
+#: only holds memory (and a process queue's semaphore cannot count past 2**31 - 1).
+MAX_PREFETCH = 1024
+#: Seconds; longer waits are asked for with stall_timeout=None.
+MAX_STALL_TIMEOUT = 1e9
 
 
 def resolve_workers(workers: int | str) -> int:
     """``"auto"``: one worker per usable core, at most 16; workers never change the batches."""
     if workers == "auto":
         return max(1, min(_cores(), 16))
-    if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)):
-        raise OptionError(f"workers must be an int >= 1 or 'auto', got {workers!r}")
-    if not 1 <= workers <= _MAX_WORKERS:
-        raise OptionError(f"workers must be in [1, {_MAX_WORKERS}], got {workers}")
-    return int(workers)
+    return check_int("workers", workers, 1, _MAX_WORKERS, shown=f"[1, {_MAX_WORKERS}] or 'auto'")
 
 
 def _distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -83,8 +87,7 @@ def _distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int
 
 def check_epoch(epoch: Any) -> None:
     """Raise OptionError unless ``epoch`` is an epoch number (an int in [0, 2**32))."""
-    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or not 0 <= epoch < 2**32:
-        raise OptionError(f"epoch must be an int in [0, 2**32), got {epoch!r}")
+    check_int("epoch", epoch, 0, below=2**32, shown="[0, 2**32)")
 
 
 def refuse_torch_workers(what: str) -> None:
@@ -150,6 +153,7 @@ class Loader:
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
         cache_map_limit: int | str | None = "auto",
+        trace: bool = True,
         _debug: DebugHooks | None = None,
         _cache_fail_after_bytes: int | None = None,
         _benchmark_unordered: bool = False,
@@ -159,15 +163,16 @@ class Loader:
         if pool not in ("thread", "process"):
             raise OptionError(f"pool must be 'thread' or 'process', got {pool!r}")
         self.pool_kind: PoolKind = pool
-        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 1:
-            raise OptionError(f"prefetch must be an int >= 1 (blocks per worker), got {prefetch!r}")
-        self.prefetch = int(prefetch)
-        if stall_timeout is not None and (
-            isinstance(stall_timeout, bool) or not isinstance(stall_timeout, (int, float, np.integer, np.floating))
-            or not stall_timeout > 0
-        ):
-            raise OptionError(f"stall_timeout must be a positive number of seconds or None, got {stall_timeout!r}")
-        self.stall_timeout = None if stall_timeout is None else float(stall_timeout)
+        self.prefetch = check_int("prefetch", prefetch, 1, MAX_PREFETCH, what="blocks queued per worker")
+        self.stall_timeout = check_seconds("stall_timeout", stall_timeout, most=MAX_STALL_TIMEOUT,
+                                           none_means="wait forever")
+        if not isinstance(trace, bool):
+            raise OptionError(f"trace must be True or False, got {type(trace).__name__} {trace!r}")
+        _check_source(source)
+        if partitioning is not None and not isinstance(partitioning, Mapping):
+            raise OptionError(f"partitioning must be a dict {{key: 'int64' | 'string'}} or None, "
+                              f"got {type(partitioning).__name__} {partitioning!r}")
+        manifest_path = check_path("manifest", manifest) if manifest is not None else None
         self.rank, world = _distributed_defaults(rank, world_size)
         if partitions is None:
             partitions = world
@@ -175,9 +180,7 @@ class Loader:
             seed=seed, batch_size=batch_size, shuffle=shuffle, shuffle_window=shuffle_window,
             drop_last=drop_last, partitions=partitions, world_size=world,
         )
-        if isinstance(self.rank, bool) or not isinstance(self.rank, (int, np.integer)) or not 0 <= self.rank < world:
-            raise OptionError(f"rank must be an int in [0, {world}), got {self.rank!r}")
-        self.rank = int(self.rank)
+        self.rank = check_int("rank", self.rank, 0, below=world)
         if null_fill is not None and not isinstance(null_fill, Mapping):
             raise OptionError(f"null_fill must be a dict {{column: value}}, got {null_fill!r}")
         self.null_fill = dict(null_fill or {})
@@ -186,6 +189,12 @@ class Loader:
         #: Each cast column's dtype in one spelling ("f4" -> "float32"), as `order` records it.
         self.cast: dict[str, str] = {str(k): normalize_cast(str(k), v) for k, v in (cast or {}).items()}
         self.dataset: Dataset = discover(source, filesystem=filesystem, partitioning=partitioning)
+        if self.dataset.skipped:
+            warnings.warn(SkippedFilesWarning(
+                f"{describe_skipped(self.dataset.skipped)} in {self.dataset.root}: they are not Parquet "
+                f"(no .parquet/.parq/.pq suffix, no Parquet magic), e.g. {self.dataset.skipped[0]}. "
+                "`detload inspect` lists them; move them out of the dataset folder to silence this."),
+                stacklevel=2)
         self.specs: list[ColumnSpec] = self.dataset.specs(columns, self.cast)
         names = [s.name for s in self.specs]
         unknown_fill = [k for k in self.null_fill if k not in names]
@@ -219,7 +228,7 @@ class Loader:
         if _benchmark_unordered and manifest is not None:
             raise OptionError("_benchmark_unordered is a benchmark-only switch and cannot write a manifest")
         self._ordered = not _benchmark_unordered
-        self._tracer = Tracer()
+        self._tracer = Tracer(enabled=trace)
         self._epoch = 0
         self._plans: dict[int, Plan] = {}
         self._resume_step = 0
@@ -230,7 +239,10 @@ class Loader:
         self._last_epoch: int | None = None  # epoch of the previous pass
         self.ahead_used = 0  # passes that found their first blocks built ahead (tests, stats)
         self._lock = threading.Lock()
-        self._manifest_path = _manifest_file(manifest, self.rank) if manifest is not None else None
+        self._manifest_path = _manifest_file(manifest_path, self.rank) if manifest_path is not None else None
+        if self._manifest_path is not None:
+            # Found now rather than after the first epoch's work: the file opens at the first iteration.
+            check_writable_file("manifest", self._manifest_path)
         self._resume_manifest = False
         # The pool and the manifest writer live here, and only here: the finalizer
         # closes whatever this holds when the loader is collected without close().
@@ -296,6 +308,7 @@ class Loader:
                                     prefix, os.getpid(), self._debug, cache=self.cache)
 
             self._held["pool"] = WorkerPool(make_cfg, self.workers, self.pool_kind, self.prefetch)
+            self._tracer.pool_started(self.workers)
         return self._held["pool"]
 
     def _header(self) -> dict[str, Any]:
@@ -415,7 +428,7 @@ class Loader:
                 if item is END:
                     return
                 if type(item) is Failure:
-                    raise item.error
+                    raise self._explain(item.error, run)
                 for i in range(len(item)):
                     batch, step, line, rows = item[i]
                     item[i] = None  # the item must not keep yielded batches (and their blocks) alive
@@ -441,6 +454,35 @@ class Loader:
             if self._run is run:
                 self._run = None
             run.stop()
+
+    def _explain(self, error: BaseException, run: Run) -> BaseException:
+        """Add what the plan knows to a worker's error: for a file that changed after planning,
+        which delivered batches of this pass hold rows of it (and so may hold its new bytes)."""
+        path = getattr(error, "changed_file", None)
+        if not isinstance(error, DataError) or path is None:
+            return error
+        plan = run.plan
+        first, done = run.start_step, self._position  # steps [first, done) were yielded in this pass
+        idx = next((i for i, f in enumerate(self.dataset.files) if f.path == path), None)
+        steps: set[int] = set()
+        if idx is not None:
+            mine = {u for u in range(len(self._unit_files)) if self._unit_files[u] == idx}
+            for p in plan.owned_partitions:
+                for b in plan.blocks[p]:
+                    if mine.intersection(b.units):
+                        steps.update(range(max(b.first_step, first), min(b.last_step + 1, done)))
+        if done <= first:
+            which = f"none of this pass (epoch {plan.epoch}) was delivered yet"
+        elif steps:
+            which = (f"in this pass (epoch {plan.epoch}, {done - first} batch(es) delivered since step {first}), "
+                     f"step(s) {_ranges(sorted(steps))} hold rows of it")
+        else:
+            which = f"no batch delivered in this pass (epoch {plan.epoch}, since step {first}) holds rows of it"
+        err = DataError(f"{error} Which batches could hold rows of the changed file: {which}; a batch of "
+                        "an earlier pass could too, if the file was rewritten while that pass ran.")
+        err.changed_file = path  # type: ignore[attr-defined]
+        err.__cause__ = error.__cause__
+        return err
 
     # -- observability ---------------------------------------------------------
     def stats(self) -> Stats:
@@ -688,6 +730,8 @@ def _check_fill(spec: ColumnSpec, dataset: Dataset, value: Any) -> None:
         t = dataset.schema.field(spec.name).type
     if pa.types.is_dictionary(t):
         t = t.value_type
+    if fill_value(t, value) is not None:
+        return  # fits, decided without pa.scalar (which imports pandas: see _arrow.py)
     try:
         scalar = pa.scalar(value, type=t)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
@@ -711,12 +755,40 @@ def _cast_target(spec: ColumnSpec, t: Any) -> Any:
     return pa.timestamp(np.datetime_data(dt)[0], tz=t.tz) if dt.kind == "M" else pa.from_numpy_dtype(dt)
 
 
-def _manifest_file(manifest: str | os.PathLike[str], rank: int) -> str:
+def _check_source(source: Any) -> None:
+    """Refuse source types that would fail deep in discovery with a message about something else."""
+    if isinstance(source, str) and not source:
+        raise OptionError("source is empty: give a Parquet file, directory, glob or URI")
+    if isinstance(source, (bytes, bytearray)):
+        raise OptionError(f"source must be a str path, glob or URI (or a list of them), got bytes {bytes(source)!r}: "
+                          f"decode it first (source={bytes(source).decode('utf-8', 'replace')!r})")
+    if isinstance(source, (list, tuple)):
+        for item in source:
+            if not isinstance(item, (str, os.PathLike)):
+                raise OptionError(f"source lists {type(item).__name__} {item!r}; every item must be a str path "
+                                  "or an os.PathLike")
+
+
+def _manifest_file(manifest: str, rank: int) -> str:
     """A directory (existing, or named with a trailing slash) holds one file per rank."""
-    path = os.fspath(manifest)
+    path = manifest
     if path.endswith(("/", os.sep)) or os.path.isdir(path):
         return os.path.join(path, f"rank-{rank:05d}.jsonl")
     return path
+
+
+def _ranges(steps: Sequence[int]) -> str:
+    """``[1, 2, 3, 7]`` -> ``"1-3, 7"``."""
+    out: list[str] = []
+    lo = prev = steps[0]
+    for s in [*steps[1:], None]:
+        if s is not None and s == prev + 1:
+            prev = s
+            continue
+        out.append(f"{lo}-{prev}" if prev > lo else f"{lo}")
+        if s is not None:
+            lo = prev = s
+    return ", ".join(out)
 
 
 def _jsonable(v: Any) -> Any:

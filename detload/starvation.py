@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ._check import check_int
+from .errors import OptionError
 from .stats import _cores
 
 __all__ = ["StarvationReport", "starvation_check"]
@@ -78,13 +80,12 @@ def starvation_check(loader: Iterable[Any], step_fn: Callable[[Any], Any], steps
     allocator warm-up). The batches are kept (not copied) for the replay, so ``steps``
     batches must fit in memory. Any iterable of batches works; a detload ``Loader`` or
     ``TorchLoader`` also names its bounding stage, from its trace of the timed steps.
+    Bad arguments, and a loader that runs out during the warm-up, raise OptionError.
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    steps = check_int("steps", steps, 1, what="batches to time")
+    warmup = check_int("warmup", warmup, 0, what="batches stepped before timing")
     if not callable(step_fn):
-        raise TypeError(f"step_fn must be a callable taking one batch, got {type(step_fn).__name__} {step_fn!r}")
+        raise OptionError(f"step_fn must be a callable taking one batch, got {type(step_fn).__name__} {step_fn!r}")
     it = iter(loader)
     kept: list[Any] = []
     warmed = 0
@@ -121,7 +122,7 @@ def starvation_check(loader: Iterable[Any], step_fn: Callable[[Any], Any], steps
         if close is not None:
             close()  # a detload iteration stops its run and frees its blocks
     if not kept:
-        raise ValueError(f"the loader ran out during the warm-up ({warmed} batch(es), warmup={warmup}): "
+        raise OptionError(f"the loader ran out during the warm-up ({warmed} batch(es), warmup={warmup}): "
                          "nothing left to time; use a smaller warmup or a loader with more batches")
     t0 = time.perf_counter()
     for batch in kept:

@@ -170,8 +170,12 @@ class VerifyResult:
         return dict(self.__dict__)
 
 
-def _order(h: dict[str, Any]) -> dict[str, Any]:
-    return {**h.get("order", {}), "fingerprint": h.get("fingerprint")}
+def _order(side: Run | Continued) -> dict[str, Any]:
+    order = side.header.get("order", {})
+    if not isinstance(order, dict):
+        raise ManifestError(f"{side.path}: the header's 'order' is {type(order).__name__} {order!r}, not an "
+                            "object of options: the file is not a detload manifest, or it was edited")
+    return {**order, "fingerprint": side.header.get("fingerprint")}
 
 
 def verify(a_path: str | Sequence[str], b_path: str | Sequence[str]) -> VerifyResult:
@@ -180,9 +184,27 @@ def verify(a_path: str | Sequence[str], b_path: str | Sequence[str]) -> VerifyRe
     Either side may be a list of paths: an interrupted run followed by the
     places its resumed continuations wrote to (see ``Continued``).
     """
-    a, b = load_side(a_path), load_side(b_path)
+    try:
+        return _compare(load_side(a_path), load_side(b_path))
+    except (TypeError, AttributeError, KeyError, ValueError) as exc:
+        if isinstance(exc, ManifestError):
+            raise
+        # A field of the wrong type (a step that is a string, columns that are a list...):
+        # the files parse as JSON Lines but are not what detload writes.
+        names = " or ".join(_side_name(p) for p in (a_path, b_path))
+        raise ManifestError(f"{names} holds a malformed manifest record ({type(exc).__name__}: {exc}); "
+                            "was it written by detload, or edited?") from None
+
+
+def _side_name(paths: str | Sequence[str]) -> str:
+    if isinstance(paths, (str, os.PathLike)):
+        return os.fspath(paths)
+    return " + ".join(os.fspath(p) for p in paths)
+
+
+def _compare(a: Run | Continued, b: Run | Continued) -> VerifyResult:
     a_path, b_path = a.path, b.path
-    oa, ob = _order(a.header), _order(b.header)
+    oa, ob = _order(a), _order(b)
     # The options first, their fingerprint (which follows from them) last.
     keys = sorted(set(oa) | set(ob), key=lambda k: (k == "fingerprint", k))
     option_diffs = {k: [oa.get(k), ob.get(k)] for k in keys if oa.get(k) != ob.get(k)}

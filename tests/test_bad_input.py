@@ -53,10 +53,10 @@ def ds(small_dataset):
         ({"batch_size": "32"}, r"batch_size must be an int, got str"),
         ({"batch_size": None}, r"batch_size must be an int"),
         ({"batch_size": True}, r"batch_size must be an int, got bool"),
-        ({"workers": 0}, r"workers must be in \[1, 256\], got 0"),
-        ({"workers": -2}, r"workers must be in \[1, 256\], got -2"),
-        ({"workers": 2.0}, r"workers must be an int >= 1 or 'auto'"),
-        ({"workers": "many"}, r"workers must be an int >= 1 or 'auto', got 'many'"),
+        ({"workers": 0}, r"workers must be an int in \[1, 256\] or 'auto', got 0"),
+        ({"workers": -2}, r"workers must be an int in \[1, 256\] or 'auto', got -2"),
+        ({"workers": 2.0}, r"workers must be an int in \[1, 256\] or 'auto', got float 2.0"),
+        ({"workers": "many"}, r"workers must be an int in \[1, 256\] or 'auto', got str 'many'"),
         ({"seed": "7"}, r"seed must be an int, got str"),
         ({"seed": 7.0}, r"seed must be an int, got float"),
         ({"seed": None}, r"seed must be an int, got NoneType"),
@@ -66,7 +66,7 @@ def ds(small_dataset):
         ({"pool": None}, r"pool must be 'thread' or 'process'"),
         ({"shuffle_window": 0}, r"shuffle_window must be >= 1, got 0"),
         ({"shuffle_window": 2.5}, r"shuffle_window must be an int"),
-        ({"prefetch": 0}, r"prefetch must be an int >= 1"),
+        ({"prefetch": 0}, r"prefetch must be an int in \[1, 1024\] \(blocks queued per worker\), got 0"),
         ({"stall_timeout": 0}, r"stall_timeout must be a positive number"),
         ({"shuffle": "no"}, r"shuffle must be True or False"),
         ({"drop_last": None}, r"drop_last must be True or False"),
@@ -254,3 +254,167 @@ def test_numpy_scalars_for_execution_options(small_dataset):
         assert json.dumps(ld.state_dict())
     finally:
         ld.close()
+
+
+# -- options: the right type, at construction, naming the right thing -----------------------
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"prefetch": 2**31, "pool": "process"},
+         r"^prefetch must be an int in \[1, 1024\] \(blocks queued per worker\), got 2147483648$"),
+        ({"prefetch": 1025}, r"prefetch must be an int in \[1, 1024\]"),
+        ({"stall_timeout": 10**400}, r"^stall_timeout must be a positive number of seconds up to 1e\+09, or None "
+                                     r"\(wait forever\), got int 1000000000000"),
+        ({"stall_timeout": float("inf")}, r"stall_timeout must be a positive number of seconds up to 1e\+09"),
+        ({"stall_timeout": float("nan")}, r"stall_timeout must be a positive number of seconds"),
+        ({"manifest": b"x.jsonl"}, r"^manifest must be a str or os.PathLike path, got bytes b'x.jsonl': decode it "
+                                   r"first \(manifest='x.jsonl'\)$"),
+        ({"manifest": 5}, r"^manifest must be a str or os.PathLike path, got int 5$"),
+        ({"partitioning": "k"}, r"^partitioning must be a dict \{key: 'int64' \| 'string'\} or None, got str 'k'$"),
+        ({"partitioning": [("k", "int64")]}, r"partitioning must be a dict"),
+        ({"trace": "yes"}, r"^trace must be True or False, got str 'yes'$"),
+    ],
+)
+def test_option_types_are_refused_by_name(ds, no_workers, kw, match):
+    with pytest.raises(OptionError, match=match):
+        Loader(ds, batch_size=8, seed=0, **kw)
+
+
+@pytest.mark.parametrize(("source", "match"), [
+    (b"/path", r"^source must be a str path, glob or URI \(or a list of them\), got bytes b'/path': decode it "
+               r"first \(source='/path'\)$"),
+    ([b"/a.parquet"], r"^source lists bytes b'/a.parquet'; every item must be a str path or an os.PathLike$"),
+    ("", r"^source is empty"),
+])
+def test_source_types_are_refused_by_name(no_workers, source, match):
+    with pytest.raises(OptionError, match=match):
+        Loader(source, batch_size=8, seed=0)
+
+
+def test_manifest_that_cannot_be_created_fails_at_construction(ds, tmp_path, no_workers):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(OptionError, match=rf"^manifest {tmp_path}/f/runs/m.jsonl cannot be created: "
+                                          rf"{tmp_path}/f is a file, not a folder$"):
+        Loader(ds, batch_size=8, seed=0, manifest=str(tmp_path / "f" / "runs" / "m.jsonl"))
+    with pytest.raises(OptionError, match=r"cannot be created: .*/f is a file, not a folder"):
+        Loader(ds, batch_size=8, seed=0, manifest=str(tmp_path / "f") + "/")  # a run directory under a file
+
+
+def test_manifest_on_a_read_only_file_system_fails_at_construction(ds, tmp_path, no_workers, monkeypatch):
+    real = os.access  # os.access reports EROFS as not writable; simulated, since tests cannot mount
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if str(p) == str(tmp_path) else real(p, mode, **kw))
+    with pytest.raises(OptionError, match=rf"cannot be created: {tmp_path} is not writable \(permissions, or a "
+                                          r"read-only file system\)"):
+        Loader(ds, batch_size=8, seed=0, manifest=str(tmp_path / "m.jsonl"))
+
+
+def test_checks_create_nothing(ds, tmp_path):
+    with Loader(ds, batch_size=8, seed=0, manifest=str(tmp_path / "a" / "b" / "m.jsonl")):
+        assert not (tmp_path / "a").exists()  # the folders come with the first batch, as before
+
+
+# -- files that are not Parquet ------------------------------------------------------------
+
+def test_stray_files_are_skipped_with_one_warning(tmp_path):
+    from detload import SkippedFilesWarning
+
+    _real_parquet(tmp_path / "good.parquet")
+    (tmp_path / "notes.csv").write_text("a,b\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "README").write_text("x")
+    (tmp_path / "sub" / "b.txt").write_text("x")
+    with pytest.warns(SkippedFilesWarning) as got:
+        loader = Loader(str(tmp_path), batch_size=100, seed=0)
+    assert len(got) == 1
+    msg = str(got[0].message)
+    assert msg.startswith(f"3 files skipped: 1 .csv, 1 .txt, 1 without suffix in {tmp_path}: they are not Parquet")
+    assert "detload inspect` lists them" in msg
+    assert loader.dataset.skipped == ("notes.csv", "sub/README", "sub/b.txt")
+    assert sum(len(b["id"]) for b in loader) == 1000
+    loader.close()
+
+
+def test_side_files_stay_silent(tmp_path, recwarn):
+    _real_parquet(tmp_path / "part-0.parquet")
+    for name in ("_SUCCESS", "_metadata", "_common_metadata", ".part-0.parquet.crc", "part-0.parquet.crc",
+                 ".hidden.csv", "_tmp.csv"):
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / "_temporary").mkdir()
+    (tmp_path / "_temporary" / "x.csv").write_text("x")
+    with Loader(str(tmp_path), batch_size=100, seed=0) as loader:
+        assert loader.dataset.skipped == ()
+    assert not [w for w in recwarn if "skipped" in str(w.message)]
+
+
+# -- messages ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["text", "empty", "truncated"])
+def test_truncated_footer_is_called_truncated(tmp_path, no_workers, kind):
+    data = b""
+    _real_parquet(tmp_path / "good.parquet")
+    if kind == "text":
+        data = b"id,x\n1,2\n"
+    elif kind == "truncated":
+        raw = (tmp_path / "good.parquet").read_bytes()
+        data = raw[: len(raw) // 2]
+    (tmp_path / "bad.parquet").write_bytes(data)
+    with pytest.raises(DatasetError) as info:
+        Loader(str(tmp_path / "bad.parquet"), batch_size=8, seed=0)
+    msg = str(info.value)
+    assert "it does not end with the Parquet magic bytes, so it is truncated (an interrupted write or copy?) " \
+           "or not a Parquet file (" in msg
+    assert ".." not in msg and "Is it a complete Parquet file?" not in msg
+
+
+def test_complete_but_damaged_footer_is_not_called_incomplete(tmp_path, no_workers):
+    raw = bytearray(pq_bytes := _parquet_bytes())
+    footer_len = int.from_bytes(raw[-8:-4], "little")
+    start = len(raw) - 8 - footer_len
+    raw[start:start + footer_len] = b"\xff" * footer_len  # garbage where the thrift footer was
+    assert len(raw) == len(pq_bytes) and raw.endswith(b"PAR1")
+    (tmp_path / "bad.parquet").write_bytes(bytes(raw))
+    with pytest.raises(DatasetError) as info:
+        Loader(str(tmp_path / "bad.parquet"), batch_size=8, seed=0)
+    msg = str(info.value)
+    assert msg.startswith(f"cannot read the Parquet footer of '{tmp_path}/bad.parquet': its footer is damaged (")
+    assert msg.endswith("). Remove or rewrite it, or leave it out of the source.")
+    assert "Is it a complete" not in msg and "truncated" not in msg and ".." not in msg and "\n" not in msg
+
+
+def _parquet_bytes() -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"id": np.arange(100)}), buf)
+    return buf.getvalue()
+
+
+def test_empty_single_file_names_the_file(tmp_path, no_workers):
+    pq.write_table(pa.table({"id": pa.array([], pa.int64())}), tmp_path / "a.parquet")
+    with pytest.raises(EmptyDatasetError, match=rf"^the file '{tmp_path}/a.parquet' has no rows: it holds no "
+                                                r"non-empty row group$"):
+        Loader(str(tmp_path / "a.parquet"), batch_size=8, seed=0)
+    with pytest.raises(EmptyDatasetError, match=rf"^the dataset at '{tmp_path}' has no rows: its 1 file"):
+        Loader(str(tmp_path), batch_size=8, seed=0)  # the folder: named as the folder
+
+
+@pytest.mark.parametrize(("t", "advice"), [
+    (pa.struct([("a", pa.int64())]), "Write one column per field (flatten the struct)"),
+    (pa.map_(pa.string(), pa.int64()), "Write its keys and values as two list columns"),
+    (pa.list_(pa.list_(pa.int64())), "Variable-length lists of lists have no flat NumPy layout"),
+    (pa.list_(pa.string()), "Lists of strings are not mapped"),
+    (pa.time64("us"), "Leave it out with columns=[...]"),
+])
+def test_unsupported_types_suggest_columns(tmp_path, t, advice):
+    from detload import UnsupportedTypeError
+
+    col = pa.array([None], t)
+    pq.write_table(pa.table({"id": [1], "odd": col}), tmp_path / "a.parquet")
+    with pytest.raises(UnsupportedTypeError) as info:
+        Loader(str(tmp_path), batch_size=8, seed=0)
+    msg = str(info.value)
+    assert msg.startswith("column 'odd' has Arrow type ") and ", which detload does not map to NumPy. " in msg
+    assert advice in msg and "columns=[...]" in msg
+    with Loader(str(tmp_path), batch_size=8, seed=0, columns=["id"]) as loader:  # what the advice says works
+        assert [b["id"].tolist() for b in loader] == [[1]]

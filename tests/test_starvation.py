@@ -7,7 +7,7 @@ import time
 import pytest
 from _perfdata import write_small
 
-from detload import Loader, starvation_check
+from detload import Loader, OptionError, starvation_check
 
 
 @pytest.fixture(scope="module")
@@ -83,18 +83,23 @@ def test_a_short_loader_measures_what_it_has(data):
     assert "ran out after 3 of the 100 steps asked for" in rep.verdict
 
 
-@pytest.mark.parametrize("kw, msg", [({"steps": 0}, "steps must be"), ({"warmup": -1}, "warmup must be")])
+@pytest.mark.parametrize("kw, msg", [
+    ({"steps": 0}, r"steps must be an int >= 1 \(batches to time\), got 0"),
+    ({"steps": True}, r"steps must be an int >= 1 \(batches to time\), got bool True"),
+    ({"warmup": -1}, r"warmup must be an int >= 0 \(batches stepped before timing\), got -1"),
+])
 def test_bad_arguments(data, kw, msg):
-    with Loader(data, batch_size=300, seed=1) as ld, pytest.raises(ValueError, match=msg):
+    # detload's own error (errors.py: every error detload raises on purpose is a DetloadError)
+    with Loader(data, batch_size=300, seed=1) as ld, pytest.raises(OptionError, match=msg):
         starvation_check(ld, lambda b: None, **kw)
 
 
 def test_step_fn_must_be_callable(data):
-    with Loader(data, batch_size=300, seed=1) as ld, pytest.raises(TypeError, match="step_fn must be a callable"):
+    with Loader(data, batch_size=300, seed=1) as ld, pytest.raises(OptionError, match="step_fn must be a callable"):
         starvation_check(ld, 5, steps=3)
 
 
 def test_nothing_after_warmup(data):
     with (Loader(data, batch_size=3000, seed=1) as ld,
-          pytest.raises(ValueError, match=r"ran out during the warm-up \(3 batch\(es\), warmup=5\)")):
+          pytest.raises(OptionError, match=r"ran out during the warm-up \(3 batch\(es\), warmup=5\)")):
         starvation_check(ld, lambda b: None, steps=5, warmup=5)

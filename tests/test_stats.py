@@ -173,3 +173,132 @@ def test_cache_reads_and_writes_are_traced_stages(data, tmp_path):
     assert first.stages["cache_write"].count == 18 and first.stages["cache_read"].count == 0
     assert second.stages["cache_read"].count == 18  # epoch 1 is served from the cache
     assert second.stages["read"].count == 18         # no more Parquet reads than epoch 0 made
+
+
+# -- one-time costs, bounded buffers, tracing off -----------------------------------------------
+
+def test_worker_start_up_is_its_own_stage(data):
+    """Each worker warms pyarrow.compute before its first block, traced as worker_startup."""
+    with Loader(data, batch_size=1000, seed=3, workers=3) as ld:
+        list(ld)
+        st = ld.stats()
+    assert st.stages["worker_startup"].count == 3
+    assert st.stages["worker_startup"].where == "worker"
+    assert "worker_startup" in st.table()
+
+
+def test_one_time_costs_do_not_decide_the_verdict():
+    """Each worker's first block carries its one-time costs: left out of the choice of stage."""
+    from detload._trace import CONSUMER, Tracer
+    from detload.stats import summarize
+
+    tr = Tracer()
+    tr.run_started(2, "thread")
+    tr.pool_started(2)
+    t = 0.0
+    for w in (0, 1):  # first blocks: 0.6 s of imports inside convert
+        tr.worker_spans(w, [("read", t, t + 0.01), ("convert", t, t + 0.6), ("permute", t, t + 0.001)], 0)
+    for _ in range(20):  # afterwards reading dominates
+        for w in (0, 1):
+            tr.worker_spans(w, [("read", t, t + 0.02), ("convert", t, t + 0.001), ("permute", t, t + 0.001)], 0)
+    for _ in range(40):
+        tr.span("consumer_wait", CONSUMER, t, t + 0.02)
+        tr.span("consumer_step", CONSUMER, t, t + 0.0001)
+    tr.run_ended()
+    tr.wall = 1.0
+    st = summarize(tr)
+    assert st.stages["convert"].total_s > st.stages["read"].total_s  # the totals keep everything
+    assert st.bottleneck == "read", st.verdict
+
+
+def test_a_short_bench_is_not_bound_by_start_up(tmp_path):
+    """`detload bench` over 2 epochs of small data, in a fresh interpreter (where every
+    lazy import is still to come): start-up must not make `convert` the bound."""
+    import os
+    import subprocess
+    import sys
+
+    small = write_small(tmp_path / "d", files=2, rows=2000, row_group=250, ragged=False)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run([sys.executable, "-m", "detload", "bench", str(small), "--workers", "2",
+                          "--batch-size", "500"], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    verdict = next(line for line in res.stdout.splitlines() if line.startswith("bound by:"))
+    assert not verdict.startswith("bound by: convert"), res.stdout
+
+
+def test_trace_buffers_are_bounded():
+    from detload._trace import CONSUMER, MAX_DEPTHS, MAX_EVENTS, MAX_SAMPLES, MERGER, Tracer
+
+    tr = Tracer()
+    tr.pool_started(4)
+    n = MAX_EVENTS + 5000
+    for i in range(n):
+        tr.span("consumer_wait", CONSUMER, i, i + 1.0)
+        tr.span("stitch", MERGER, i, i + 0.5)
+        tr.depth(float(i), (1, 2, 3, 4), 1)
+        if i % 10 == 0:
+            tr.worker_spans(i // 10 % 4, [("read", i, i + 2.0)], 1000 + i)  # a new pid each time (restarted pools)
+    assert len(tr.events) == MAX_EVENTS
+    assert len(tr.depths) == MAX_DEPTHS
+    assert all(len(s) <= MAX_SAMPLES for s in tr.samples.values())
+    assert len(tr.worker_pids) == 4
+    # The aggregates still cover everything.
+    assert tr.count["consumer_wait"] == n and tr.total["stitch"] == pytest.approx(0.5 * n)
+    assert tr.depth_sums[0] == n and tr.depth_sums[1] / n == pytest.approx(2.5)
+
+
+def test_many_epochs_keep_the_buffers_bounded(data):
+    """The reduced form of the soak (experiments/bench/soak.py measures memory): after many
+    small epochs every trace buffer is within its bound, while the counts cover every epoch."""
+    from detload._trace import MAX_DEPTHS, MAX_EVENTS, MAX_SAMPLES
+
+    with Loader(data, batch_size=50, seed=3, workers=2) as ld:
+        for epoch in range(30):
+            ld.set_epoch(epoch)
+            for _ in ld:
+                pass
+        tr = ld._tracer
+        st = ld.stats()
+    assert st.batches == 30 * 180
+    assert len(tr.events) == MAX_EVENTS and len(tr.depths) <= MAX_DEPTHS
+    assert all(len(s) <= MAX_SAMPLES for s in tr.samples.values())
+    assert len(tr.worker_pids) <= 2
+    assert st.stages["consumer_step"].count == 30 * 180
+
+
+def test_tracing_off_keeps_counts_but_no_events(data, tmp_path):
+    with Loader(data, batch_size=500, seed=3, workers=2, trace=False) as ld:
+        rows = sum(len(b["id"]) for b in ld)
+        st = ld.stats()
+        tr = ld._tracer
+    assert rows == 9000 and st.rows == 9000 and st.batches == 18
+    assert st.stages["read"].count == 18 and st.stages["read"].total_s > 0
+    assert st.bottleneck in STAGES
+    assert not tr.events and not tr.depths and not any(tr.samples.values())
+    with pytest.raises(OptionError, match=r"these stats carry no trace events: the loader was made with "
+                                          r"trace=False"):
+        st.write_trace(tmp_path / "t.json")
+
+
+def test_tracing_off_gives_the_same_batches(data):
+    def hashes(trace):
+        with Loader(data, batch_size=333, seed=5, workers=2, trace=trace) as ld:
+            return [detload.hash_batch(b)[0] for b in ld]
+
+    assert hashes(True) == hashes(False)
+
+
+def test_bench_trace_keeps_the_whole_run(data, tmp_path):
+    """bench --trace widens the ring: the trace file holds every span of the benchmark."""
+    out = tmp_path / "t.json"
+    assert main(["bench", str(data), "--workers", "1", "--epochs", "3", "--batch-size", "3",
+                 "--trace", str(out), "--quiet"]) == 0
+    spans = [e for e in json.loads(out.read_text())["traceEvents"] if e["ph"] == "X"]
+    waits = sum(1 for e in spans if e["name"] == "consumer_wait")
+    # 9,000 batches: every wait but the first (start-up), plus each epoch's end; more than the default ring.
+    assert waits == 3 * 3000 - 1 + 3
+    from detload._trace import MAX_EVENTS
+
+    assert len(spans) > MAX_EVENTS
