@@ -16,7 +16,11 @@ _EXPORTS = {
     "DataError": "errors",
     "DatasetError": "errors",
     "DetloadError": "errors",
+    "Digest": "_digest",
+    "DigestMismatchError": "_layout",
     "EmptyDatasetError": "errors",
+    "LayoutCheck": "_layout_check",
+    "LayoutReport": "_layout",
     "Loader": "loader",
     "ManifestError": "errors",
     "OptionError": "errors",
@@ -34,7 +38,10 @@ _EXPORTS = {
     "UnsupportedTypeError": "errors",
     "WorkerError": "errors",
     "WorkerStalledError": "errors",
+    "check_layout": "_layout_check",
+    "digest": "_digest",
     "hash_batch": "audit",
+    "layout": "_layout",
     "make_plan": "plan",
     "read_manifest": "audit",
     "starvation_check": "starvation",
@@ -46,7 +53,11 @@ __all__ = [
     "DataError",
     "DatasetError",
     "DetloadError",
+    "Digest",
+    "DigestMismatchError",
     "EmptyDatasetError",
+    "LayoutCheck",
+    "LayoutReport",
     "Loader",
     "ManifestError",
     "OptionError",
@@ -65,7 +76,10 @@ __all__ = [
     "WorkerError",
     "WorkerStalledError",
     "__version__",
+    "check_layout",
+    "digest",
     "hash_batch",
+    "layout",
     "make_plan",
     "read_manifest",
     "starvation_check",
@@ -75,6 +89,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
     from ._cache import CacheWarning
     from ._dataset import SkippedFilesWarning
+    from ._digest import Digest, digest
+    from ._layout import DigestMismatchError, LayoutReport, layout
+    from ._layout_check import LayoutCheck, check_layout
     from ._types import ColumnSpec, Ragged
     from .audit import hash_batch, read_manifest
     from .errors import (

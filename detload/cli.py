@@ -258,7 +258,7 @@ def _parser() -> argparse.ArgumentParser:
                         "(default: no trace file)")
     p.add_argument("--json", action="store_true", help="print the stats as JSON")
     _add_quiet(p)
-    _layout_cli.add_parsers(sub)  # digest, layout, check-layout
+    _layout_cli.add_parsers(sub, fmt)  # digest, layout, check-layout
     return ap
 
 

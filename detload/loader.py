@@ -730,13 +730,13 @@ def _check_fill(spec: ColumnSpec, dataset: Dataset, value: Any) -> None:
         t = dataset.schema.field(spec.name).type
     if pa.types.is_dictionary(t):
         t = t.value_type
-    if fill_value(t, value) is not None:
-        return  # fits, decided without pa.scalar (which imports pandas: see _arrow.py)
+    target = _cast_target(spec, t)
+    if fill_value(t, value) is not None and (target is None or fill_value(target, value) is not None):
+        return  # fits (the cast too), decided without pa.scalar (which imports pandas: see _arrow.py)
     try:
         scalar = pa.scalar(value, type=t)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
         raise OptionError(f"null_fill[{spec.name!r}] = {value!r} does not fit the column's type {t}: {exc}") from None
-    target = _cast_target(spec, t)
     if target is not None:
         try:
             scalar.cast(target, safe=True)
