@@ -128,3 +128,27 @@ def test_target_verdicts():
     results["a"] = [_row("a", "cold", 0, note="detload filter= not available in this build")]
     verdicts = dict(bs.targets(results))
     assert verdicts["unsorted: (a) within 10 % of (c), cold"] == "not measured: detload filter= not available in this build"
+
+
+def test_layout_is_reported_missing_and_a_present_one_is_used_once(tmp_path, table_dir, monkeypatch):
+    dst = tmp_path / "sorted"
+    if not hasattr(detload, "layout"):
+        assert bs.layout(table_dir, dst) == {"unavailable": "detload.layout not available in this build"}
+    calls = []
+
+    def fake_layout(src, out, *, sort_by):
+        calls.append(sort_by)
+        Path(out).mkdir()
+        pq.write_table(pq.read_table(src).sort_by([(k, "ascending") for k in sort_by]), Path(out) / "part-0.parquet")
+        return "report"
+
+    monkeypatch.setattr(detload, "layout", fake_layout, raising=False)
+    first = bs.layout(table_dir, dst)
+    assert first["reused"] is False and first["report"] == "report" and calls == [["segment", "day"]]
+    assert bs.layout(table_dir, dst)["reused"] is True and len(calls) == 1
+
+    def bad_layout(src, out, **kwargs):
+        raise TypeError("layout() got an unexpected keyword argument 'sort_by'")
+
+    monkeypatch.setattr(detload, "layout", bad_layout)
+    assert "failed: TypeError: layout() got an unexpected keyword argument 'sort_by'" in bs.layout(table_dir, tmp_path / "d2")["unavailable"]
