@@ -17,8 +17,10 @@ that prints a table. ``--tiny`` is a quick check of the whole path.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime as dt
 import json
+import mmap
 import os
 import platform
 import shutil
@@ -148,17 +150,57 @@ def predicted_groups(path: Path, sl: Slice) -> tuple[int, int]:
     return n, size
 
 
-def evict(path: Path) -> None:
-    """Drop the dataset's files from the page cache (advisory; cold runs' read_bytes show whether it worked)."""
+def resident_bytes(path: Path) -> int:
+    """Bytes of the dataset's files now in the page cache (mincore over an untouched mapping)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
     for f in data_files(path):
+        size = f.stat().st_size
+        if not size:
+            continue
         fd = os.open(f, os.O_RDONLY)
         try:
-            # DONTNEED skips dirty pages: without the fsync, the first cold run after generating
-            # the table read 351 of 571 MB from the page cache.
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            if addr in (None, ctypes.c_void_p(-1).value):
+                raise OSError(ctypes.get_errno(), f"mmap {f}")
+            try:
+                vec = np.zeros((size + page - 1) // page, dtype=np.uint8)
+                if libc.mincore(addr, size, vec.ctypes.data) != 0:
+                    raise OSError(ctypes.get_errno(), f"mincore {f}")
+                total += int(np.count_nonzero(vec & 1)) * page
+            finally:
+                libc.munmap(addr, size)
         finally:
             os.close(fd)
+    return total
+
+
+def evict(path: Path, *, tries: int = 5) -> int:
+    """Drop the dataset's files from the page cache; returns the bytes still resident after ``tries``.
+
+    DONTNEED is advisory: it skips dirty pages (hence the fsync: without it the first cold run
+    after generating a table read 351 of 571 MB from the cache) and pages still on a CPU's
+    pending LRU list, so it is repeated until mincore finds (almost) nothing resident.
+    """
+    left = 0
+    for attempt in range(tries):
+        for f in data_files(path):
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        left = resident_bytes(path)
+        if left <= 1 << 20:
+            break
+        time.sleep(0.2 * (attempt + 1))
+    return left
 
 
 def layout(src: Path, dst: Path) -> dict[str, Any]:
@@ -323,9 +365,10 @@ def measure(way: str, data: Path, sl: Slice, args: argparse.Namespace, root: Pat
         shutil.rmtree(cache_dir)
     runs = []
     for i in range(1 + args.warm):
-        if i == 0:
-            evict(data)
+        left = evict(data) if i == 0 else None
         r = run_way(way, data, sl, args, cache_dir)
+        if left is not None:
+            r["resident_before"] = left
         r["run"] = "cold" if i == 0 else "warm"
         runs.append(r)
         if "unavailable" in r or "error" in r:
