@@ -1,7 +1,7 @@
 """Row filters: detload's canonical form of a filter, and the `Filter` object.
 
-`parse_filter` reads a pyarrow.compute expression, a pyarrow DNF list or JSON
-into one canonical JSON tree typed against the dataset's schema, so that equal
+`parse_filter` reads a pyarrow.compute expression, a pyarrow DNF list, JSON
+or filter text (`detload._filter_text`) into one canonical JSON tree typed against the dataset's schema, so that equal
 filters get equal fingerprints whichever form they were written in. A `Filter`
 prunes row groups (`detload._prune`) and selects the exact rows pyarrow's own
 filter keeps.
@@ -32,6 +32,7 @@ from ._filter_scalars import (
     type_name,
     value_type,
 )
+from ._filter_text import TEXT_SYNTAX, TextLiteral, read_filter_text, text_literal_hint
 from ._prune import (
     BloomProbe,
     ColumnStats,
@@ -53,11 +54,12 @@ __all__ = [
     "PruneResult",
     "PruneSource",
     "SUPPORTED_SUBSET",
+    "TEXT_SYNTAX",
     "parse_filter",
     "row_group_stats",
 ]
 
-#: What `parse_filter` accepts: an expression, a DNF list, JSON text or a canonical dict.
+#: What `parse_filter` accepts: an expression, a DNF list, JSON or filter text, or a canonical dict.
 FilterInput = Union[pc.Expression, Sequence[Any], str, Mapping[str, Any], "Filter"]
 
 #: An ``isin`` list longer than this enters the order options as a hash (`Filter.order_value`).
@@ -346,6 +348,11 @@ class _Canonicalizer:
     def literal(self, x: Any, field: str, t: pa.DataType, *, one_zero: bool = True) -> tuple[pa.DataType, Any]:
         if isinstance(x, _Json):
             x = decode_value(value_type(t), x.value, field)
+        elif isinstance(x, TextLiteral):
+            try:
+                return coerce(x.value, field, t, one_zero=one_zero)
+            except OptionError as e:
+                raise OptionError(f"{e}{text_literal_hint(t)}") from None
         return coerce(x, field, t, one_zero=one_zero)
 
     def node(self, raw: Raw) -> dict[str, Any]:
@@ -400,9 +407,11 @@ def parse_filter(
 ) -> Filter:
     """Read a filter in any accepted form into its canonical `Filter`, typed against ``schema``.
 
-    ``filter`` is a pyarrow.compute expression, a pyarrow DNF list, a JSON
-    string (a JSON array is a DNF list, a JSON object a canonical tree), a
-    canonical tree as a dict, or a `Filter`. ``partition_types`` types the Hive
+    ``filter`` is a pyarrow.compute expression, a pyarrow DNF list, a string,
+    a canonical tree as a dict, or a `Filter`. A string whose first non-blank
+    character is ``[`` or ``{`` is JSON (an array is a DNF list, an object a
+    canonical tree); any other string is the filter text syntax
+    (`TEXT_SYNTAX`, e.g. ``market == "US" and day >= 20260101``). ``partition_types`` types the Hive
     partition columns ({"key": "int64" | "string"}). Raises `OptionError` for
     anything outside `SUPPORTED_SUBSET`, unknown columns and ill-typed values.
     """
@@ -418,20 +427,18 @@ def parse_filter(
             same = False
         if not same:
             raise _refuse(filter, "could not be read back exactly")
-    elif isinstance(filter, str):
+    elif isinstance(filter, str) and filter.lstrip()[:1] in ("[", "{"):
         try:
             data = json.loads(filter)
         except json.JSONDecodeError as e:
             raise OptionError(
-                f"filter text {filter!r} is not JSON ({e}); write a JSON DNF list such as "
-                "'[[\"market\", \"==\", \"US\"]]' or a canonical filter object"
+                f"filter text {filter!r} starts with {filter.lstrip()[0]!r}, so it is read as JSON, but is not JSON ({e}); "
+                "write a JSON DNF list such as '[[\"market\", \"==\", \"US\"]]', a canonical filter object, "
+                "or an expression such as 'market == \"US\"'"
             ) from None
-        if isinstance(data, list):
-            raw = _read_dnf(data, from_json=True)
-        elif isinstance(data, dict):
-            raw = _read_canonical(data)
-        else:
-            raise OptionError(f"filter JSON {filter!r} is neither a DNF list (a JSON array) nor a canonical filter (a JSON object)")
+        raw = _read_dnf(data, from_json=True) if isinstance(data, list) else _read_canonical(data)
+    elif isinstance(filter, str):
+        raw = read_filter_text(filter)
     elif isinstance(filter, Mapping):
         raw = _read_canonical(filter)
     elif isinstance(filter, (list, tuple)):
