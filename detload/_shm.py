@@ -129,7 +129,11 @@ def sweep(directory: str, prefix: str) -> int:
 
 
 def pid_alive(pid: int) -> bool:
-    """The process exists and is not a zombie (a killed process nobody reaped yet)."""
+    """The process exists and is not a zombie (a killed process nobody reaped yet).
+
+    The one rule for "is the process that left this alive", for segments here and
+    for the row-group cache's temp files (`_cache._dead_writer`).
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -163,6 +167,9 @@ def sweep_dead(directory: str = SHM_DIR) -> int:
 _ROUND_MIN = 1 << 12
 _ROUND_MAX = 1 << 20
 _FREED = struct.Struct("<q")
+#: On the return pipe, in place of a segment number: the consumer took one block of the
+#: worker's (the credit that bounds the blocks a worker has sent and nobody took yet).
+TAKEN = -1
 
 
 def _capacity(nbytes: int) -> int:
@@ -187,7 +194,7 @@ class WorkerSegments:
     """A worker process's segments: the ones in use and the idle ones it may build in.
 
     ``returns`` is the read end of the pipe on which the consumer sends back the
-    numbers of segments it no longer views.
+    numbers of segments it no longer views, and `TAKEN` for each block it took.
     """
 
     def __init__(self, directory: str, prefix: str, worker: int, returns: Any, reserve: int = 1) -> None:
@@ -206,20 +213,32 @@ class WorkerSegments:
         self._pass_rows = 0
         self.made = 0
         self.reused = 0
+        self.taken = 0  # TAKEN messages read so far
+        self.closed = False  # the consumer closed its end: the pool is closing, or gone
+
+    @property
+    def returns(self) -> Any:
+        return self._returns
 
     def new_pass(self, rows: int) -> None:
         """``rows``: the most rows of any block this worker builds in the pass at hand."""
         self._pass_rows = rows
 
     def collect(self) -> None:
-        """Take in the segments the consumer sent back (also while waiting, so its pipe never fills)."""
+        """Take in the segments the consumer sent back and count the blocks it took (also while
+        waiting, so its pipe never fills)."""
+        if self.closed:
+            return
         while self._returns.poll():
             try:
                 data = self._returns.recv_bytes()
             except (EOFError, OSError):
+                self.closed = True
                 return
             (number,) = _FREED.unpack(data)
-            if number in self._maps:
+            if number == TAKEN:
+                self.taken += 1
+            elif number in self._maps:
                 self._idle.add(number)
 
     def get(self, nbytes: int, rows: int = 0) -> tuple[Segment, np.ndarray]:
@@ -337,7 +356,8 @@ class _Returns:
 
     def send(self, number: int) -> None:
         # A finalizer: never raises. A message is 12 bytes, under PIPE_BUF, so a
-        # write is whole or nothing; a gone worker gives a broken pipe.
+        # write is whole or nothing; a gone worker gives a broken pipe, a closed
+        # pool a closed handle.
         try:
             self.conn.send_bytes(_FREED.pack(number))
         except BlockingIOError:
@@ -414,7 +434,30 @@ class ConsumerSegments:
             return
         self._returns[seg.worker].send(seg.number)
 
+    def taken(self, worker: int) -> None:
+        """The consumer took one of ``worker``'s blocks: it may send one more."""
+        returns = self._returns[worker]
+        if returns.pending:
+            returns.flush()
+        returns.send(TAKEN)
+
+    def flush(self, worker: int) -> None:
+        """Send what did not fit earlier (called while waiting for ``worker``, whose credit may be in it)."""
+        returns = self._returns[worker]
+        if returns.pending:
+            returns.flush()
+
     def close(self) -> None:
-        """Drop the idle mappings; those of live blocks go with their last view."""
-        self._maps.clear()
+        """Unmap the idle segments, close the return pipes; the mappings of live blocks go
+        with their last view."""
+        maps, self._maps = self._maps, {}
+        for mm in maps.values():
+            try:
+                mm.close()
+            except BufferError:  # a block someone keeps still views it
+                pass
+        for returns in self._returns:
+            returns.pending.clear()
+            with contextlib.suppress(OSError):
+                returns.conn.close()
 
