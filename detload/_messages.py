@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import pickle
 import queue
+import select
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, NamedTuple
 
-__all__ = ["CLOSED", "POLL", "STOP", "BlockReady", "PackedError", "Tasks", "WorkerFailed", "pack_exception",
-           "put_until"]
+__all__ = ["CLOSED", "POLL", "STOP", "BlockReady", "PackedError", "Poller", "Tasks", "WorkerFailed",
+           "pack_exception", "put_until"]
 
 #: Seconds between the checks of every wait that must notice something else meanwhile
 #: (a cancelled run, a dead worker or consumer, a closing pool).
@@ -115,3 +116,24 @@ def put_until(q: queue.Queue[Any], item: Any, give_up: Callable[[], bool]) -> bo
         except queue.Full:
             continue
     return False
+
+
+class Poller:
+    """Which of a fixed set of pipe ends (connections or descriptors) can be read (or hit their end).
+
+    ``multiprocessing.connection.wait`` and ``Connection.poll`` build a selector on every
+    call; a hand-over waits once or twice per block on each side, so the set is
+    registered once here and each wait is a single ``poll`` call.
+    """
+
+    def __init__(self, ends: Sequence[Any]) -> None:
+        self._poll = select.poll()
+        self._ends: dict[int, Any] = {}
+        for end in ends:
+            fd = end if isinstance(end, int) else end.fileno()
+            self._poll.register(fd, select.POLLIN)
+            self._ends[fd] = end
+
+    def wait(self, timeout: float) -> list[Any]:
+        """The ends that are ready within ``timeout`` seconds (0: just look)."""
+        return [self._ends[fd] for fd, _ in self._poll.poll(timeout * 1000)]

@@ -43,7 +43,7 @@ from typing import Any, Literal
 from . import _shm, _spawn
 from ._buffers import BlockBuffers
 from ._cache import KeptMappings
-from ._messages import CLOSED, BlockReady, Tasks, WorkerFailed
+from ._messages import CLOSED, BlockReady, Poller, Tasks, WorkerFailed
 from ._worker import Status, Task, ThreadLink, WorkerConfig, _SharedInt, process_main, worker_loop
 from .errors import OptionError, WorkerError
 
@@ -56,14 +56,18 @@ class _Outbox:
     """The merger's end of one worker process's outbox pipe, used like a queue.
 
     A block that leaves it (taken, or released unused) gives the worker its credit
-    back. `qsize` reads what waits in the pipe (for the trace's depth samples) and
-    keeps it here until it is taken.
+    back. ``sent`` is the worker's count of blocks sent (shared memory), so `qsize`
+    (the blocks sent and not yet taken, sampled by the trace at every block) costs
+    no system call.
     """
 
-    def __init__(self, conn: Any, segments: _shm.ConsumerSegments, worker: int) -> None:
+    def __init__(self, conn: Any, segments: _shm.ConsumerSegments, worker: int, sent: _spawn.Slot) -> None:
         self._conn = conn
+        self._ready = Poller([conn])
         self._segments = segments
         self._worker = worker
+        self._sent = sent
+        self._taken = 0
         self._got: deque[Any] = deque()
         self._lock = threading.Lock()
         self.eof = False  # the worker closed its end: it exited
@@ -71,14 +75,15 @@ class _Outbox:
     def _read(self, timeout: float) -> None:
         """Under the lock: one message into ``_got`` if one comes within ``timeout``."""
         try:
-            if self._conn.poll(timeout):
+            if self._ready.wait(timeout):
                 self._got.append(self._conn.recv())
-        except (EOFError, OSError):
+        except (EOFError, OSError, ValueError):  # ValueError: closed meanwhile
             self.eof = True
 
     def _pop(self) -> Any:
         msg = self._got.popleft()
         if type(msg) is BlockReady:
+            self._taken += 1
             self._segments.taken(self._worker)
         return msg
 
@@ -101,12 +106,7 @@ class _Outbox:
         raise queue.Empty
 
     def qsize(self) -> int:
-        with self._lock:
-            n = -1
-            while len(self._got) != n and not self.eof:
-                n = len(self._got)
-                self._read(0)
-            return len(self._got)
+        return max(0, self._sent.value - self._taken)
 
     def close(self) -> list[Any]:
         """Close the pipe; returns what was read and not taken (to be released)."""
@@ -230,11 +230,11 @@ class WorkerPool:
                          names: tuple[str, ...]) -> None:
         ctx = _spawn.context()
         assert self.shm_dir is not None
-        ints = self._ints = _spawn.SharedInts(1 + 4 * self.workers, directory=self.shm_dir)
+        ints = self._ints = _spawn.SharedInts(1 + _spawn.SLOTS_PER_WORKER * self.workers, directory=self.shm_dir)
         self.generation = _spawn.Slot(ints, 0)
         theirs: list[Any] = []  # the workers' ends: closed here once they have their copies
         try:
-            returns, outs = [], []
+            returns, outs, sent = [], [], []
             for i in range(self.workers):
                 in_r, in_w = ctx.Pipe(duplex=False)
                 out_r, out_w = ctx.Pipe(duplex=False)
@@ -243,12 +243,14 @@ class WorkerPool:
                 self.inboxes.append(in_w)
                 outs.append(out_r)
                 returns.append(ret_w)
-                self.statuses.append(Status(_spawn.Window(ints, 1 + 4 * i)))
+                status, count = _spawn.worker_slots(ints, i)
+                self.statuses.append(Status(status))
+                sent.append(count)
                 self.handles.append(ctx.Process(
                     target=process_main, args=(data, i, in_r, out_w, ints, ret_r, prefetch, main, names),
                     name=f"detload-worker-{i}", daemon=True))
             self.segments = _shm.ConsumerSegments(self.shm_dir, returns)
-            self.outboxes = [_Outbox(c, self.segments, i) for i, c in enumerate(outs)]
+            self.outboxes = [_Outbox(c, self.segments, i, n) for i, (c, n) in enumerate(zip(outs, sent))]
             with _spawn.starting():
                 self._sender = _Sender(self.inboxes)
                 for p in self.handles:

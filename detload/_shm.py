@@ -31,6 +31,7 @@ import errno
 import mmap
 import os
 import re
+import select
 import struct
 import tempfile
 import weakref
@@ -203,6 +204,8 @@ class WorkerSegments:
         self.worker = worker
         self.reserve = reserve
         self._returns = returns
+        self._returned = select.poll()  # see _messages.Poller: collect() runs once or twice per block
+        self._returned.register(returns.fileno(), select.POLLIN)
         self._maps: dict[int, mmap.mmap] = {}
         self._capacity: dict[int, int] = {}
         self._idle: set[int] = set()
@@ -229,7 +232,7 @@ class WorkerSegments:
         waiting, so its pipe never fills)."""
         if self.closed:
             return
-        while self._returns.poll():
+        while self._returned.poll(0):
             try:
                 data = self._returns.recv_bytes()
             except (EOFError, OSError):

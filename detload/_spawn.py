@@ -20,7 +20,8 @@ Two things multiprocessing does by default do not suit a loader:
   worker ignores it before it unblocks it.
 
 `SharedInts` holds what the pool and its worker processes both read: the
-generation and each worker's status.
+generation and, per worker, its status and the number of blocks it sent
+(`worker_slots`).
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ from typing import Any
 
 from .errors import DetloadError
 
-__all__ = ["MainReentered", "MainSource", "SharedInts", "Slot", "Window", "check_not_importing_main", "context",
-           "ignore_sigint", "import_main", "main_references", "main_source", "starting", "unimportable_main"]
+__all__ = ["SLOTS_PER_WORKER", "MainReentered", "MainSource", "SharedInts", "Slot", "Window",
+           "check_not_importing_main", "context", "ignore_sigint", "import_main", "main_references", "main_source",
+           "starting", "unimportable_main", "worker_slots"]
 
 #: How a worker imports the main module: ("init_main_from_name", module) or ("init_main_from_path", file),
 #: as multiprocessing's preparation data names it.
@@ -218,6 +220,16 @@ def _nameless_file(directory: str) -> int:
         fd, path = tempfile.mkstemp(prefix="detload-ctl-", dir=directory)
         os.unlink(path)
         return fd
+
+
+#: Per worker: generation, block, file, row group of its status (see _worker.Status), blocks sent.
+SLOTS_PER_WORKER = 5
+
+
+def worker_slots(ints: SharedInts, worker: int) -> tuple[Window, Slot]:
+    """Worker ``worker``'s status slots and its count of blocks sent (slot 0 is the generation)."""
+    base = 1 + SLOTS_PER_WORKER * worker
+    return Window(ints, base), Slot(ints, base + 4)
 
 
 def _attach(n: int, fd: Any) -> SharedInts:

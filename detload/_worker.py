@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import multiprocessing as mp
-import multiprocessing.connection as mp_connection
 import os
 import pickle
 import platform
@@ -36,7 +35,7 @@ from ._block import Layout, assemble
 from ._buffers import BlockBuffers
 from ._cache import CacheConfig, KeptMappings, RowGroupCache
 from ._dataset import _etag
-from ._messages import CLOSED, POLL, STOP, BlockReady, Tasks, WorkerFailed, pack_exception, put_until
+from ._messages import CLOSED, POLL, STOP, BlockReady, Poller, Tasks, WorkerFailed, pack_exception, put_until
 from ._remote import describe_attempts
 from ._spawn import MainSource, SharedInts
 from ._types import Column, ColumnSpec, Ragged, UnitColumns, column_spec, convert_column
@@ -527,7 +526,7 @@ class ProcessLink:
     """
 
     def __init__(self, cfg: WorkerConfig, inbox: Any, outbox: Any, segs: _shm.WorkerSegments,
-                 prefetch: int, generation: Any) -> None:
+                 prefetch: int, generation: Any, sent: Any) -> None:
         self.cfg = cfg
         self.inbox = inbox
         self.outbox = outbox
@@ -536,12 +535,15 @@ class ProcessLink:
         self.generation = generation
         parent = mp.parent_process()
         self._parent = parent.sentinel if parent is not None else None
+        watch = [] if self._parent is None else [self._parent]
+        self._for_work = Poller([inbox, segs.returns, *watch])
+        self._for_room = Poller([segs.returns, *watch])
         self._sent = 0
+        self._shared_sent = sent  # the same count, for the consumer's depth samples
         self.gone = False  # the consumer died or closed the pool: leave
 
-    def _wait(self, conns: list[Any]) -> list[Any]:
-        waits = conns if self._parent is None else [*conns, self._parent]
-        ready = mp_connection.wait(waits, timeout=POLL)
+    def _wait(self, poller: Poller) -> list[Any]:
+        ready = poller.wait(POLL)
         parent_exited = self._parent is not None and self._parent in ready
         # Timed out: the slower checks (a consumer gone while its pipe lives on; a closing pool).
         if parent_exited or (not ready and (not _shm.pid_alive(self.cfg.parent_pid)
@@ -557,7 +559,7 @@ class ProcessLink:
         """The next task message; None if none came within `POLL`; `STOP` when it is time to go."""
         if self.gone:
             return STOP
-        ready = self._wait([self.inbox, self.segs.returns])
+        ready = self._wait(self._for_work)
         if self.gone:
             return STOP
         if self.inbox not in ready:
@@ -572,9 +574,10 @@ class ProcessLink:
         if isinstance(msg, WorkerFailed):
             return not (self.gone or stale()) and self._write(msg)
         segs = self.segs
-        segs.collect()
+        if self._sent - segs.taken >= self.prefetch:
+            segs.collect()
         while self._sent - segs.taken >= self.prefetch and not (self.gone or stale()):
-            self._wait([segs.returns])
+            self._wait(self._for_room)
         if self.gone or stale():
             _release(segs, msg.payload)
             return False
@@ -585,6 +588,7 @@ class ProcessLink:
             _release(segs, msg.payload)
             return False
         self._sent += 1
+        self._shared_sent.value = self._sent
         return True
 
     def _write(self, msg: BlockReady | WorkerFailed) -> bool:
@@ -682,7 +686,7 @@ def process_main(cfg_data: bytes, index: int, inbox: Any, outbox: Any, ints: Sha
     """Entry point of a worker process.
 
     ``cfg_data`` is the pickled `WorkerConfig`; ``ints`` holds the generation (slot 0)
-    and four status slots per worker; ``returns`` brings back the segments the
+    and each worker's slots (`_spawn.worker_slots`); ``returns`` brings back the segments the
     consumer is done with and its `_shm.TAKEN` credits; ``main`` is set when the
     configuration refers to ``main_names`` of the main module, which must then be
     imported first. A failure to start is sent as one `WorkerFailed` saying what to
@@ -711,9 +715,10 @@ def process_main(cfg_data: bytes, index: int, inbox: Any, outbox: Any, ints: Sha
                                      _start_hint(stage, exc, main, main_names)))
         raise SystemExit(1) from None
     generation = _spawn.Slot(ints, 0)
-    link = ProcessLink(cfg, inbox, outbox, segs, prefetch, generation)
+    status, sent = _spawn.worker_slots(ints, index)
+    link = ProcessLink(cfg, inbox, outbox, segs, prefetch, generation, sent)
     try:
-        worker_loop(cfg, index, link, generation, Status(_spawn.Window(ints, 1 + 4 * index)), segs)
+        worker_loop(cfg, index, link, generation, Status(status), segs)
     except Exception as exc:  # a bug outside any block: reported, not printed
         link.send(WorkerFailed(-1, -1, pack_exception(exc), None, "worker"), lambda: False)
         raise SystemExit(1) from None

@@ -162,7 +162,15 @@ def test_close_releases_a_pool_whose_start_was_refused(root, monkeypatch):
 def test_iterating_again_after_a_worker_died_fails_at_once(root, leak_check, when):
     """The next iter() raises a WorkerError saying the worker died earlier and the loader must
     be made again, before any batch; never a report of the dead worker as busy."""
-    with Loader(root, batch_size=100, seed=4, shuffle_window=2, workers=3, pool="process") as loader:
+    opts = dict(batch_size=100, seed=4, shuffle_window=2, workers=3, pool="process")
+    hooks = None
+    if when == "mid-pass":  # worker 1 is still on its last block when it dies
+        with Loader(root, **opts) as probe:
+            sched = probe.plan().schedule
+            u = sched[max(k for k in range(len(sched)) if k % 3 == 1)].units[0]
+            hooks = DebugHooks(stall_unit=(probe.dataset.files[int(probe._unit_files[u])].path,
+                                           int(probe._unit_rgs[u])), stall_seconds=600.0)
+    with Loader(root, _debug=hooks, **opts) as loader:
         it = iter(loader)
         next(it)
         pids = leak_check.track(loader)
