@@ -357,11 +357,10 @@ try:
     from detload import Loader
     print("READY", flush=True)
     with Loader(sys.argv[1], batch_size=100, seed=1, workers=3, pool="process") as loader:
-        for epoch in range(2):
+        for epoch in range(10**6):  # until interrupted
             loader.set_epoch(epoch)
             for _ in loader:
                 pass
-    print("DONE", flush=True)
 except KeyboardInterrupt:
     sys.stderr.write("interrupted\\n")
     sys.exit(130)
@@ -377,7 +376,6 @@ def test_ctrl_c_at_any_moment_of_start_up_prints_no_traceback(root):
 
     rng = random.Random(6)
     rounds = 40 if os.environ.get("DETLOAD_FULL") == "1" else 4
-    outcomes = []
     for r in range(rounds):
         # Spread over start-up: the forkserver's imports, the workers' start, the first blocks.
         delay = (r % 4) * 0.35 + rng.random() * 0.35
@@ -388,7 +386,7 @@ def test_ctrl_c_at_any_moment_of_start_up_prints_no_traceback(root):
             time.sleep(delay)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGINT)
-            out, err = proc.communicate(timeout=20)
+            _, err = proc.communicate(timeout=20)
             pid = proc.pid
             wait_until(lambda pid=pid: _group_gone(pid), 3.0)
             wait_until(lambda pid=pid: not shm_segments(pid), 2.0)
@@ -396,9 +394,4 @@ def test_ctrl_c_at_any_moment_of_start_up_prints_no_traceback(root):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        outcomes.append(proc.returncode)
-        if proc.returncode == 0:  # done before the signal came
-            assert "DONE" in out and err == "", err
-        else:
-            assert proc.returncode == 130 and err == "interrupted\n", f"after {delay:.2f} s:\n{err}"
-    assert 130 in outcomes
+        assert proc.returncode == 130 and err == "interrupted\n", f"after {delay:.2f} s: {proc.returncode}\n{err}"
