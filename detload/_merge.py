@@ -237,7 +237,7 @@ class Run:
                     except queue.Empty:
                         raise self._death(w, k, st) from None
                 else:
-                    pool.flush(w)  # credits that did not fit its return pipe earlier
+                    pool.flush(w)  # credits and segments that did not fit its pipes earlier
                     if st != last_status:
                         last_status = st
                         deadline = time.monotonic() + self.stall_timeout if self.stall_timeout else None

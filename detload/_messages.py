@@ -11,11 +11,12 @@ from __future__ import annotations
 import pickle
 import queue
 import select
+import struct
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, NamedTuple
 
-__all__ = ["CLOSED", "POLL", "STOP", "BlockReady", "PackedError", "Poller", "Tasks", "WorkerFailed",
+__all__ = ["CLOSED", "CREDIT", "POLL", "STOP", "BlockReady", "PackedError", "Poller", "Tasks", "WorkerFailed",
            "pack_exception", "put_until"]
 
 #: Seconds between the checks of every wait that must notice something else meanwhile
@@ -23,6 +24,8 @@ __all__ = ["CLOSED", "POLL", "STOP", "BlockReady", "PackedError", "Poller", "Tas
 POLL = 0.05
 #: The generation of a closing pool: every task is stale, also those queued ahead.
 CLOSED = 2**62
+#: On a process worker's credit pipe: how many of its blocks the consumer took since the last message.
+CREDIT = struct.Struct("<q")
 
 
 class _Stop:

@@ -18,8 +18,11 @@ worker has three:
 - its outbox (worker to merger): `BlockReady` and `WorkerFailed`. The merger's
   end (`_Outbox`) gives the worker one credit back for each block it takes, so a
   worker holds at most ``prefetch`` finished blocks nobody took;
-- its return pipe (consumer to worker): segments the consumer no longer views,
-  and those credits (see _shm.py).
+- its credit pipe (consumer to worker): how many of its blocks were taken. It is
+  apart from the return pipe below so that a waiting worker wakes for credit
+  only, not for every segment that comes back;
+- its return pipe (consumer to worker): segments the consumer no longer views
+  (see _shm.py).
 
 `close()` releases every descriptor, process, mapping and thread the pool
 holds, and forgets them, so that whatever still refers to the pool (an
@@ -43,7 +46,7 @@ from typing import Any, Literal
 from . import _shm, _spawn
 from ._buffers import BlockBuffers
 from ._cache import KeptMappings
-from ._messages import CLOSED, BlockReady, Poller, Tasks, WorkerFailed
+from ._messages import CLOSED, CREDIT, BlockReady, Poller, Tasks, WorkerFailed
 from ._worker import Status, Task, ThreadLink, WorkerConfig, _SharedInt, process_main, worker_loop
 from .errors import OptionError, WorkerError
 
@@ -56,16 +59,19 @@ class _Outbox:
     """The merger's end of one worker process's outbox pipe, used like a queue.
 
     A block that leaves it (taken, or released unused) gives the worker its credit
-    back. ``sent`` is the worker's count of blocks sent (shared memory), so `qsize`
-    (the blocks sent and not yet taken, sampled by the trace at every block) costs
-    no system call.
+    back on ``credit``, a non-blocking pipe: what does not fit is owed and sent with
+    the next one, or by `flush` while the merger waits for this worker. ``sent`` is
+    the worker's count of blocks sent (shared memory), so `qsize` (the blocks sent
+    and not yet taken, sampled by the trace at every block) costs no system call.
     """
 
-    def __init__(self, conn: Any, segments: _shm.ConsumerSegments, worker: int, sent: _spawn.Slot) -> None:
+    def __init__(self, conn: Any, credit: Any, sent: _spawn.Slot) -> None:
         self._conn = conn
         self._ready = Poller([conn])
-        self._segments = segments
-        self._worker = worker
+        self._credit = credit
+        with contextlib.suppress(OSError, ValueError):
+            os.set_blocking(credit.fileno(), False)
+        self._owed = 0
         self._sent = sent
         self._taken = 0
         self._got: deque[Any] = deque()
@@ -84,8 +90,24 @@ class _Outbox:
         msg = self._got.popleft()
         if type(msg) is BlockReady:
             self._taken += 1
-            self._segments.taken(self._worker)
+            self._owed += 1
+            self._give()
         return msg
+
+    def _give(self) -> None:
+        """Under the lock: send the credit owed (a message of 12 bytes is written whole or not at all)."""
+        try:
+            self._credit.send_bytes(CREDIT.pack(self._owed))
+            self._owed = 0
+        except BlockingIOError:  # the worker has not read its credits: they wait here
+            pass
+        except (OSError, ValueError):  # a dead worker, or a closed pool
+            self._owed = 0
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._owed:
+                self._give()
 
     def get(self, timeout: float) -> Any:
         with self._lock:
@@ -114,8 +136,9 @@ class _Outbox:
             left = list(self._got)
             self._got.clear()
             self.eof = True
-            with contextlib.suppress(OSError):
-                self._conn.close()
+            for conn in (self._conn, self._credit):
+                with contextlib.suppress(OSError):
+                    conn.close()
         return left
 
 
@@ -238,19 +261,21 @@ class WorkerPool:
             for i in range(self.workers):
                 in_r, in_w = ctx.Pipe(duplex=False)
                 out_r, out_w = ctx.Pipe(duplex=False)
+                credit_r, credit_w = ctx.Pipe(duplex=False)
                 ret_r, ret_w = ctx.Pipe(duplex=False)
-                theirs += [in_r, out_w, ret_r]
+                theirs += [in_r, out_w, credit_r, ret_r]
                 self.inboxes.append(in_w)
-                outs.append(out_r)
+                outs.append((out_r, credit_w))
                 returns.append(ret_w)
                 status, count = _spawn.worker_slots(ints, i)
                 self.statuses.append(Status(status))
                 sent.append(count)
                 self.handles.append(ctx.Process(
-                    target=process_main, args=(data, i, in_r, out_w, ints, ret_r, prefetch, main, names),
+                    target=process_main,
+                    args=(data, i, in_r, out_w, credit_r, ints, ret_r, prefetch, main, names),
                     name=f"detload-worker-{i}", daemon=True))
             self.segments = _shm.ConsumerSegments(self.shm_dir, returns)
-            self.outboxes = [_Outbox(c, self.segments, i, n) for i, (c, n) in enumerate(zip(outs, sent))]
+            self.outboxes = [_Outbox(out, credit, n) for (out, credit), n in zip(outs, sent)]
             with _spawn.starting():
                 self._sender = _Sender(self.inboxes)
                 for p in self.handles:
@@ -299,9 +324,12 @@ class WorkerPool:
         return msg
 
     def flush(self, w: int) -> None:
-        """While waiting for worker ``w``: send it what did not fit its return pipe earlier."""
+        """While waiting for worker ``w``: send it what did not fit its pipes earlier."""
         if self.segments is not None:
             self.segments.flush(w)
+        out = self.outboxes[w]
+        if isinstance(out, _Outbox):
+            out.flush()
 
     def depths(self) -> tuple[int, ...]:
         """Finished blocks waiting for the merger, per worker (-1 where unknown)."""

@@ -168,9 +168,6 @@ def sweep_dead(directory: str = SHM_DIR) -> int:
 _ROUND_MIN = 1 << 12
 _ROUND_MAX = 1 << 20
 _FREED = struct.Struct("<q")
-#: On the return pipe, in place of a segment number: the consumer took one block of the
-#: worker's (the credit that bounds the blocks a worker has sent and nobody took yet).
-TAKEN = -1
 
 
 def _capacity(nbytes: int) -> int:
@@ -195,7 +192,7 @@ class WorkerSegments:
     """A worker process's segments: the ones in use and the idle ones it may build in.
 
     ``returns`` is the read end of the pipe on which the consumer sends back the
-    numbers of segments it no longer views, and `TAKEN` for each block it took.
+    numbers of segments it no longer views.
     """
 
     def __init__(self, directory: str, prefix: str, worker: int, returns: Any, reserve: int = 1) -> None:
@@ -216,7 +213,6 @@ class WorkerSegments:
         self._pass_rows = 0
         self.made = 0
         self.reused = 0
-        self.taken = 0  # TAKEN messages read so far
         self.closed = False  # the consumer closed its end: the pool is closing, or gone
 
     @property
@@ -228,8 +224,7 @@ class WorkerSegments:
         self._pass_rows = rows
 
     def collect(self) -> None:
-        """Take in the segments the consumer sent back and count the blocks it took (also while
-        waiting, so its pipe never fills)."""
+        """Take in the segments the consumer sent back (also while waiting, so its pipe never fills)."""
         if self.closed:
             return
         while self._returned.poll(0):
@@ -239,9 +234,7 @@ class WorkerSegments:
                 self.closed = True
                 return
             (number,) = _FREED.unpack(data)
-            if number == TAKEN:
-                self.taken += 1
-            elif number in self._maps:
+            if number in self._maps:
                 self._idle.add(number)
 
     def get(self, nbytes: int, rows: int = 0) -> tuple[Segment, np.ndarray]:
@@ -437,15 +430,8 @@ class ConsumerSegments:
             return
         self._returns[seg.worker].send(seg.number)
 
-    def taken(self, worker: int) -> None:
-        """The consumer took one of ``worker``'s blocks: it may send one more."""
-        returns = self._returns[worker]
-        if returns.pending:
-            returns.flush()
-        returns.send(TAKEN)
-
     def flush(self, worker: int) -> None:
-        """Send what did not fit earlier (called while waiting for ``worker``, whose credit may be in it)."""
+        """Send what did not fit earlier (called while waiting for ``worker``)."""
         returns = self._returns[worker]
         if returns.pending:
             returns.flush()

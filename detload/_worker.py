@@ -35,7 +35,7 @@ from ._block import Layout, assemble
 from ._buffers import BlockBuffers
 from ._cache import CacheConfig, KeptMappings, RowGroupCache
 from ._dataset import _etag
-from ._messages import CLOSED, POLL, STOP, BlockReady, Poller, Tasks, WorkerFailed, pack_exception, put_until
+from ._messages import CLOSED, CREDIT, POLL, STOP, BlockReady, Poller, Tasks, WorkerFailed, pack_exception, put_until
 from ._remote import describe_attempts
 from ._spawn import MainSource, SharedInts
 from ._types import Column, ColumnSpec, Ragged, UnitColumns, column_spec, convert_column
@@ -515,7 +515,9 @@ class ProcessLink:
 
     Tasks come on ``inbox`` (its end closed: stop). Messages go on ``outbox``;
     blocks only while fewer than ``prefetch`` are sent and not yet taken: the
-    consumer writes `_shm.TAKEN` on the return pipe for each block it takes.
+    consumer says on ``credit`` how many it took. Segments that come back are
+    taken in when a block is built and on every wait's timeout, never woken for
+    (each would cost both sides a wake-up).
     Every wait also watches the consumer, through the pipe multiprocessing keeps
     to the process that started this one: it closes when that process exits,
     even while it is a zombie nobody reaped yet, so an orphaned worker leaves at
@@ -525,20 +527,23 @@ class ProcessLink:
     wait that times out also checks the consumer's pid.
     """
 
-    def __init__(self, cfg: WorkerConfig, inbox: Any, outbox: Any, segs: _shm.WorkerSegments,
+    def __init__(self, cfg: WorkerConfig, inbox: Any, outbox: Any, credit: Any, segs: _shm.WorkerSegments,
                  prefetch: int, generation: Any, sent: Any) -> None:
         self.cfg = cfg
         self.inbox = inbox
         self.outbox = outbox
+        self.credit = credit
         self.segs = segs
         self.prefetch = prefetch
         self.generation = generation
         parent = mp.parent_process()
         self._parent = parent.sentinel if parent is not None else None
         watch = [] if self._parent is None else [self._parent]
-        self._for_work = Poller([inbox, segs.returns, *watch])
-        self._for_room = Poller([segs.returns, *watch])
+        self._for_work = Poller([inbox, *watch])
+        self._for_room = Poller([credit, *watch])
+        self._credits = Poller([credit])
         self._sent = 0
+        self._taken = 0
         self._shared_sent = sent  # the same count, for the consumer's depth samples
         self.gone = False  # the consumer died or closed the pool: leave
 
@@ -549,11 +554,22 @@ class ProcessLink:
         if parent_exited or (not ready and (not _shm.pid_alive(self.cfg.parent_pid)
                                             or self.generation.value >= CLOSED)):
             self.gone = True
-        if self.segs.returns in ready:
+        if self.credit in ready:
+            self._take_credits()
+        elif not ready:
             self.segs.collect()
             if self.segs.closed:
                 self.gone = True
         return ready
+
+    def _take_credits(self) -> None:
+        while self._credits.wait(0):
+            try:
+                (n,) = CREDIT.unpack(self.credit.recv_bytes())
+            except (EOFError, OSError):  # the pool closed its end: it is closing
+                self.gone = True
+                return
+            self._taken += n
 
     def receive(self) -> Tasks | object | None:
         """The next task message; None if none came within `POLL`; `STOP` when it is time to go."""
@@ -574,9 +590,9 @@ class ProcessLink:
         if isinstance(msg, WorkerFailed):
             return not (self.gone or stale()) and self._write(msg)
         segs = self.segs
-        if self._sent - segs.taken >= self.prefetch:
-            segs.collect()
-        while self._sent - segs.taken >= self.prefetch and not (self.gone or stale()):
+        if self._sent - self._taken >= self.prefetch:
+            self._take_credits()
+        while self._sent - self._taken >= self.prefetch and not (self.gone or stale()):
             self._wait(self._for_room)
         if self.gone or stale():
             _release(segs, msg.payload)
@@ -681,13 +697,13 @@ class _SharedInt:
         self.value = v
 
 
-def process_main(cfg_data: bytes, index: int, inbox: Any, outbox: Any, ints: SharedInts, returns: Any,
+def process_main(cfg_data: bytes, index: int, inbox: Any, outbox: Any, credit: Any, ints: SharedInts, returns: Any,
                  prefetch: int, main: MainSource | None = None, main_names: tuple[str, ...] = ()) -> None:
     """Entry point of a worker process.
 
     ``cfg_data`` is the pickled `WorkerConfig`; ``ints`` holds the generation (slot 0)
-    and each worker's slots (`_spawn.worker_slots`); ``returns`` brings back the segments the
-    consumer is done with and its `_shm.TAKEN` credits; ``main`` is set when the
+    and each worker's slots (`_spawn.worker_slots`); ``credit`` says how many of its blocks
+    the consumer took; ``returns`` brings back the segments it is done with; ``main`` is set when the
     configuration refers to ``main_names`` of the main module, which must then be
     imported first. A failure to start is sent as one `WorkerFailed` saying what to
     do; nothing is printed here.
@@ -716,7 +732,7 @@ def process_main(cfg_data: bytes, index: int, inbox: Any, outbox: Any, ints: Sha
         raise SystemExit(1) from None
     generation = _spawn.Slot(ints, 0)
     status, sent = _spawn.worker_slots(ints, index)
-    link = ProcessLink(cfg, inbox, outbox, segs, prefetch, generation, sent)
+    link = ProcessLink(cfg, inbox, outbox, credit, segs, prefetch, generation, sent)
     try:
         worker_loop(cfg, index, link, generation, Status(status), segs)
     except Exception as exc:  # a bug outside any block: reported, not printed
