@@ -10,7 +10,7 @@ bounded one. Process workers (started by _spawn.py: forkserver, never fork)
 talk through plain pipes, without ``multiprocessing.Queue``: no semaphores
 (nothing a SIGKILLed process group could leave in /dev/shm, no resource-tracker
 warnings), no feeder threads, and every descriptor dies with its process. Each
-worker has three:
+worker has four:
 
 - its inbox (pool to worker): `Tasks`, written by the pool's sender thread, since
   a pass's task list can exceed a pipe's buffer while the worker is busy and the
