@@ -31,6 +31,7 @@ import pyarrow.fs as pafs
 import xxhash
 
 from ._remote import object_uri
+from ._shm import pid_alive
 from ._types import Column, ColumnSpec, Ragged, UnitColumns, type_mapping_version
 from .errors import OptionError
 
@@ -289,17 +290,16 @@ def _walk_entries(objects: str) -> Iterator[tuple[str, str, os.stat_result]]:
 
 
 def _dead_writer(name: str, host: str) -> bool:
-    """Temp and marker names carry ``<host>-<pid>-``; a writer of this host that is gone left them."""
+    """Temp and marker names carry ``<host>-<pid>-``; a writer of this host that is gone left them.
+
+    Gone by the rule `_shm.pid_alive` applies to segments: a killed writer stays a zombie
+    until its parent reaps it (a second or two for a pool's worker), and its file must not
+    outlive it that long, nor count towards the usage of the run that starts meanwhile.
+    """
     parts = name.split("-")
     if len(parts) < 3 or parts[0] != _safe_host(host) or not parts[1].isdigit():
         return False
-    try:
-        os.kill(int(parts[1]), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    return not pid_alive(int(parts[1]))
 
 
 def _safe_host(host: str) -> str:

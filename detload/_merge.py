@@ -12,6 +12,7 @@ import contextlib
 import queue
 import threading
 import time
+import traceback
 import warnings
 from collections import deque
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ import numpy as np
 
 from ._block import views
 from ._cache import CacheWarning
+from ._messages import POLL, BlockReady, WorkerFailed, put_until
 from ._pool import WorkerPool
 from ._trace import MERGER, Tracer
 from ._types import Column, ColumnSpec, Ragged
@@ -32,7 +34,6 @@ from .plan import Plan
 
 __all__ = ["END", "Failure", "Run", "make_tasks"]
 
-_POLL = 0.05
 # Warning classes a worker process may raise, by name (see _worker._forward_warnings).
 _WARNING_CLASSES: dict[str, type[Warning]] = {"CacheWarning": CacheWarning}
 STOPPED = ("this iteration was stopped: the loader started a new iteration, changed epoch "
@@ -197,6 +198,7 @@ class Run:
             return
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the consumer
             self.pool.cancel(self.gen)
+            _forget_frames(exc)
             try:
                 self._emit(Failure(exc))
             except _Cancelled:
@@ -209,24 +211,12 @@ class Run:
         except queue.Full:
             pass
         t0 = time.perf_counter()
-        while True:
-            if self._cancel.is_set():
-                raise _Cancelled
-            try:
-                self.ready.put(item, timeout=_POLL)
-                break
-            except queue.Full:
-                continue
+        if not put_until(self.ready, item, self._cancel.is_set):
+            raise _Cancelled
         self.tracer.span("merge_output_wait", MERGER, t0, time.perf_counter())
 
     def _sample_depths(self, t: float) -> None:
-        depths = []
-        for q in self.pool.outboxes:
-            try:
-                depths.append(q.qsize())
-            except (NotImplementedError, OSError, ValueError):  # macOS mp queues
-                depths.append(-1)
-        self.tracer.depth(t, tuple(depths), self.ready.qsize())
+        self.tracer.depth(t, self.pool.depths(), self.ready.qsize())
 
     def _take(self, w: int, k: int) -> dict[str, Column]:
         pool = self.pool
@@ -237,33 +227,31 @@ class Run:
             if self._cancel.is_set():
                 raise _Cancelled
             try:
-                item = pool.get(w, timeout=_POLL)
+                msg = pool.get(w, timeout=POLL)
             except queue.Empty:
                 st = pool.statuses[w].get()
                 if not pool.alive(w):
-                    raise WorkerError(
-                        f"{pool.describe_death(w)} while producing block "
-                        f"{st[1] if st[0] == self.gen and st[1] >= 0 else k} ({self._where(st)}); "
-                        f"block {k} is the first it did not hand over. Every batch yielded "
-                        "before this error is intact.",
-                        worker=w, unit=self._unit(st),
-                    ) from None
-                if st != last_status:
-                    last_status = st
-                    deadline = time.monotonic() + self.stall_timeout if self.stall_timeout else None
-                elif deadline is not None and time.monotonic() > deadline:
-                    raise WorkerStalledError(
-                        f"worker {w} made no progress for {self.stall_timeout:g} s on block {k} "
-                        f"({self._where(st)}). A stalled read (network, disk)? Raise "
-                        "stall_timeout, or pass stall_timeout=None to wait forever.",
-                        worker=w, unit=self._unit(st),
-                    ) from None
-                continue
-            except (EOFError, OSError) as exc:
-                raise WorkerError(f"lost the queue of worker {w}: {exc}", worker=w) from None
-            if item[1] != self.gen:
-                pool.release(item)
-                if item[1] > self.gen:
+                    # What it sent before it went still waits in its pipe (a start-up failure).
+                    try:
+                        msg = pool.get_nowait(w)
+                    except queue.Empty:
+                        raise self._death(w, k, st) from None
+                else:
+                    pool.flush(w)  # credits and segments that did not fit its pipes earlier
+                    if st != last_status:
+                        last_status = st
+                        deadline = time.monotonic() + self.stall_timeout if self.stall_timeout else None
+                    elif deadline is not None and time.monotonic() > deadline:
+                        raise WorkerStalledError(
+                            f"worker {w} made no progress for {self.stall_timeout:g} s on block {k} "
+                            f"({self._where(st)}). A stalled read (network, disk)? Raise "
+                            "stall_timeout, or pass stall_timeout=None to wait forever.",
+                            worker=w, unit=self._unit(st),
+                        ) from None
+                    continue
+            if msg.gen != self.gen and msg.gen != -1:
+                pool.release(msg)
+                if msg.gen > self.gen:
                     # A block built ahead for the next pass: a worker starts those only after
                     # dropping the rest of this one, so this run is being stopped mid-way,
                     # which also cancelled what was built ahead (see stop()).
@@ -271,18 +259,35 @@ class Run:
                         raise _Cancelled
                     raise DetloadError(  # pragma: no cover - would be a scheduling bug
                         f"internal error: worker {w} sent a block of a later pass "
-                        f"(generation {item[1]}) before block {k} of this one")
+                        f"(generation {msg.gen}) before block {k} of this one")
                 continue
-            if item[0] == "err":
-                self._raise_worker_error(w, item)
-            _, _, kk, payload, layout, timings = item
-            if kk != k:  # pragma: no cover - would be a scheduling bug
-                raise DetloadError(f"internal error: worker {w} sent block {kk}, expected {k}")
-            return self._accept(w, t0, payload, layout, timings)
+            if type(msg) is WorkerFailed:
+                self._raise_worker_error(w, msg)
+            if msg.k != k:  # pragma: no cover - would be a scheduling bug
+                raise DetloadError(f"internal error: worker {w} sent block {msg.k}, expected {k}")
+            return self._accept(w, t0, msg)
 
-    def _accept(self, w: int, t0: float, payload: Any, layout: Any, timings: Any) -> dict[str, Column]:
+    def _death(self, w: int, k: int, st: tuple[int, int, int, int]) -> WorkerError:
+        """The error for worker ``w``, found dead while the merger waited for its block ``k``."""
+        u = self._unit(st)
+        if u is None:
+            doing = f"waiting to produce block {k} (between row groups)"
+        elif st[0] == self.gen:
+            doing = f"producing block {st[1]} (reading {u[0]} row group {u[1]})"
+        else:
+            # A read it had started for another pass (one built ahead that this pass did not use).
+            which = "an earlier pass" if st[0] < self.gen else "the next pass"
+            doing = f"reading {u[0]} row group {u[1]} for a block of {which}"
+        return WorkerError(
+            f"{self.pool.describe_death(w)} while {doing}; block {k} is the first of this pass it "
+            "did not hand over. Every batch yielded before this error is intact.",
+            worker=w, unit=u,
+        )
+
+    def _accept(self, w: int, t0: float, msg: BlockReady) -> dict[str, Column]:
         pool = self.pool
-        buf = pool.attach(payload, layout.nbytes)
+        layout, timings = msg.layout, msg.timings
+        buf = pool.attach(msg.payload, layout.nbytes)
         t1 = time.perf_counter()
         tr = self.tracer
         tr.span("merge_wait", MERGER, t0, t1)
@@ -306,20 +311,24 @@ class Run:
                 if rr[1 + w] <= 0:
                     continue
                 try:
-                    item = pool.outboxes[w].get_nowait()
+                    msg = pool.get_nowait(w)
                 except queue.Empty:
                     continue
-                if item[1] != self.gen:
-                    pool.release(item)
+                if msg.gen != self.gen and msg.gen != -1:
+                    pool.release(msg)
                     continue
-                if item[0] == "err":
-                    self._raise_worker_error(w, item)
+                if type(msg) is WorkerFailed:
+                    self._raise_worker_error(w, msg)
                 rr[0] = (w + 1) % W
                 rr[1 + w] -= 1
-                _, _, kk, payload, layout, timings = item
-                return kk, self._accept(w, t0, payload, layout, timings)
+                return msg.k, self._accept(w, t0, msg)
             for w in range(W):
                 if rr[1 + w] > 0 and not pool.alive(w):
+                    with contextlib.suppress(queue.Empty):  # what it sent before it went
+                        msg = pool.get_nowait(w)
+                        if type(msg) is WorkerFailed:
+                            self._raise_worker_error(w, msg)
+                        pool.release(msg)
                     raise WorkerError(f"{pool.describe_death(w)}", worker=w)
             time.sleep(0.0005)
 
@@ -336,19 +345,29 @@ class Run:
             where += ", for a block of another pass that it must finish first"
         return where
 
-    def _raise_worker_error(self, w: int, item: tuple[Any, ...]) -> None:
-        _, _, k, (tname, msg, tb, exc), unit = item
-        where = f"{unit[0]} row group {unit[1]}" if unit else f"block {k}"
+    def _raise_worker_error(self, w: int, msg: WorkerFailed) -> None:
+        err = msg.error
+        if msg.stage != "block":
+            pids = self.pool.pids()
+            who = f"worker process {w}" + (f" (pid {pids[w]})" if w < len(pids) else "")
+            what = "failed at start-up" if msg.stage == "start" else "failed between blocks"
+            # With a hint the cause is known: the traceback stays in .worker_traceback.
+            text = (f"{who} {what}: {msg.hint}" if msg.hint else
+                    f"{who} {what}: {err.type_name}: {err.message}\n\nWorker traceback:\n{err.traceback}")
+            raise WorkerError(text, worker=w, traceback=err.traceback)
+        exc = err.exception()
         if isinstance(exc, DetloadError):
             # Our own errors already name column, file and row group; keep their type.
             raise exc
-        err = WorkerError(
-            f"worker {w} failed on {where}: {tname}: {msg}\n\nWorker traceback:\n{tb}",
-            worker=w, unit=unit, traceback=tb,
+        unit = msg.unit
+        where = f"{unit[0]} row group {unit[1]}" if unit else f"block {msg.k}"
+        wrapped = WorkerError(
+            f"worker {w} failed on {where}: {err.type_name}: {err.message}\n\nWorker traceback:\n{err.traceback}",
+            worker=w, unit=unit, traceback=err.traceback,
         )
         if exc is not None:
-            raise err from exc
-        raise err
+            raise wrapped from exc
+        raise wrapped
 
     def _merge(self) -> None:
         if not self.ordered:
@@ -454,3 +473,22 @@ class Run:
             line = batch_line(self.plan.epoch, step, rows, digest, cols, [p[0] for p in parts])
             tr.span("hash", MERGER, t1, time.perf_counter())
         return batch, step, line, rows
+
+
+def _forget_frames(exc: BaseException) -> None:
+    """Clear the locals of the finished frames that ``exc`` and the exceptions chained to it keep.
+
+    The consumer may keep the exception (a training loop logs it, a notebook keeps
+    ``sys.last_value``): its traceback reaches the merger's frames, whose locals hold
+    blocks (mapped shared memory) and messages. Only frames that still run (the
+    merger's own, here) keep theirs; the pool they reach is emptied by close().
+    """
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        todo += [e.__cause__, e.__context__]

@@ -31,6 +31,7 @@ import errno
 import mmap
 import os
 import re
+import select
 import struct
 import tempfile
 import weakref
@@ -129,7 +130,11 @@ def sweep(directory: str, prefix: str) -> int:
 
 
 def pid_alive(pid: int) -> bool:
-    """The process exists and is not a zombie (a killed process nobody reaped yet)."""
+    """The process exists and is not a zombie (a killed process nobody reaped yet).
+
+    The one rule for "is the process that left this alive", for segments here and
+    for the row-group cache's temp files (`_cache._dead_writer`).
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -196,6 +201,8 @@ class WorkerSegments:
         self.worker = worker
         self.reserve = reserve
         self._returns = returns
+        self._returned = select.poll()  # see _messages.Poller: collect() runs once or twice per block
+        self._returned.register(returns.fileno(), select.POLLIN)
         self._maps: dict[int, mmap.mmap] = {}
         self._capacity: dict[int, int] = {}
         self._idle: set[int] = set()
@@ -206,6 +213,11 @@ class WorkerSegments:
         self._pass_rows = 0
         self.made = 0
         self.reused = 0
+        self.closed = False  # the consumer closed its end: the pool is closing, or gone
+
+    @property
+    def returns(self) -> Any:
+        return self._returns
 
     def new_pass(self, rows: int) -> None:
         """``rows``: the most rows of any block this worker builds in the pass at hand."""
@@ -213,10 +225,13 @@ class WorkerSegments:
 
     def collect(self) -> None:
         """Take in the segments the consumer sent back (also while waiting, so its pipe never fills)."""
-        while self._returns.poll():
+        if self.closed:
+            return
+        while self._returned.poll(0):
             try:
                 data = self._returns.recv_bytes()
             except (EOFError, OSError):
+                self.closed = True
                 return
             (number,) = _FREED.unpack(data)
             if number in self._maps:
@@ -337,7 +352,8 @@ class _Returns:
 
     def send(self, number: int) -> None:
         # A finalizer: never raises. A message is 12 bytes, under PIPE_BUF, so a
-        # write is whole or nothing; a gone worker gives a broken pipe.
+        # write is whole or nothing; a gone worker gives a broken pipe, a closed
+        # pool a closed handle.
         try:
             self.conn.send_bytes(_FREED.pack(number))
         except BlockingIOError:
@@ -414,7 +430,23 @@ class ConsumerSegments:
             return
         self._returns[seg.worker].send(seg.number)
 
+    def flush(self, worker: int) -> None:
+        """Send what did not fit earlier (called while waiting for ``worker``)."""
+        returns = self._returns[worker]
+        if returns.pending:
+            returns.flush()
+
     def close(self) -> None:
-        """Drop the idle mappings; those of live blocks go with their last view."""
-        self._maps.clear()
+        """Unmap the idle segments, close the return pipes; the mappings of live blocks go
+        with their last view."""
+        maps, self._maps = self._maps, {}
+        for mm in maps.values():
+            try:
+                mm.close()
+            except BufferError:  # a block someone keeps still views it
+                pass
+        for returns in self._returns:
+            returns.pending.clear()
+            with contextlib.suppress(OSError):
+                returns.conn.close()
 

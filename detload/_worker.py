@@ -1,23 +1,26 @@
 """Workers: read a block's row groups, convert them to NumPy, permute, hand the block over.
 
 The same loop runs in a thread or in a process (started with forkserver or
-spawn, configured with plain picklable data). Each worker fills only its own
-bounded queue; the merger decides what is taken when. Errors travel back as
-values carrying the worker's traceback and the unit it was on.
+spawn, configured with plain picklable data, see _spawn.py). A thread worker
+talks to the pool through two queues (`ThreadLink`), a process worker through
+pipes (`ProcessLink`); either way each worker holds at most ``prefetch`` finished
+blocks nobody took, and the merger decides what is taken when. Errors travel back
+as values (`WorkerFailed`) carrying the worker's traceback and the unit it was on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing as mp
 import os
+import pickle
 import platform
 import queue
 import time
-import traceback
 import warnings
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,20 +30,21 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import xxhash
 
-from . import _shm
+from . import _shm, _spawn
 from ._arrow import numpy_of
 from ._block import Layout, assemble
 from ._buffers import BlockBuffers
 from ._cache import CacheConfig, KeptMappings, RowGroupCache
 from ._dataset import _etag, _int96_columns
+from ._messages import CLOSED, CREDIT, POLL, STOP, BlockReady, Poller, Tasks, WorkerFailed, pack_exception, put_until
 from ._remote import describe_attempts
+from ._spawn import MainSource, SharedInts
 from ._types import INT96_UNIT, Column, ColumnSpec, Ragged, UnitColumns, column_spec, convert_column
 from .errors import DataError, DetloadError
 from .plan import block_permutation
 
-__all__ = ["DebugHooks", "Task", "UnitReader", "WorkerConfig", "worker_loop"]
-
-_POLL = 0.05
+__all__ = ["DebugHooks", "ProcessLink", "Task", "ThreadLink", "UnitReader", "WorkerConfig", "process_main",
+           "worker_loop"]
 
 
 @dataclass(frozen=True)
@@ -573,41 +577,162 @@ def _release(segs: _shm.WorkerSegments | None, payload: Any) -> None:
         segs.unsent(payload)
 
 
-def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generation: Any,
+class ThreadLink:
+    """A thread worker's ends: tasks come on ``inbox`` (None: stop), blocks go on ``outbox``,
+    whose bound (``prefetch``) holds the worker back."""
+
+    def __init__(self, inbox: queue.Queue[Any], outbox: queue.Queue[Any]) -> None:
+        self.inbox = inbox
+        self.outbox = outbox
+
+    def receive(self) -> Tasks | object | None:
+        msg = self.inbox.get()
+        return STOP if msg is None else msg
+
+    def send(self, msg: BlockReady | WorkerFailed, stale: Callable[[], bool]) -> bool:
+        return put_until(self.outbox, msg, stale)
+
+
+class ProcessLink:
+    """A worker process's ends of its pipes to the consumer.
+
+    Tasks come on ``inbox`` (its end closed: stop). Messages go on ``outbox``;
+    blocks only while fewer than ``prefetch`` are sent and not yet taken: the
+    consumer says on ``credit`` how many it took. Segments that come back are
+    taken in when a block is built and on every wait's timeout, never woken for
+    (each would cost both sides a wake-up).
+    Every wait also watches the consumer, through the pipe multiprocessing keeps
+    to the process that started this one: it closes when that process exits,
+    even while it is a zombie nobody reaped yet, so an orphaned worker leaves at
+    once (a supervisor that reads the consumer's stdout and stderr to the end
+    before reaping would otherwise wait for workers holding them). A child the
+    consumer forked (a torch DataLoader worker, say) keeps that pipe open, so a
+    wait that times out also checks the consumer's pid.
+    """
+
+    def __init__(self, cfg: WorkerConfig, inbox: Any, outbox: Any, credit: Any, segs: _shm.WorkerSegments,
+                 prefetch: int, generation: Any, sent: Any) -> None:
+        self.cfg = cfg
+        self.inbox = inbox
+        self.outbox = outbox
+        self.credit = credit
+        self.segs = segs
+        self.prefetch = prefetch
+        self.generation = generation
+        parent = mp.parent_process()
+        self._parent = parent.sentinel if parent is not None else None
+        watch = [] if self._parent is None else [self._parent]
+        self._for_work = Poller([inbox, *watch])
+        self._for_room = Poller([credit, *watch])
+        self._credits = Poller([credit])
+        self._sent = 0
+        self._taken = 0
+        self._shared_sent = sent  # the same count, for the consumer's depth samples
+        self.gone = False  # the consumer died or closed the pool: leave
+
+    def _wait(self, poller: Poller) -> list[Any]:
+        ready = poller.wait(POLL)
+        parent_exited = self._parent is not None and self._parent in ready
+        # Timed out: the slower checks (a consumer gone while its pipe lives on; a closing pool).
+        if parent_exited or (not ready and (not _shm.pid_alive(self.cfg.parent_pid)
+                                            or self.generation.value >= CLOSED)):
+            self.gone = True
+        if self.credit in ready:
+            self._take_credits()
+        elif not ready:
+            self.segs.collect()
+            if self.segs.closed:
+                self.gone = True
+        return ready
+
+    def _take_credits(self) -> None:
+        while self._credits.wait(0):
+            try:
+                (n,) = CREDIT.unpack(self.credit.recv_bytes())
+            except (EOFError, OSError):  # the pool closed its end: it is closing
+                self.gone = True
+                return
+            self._taken += n
+
+    def receive(self) -> Tasks | object | None:
+        """The next task message; None if none came within `POLL`; `STOP` when it is time to go."""
+        if self.gone:
+            return STOP
+        ready = self._wait(self._for_work)
+        if self.gone:
+            return STOP
+        if self.inbox not in ready:
+            return None
+        try:
+            return self.inbox.recv()
+        except (EOFError, OSError):  # the pool closed its end: it is closing
+            self.gone = True
+            return STOP
+
+    def send(self, msg: BlockReady | WorkerFailed, stale: Callable[[], bool]) -> bool:
+        if isinstance(msg, WorkerFailed):
+            return not (self.gone or stale()) and self._write(msg)
+        segs = self.segs
+        if self._sent - self._taken >= self.prefetch:
+            self._take_credits()
+        while self._sent - self._taken >= self.prefetch and not (self.gone or stale()):
+            self._wait(self._for_room)
+        if self.gone or stale():
+            _release(segs, msg.payload)
+            return False
+        # Last, right before the hand-over: the drops and names it carries are the
+        # worker's to send again (unsent) if this block does not get through.
+        msg = msg._replace(payload=segs.sending(msg.payload))
+        if not self._write(msg):
+            _release(segs, msg.payload)
+            return False
+        self._sent += 1
+        self._shared_sent.value = self._sent
+        return True
+
+    def _write(self, msg: BlockReady | WorkerFailed) -> bool:
+        try:
+            self.outbox.send(msg)
+            return True
+        except (OSError, ValueError):  # the consumer is gone (a broken pipe)
+            self.gone = True
+            return False
+
+
+def worker_loop(cfg: WorkerConfig, index: int, link: ThreadLink | ProcessLink, generation: Any,
                 status: Status, segs: _shm.WorkerSegments | None = None) -> None:
-    """Serve (gen, tasks) messages from ``inbox`` until a None arrives.
+    """Serve `Tasks` from ``link`` until it says `STOP`.
 
     Tasks of an old generation (the consumer restarted the epoch) are dropped;
-    a block built for one is released rather than queued. ``segs`` is set in a
+    a block built for one is released rather than sent. ``segs`` is set in a
     worker process: blocks are built in its shared-memory segments.
     """
     t0 = time.perf_counter()
     _warm_up()
     reader = UnitReader(cfg)
     pid = os.getpid() if cfg.shm_dir is not None else 0
-    # A block's wait on the full queue is known only after it was queued: it
-    # travels with the worker's next block; so does the start-up, with the first.
+    # A block's wait for room is known only after it was sent: it travels with the
+    # worker's next block; so does the start-up, with the first.
     last_wait: tuple[str, float, float] | None = ("worker_startup", t0, time.perf_counter())
     try:
         while True:
-            try:
-                msg = inbox.get(timeout=1.0)
-            except queue.Empty:
-                if not _parent_alive(cfg):
-                    return
-                if segs is not None:
-                    segs.collect()
-                continue
-            if msg is None:
+            msg = link.receive()
+            if msg is STOP:
                 return
-            gen, tasks = msg
+            if not isinstance(msg, Tasks):
+                continue
+            gen, tasks = msg.gen, msg.tasks
+
+            def stale(gen: int = gen) -> bool:  # a newer generation (built ahead) is not
+                return bool(generation.value > gen)
+
             # Every message starts (part of) a pass: the first blocks of the next one,
             # built ahead, or the rest of a pass when it begins, perhaps long after.
             reader.new_pass()
             if segs is not None and tasks:
                 segs.new_pass(max(task.rows for task in tasks))
             for task in tasks:
-                if generation.value > gen:  # stale; a newer generation (built ahead) is not
+                if stale():
                     break
                 t = Timings(pid=pid)
                 if last_wait is not None:
@@ -618,7 +743,7 @@ def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generati
                 except BaseException as exc:  # carried back as a value, re-raised by the merger
                     _, k, f, rg = status.get()
                     unit = (cfg.files[f].path, rg) if f >= 0 else None
-                    _put(outbox, ("err", gen, task.k, _pack_exception(exc), unit), generation, gen, cfg, None, None)
+                    link.send(WorkerFailed(gen, task.k, pack_exception(exc), unit), stale)
                     reader.close()
                     reader = UnitReader(cfg)
                     break
@@ -626,11 +751,7 @@ def worker_loop(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generati
                 if _FORWARDED:  # raised while building this block (or since the last one)
                     t.warnings, _FORWARDED[:] = list(_FORWARDED), []
                 t0 = time.perf_counter()
-                if segs is not None:
-                    # Last, right before the hand-over: the drops and names it carries are the
-                    # worker's to send again (unsent) if this block does not get through.
-                    payload = segs.sending(payload)
-                ok = _put(outbox, ("ok", gen, task.k, payload, layout, t), generation, gen, cfg, segs, payload)
+                ok = link.send(BlockReady(gen, task.k, payload, layout, t), stale)
                 last_wait = ("worker_queue_wait", t0, time.perf_counter())
                 if not ok:
                     break
@@ -658,84 +779,93 @@ def _warm_up() -> None:
 
 
 def _parent_alive(cfg: WorkerConfig) -> bool:
-    """Whether the consumer's process still runs.
-
-    A worker process watches the pipe multiprocessing keeps to the process that
-    started it: the pipe closes when that process exits, even while it is a zombie
-    nobody reaped yet, which signal 0 still reaches. Orphaned workers that waited
-    for the reaping would hold the consumer's stdout and stderr open, and a
-    supervisor reading them to the end before reaping would wait forever.
-    """
+    """Whether the consumer's process still runs (see `ProcessLink` for why two checks)."""
     if cfg.shm_dir is not None:
         parent = mp.parent_process()
-        # A child the consumer forked (a torch DataLoader worker, say) inherits the
-        # pipe and keeps it open: the pid check covers a consumer that is gone then.
         if parent is not None and not parent.is_alive():
             return False
     return _shm.pid_alive(cfg.parent_pid)
 
 
-def _put(outbox: Any, item: tuple[Any, ...], generation: Any, gen: int, cfg: WorkerConfig,
-         segs: _shm.WorkerSegments | None, payload: Any) -> bool:
-    while True:
-        if generation.value > gen:
-            _release(segs, payload)
-            return False
-        try:
-            outbox.put(item, timeout=_POLL)
-            return True
-        except queue.Full:
-            if not _parent_alive(cfg):
-                _release(segs, payload)
-                return False
-            if segs is not None:
-                segs.collect()
-
-
-def _pack_exception(exc: BaseException) -> tuple[str, str, str, BaseException | None]:
-    """(type name, message, formatted traceback, the exception if it pickles)."""
-    import pickle
-
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    try:
-        clean = pickle.loads(pickle.dumps(exc))
-    except Exception:
-        clean = None
-    return type(exc).__qualname__, str(exc), tb, clean
-
-
 class _SharedInt:
-    """Thread-side stand-in for multiprocessing.Value."""
+    """Thread-side stand-in for a shared generation counter."""
 
     def __init__(self, v: int = 0) -> None:
         self.value = v
 
 
-def process_main(cfg: WorkerConfig, index: int, inbox: Any, outbox: Any, generation: Any,
-                 status_arr: Any, returns: Any, segments: int = 1) -> None:
-    """Entry point of a worker process; ``returns`` brings back the segments the consumer is done with;
-    ``segments``: how many to make with the first block (the blocks the worker may hold at once)."""
-    import signal
+def process_main(cfg_data: bytes, index: int, inbox: Any, outbox: Any, credit: Any, ints: SharedInts, returns: Any,
+                 prefetch: int, main: MainSource | None = None, main_names: tuple[str, ...] = ()) -> None:
+    """Entry point of a worker process.
 
-    # Ctrl-C reaches the whole process group; the parent decides how to stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _forward_warnings()
-    # One worker is one core of parallelism; pyarrow's own pool would compete.
-    pa.set_cpu_count(1)
-    pa.set_io_thread_count(2)
-    _keep_freed_memory()
-    assert cfg.shm_dir is not None
-    segs = _shm.WorkerSegments(cfg.shm_dir, cfg.shm_prefix, index, returns, reserve=segments)
+    ``cfg_data`` is the pickled `WorkerConfig`; ``ints`` holds the generation (slot 0)
+    and each worker's slots (`_spawn.worker_slots`); ``credit`` says how many of its blocks
+    the consumer took; ``returns`` brings back the segments it is done with; ``main`` is set when the
+    configuration refers to ``main_names`` of the main module, which must then be
+    imported first. A failure to start is sent as one `WorkerFailed` saying what to
+    do; nothing is printed here.
+    """
+    _spawn.ignore_sigint()
+    stage = "set-up"
     try:
-        worker_loop(cfg, index, inbox, outbox, generation, Status(status_arr), segs)
-    except KeyboardInterrupt:  # the parent handles Ctrl-C; just leave
-        pass
+        _forward_warnings()
+        # One worker is one core of parallelism; pyarrow's own pool would compete.
+        pa.set_cpu_count(1)
+        pa.set_io_thread_count(2)
+        _keep_freed_memory()
+        if main is not None:
+            stage = "main"
+            _spawn.import_main(main)
+        stage = "config"
+        cfg: WorkerConfig = pickle.loads(cfg_data)
+        stage = "set-up"
+        assert cfg.shm_dir is not None
+        # prefetch blocks sent and the one being built.
+        segs = _shm.WorkerSegments(cfg.shm_dir, cfg.shm_prefix, index, returns, reserve=prefetch + 1)
+    except BaseException as exc:
+        with contextlib.suppress(OSError, ValueError):
+            outbox.send(WorkerFailed(-1, -1, pack_exception(exc), None, "start",
+                                     _start_hint(stage, exc, main, main_names)))
+        raise SystemExit(1) from None
+    generation = _spawn.Slot(ints, 0)
+    status, sent = _spawn.worker_slots(ints, index)
+    link = ProcessLink(cfg, inbox, outbox, credit, segs, prefetch, generation, sent)
+    try:
+        worker_loop(cfg, index, link, generation, Status(status), segs)
+    except Exception as exc:  # a bug outside any block: reported, not printed
+        link.send(WorkerFailed(-1, -1, pack_exception(exc), None, "worker"), lambda: False)
+        raise SystemExit(1) from None
     finally:
         segs.close()
         # A parent killed with SIGKILL cannot sweep; the segments it never
         # mapped would stay in /dev/shm until the next pool starts.
         if not _parent_alive(cfg):
             _shm.sweep(cfg.shm_dir, cfg.shm_prefix)
+
+
+def _start_hint(stage: str, exc: BaseException, main: MainSource | None, names: tuple[str, ...]) -> str:
+    """Why a worker process could not start and what to do, as the end of a sentence
+    (empty when nothing is known: the message then shows the worker's traceback)."""
+    what = ", ".join(names) or "something"
+    where = os.path.basename(main[1]) if main is not None else "__main__"
+    cause = f"{type(exc).__qualname__}: {exc}"
+    if stage == "main":
+        inner: BaseException | None = exc
+        while inner is not None and not isinstance(inner, _spawn.MainReentered):
+            inner = inner.__cause__ or inner.__context__
+        if inner is not None:
+            return (f"it imports the main module {where}, because the loader's configuration refers to "
+                    f"{what}, defined there, and that import creates and iterates a Loader again. Put that "
+                    "code under `if __name__ == \"__main__\":`, or move "
+                    f"{what} into a module of its own.")
+        return (f"it imports the main module {where}, because the loader's configuration refers to "
+                f"{what}, defined there, and that import failed ({cause}). Move {what} into a module "
+                "of its own and import it from there, or use pool='thread'.")
+    if stage == "config":
+        return (f"{cause}. It could not rebuild the loader's configuration (its filesystem and options): "
+                "everything a process pool hands its workers must unpickle in a fresh process. Use "
+                "pool='thread', which keeps it in this process.")
+    return ""
 
 
 def _keep_freed_memory() -> None:

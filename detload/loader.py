@@ -346,10 +346,13 @@ class Loader:
         refuse_torch_workers("Loader")
         with self._lock:
             self._stop_run()
+            pool = self._ensure_pool()
+            # A worker that died (or never started) is reported now, not after the batches
+            # the others could still deliver: the pool does not replace it.
+            pool.check_usable()
             plan = self.plan()
             start = self._resume_step
             self._resume_step = 0
-            pool = self._ensure_pool()
             if pool.kept is not None:
                 # Let go of cache entries deleted since the last pass (their disk space):
                 # one built ahead may not be read again in this pass. A stat per kept entry.
@@ -446,6 +449,9 @@ class Loader:
                     tr.rows += rows
                     t_give = clock()
                     yield batch
+                    # Not kept by this frame, which an exception raised here later would keep
+                    # alive (with the block's shared memory) for as long as the caller keeps it.
+                    batch = None
                     # The training loop's own work: from handing it the batch until it asks again.
                     t_back = clock()
                     span("consumer_step", CONSUMER, t_give, t_back)
