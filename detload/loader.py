@@ -346,11 +346,11 @@ class Loader:
         refuse_torch_workers("Loader")
         with self._lock:
             self._stop_run()
+            plan = self.plan()  # a planning error comes before any worker starts
             pool = self._ensure_pool()
             # A worker that died (or never started) is reported now, not after the batches
             # the others could still deliver: the pool does not replace it.
             pool.check_usable()
-            plan = self.plan()
             start = self._resume_step
             self._resume_step = 0
             if pool.kept is not None:
