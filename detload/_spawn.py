@@ -229,6 +229,9 @@ SLOTS_PER_WORKER = 5
 def worker_slots(ints: SharedInts, worker: int) -> tuple[Window, Slot]:
     """Worker ``worker``'s status slots and its count of blocks sent (slot 0 is the generation)."""
     base = 1 + SLOTS_PER_WORKER * worker
+    # A worker that has not started (or never gets work) is idle, not "on file 0, row group 0".
+    for i in (1, 2, 3):
+        ints[base + i] = -1
     return Window(ints, base), Slot(ints, base + 4)
 
 
