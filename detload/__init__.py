@@ -16,11 +16,11 @@ _EXPORTS = {
     "DataError": "errors",
     "DatasetError": "errors",
     "DetloadError": "errors",
-    "Digest": "_digest",
-    "DigestMismatchError": "_layout",
+    "Digest": "_layout.digest",
+    "DigestMismatchError": "_layout.rewrite",
     "EmptyDatasetError": "errors",
-    "LayoutCheck": "_layout_check",
-    "LayoutReport": "_layout",
+    "LayoutCheck": "_layout.check",
+    "LayoutReport": "_layout.rewrite",
     "Loader": "loader",
     "ManifestError": "errors",
     "OptionError": "errors",
@@ -29,7 +29,7 @@ _EXPORTS = {
     "Ragged": "_types",
     "SchemaMismatchError": "errors",
     "SharedMemoryError": "errors",
-    "SkippedFilesWarning": "_dataset",
+    "SkippedFilesWarning": "_discovery",
     "SourceError": "errors",
     "StageStats": "stats",
     "StarvationReport": "starvation",
@@ -38,10 +38,10 @@ _EXPORTS = {
     "UnsupportedTypeError": "errors",
     "WorkerError": "errors",
     "WorkerStalledError": "errors",
-    "check_layout": "_layout_check",
-    "digest": "_digest",
+    "check_layout": "_layout.check",
+    "digest": "_layout.digest",
     "hash_batch": "audit",
-    "layout": "_layout",
+    "layout": "_layout.rewrite",
     "make_plan": "plan",
     "read_manifest": "audit",
     "starvation_check": "starvation",
@@ -88,10 +88,10 @@ __all__ = [
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
     from ._cache import CacheWarning
-    from ._dataset import SkippedFilesWarning
-    from ._digest import Digest, digest
-    from ._layout import DigestMismatchError, LayoutReport, layout
-    from ._layout_check import LayoutCheck, check_layout
+    from ._discovery import SkippedFilesWarning
+    from ._layout.check import LayoutCheck, check_layout
+    from ._layout.digest import Digest, digest
+    from ._layout.rewrite import DigestMismatchError, LayoutReport, layout
     from ._types import ColumnSpec, Ragged
     from .audit import hash_batch, read_manifest
     from .errors import (

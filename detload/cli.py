@@ -19,7 +19,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from . import __version__, _layout_cli
+from . import __version__
+from ._layout import cli as _layout_cli
 from .errors import DetloadError, ManifestError, SchemaMismatchError
 
 _MAP_HELP = ("cache entries kept memory-mapped between epochs (thread workers together, or each worker "
@@ -418,7 +419,7 @@ def read_resume_state(where: str) -> dict[str, Any]:
 
 def _sweep_state_temps(path: str) -> None:
     """Remove the temp files a killed run left beside its state (``path.tmpPID``, PID gone)."""
-    from ._shm import pid_alive
+    from ._engine.shm import pid_alive
 
     folder, base = os.path.split(path)
     try:
@@ -503,7 +504,7 @@ def _cmd_verify(a: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(a: argparse.Namespace) -> int:
-    from ._dataset import describe_skipped, discover
+    from ._discovery import describe_skipped, discover
     from ._types import SCALED, allowed_casts
     from .loader import _check_source
 
@@ -561,7 +562,7 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
 def _cmd_plan(a: argparse.Namespace) -> int:
     import warnings
 
-    from ._dataset import SkippedFilesWarning
+    from ._discovery import SkippedFilesWarning
     from .loader import Loader, resolve_workers
 
     # A Loader plans exactly as a run would (same fingerprint); it starts no worker.

@@ -29,13 +29,13 @@ from . import __version__
 from ._arrow import fill_value
 from ._cache import object_key, open_cache
 from ._check import check_int, check_path, check_seconds, check_writable_file
-from ._dataset import Dataset, SkippedFilesWarning, describe_skipped, discover
-from ._merge import END, STOPPED, Failure, Run, make_tasks
-from ._pool import WorkerPool
-from ._remote import display_uri, object_uri
+from ._discovery import Dataset, SkippedFilesWarning, describe_skipped, discover
+from ._engine.config import DebugHooks, FileRef, WorkerConfig
+from ._engine.merge import END, STOPPED, Failure, Run, make_tasks
+from ._engine.pool import WorkerPool
+from ._storage import display_uri, object_uri
 from ._trace import CONSUMER, Tracer
 from ._types import INT96_UNIT, SCALED, Column, ColumnSpec, normalize_cast, type_mapping_version
-from ._worker import DebugHooks, FileRef, WorkerConfig
 from .audit import MANIFEST_FORMAT, MANIFEST_VERSION, ManifestWriter
 from .errors import DataError, DetloadError, OptionError, StateError
 from .plan import PLAN_FORMAT_VERSION, OrderOptions, Plan, make_plan

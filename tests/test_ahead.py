@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from leaks import shm_segments, wait_until
 
 from detload import Loader, hash_batch
-from detload._worker import DebugHooks
+from detload._engine.config import DebugHooks
 
 OPTS = dict(batch_size=96, seed=3, shuffle_window=2)
 

@@ -19,7 +19,7 @@ from leaks import detload_threads, shm_segments, stray_children
 from strategies import check_rows
 
 from detload import DataError, DetloadError, Loader, WorkerError
-from detload._worker import DebugHooks
+from detload._engine.config import DebugHooks
 
 POOLS = ["thread", "process"]
 

@@ -20,7 +20,7 @@ from strategies import check_rows, dataset_and_options, model_batches, write_dat
 
 import detload
 from detload import Loader, read_manifest
-from detload._worker import DebugHooks
+from detload._engine.config import DebugHooks
 
 EXECUTION_FIELDS = {"workers", "pool", "detload_version"}
 

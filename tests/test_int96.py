@@ -75,7 +75,7 @@ def test_type_mapping_is_2_only_when_an_int96_column_is_loaded(tmp_path):
 
 def test_the_dataset_fingerprint_of_an_int96_file_is_unchanged(tmp_path):
     """It is computed from the types as written (INT96: timestamp[ns]), so only type_mapping moved."""
-    from detload._dataset import _fingerprint, discover
+    from detload._discovery import _fingerprint, discover
 
     write_int96(tmp_path / "t.parquet", CORNERS)
     ds = discover(str(tmp_path))

@@ -24,7 +24,7 @@ from leaks import shm_segments, wait_until
 
 from detload import Loader, WorkerError, WorkerStalledError
 from detload._cache import _safe_host, cache_info
-from detload._worker import DebugHooks
+from detload._engine.config import DebugHooks
 
 
 @pytest.fixture
@@ -142,7 +142,7 @@ def test_close_releases_everything_while_the_error_and_the_loader_are_kept(root,
 
 def test_close_releases_a_pool_whose_start_was_refused(root, monkeypatch):
     """A pool that fails while starting its processes releases what it had made."""
-    from detload import _pool
+    from detload._engine import pool as _pool
 
     fds0 = _fds()
 

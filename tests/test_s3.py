@@ -23,7 +23,7 @@ from leaks import wait_until  # noqa: E402
 
 from detload import DataError, Loader, OptionError, SourceError, WorkerError, WorkerStalledError  # noqa: E402
 from detload._cache import cache_info  # noqa: E402
-from detload._remote import RetryingS3FileSystem, s3_from_uri  # noqa: E402
+from detload._storage import RetryingS3FileSystem, s3_from_uri  # noqa: E402
 from detload.cli import main as cli  # noqa: E402
 from detload.verify import verify  # noqa: E402
 

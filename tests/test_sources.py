@@ -12,7 +12,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from detload import Loader
-from detload._dataset import discover
+from detload._discovery import discover
 
 FILES = {"a.parquet": [30, 20], "sub/b.parquet": [25]}
 

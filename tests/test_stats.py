@@ -71,7 +71,7 @@ def test_start_up_is_traced_apart_from_the_waits_of_the_run(data):
     is traced as start-up, so a run bound by its step is not blamed on reading."""
     import time
 
-    from detload._worker import DebugHooks
+    from detload._engine.config import DebugHooks
 
     with Loader(data, batch_size=1000, seed=3, workers=2) as probe:
         j = probe.plan(0).schedule[0].units[0]

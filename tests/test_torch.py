@@ -22,7 +22,7 @@ from leaks import wait_until
 torch = pytest.importorskip("torch")
 
 from detload import DetloadError, Loader, OptionError, StateError, WorkerError, hash_batch  # noqa: E402
-from detload._worker import DebugHooks  # noqa: E402
+from detload._engine.config import DebugHooks  # noqa: E402
 from detload.torch import RaggedTensor, TorchLoader, to_torch  # noqa: E402
 
 OPTS = dict(batch_size=40, seed=5, columns=["id", "s", "x"])
@@ -619,7 +619,7 @@ def test_break_during_a_stalled_read_is_prompt(ds):
 def test_an_interrupt_while_stopping_strands_no_feeder(ds, monkeypatch):
     # A KeyboardInterrupt (a second Ctrl-C) landing while the loop stops the loader's pass
     # must still wake the feeder waiting in it, and leave nothing for the next call to wait on.
-    from detload._pool import WorkerPool
+    from detload._engine.pool import WorkerPool
     real, armed = WorkerPool.drain, [False]
 
     def drain(self):

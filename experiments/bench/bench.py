@@ -134,8 +134,10 @@ def rss_bound(loader, baseline: int) -> dict:
     the permutation's index arrays and temporaries for variable-length columns (24 bytes per value of a block, measured)."""
     import numpy as np
 
+    from detload._engine.config import FileRef, WorkerConfig
+    from detload._engine.messages import Timings
+    from detload._engine.reader import UnitReader
     from detload._types import Ragged
-    from detload._worker import FileRef, Timings, UnitReader, WorkerConfig
 
     ds = loader.dataset
     files = tuple(FileRef(f.location, f.path, f.partition_values) for f in ds.files)
@@ -184,7 +186,7 @@ def run_one(spec: dict) -> dict:
         return res or {"loader": "petastorm", "skipped": "petastorm venv missing"}
     if kind == "detload":
         from detload import Loader
-        from detload._worker import DebugHooks
+        from detload._engine.config import DebugHooks
 
         debug = DebugHooks(block_delay_max=spec["block_delay"], delay_seed=1) if spec.get("block_delay") else None
         state: dict = {}

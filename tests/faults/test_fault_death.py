@@ -13,7 +13,7 @@ import pytest
 from faultkit import FULL, check_batch, clean_hashes, first_step_needing, kill, wait_until
 
 from detload import Loader, WorkerError
-from detload._worker import DebugHooks
+from detload._engine.config import DebugHooks
 from detload.audit import hash_batch
 
 OPTS = dict(batch_size=100, seed=7, shuffle_window=2)

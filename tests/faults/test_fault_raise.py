@@ -10,7 +10,7 @@ import pytest
 from faultkit import PicklesOnlyAtHome, check_batch, clean_hashes, first_step_needing
 
 from detload import DataError, Loader, WorkerError
-from detload._worker import DebugHooks
+from detload._engine.config import DebugHooks
 from detload.audit import hash_batch
 
 OPTS = dict(batch_size=128, seed=3, shuffle_window=3)

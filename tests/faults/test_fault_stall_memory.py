@@ -20,7 +20,7 @@ import pytest
 from faultkit import check_batch, clean_hashes, first_step_needing, shm_segments, wait_until
 
 from detload import Loader, WorkerStalledError
-from detload._worker import DebugHooks
+from detload._engine.config import DebugHooks
 from detload.audit import hash_batch
 
 OPTS = dict(batch_size=100, seed=9, shuffle_window=2)
