@@ -527,10 +527,10 @@ def test_a_pass_that_filled_the_cache_returns_arrows_free_memory(data, tmp_path,
 
 def _count_maps(monkeypatch):
     """Count the entry files mapped afresh (thread workers share this process's module)."""
-    from detload import _cache
+    from detload._cache import rowgroups
 
     mapped = []
-    real = _cache._map
+    real = rowgroups._map
 
     def counting(path):
         m = real(path)
@@ -538,7 +538,7 @@ def _count_maps(monkeypatch):
             mapped.append(path)
         return m
 
-    monkeypatch.setattr(_cache, "_map", counting)
+    monkeypatch.setattr(rowgroups, "_map", counting)
     return mapped
 
 
@@ -733,9 +733,9 @@ def test_kept_entries_are_read_only(data, tmp_path):
 def test_kept_mappings_stay_under_the_map_count_cap(data, tmp_path, monkeypatch):
     """Each mapping is one of the process's memory areas (vm.max_map_count): at most a
     quarter of that many entries are kept, whatever the byte limit."""
-    from detload import _cache
+    from detload._cache import kept
 
-    monkeypatch.setattr(_cache, "_max_map_count", lambda: 12)
+    monkeypatch.setattr(kept, "_max_map_count", lambda: 12)
     mapped = _count_maps(monkeypatch)
     with Loader(data, cache_dir=tmp_path / "cache", manifest=str(tmp_path / "capped.jsonl"), **OPTS) as loader:
         _passes(loader, range(4))
@@ -804,14 +804,14 @@ def test_a_closed_table_keeps_nothing(data, tmp_path):
 
 def test_map_count_cap_counts_every_loader_of_the_process(data, tmp_path, monkeypatch):
     """vm.max_map_count is per process: two loaders open at once share the cap."""
-    from detload import _cache
+    from detload._cache import kept
 
-    monkeypatch.setattr(_cache, "_max_map_count", lambda: 16)  # 4 kept mappings per process
+    monkeypatch.setattr(kept, "_max_map_count", lambda: 16)  # 4 kept mappings per process
     with Loader(data, cache_dir=tmp_path / "a", **OPTS) as one, Loader(data, cache_dir=tmp_path / "b", **OPTS) as two:
         _passes(one, range(2))
         _passes(two, range(2))
         assert len(one._pool.kept) + len(two._pool.kept) == 4
-    assert _cache._KEPT_COUNT[0] == 0
+    assert kept._KEPT_COUNT[0] == 0
 
 
 def test_an_entry_cut_short_in_place_while_kept_is_read_again(tmp_path):
@@ -913,7 +913,7 @@ def test_cache_limit_smaller_than_an_entry_says_so_once(data, tmp_path):
 def test_entry_writes_survive_short_writes_and_many_buffers(tmp_path, monkeypatch):
     # An entry is written with one vectored call (the page cache then holds it in large
     # folios, cheap to map); the system may write less than asked, or take fewer buffers.
-    from detload import _cache
+    from detload._cache import write
 
     calls = []
     real = os.pwritev
@@ -924,28 +924,28 @@ def test_entry_writes_survive_short_writes_and_many_buffers(tmp_path, monkeypatc
         head = b"".join(bytes(b) for b in bufs[:3])
         return real(fd, [head[: max(1, len(head) * 2 // 3)]], at)
 
-    monkeypatch.setattr(_cache.os, "pwritev", short)
+    monkeypatch.setattr(write.os, "pwritev", short)
     rng = np.random.default_rng(0)
     bufs = [rng.integers(0, 255, size=int(n), dtype=np.uint8) for n in rng.integers(0, 40, size=3000)]
     bufs.insert(7, b"")
     path = tmp_path / "f"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT)
     try:
-        _cache._pwritev_all(fd, bufs, 10)
+        write._pwritev_all(fd, bufs, 10)
     finally:
         os.close(fd)
     want = b"\0" * 10 + b"".join(bytes(b) for b in bufs)
     assert path.read_bytes() == want
-    assert len(calls) > 1 and max(calls) <= _cache._IOV_MAX
+    assert len(calls) > 1 and max(calls) <= write._IOV_MAX
 
 
 def test_an_entry_is_one_write(data, tmp_path, monkeypatch):
-    from detload import _cache
+    from detload._cache import write
 
     calls = collections.Counter()
     real_v, real_1 = os.pwritev, os.pwrite
-    monkeypatch.setattr(_cache.os, "pwritev", lambda *a: calls.update(["pwritev"]) or real_v(*a))
-    monkeypatch.setattr(_cache.os, "pwrite", lambda *a: calls.update(["pwrite"]) or real_1(*a))
+    monkeypatch.setattr(write.os, "pwritev", lambda *a: calls.update(["pwritev"]) or real_v(*a))
+    monkeypatch.setattr(write.os, "pwrite", lambda *a: calls.update(["pwrite"]) or real_1(*a))
     with Loader(str(data), cache_dir=str(tmp_path / "c"), workers=1, **OPTS) as ld:
         n = sum(1 for _ in ld)
     assert n > 0
