@@ -13,10 +13,12 @@ On disk::
         lock                       fcntl lock: the usage counter, reservations, recounts
         usage                      bytes of entries and in-flight temp files (decimal text)
         tmp/<host>-<pid>-<rand>.tmp   entries being written; warning markers
-        objects/<uri hash>/<version hash>/rg000007-<columns hash>.dlc
+        objects/<uri hash>/<version hash>/rg000007-<columns hash>.dlc   a row group's columns
+        objects/<uri hash>/<version hash>/rg000007-d<identity hash>.dlc  a derived result
 
 The folder ``<uri hash>/<version hash>`` (`object_key`) holds the entries of one
-version of one file; a replaced file's folders go when a loader opens the cache.
+version of one file, row-group and derived alike (one format, one counter, one
+limit); a replaced file's folders go when a loader opens the cache.
 
 Modules, in the order they build on each other:
 
@@ -33,9 +35,13 @@ Modules, in the order they build on each other:
 - ``entry``: a mapped row-group entry parsed into column views; `PendingCheck`.
 - ``kept``: `KeptMappings`, entries kept mapped from one pass to the next.
 - ``rowgroups``: `RowGroupCache`, one worker's get/settle/put of row groups.
+- ``derived``: `DerivedStore`, get/put of small per-row-group results keyed by the
+  file version and the identity of what derived them (``rg000007-d<identity hash>.dlc``
+  beside the row group's entries), read whole and verified, never mapped.
 - ``admin``: `cache_info` and `clear_cache` (the ``detload cache`` commands).
 
-Who owns which memory: a row-group hit hands out read-only views of the entry's
+Who owns which memory: a derived hit is a private copy of its small file. A
+row-group hit hands out read-only views of the entry's
 mapping; the mapping lives as long as any view of it (or its `KeptMappings` slot)
 does and is unmapped by the last one to go. A `KeptMappings` table belongs to one
 process (thread workers share their loader's; each worker process has its own)
@@ -56,6 +62,7 @@ every read; a damaged entry is discarded and read again from the source.
 from .admin import cache_info, clear_cache
 from .config import CacheConfig, CacheWarning, open_cache
 from .config import map_limit as map_limit
+from .derived import DerivedStore
 from .entry import PendingCheck as PendingCheck
 from .entry import _entry as _entry
 from .entry import _load as _load
@@ -80,6 +87,7 @@ __all__ = [
     "CacheConfig",
     "KeptMappings",
     "CacheWarning",
+    "DerivedStore",
     "RowGroupCache",
     "cache_info",
     "clear_cache",

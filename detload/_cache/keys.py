@@ -35,6 +35,11 @@ def _entry_name(rg: int, specs_key: str) -> str:
     return f"rg{rg:06d}-{specs_key}{_SUFFIX}"
 
 
+def _derived_name(rg: int, ident: bytes) -> str:
+    """A derived entry's name: "d" and 16 hex digits never name a row-group entry (16 hex digits)."""
+    return f"rg{rg:06d}-d{xxhash.xxh3_64_hexdigest(ident)}{_SUFFIX}"
+
+
 def specs_key(specs: Sequence[ColumnSpec], null_fill: Mapping[str, Any]) -> str:
     """Hash of what decides the converted bytes besides the file: columns, casts, fills, versions.
 
