@@ -237,9 +237,9 @@ def _parse(buf: np.ndarray, hlen: int, expect: str | None,
             raise _Corrupt("size differs from the header")
         out = UnitColumns()
         in_runs = out.runs
-        for names, off0, dt, rows, stride in runs:
+        for names, off0, dt, n, stride in runs:  # not ``rows``: that is the plan's count
             # Raises TypeError (a damaged header) if the run would reach past the end.
-            run = np.ndarray((len(names), rows), dtype=dt, buffer=buf, offset=off0, strides=(stride, dt.itemsize))
+            run = np.ndarray((len(names), n), dtype=dt, buffer=buf, offset=off0, strides=(stride, dt.itemsize))
             for i, name in enumerate(names):
                 in_runs[name] = (run, i, names)
         for name, data, offsets, ragged_kind in columns:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import warnings
 
 import numpy as np
 
@@ -53,3 +54,15 @@ def test_the_same_columns_are_written_to_the_same_bytes(tmp_path):
         assert f.read() == g.read()
     assert isinstance(cfg, CacheConfig) and cache_info(tmp_path / "c")["usage_counter"] == os.path.getsize(
         cache._path(OBJ, RG))
+
+
+def test_an_entry_with_runs_is_checked_against_the_plans_row_count(tmp_path):
+    """The row-count check once read the count of the entry's last run of same-typed columns
+    instead of the plan's, so an entry with such a run was never found short."""
+    cfg, cache, cols = _cache(tmp_path)
+    cache.put(OBJ, RG, cols, "sample")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cache.get(OBJ, RG, "sample", rows=6) is None
+    assert any("its column 'id' holds 5 rows, the row group 6" in str(w.message) for w in caught)
+    assert not os.path.exists(cache._path(OBJ, RG))  # discarded, to be read from the source again
