@@ -10,6 +10,7 @@ import sys
 import warnings
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _sample import OBJ, RG, sample  # noqa: E402
@@ -21,11 +22,16 @@ DATA = os.path.join(os.path.dirname(__file__), "data")
 OLD = next(f for f in os.listdir(DATA) if f.endswith(".dlc"))
 
 
-def _cache(tmp_path):
+@pytest.fixture
+def opened(tmp_path):
+    """(config, cache, the sample's columns); the cache is closed after the test, which lets go
+    of its kept mappings (they count towards a per-process cap other tests check)."""
     cfg = open_cache(tmp_path / "c", None, [OBJ])
     assert cfg is not None
     specs, fill, cols = sample()
-    return cfg, RowGroupCache(cfg, specs, fill), cols
+    cache = RowGroupCache(cfg, specs, fill)
+    yield cfg, cache, cols
+    cache.close()
 
 
 def _equal(a, b):
@@ -35,8 +41,8 @@ def _equal(a, b):
     return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
 
 
-def test_an_entry_written_by_the_old_layout_is_read(tmp_path):
-    cfg, cache, cols = _cache(tmp_path)
+def test_an_entry_written_by_the_old_layout_is_read(tmp_path, opened):
+    cfg, cache, cols = opened
     assert os.path.basename(cache._path(OBJ, RG)) == OLD  # the columns still hash to its name
     os.makedirs(os.path.dirname(cache._path(OBJ, RG)))
     shutil.copy(os.path.join(DATA, OLD), cache._path(OBJ, RG))
@@ -47,8 +53,8 @@ def test_an_entry_written_by_the_old_layout_is_read(tmp_path):
     assert cache_info(tmp_path / "c", verify=True)["corrupt"] == []
 
 
-def test_the_same_columns_are_written_to_the_same_bytes(tmp_path):
-    cfg, cache, cols = _cache(tmp_path)
+def test_the_same_columns_are_written_to_the_same_bytes(tmp_path, opened):
+    cfg, cache, cols = opened
     cache.put(OBJ, RG, cols, "sample")
     with open(cache._path(OBJ, RG), "rb") as f, open(os.path.join(DATA, OLD), "rb") as g:
         assert f.read() == g.read()
@@ -56,10 +62,10 @@ def test_the_same_columns_are_written_to_the_same_bytes(tmp_path):
         cache._path(OBJ, RG))
 
 
-def test_an_entry_with_runs_is_checked_against_the_plans_row_count(tmp_path):
+def test_an_entry_with_runs_is_checked_against_the_plans_row_count(opened):
     """The row-count check once read the count of the entry's last run of same-typed columns
     instead of the plan's, so an entry with such a run was never found short."""
-    cfg, cache, cols = _cache(tmp_path)
+    cfg, cache, cols = opened
     cache.put(OBJ, RG, cols, "sample")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
