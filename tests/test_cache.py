@@ -10,7 +10,6 @@ import collections
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -26,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _s3server import write_sample_dataset  # noqa: E402
 
 from detload import CacheWarning, Loader, OptionError  # noqa: E402
-from detload._cache import cache_info, parse_size  # noqa: E402
+from detload._cache import cache_info  # noqa: E402
 from detload.cli import main as cli_main  # noqa: E402
 from detload.verify import verify  # noqa: E402
 
@@ -373,16 +372,6 @@ def test_cache_options_are_checked(data, tmp_path):
         Loader(data, cache_dir=f, **OPTS)
 
 
-def test_parse_size():
-    assert parse_size(None) is None
-    assert parse_size(1234) == 1234
-    assert parse_size("500MB") == 500 * 10**6
-    assert parse_size("20GiB") == 20 * 2**30
-    assert parse_size("1.5 k") == 1500
-    with pytest.raises(OptionError):
-        parse_size(True)
-
-
 def test_cli_cache_info_and_clear(data, tmp_path, capsys):
     cache = tmp_path / "cache"
     run(data, tmp_path / "c.jsonl", cache_dir=cache, epochs=1)
@@ -527,10 +516,10 @@ def test_a_pass_that_filled_the_cache_returns_arrows_free_memory(data, tmp_path,
 
 def _count_maps(monkeypatch):
     """Count the entry files mapped afresh (thread workers share this process's module)."""
-    from detload import _cache
+    from detload._cache import rowgroups
 
     mapped = []
-    real = _cache._map
+    real = rowgroups._map
 
     def counting(path):
         m = real(path)
@@ -538,7 +527,7 @@ def _count_maps(monkeypatch):
             mapped.append(path)
         return m
 
-    monkeypatch.setattr(_cache, "_map", counting)
+    monkeypatch.setattr(rowgroups, "_map", counting)
     return mapped
 
 
@@ -676,22 +665,6 @@ def test_kept_mappings_notice_deleted_replaced_and_damaged_entries(data, tmp_pat
     assert info["corrupt"] == [] and info["entries"] == len(everything)  # all refetched and rewritten
 
 
-def test_recount_counts_an_entry_once_while_its_temp_name_still_exists(data, tmp_path):
-    """A writer links its temp file to the entry's name and then removes the temp name,
-    without the lock: a loader starting in between recounts those bytes once, not twice."""
-    from detload._cache import _Store
-
-    cache = tmp_path / "cache"
-    run(data, tmp_path / "cold.jsonl", epochs=1, cache_dir=cache)
-    total = cache_info(cache)["bytes"]
-    store = _Store(str(cache / "v1"))
-    first = os.path.join(cache, sorted(entries(cache))[0])
-    os.link(first, os.path.join(store.tmp, f"{socket.gethostname()}-{os.getpid()}-0000abcd.tmp"))
-    with store.locked():
-        assert store.rescan() == total
-    assert cache_info(cache)["usage_counter"] == total
-
-
 def _dlc_fds():
     out = []
     for fd in os.listdir("/proc/self/fd"):
@@ -713,29 +686,12 @@ def test_kept_mappings_hold_no_file_descriptors(data, tmp_path):
         assert _dlc_fds() == []
 
 
-def test_kept_entries_are_read_only(data, tmp_path):
-    from detload._cache import _load
-
-    run(data, tmp_path / "cold.jsonl", epochs=1, cache_dir=tmp_path / "cache")
-    path = os.path.join(tmp_path / "cache", sorted(entries(tmp_path / "cache"))[0])
-    cols = _load(path, None)
-    for c in cols.values():
-        for a in (c.values, c.offsets) if hasattr(c, "offsets") else (c,):
-            assert not a.flags.writeable
-            with pytest.raises(ValueError, match="read-only"):
-                a[:1] = 0
-            with pytest.raises(ValueError):  # and cannot be made writable (a write would crash)
-                a.flags.writeable = True
-            with pytest.raises(ValueError):
-                a.base.flags.writeable = True
-
-
 def test_kept_mappings_stay_under_the_map_count_cap(data, tmp_path, monkeypatch):
     """Each mapping is one of the process's memory areas (vm.max_map_count): at most a
     quarter of that many entries are kept, whatever the byte limit."""
-    from detload import _cache
+    from detload._cache import kept
 
-    monkeypatch.setattr(_cache, "_max_map_count", lambda: 12)
+    monkeypatch.setattr(kept, "_max_map_count", lambda: 12)
     mapped = _count_maps(monkeypatch)
     with Loader(data, cache_dir=tmp_path / "cache", manifest=str(tmp_path / "capped.jsonl"), **OPTS) as loader:
         _passes(loader, range(4))
@@ -785,33 +741,16 @@ def test_sizes_that_are_not_finite_are_refused(data, tmp_path, bad, capsys):
     assert code == 2 and f"cache_map_limit '{bad}' is not a size" in capsys.readouterr().err
 
 
-def test_a_closed_table_keeps_nothing(data, tmp_path):
-    """A thread worker may outlive the pool's close() by a moment: what it offers then is not kept."""
-    from detload._cache import KeptMappings, _entry, _map
-
-    cache = tmp_path / "cache"
-    run(data, tmp_path / "cold.jsonl", epochs=1, cache_dir=cache)
-    path = os.path.join(cache, sorted(entries(cache))[0])
-    m = _map(path)
-    kept = _entry(m, None, defer=False)
-    table = KeptMappings(10**9)
-    table.offer(path, kept)
-    assert len(table) == 1 and table.nbytes == m.size
-    table.close()
-    table.offer(path, kept)
-    assert len(table) == 0 and table.nbytes == 0
-
-
 def test_map_count_cap_counts_every_loader_of_the_process(data, tmp_path, monkeypatch):
     """vm.max_map_count is per process: two loaders open at once share the cap."""
-    from detload import _cache
+    from detload._cache import kept
 
-    monkeypatch.setattr(_cache, "_max_map_count", lambda: 16)  # 4 kept mappings per process
+    monkeypatch.setattr(kept, "_max_map_count", lambda: 16)  # 4 kept mappings per process
     with Loader(data, cache_dir=tmp_path / "a", **OPTS) as one, Loader(data, cache_dir=tmp_path / "b", **OPTS) as two:
         _passes(one, range(2))
         _passes(two, range(2))
         assert len(one._pool.kept) + len(two._pool.kept) == 4
-    assert _cache._KEPT_COUNT[0] == 0
+    assert kept._KEPT_COUNT[0] == 0
 
 
 def test_an_entry_cut_short_in_place_while_kept_is_read_again(tmp_path):
@@ -910,42 +849,13 @@ def test_cache_limit_smaller_than_an_entry_says_so_once(data, tmp_path):
     same(tmp_path / "ref.jsonl", tmp_path / "tiny.jsonl")
 
 
-def test_entry_writes_survive_short_writes_and_many_buffers(tmp_path, monkeypatch):
-    # An entry is written with one vectored call (the page cache then holds it in large
-    # folios, cheap to map); the system may write less than asked, or take fewer buffers.
-    from detload import _cache
-
-    calls = []
-    real = os.pwritev
-
-    def short(fd, bufs, at):
-        calls.append(len(bufs))
-        # Writes a prefix of what it was given: at most 3 buffers, often ending inside one.
-        head = b"".join(bytes(b) for b in bufs[:3])
-        return real(fd, [head[: max(1, len(head) * 2 // 3)]], at)
-
-    monkeypatch.setattr(_cache.os, "pwritev", short)
-    rng = np.random.default_rng(0)
-    bufs = [rng.integers(0, 255, size=int(n), dtype=np.uint8) for n in rng.integers(0, 40, size=3000)]
-    bufs.insert(7, b"")
-    path = tmp_path / "f"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
-    try:
-        _cache._pwritev_all(fd, bufs, 10)
-    finally:
-        os.close(fd)
-    want = b"\0" * 10 + b"".join(bytes(b) for b in bufs)
-    assert path.read_bytes() == want
-    assert len(calls) > 1 and max(calls) <= _cache._IOV_MAX
-
-
 def test_an_entry_is_one_write(data, tmp_path, monkeypatch):
-    from detload import _cache
+    from detload._cache import write
 
     calls = collections.Counter()
     real_v, real_1 = os.pwritev, os.pwrite
-    monkeypatch.setattr(_cache.os, "pwritev", lambda *a: calls.update(["pwritev"]) or real_v(*a))
-    monkeypatch.setattr(_cache.os, "pwrite", lambda *a: calls.update(["pwrite"]) or real_1(*a))
+    monkeypatch.setattr(write.os, "pwritev", lambda *a: calls.update(["pwritev"]) or real_v(*a))
+    monkeypatch.setattr(write.os, "pwrite", lambda *a: calls.update(["pwrite"]) or real_1(*a))
     with Loader(str(data), cache_dir=str(tmp_path / "c"), workers=1, **OPTS) as ld:
         n = sum(1 for _ in ld)
     assert n > 0
