@@ -690,7 +690,8 @@ def make_plan_v2(
     if rank >= options.world_size:
         raise OptionError(f"rank {rank} is not below the world size {options.world_size}")
     if not isinstance(units, UnitList):
-        if len(units) and not isinstance(units[0], Unit):
+        if isinstance(units, np.ndarray) or (
+                len(units) and isinstance(units[0], (int, np.integer)) and not isinstance(units[0], bool)):
             units = UnitList.from_rows(units)  # type: ignore[arg-type]
         else:
             units = UnitList(units)  # type: ignore[arg-type]
