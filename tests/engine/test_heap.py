@@ -133,7 +133,6 @@ def _minor_faults(pid: int) -> int:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat") or platform.libc_ver()[0] != "glibc",
                     reason="glibc's allocator, page-fault counts from /proc")
-@pytest.mark.parametrize("pool", ["process", "thread"])
 def test_workers_reuse_the_memory_of_block_temporaries(tmp_path, pool):
     # Building a block of string and list columns allocates several MB of NumPy temporaries.
     # glibc gave them back to the kernel after each block, and every block faulted in
