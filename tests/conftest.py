@@ -3,6 +3,8 @@
 Profiles: ``ci`` (the default; few examples, since most property tests start
 workers) and ``local`` (many more). Pick one with ``HYPOTHESIS_PROFILE=local``.
 
+``pool`` runs a test with each worker pool (thread, process).
+
 ``leak_check`` asserts that nothing a loader started outlives it: no worker
 process, no ``detload-*`` thread, no ``/dev/shm/detload-<our pid>-*`` segment.
 """
@@ -45,6 +47,14 @@ def leak_check() -> Iterator[LeakCheck]:
     check = LeakCheck()
     yield check
     check.assert_clean()
+
+
+# -- the two worker pools ------------------------------------------------------
+
+@pytest.fixture(params=["thread", "process"])
+def pool(request) -> str:
+    """The worker pool: a test that takes ``pool`` runs once with threads, once with processes."""
+    return request.param
 
 
 # -- datasets ------------------------------------------------------------------

@@ -131,7 +131,6 @@ def _flip(path, at):
         f.write(bytes([b[0] ^ 0xFF]))
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_corrupt_entries_are_detected_refetched_and_warned_once(data, tmp_path, pool, capsys):
     """With process workers too the warning is a Python warning in the consumer's process,
     where filters and ``pytest.warns`` see it, not text on a worker's stderr."""
@@ -426,7 +425,6 @@ def test_runs_of_same_typed_columns_take_the_grouped_path(tmp_path):
     assert np.array_equal(grid[2], unit["d2"]) and np.shares_memory(grid, unit["d2"])
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_damage_found_while_a_block_is_built_never_reaches_a_batch(tmp_path, pool):
     """Warm blocks verify an entry's checksum while copying it (PendingCheck): a damaged
     entry makes the worker drop that block and rebuild it from the source."""
@@ -452,7 +450,6 @@ def test_damage_found_while_a_block_is_built_never_reaches_a_batch(tmp_path, poo
     assert cache_info(cache, verify=True)["corrupt"] == []  # refetched and written again
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_damaged_header_that_breaks_assembly_is_refetched(tmp_path, pool):
     """A header field is used before a deferred checksum is finished; when it breaks the
     block's assembly (here one column claims 299 rows of 300), the checksum decides:
@@ -598,7 +595,6 @@ def test_thread_workers_share_their_kept_mappings(data, tmp_path, monkeypatch):
     assert len(kept) == 0 and kept.nbytes == 0  # closing the loader drops them
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 @pytest.mark.parametrize("shape", ["mixed", "fixed"])
 def test_kept_mappings_notice_deleted_replaced_and_damaged_entries(data, tmp_path, pool, shape):
     """Entries changed on disk while a loader keeps them mapped are treated as without the
@@ -795,7 +791,6 @@ def test_cache_dir_with_a_tilde_is_the_home_folder(data, tmp_path, monkeypatch):
     assert cache_info(tmp_path / "home" / "detload-cache")["entries"] == 0
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_cache_folder_deleted_between_epochs_is_made_again(data, tmp_path, pool):
     """Someone removes the whole cache folder while a loader runs: the next pass writes the
     entries again (instead of loading uncached for the rest of the loader's life, with a

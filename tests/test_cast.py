@@ -88,7 +88,6 @@ def test_decimal_beyond_float32_is_refused(tmp_path):
         load(src, cast={"p": "float32"})
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_decimal_as_int64_scaled(tmp_path, pool):
     values = [decimal.Decimal("12.34"), decimal.Decimal("-0.05"), decimal.Decimal("9999999999999999.99"),
               decimal.Decimal("-9999999999999999.99"), decimal.Decimal(0)]

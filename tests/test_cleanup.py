@@ -21,8 +21,6 @@ from strategies import check_rows
 from detload import DataError, DetloadError, Loader, WorkerError
 from detload._engine.config import DebugHooks
 
-POOLS = ["thread", "process"]
-
 
 def _loader(root, pool="process", **kw) -> Loader:
     return Loader(root, **{"batch_size": 64, "seed": 3, "workers": 3, "pool": pool, "prefetch": 2, **kw})
@@ -39,7 +37,6 @@ def _running(loader, leak_check) -> None:
         assert sum(t.startswith("detload-worker-") for t in detload_threads()) == loader.workers
 
 
-@pytest.mark.parametrize("pool", POOLS)
 def test_normal_end_then_close(small_dataset, leak_check, pool):
     loader = _loader(small_dataset.root, pool)
     n = 0
@@ -53,7 +50,6 @@ def test_normal_end_then_close(small_dataset, leak_check, pool):
     loader.close()  # idempotent
 
 
-@pytest.mark.parametrize("pool", POOLS)
 def test_with_block(small_dataset, leak_check, pool):
     with _loader(small_dataset.root, pool) as loader:
         for _ in loader:
@@ -63,7 +59,6 @@ def test_with_block(small_dataset, leak_check, pool):
     leak_check.assert_clean()
 
 
-@pytest.mark.parametrize("pool", POOLS)
 @pytest.mark.parametrize("stop", [0, 3])
 def test_break_mid_epoch_then_close(small_dataset, leak_check, pool, stop):
     loader = _loader(small_dataset.root, pool, prefetch=3, batch_size=16)
@@ -75,7 +70,6 @@ def test_break_mid_epoch_then_close(small_dataset, leak_check, pool, stop):
     leak_check.assert_clean()
 
 
-@pytest.mark.parametrize("pool", POOLS)
 def test_exception_in_consumer_inside_with(small_dataset, leak_check, pool):
     with pytest.raises(KeyError, match="boom"), _loader(small_dataset.root, pool) as loader:
         for i, _ in enumerate(loader):
@@ -199,7 +193,6 @@ def _next_in_thread(it, timeout: float = 10.0) -> dict:
     return out
 
 
-@pytest.mark.parametrize("pool", POOLS)
 def test_superseded_iterator_does_not_hang(small_dataset, leak_check, pool):
     """iter(loader) twice (e.g. zip(loader, loader)): the older iterator must fail loudly, not block forever."""
     with _loader(small_dataset.root, pool) as loader:
@@ -231,7 +224,6 @@ def _drain_in_thread(it, timeout: float = 20.0) -> dict:
     return out
 
 
-@pytest.mark.parametrize("pool", POOLS)
 @pytest.mark.parametrize("how", ["next", "del"])
 def test_newer_iteration_survives_the_older_iterator_ending(small_dataset, leak_check, pool, how):
     """Closing a superseded iterator (its next() or its garbage collection) must not disturb the new pass.

@@ -125,7 +125,6 @@ def test_canonical_file_order_is_utf8_bytes(make_dataset):
     assert [d.path for d in loader.dataset.files] == order
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_random_worker_delays_and_slow_consumer_do_not_change_batches(small_dataset, tmp_path, pool, leak_check):
     kw = dict(batch_size=37, seed=2024, shuffle_window=2)
     ref, _ = run_epoch(small_dataset.root, str(tmp_path / "ref.jsonl"), **kw)
@@ -156,7 +155,6 @@ def _hashes(loader: Loader, ids: list | None = None) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_epochs_differ_and_repeat(small_dataset, tmp_path, pool, leak_check):
     with Loader(small_dataset.root, batch_size=50, seed=7, workers=2, pool=pool) as loader:
         ids0: list = []
@@ -183,7 +181,6 @@ def model_batches_concat(info, **kw) -> np.ndarray:
     return np.concatenate(model_batches(info, seed=7, batch_size=50, **kw))
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 @pytest.mark.parametrize("stop_after", [0, 1, 9])
 def test_break_mid_epoch_then_full_epoch_again(small_dataset, tmp_path, pool, stop_after, leak_check):
     kw = dict(batch_size=64, seed=11, workers=2, pool=pool, shuffle_window=3)

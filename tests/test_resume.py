@@ -1,8 +1,9 @@
-"""Mid-epoch resume: state_dict/load_state_dict, manifest continuation, rejected states, `detload run --resume`.
+"""Resume of a Loader: what it reads, torn manifests, rejected states, elastic resume, `detload run --resume`.
 
-The property: a run stopped at any step and resumed (other worker count, pool
-or world size) yields, and records, exactly what an uninterrupted run does,
-and reads no row group that only the skipped steps needed.
+A run stopped at any step and resumed (other worker count, pool or world size)
+yields, and records, exactly what an uninterrupted run does, and reads no row
+group that only the skipped steps needed. The single-rank form of that promise,
+for Loader and TorchLoader alike, is test_resume_contract.py.
 """
 
 from __future__ import annotations
@@ -72,28 +73,6 @@ def finish(loader: Loader, epochs: int = 2) -> list[np.ndarray]:
         loader.set_epoch(e)
         got += [b["id"].copy() for b in loader]
     return got
-
-
-@settings(max_examples=12 if os.environ.get("DETLOAD_FULL") == "1" else 4, deadline=None)
-@given(data=st.data())
-def test_resume_at_any_step_matches_the_uninterrupted_run(ds, full, tmp_path_factory, data):
-    full_path, full_ids = full
-    n = data.draw(st.integers(0, len(full_ids)), label="stop after")
-    workers = data.draw(st.sampled_from([1, 3]), label="resumed workers")
-    pool = data.draw(st.sampled_from(["thread", "process"]), label="resumed pool")
-    path = str(tmp_path_factory.mktemp("part") / "m.jsonl")
-    with Loader(ds, manifest=path, workers=2, **OPTS) as a:
-        first = stop_after(a, n)
-        state = json.loads(json.dumps(a.state_dict()))  # JSON round trip, as a checkpoint would
-    assert set(state) == {"format", "fingerprint", "epoch", "step", "order"}
-    with Loader(ds, manifest=path, workers=workers, pool=pool, **OPTS) as b:
-        b.load_state_dict(state)
-        rest = finish(b)
-    assert len(first) + len(rest) == len(full_ids)
-    for x, y in zip(first + rest, full_ids):
-        np.testing.assert_array_equal(x, y)
-    assert body(path) == body(full_path)
-    assert verify(full_path, path).identical
 
 
 def test_state_counts_yielded_batches_not_prefetched(ds):

@@ -110,7 +110,6 @@ def test_reads_fetch_only_the_requested_columns(s3, proxy, tmp_path):
     assert all(r.method in ("GET", "HEAD") for r in proxy.log)
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_transient_faults_are_retried_and_change_nothing(s3, proxy, tmp_path, pool):
     _, _, _, uri, ref = s3
     proxy.mode, proxy.fraction, proxy.faults = "fraction", 0.5, ("503", "drop", "throttle")
@@ -120,7 +119,6 @@ def test_transient_faults_are_retried_and_change_nothing(s3, proxy, tmp_path, po
     same(ref, tmp_path / "faulty.jsonl")
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_every_request_failing_gives_a_clear_error_within_the_budget(s3, proxy, monkeypatch, pool):
     _, _, _, uri, _ = s3
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")

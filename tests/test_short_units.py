@@ -96,7 +96,6 @@ _MESSAGE = (r"b\.parquet row group 1: column 'id' decodes to 3 rows, but the fil
             r"follows\) says the row group holds 5\. .*every batch before it was delivered intact")
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 @pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("cached", [False, True])
 def test_a_short_row_group_raises_and_no_short_batch_is_yielded(broken, tmp_path, pool, shuffle, cached):
@@ -140,7 +139,6 @@ def _short_entry(loader: Loader, file_idx: int, rg: int, ids: np.ndarray) -> Non
     cache.put(loader._cache_keys[file_idx], rg, {"id": ids, "x": ids * 0.5}, loader._uris[file_idx])
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_a_short_cache_entry_is_not_delivered(tmp_path, pool):
     """An entry whose columns hold fewer rows than the plan is discarded and the row group read again."""
     root = tmp_path / "data"

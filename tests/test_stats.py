@@ -19,7 +19,6 @@ def data(tmp_path_factory):
     return write_small(tmp_path_factory.mktemp("stats") / "d")
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_stats_count_every_stage_and_name_the_bound(data, pool, tmp_path):
     # A manifest makes the merger hash every batch (without one nothing is hashed).
     with Loader(data, batch_size=256, seed=3, workers=2, pool=pool, manifest=tmp_path / "m.jsonl") as ld:
@@ -128,7 +127,6 @@ def test_tracing_does_not_change_batches(data):
     assert hashes("thread", 1) == hashes("process", 2) == hashes("thread", 3)
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_unordered_benchmark_switch_still_delivers_every_row_once(data, pool):
     with Loader(data, batch_size=256, seed=3, workers=2, pool=pool, _benchmark_unordered=True) as ld:
         ids = np.concatenate([b["id"] for b in ld])

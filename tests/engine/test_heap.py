@@ -1,5 +1,7 @@
-"""Reused block buffers: a thread pool slab, or a process pool segment, comes back only when no view
-of its block is alive, so a batch a user keeps never changes."""
+"""Reused block buffers: what only heap slabs do (a give-back inside get, a close racing a give-back), and,
+through the loader, kept batches that never change while slabs or segments are reused.
+
+The promises heap slabs share with shared-memory segments are tested once in test_block_memory.py."""
 
 from __future__ import annotations
 
@@ -16,73 +18,6 @@ from hypothesis import strategies as st
 
 from detload import Loader, hash_batch
 from detload._engine.heap import BlockBuffers
-
-
-def _fill(a: np.ndarray, v: int) -> np.ndarray:
-    a[:] = v
-    return a
-
-
-def test_slab_not_reused_while_a_view_lives():
-    pool = BlockBuffers()
-    block = _fill(pool.get(1000), 7)
-    # The ways the loader and a user derive arrays from a block.
-    kept = [block[10:20], np.frombuffer(block, dtype=np.uint32, count=4, offset=64).reshape(2, 2)[1:]]
-    del block
-    gc.collect()
-    assert pool.idle == 0
-    other = _fill(pool.get(1000), 9)  # must be a different slab
-    assert pool.made == 2
-    assert all((k.view(np.uint8) == 7).all() for k in kept)
-    del kept
-    gc.collect()
-    assert pool.idle == 1
-    again = pool.get(500)  # smaller blocks fit a slab that is idle
-    assert pool.reused == 1 and pool.made == 2
-    del other, again
-
-
-def test_slabs_never_outnumber_live_blocks():
-    pool = BlockBuffers()
-    small = pool.get(10)
-    del small
-    gc.collect()
-    assert pool.idle == 1
-    big = pool.get(3 << 20)  # too big for the idle slab: that slab is freed, not kept beside it
-    assert pool.idle == 0 and pool.made == 2
-    del big
-    gc.collect()
-    pool.close()
-    assert pool.idle == 0
-
-
-def test_new_slabs_are_as_large_as_the_largest_block_so_far():
-    # Block sizes vary (a file's last row group is short): slabs sized to each block were
-    # remade again and again when a larger block followed a smaller one.
-    pool = BlockBuffers()
-    big = pool.get(4 << 20)
-    small = pool.get(100)  # a new slab, made as large as the 4 MiB one
-    assert pool.made == 2
-    del small
-    gc.collect()
-    big2 = pool.get(4 << 20)  # so a large block fits it
-    assert pool.made == 2 and pool.reused == 1
-    del big, big2
-    pool.close()
-
-
-def test_only_the_smallest_idle_slab_makes_way():
-    pool = BlockBuffers()
-    a, b, c = pool.get(1 << 20), pool.get(2 << 20), pool.get(100)
-    del a, b
-    gc.collect()
-    assert pool.idle == 2
-    d = pool.get(3 << 20)  # fits neither: the 1 MiB slab goes, the 2 MiB one stays for later
-    assert pool.idle == 1 and pool.made == 4
-    e = pool.get(2 << 20)
-    assert pool.made == 4 and pool.reused == 1
-    del c, d, e
-    pool.close()
 
 
 def test_a_block_freed_by_a_collection_inside_get_does_not_hang():
@@ -116,15 +51,6 @@ def test_a_block_freed_by_a_collection_inside_get_does_not_hang():
     assert not t.is_alive(), "BlockBuffers.get hung in its own lock"
     assert len(got) == 1 and pool.reused == 1  # the dead block's slab came back and served it
     got.clear()
-
-
-def test_closed_pool_keeps_nothing():
-    pool = BlockBuffers()
-    a = pool.get(100)
-    pool.close()
-    del a
-    gc.collect()
-    assert pool.idle == 0 and not pool._returned
 
 
 def test_a_slab_given_back_while_the_pool_closes_is_not_kept():
@@ -207,7 +133,6 @@ def _minor_faults(pid: int) -> int:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat") or platform.libc_ver()[0] != "glibc",
                     reason="glibc's allocator, page-fault counts from /proc")
-@pytest.mark.parametrize("pool", ["process", "thread"])
 def test_workers_reuse_the_memory_of_block_temporaries(tmp_path, pool):
     # Building a block of string and list columns allocates several MB of NumPy temporaries.
     # glibc gave them back to the kernel after each block, and every block faulted in

@@ -1,5 +1,7 @@
-"""Reused shared-memory segments of the process pool: a segment goes back to its worker only
-when no view of its block is alive, names never outlive the hand-over, and drops reach both sides."""
+"""Reused shared-memory segments of the process pool: names never outlive the hand-over, drops reach
+both sides, the reserve and the pass estimate size segments, and returns never block.
+
+The promises segments share with heap slabs are tested once in test_block_memory.py."""
 
 from __future__ import annotations
 
@@ -9,7 +11,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import psutil
 import pytest
 from leaks import wait_until
@@ -52,24 +53,6 @@ def _send(worker, consumer, nbytes, value, rows=0):
     return consumer.attach(sent, nbytes), sent
 
 
-def test_segment_comes_back_only_when_no_view_lives(pair):
-    worker, consumer, d = pair
-    block, seg = _send(worker, consumer, 5000, 7)
-    assert seg.name is not None and os.listdir(d) == []  # mapped and unlinked at once
-    kept = [block[10:20], np.frombuffer(block, dtype=np.uint32, count=4, offset=64).reshape(2, 2)[1:]]
-    del block
-    gc.collect()
-    other, seg2 = _send(worker, consumer, 5000, 9)  # the first is still viewed: a new segment
-    assert seg2.number != seg.number and worker.made == 2
-    assert all((k.view(np.uint8) == 7).all() for k in kept)
-    del kept
-    gc.collect()
-    again, seg3 = _send(worker, consumer, 3000, 5)  # smaller blocks fit an idle segment
-    assert seg3.number == seg.number and seg3.name is None
-    assert worker.reused == 1 and consumer.reused == 1 and consumer.made == 2
-    assert (again == 5).all() and (other == 9).all()
-
-
 def test_idle_segments_too_small_are_dropped_on_both_sides(pair):
     worker, consumer, _ = pair
     small, _ = _send(worker, consumer, 10, 1)
@@ -79,21 +62,6 @@ def test_idle_segments_too_small_are_dropped_on_both_sides(pair):
     assert seg.dropped and worker.made == 2
     assert consumer.mapped == 1
     del big
-
-
-def test_only_the_smallest_idle_segment_makes_way(pair):
-    worker, consumer, _ = pair
-    a, _ = _send(worker, consumer, 10, 1)
-    b, seg_b = _send(worker, consumer, 1 << 20, 2)
-    c, _ = _send(worker, consumer, 2 << 20, 3)
-    keep, _ = _send(worker, consumer, 10, 4)
-    del a, c
-    gc.collect()
-    d, seg_d = _send(worker, consumer, 4 << 20, 5)  # fits no idle one: only the 10-byte one goes
-    assert worker.made == 5 and len(seg_d.dropped) == 1
-    e, seg_e = _send(worker, consumer, 2 << 20, 6)  # the 2 MiB one stayed
-    assert worker.made == 5 and seg_e.name is None
-    del b, keep, d, e
 
 
 def test_unsent_blocks_keep_their_segment(pair):
@@ -207,18 +175,6 @@ def test_a_block_whose_segment_was_never_announced_says_so(pair):
     with pytest.raises(_shm.SharedMemoryError, match="never reached this process"):
         consumer.attach(seg._replace(name=None), 100)
     worker.unsent(seg)
-
-
-def test_new_segments_are_as_large_as_the_largest_so_far(pair):
-    worker, consumer, _ = pair
-    big, _ = _send(worker, consumer, 3 << 20, 1)
-    small, seg = _send(worker, consumer, 100, 2)  # made while the big one is in use: as large
-    assert seg.capacity >= 3 << 20
-    del small
-    gc.collect()
-    big2, seg2 = _send(worker, consumer, 3 << 20, 3)
-    assert seg2.number == seg.number and worker.made == 2
-    del big, big2
 
 
 def test_release_of_a_stale_block_gives_its_segment_back(pair):

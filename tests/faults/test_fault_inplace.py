@@ -31,7 +31,6 @@ def _run_until_error(loader: Loader, rewrite: str) -> tuple[int, str]:
     return delivered, str(info.value)
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_batches_from_the_changed_file_are_named(fault_data, leaks, pool):
     data = fault_data(files=2, row_groups=24)
     rel = data.files[0]  # steps 0-23 hold its rows; the worker is at most 3 blocks (12 units) ahead

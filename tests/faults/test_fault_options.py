@@ -181,7 +181,6 @@ def test_unsupported_type(tmp_path):
     Loader(str(tmp_path), batch_size=10, seed=0, columns=["i"]).close()  # leaving it out works
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_null_in_integer_column_names_file_and_row_group(tmp_path, pool):
     from detload import DataError
 

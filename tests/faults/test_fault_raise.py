@@ -53,7 +53,6 @@ def test_injected_exception_reaches_consumer(fault_data, leaks, pool, workers):
     leaks.clean_within(2.0)
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_unpicklable_exception_still_named(fault_data, leaks, pool):
     """An exception that cannot be pickled arrives as type name, message and traceback."""
     data = fault_data(files=2)
@@ -67,7 +66,6 @@ def test_unpicklable_exception_still_named(fault_data, leaks, pool):
     leaks.clean_within(2.0)
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_detload_errors_keep_their_type(fault_data, leaks, pool):
     """detload's own errors raised in a worker (they already name file and row group) are re-raised as is."""
     data = fault_data(files=2)
@@ -78,7 +76,6 @@ def test_detload_errors_keep_their_type(fault_data, leaks, pool):
     assert len(got) == first
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_loader_usable_after_worker_error(fault_data, leaks, pool):
     """After a reported read error, the next epoch on the same loader (workers persist) is complete."""
     data = fault_data(files=2)
