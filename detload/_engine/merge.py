@@ -29,6 +29,7 @@ from ..errors import DetloadError, WorkerError, WorkerStalledError
 from ..plan import Plan
 from .block import views
 from .messages import POLL, BlockReady, Task, WorkerFailed, put_until
+from .passes import concerns
 from .pool import WorkerPool
 
 __all__ = ["END", "Failure", "Run", "make_tasks"]
@@ -127,7 +128,7 @@ class Run:
         self._merged = False  # the merger took every block of the pass (ordered merge only)
         self.schedule = plan.schedule_from(start_step)
         self._tasks = make_tasks(plan, start_step, pool.workers, unit_files, unit_rgs)
-        # Tasks each worker already has: submitted ahead, with this generation, while
+        # Tasks each worker already has: submitted ahead, with this pass number, while
         # the previous pass was running (see Loader._build_ahead).
         self._ahead = list(ahead) if ahead is not None else [0] * pool.workers
         opts = plan.options
@@ -154,16 +155,12 @@ class Run:
             self._cancel.set()
         try:
             merged = self._merged
-            if merged:
-                # Every block of this pass was taken: the queues hold only what was built
-                # ahead for the next pass (generation gen + 1), which stays wanted.
-                self.pool.cancel(self.gen)
-            else:
-                # Stopped mid-pass: the queues hold this pass's blocks, which are freed, and
-                # what was built ahead is cancelled too, so the queues never hold blocks
-                # behind one another outside their bound (and a break is rarely followed by
-                # the pass predicted).
-                self.pool.cancel(self.gen + 1)
+            # Merged: the queues hold only what was built ahead for the next pass, which
+            # stays wanted. Stopped mid-pass: the queues hold this pass's blocks, which are
+            # freed, and what was built ahead is cancelled too, so the queues never hold
+            # blocks behind one another outside their bound (and a break is rarely followed
+            # by the pass predicted).
+            self.pool.passes.stop(self.gen, merged=merged)
             if self.thread.is_alive() and threading.current_thread() is not self.thread:
                 self.thread.join(timeout=5.0)
             while True:
@@ -196,7 +193,7 @@ class Run:
         except _Cancelled:
             return
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the consumer
-            self.pool.cancel(self.gen)
+            self.pool.passes.cancel(self.gen)
             _forget_frames(exc)
             try:
                 self._emit(Failure(exc))
@@ -248,7 +245,7 @@ class Run:
                             worker=w, unit=self._unit(st),
                         ) from None
                     continue
-            if msg.gen != self.gen and msg.gen != -1:
+            if not concerns(msg.gen, self.gen):
                 pool.release(msg)
                 if msg.gen > self.gen:
                     # A block built ahead for the next pass: a worker starts those only after
@@ -313,7 +310,7 @@ class Run:
                     msg = pool.get_nowait(w)
                 except queue.Empty:
                     continue
-                if msg.gen != self.gen and msg.gen != -1:
+                if not concerns(msg.gen, self.gen):
                     pool.release(msg)
                     continue
                 if type(msg) is WorkerFailed:

@@ -17,14 +17,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-__all__ = ["CLOSED", "CREDIT", "POLL", "STOP", "BlockReady", "PackedError", "Poller", "Task", "Tasks", "Timings", "WorkerFailed",
+__all__ = ["CREDIT", "POLL", "STOP", "BlockReady", "PackedError", "Poller", "Task", "Tasks", "Timings", "WorkerFailed",
            "pack_exception", "put_until"]
 
 #: Seconds between the checks of every wait that must notice something else meanwhile
 #: (a cancelled run, a dead worker or consumer, a closing pool).
 POLL = 0.05
-#: The generation of a closing pool: every task is stale, also those queued ahead.
-CLOSED = 2**62
 #: On a process worker's credit pipe: how many of its blocks the consumer took since the last message.
 CREDIT = struct.Struct("<q")
 
