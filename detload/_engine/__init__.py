@@ -11,6 +11,7 @@ Stages, in the order data flows (each module's docstring has the details):
       shm.py     block memory of process workers: reused /dev/shm segments
       spawn.py   how worker processes start (forkserver, never fork) and the ints they share
     merge.py     takes block k from worker k mod W, cuts batches, records manifest lines
+      watch.py   the stall/death watch: a dead or stalled worker while the merger waits
     passes.py    the pass-number rules: what is stale, what a stop cancels, what close does
     messages.py  every message between them, as named types, and the one bounded-put helper
 
