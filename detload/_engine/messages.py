@@ -104,13 +104,13 @@ def pack_exception(exc: BaseException) -> PackedError:
 
 
 def put_until(q: queue.Queue[Any], item: Any, give_up: Callable[[], bool]) -> bool:
-    """Put ``item`` on the bounded queue ``q``, waiting for room, unless ``give_up()`` turns true first
-    (checked every `POLL` seconds while the queue is full). True if it was put."""
-    try:
-        q.put_nowait(item)
-        return True
-    except queue.Full:
-        pass
+    """Put ``item`` on the bounded queue ``q``, waiting for room, unless ``give_up()`` is true
+    (checked first, then every `POLL` seconds while the queue is full). True if it was put.
+
+    Every bounded put between threads goes through here (a thread worker's outbox, the
+    merger's ready queue, the torch adapter's feeder): nothing is put once its reader
+    has given up, as a process worker's pipe write (worker.py) is not either.
+    """
     while not give_up():
         try:
             q.put(item, timeout=POLL)
