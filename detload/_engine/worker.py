@@ -19,7 +19,7 @@ import platform
 import queue
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -472,7 +472,3 @@ def _forward_warnings() -> None:
         _FORWARDED.append((category.__name__, str(message)))
 
     warnings.showwarning = keep
-
-
-def parse_units(units: Sequence[int], file_index: np.ndarray, rg_index: np.ndarray) -> tuple[tuple[int, int], ...]:
-    return tuple((int(file_index[u]), int(rg_index[u])) for u in units)
