@@ -20,8 +20,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from . import __version__
+from ._check import check_int, check_writable_file
 from ._layout import cli as _layout_cli
-from .errors import DetloadError, ManifestError, SchemaMismatchError
+from .errors import DetloadError, ManifestError, OptionError, SchemaMismatchError
 
 _MAP_HELP = ("cache entries kept memory-mapped between epochs (thread workers together, or each worker "
              "process), e.g. 8GB; 0 maps them anew each epoch (default: auto, a quarter of the memory)")
@@ -55,9 +56,10 @@ def _positive(name: str) -> Any:
             n = int(s)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a whole number, got {s!r}") from None
-        if n < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be at least 1, got {n}")
-        return n
+        try:
+            return check_int(name, n, 1)
+        except OptionError as exc:  # argparse shows only this type's message
+            raise argparse.ArgumentTypeError(str(exc)) from None
     return parse
 
 
@@ -441,8 +443,6 @@ def _write_json_atomic(path: str, obj: Any) -> None:
 
 
 def _cmd_bench(a: argparse.Namespace) -> int:
-    from ._check import check_writable_file
-    from .errors import OptionError
     from .loader import Loader
 
     if a.trace:

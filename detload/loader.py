@@ -362,14 +362,14 @@ class Loader:
             counts = None
             if (ahead is not None and ahead.pool is pool and start == 0
                     and ahead.key == (plan.epoch, plan.fingerprint)
-                    and ahead.gen >= pool.generation.value):  # not cancelled by a break
+                    and not pool.passes.is_stale(ahead.gen)):  # not cancelled by a break
                 # Workers already have (or are building) this pass's first blocks.
                 self._gen, counts = ahead.gen, ahead.counts
                 self.ahead_used += 1
             else:
-                # Newer than any generation handed out, so blocks built ahead for a
-                # pass that did not come are stale and freed.
-                self._gen = max(pool.generation.value, ahead.gen if ahead is not None else 0) + 1
+                # Newer than any number handed out, so blocks built ahead for a pass
+                # that did not come are stale and freed.
+                self._gen = pool.passes.fresh()
             run = Run(pool, plan, self.specs, gen=self._gen, start_step=start,
                       unit_files=self._unit_files, unit_rgs=self._unit_rgs,
                       stall_timeout=self.stall_timeout,
@@ -404,7 +404,7 @@ class Loader:
         plan = self.plan(nxt)
         tasks = make_tasks(plan, 0, pool.workers, self._unit_files, self._unit_rgs)
         counts = [min(len(t), self.prefetch) for t in tasks]
-        gen = self._gen + 1
+        gen = pool.passes.ahead(self._gen)
         pool.submit(gen, [t[:n] for t, n in zip(tasks, counts)], ahead=True)
         self._ahead = _Ahead(pool, gen, (plan.epoch, plan.fingerprint), counts)
 
@@ -718,7 +718,7 @@ if not _register_with_torch() and not any(isinstance(f, _TorchDataFinder) for f 
 
 @dataclass(frozen=True)
 class _Ahead:
-    """Tasks submitted ahead for the pass expected next: generation, plan key, tasks per worker."""
+    """Tasks submitted ahead for the pass expected next: its number, plan key, tasks per worker."""
 
     pool: WorkerPool
     gen: int

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import xxhash
 
+from ._check import check_int
 from .errors import EmptyDatasetError, OptionError
 
 __all__ = [
@@ -116,14 +117,11 @@ class OrderOptions:
     world_size: int = 1
 
     def __post_init__(self) -> None:
-        _check_int("seed", self.seed, 0, _MAX_SEED)
-        _check_int("batch_size", self.batch_size, 1)
-        _check_int("shuffle_window", self.shuffle_window, 1)
-        _check_int("partitions", self.partitions, 1)
-        _check_int("world_size", self.world_size, 1)
-        for name in ("seed", "batch_size", "shuffle_window", "partitions", "world_size"):
-            # A NumPy integer passes the checks but breaks the JSON of the fingerprint.
-            object.__setattr__(self, name, int(getattr(self, name)))
+        # check_int returns a plain int: a NumPy integer would break the JSON of the fingerprint.
+        set_ = object.__setattr__
+        set_(self, "seed", check_int("seed", self.seed, 0, _MAX_SEED, shown="[0, 2**64)"))
+        for name in ("batch_size", "shuffle_window", "partitions", "world_size"):
+            set_(self, name, check_int(name, getattr(self, name), 1))
         for name in ("shuffle", "drop_last"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -158,14 +156,6 @@ class OrderOptions:
             "drop_last": self.drop_last,
             "partitions": self.partitions,
         }
-
-
-def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise OptionError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < lo or (hi is not None and value > hi):
-        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise OptionError(f"{name} must be {bound}, got {value}")
 
 
 @dataclass(frozen=True)
@@ -305,8 +295,8 @@ def make_plan(
     partition's stream is its blocks' rows in order and step i takes rows
     [i*m, (i+1)*m) of every partition (m = global batch / P).
     """
-    _check_int("epoch", epoch, 0, _U32)
-    _check_int("rank", rank, 0)
+    check_int("epoch", epoch, 0, _U32, shown="[0, 2**32)")
+    check_int("rank", rank, 0)
     if rank >= options.world_size:
         raise OptionError(f"rank {rank} is not below the world size {options.world_size}")
     rows = np.asarray(unit_rows, dtype=np.int64)

@@ -29,14 +29,13 @@ except ModuleNotFoundError as exc:
         name="torch",
     ) from None
 
+from ._engine.messages import POLL, put_until
 from ._types import Column, Ragged
 from .errors import DetloadError, OptionError
 from .loader import Loader, check_epoch, refuse_pickling, refuse_torch_workers
 from .stats import Stats
 
 __all__ = ["RaggedTensor", "TorchLoader", "to_torch"]
-
-_POLL = 0.05
 
 
 class RaggedTensor(NamedTuple):
@@ -536,7 +535,7 @@ class TorchLoader:
                     raise DetloadError("this TorchLoader iteration was stopped: set_epoch(), load_state_dict(), "
                                        "close() or a new iter() was called since it began; start a new one")
                 try:
-                    item = q.get(timeout=_POLL)
+                    item = q.get(timeout=POLL)
                 except queue.Empty:
                     if not th.is_alive() and q.empty():
                         raise RuntimeError("detload's torch feeder thread ended without a result") from None
@@ -661,13 +660,7 @@ def _check_stack(stack: Mapping[str, Any] | None, loader: Loader) -> Stack:
 
 
 def _put(q: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
-    while not stop.is_set():
-        try:
-            q.put(item, timeout=_POLL)
-            return True
-        except queue.Full:
-            continue
-    return False
+    return put_until(q, item, stop.is_set)
 
 
 def local_device() -> torch.device:

@@ -11,6 +11,8 @@ Stages, in the order data flows (each module's docstring has the details):
       shm.py     block memory of process workers: reused /dev/shm segments
       spawn.py   how worker processes start (forkserver, never fork) and the ints they share
     merge.py     takes block k from worker k mod W, cuts batches, records manifest lines
+      watch.py   the stall/death watch: a dead or stalled worker while the merger waits
+    passes.py    the pass-number rules: what is stale, what a stop cancels, what close does
     messages.py  every message between them, as named types, and the one bounded-put helper
 
 Messages: the pool sends `Tasks` (a pass number and `Task` list) to each worker;
@@ -19,11 +21,17 @@ a worker answers with `BlockReady` (block k of a pass, its `Layout` and
 travels as a tuple read by position.
 
 Pass numbers ("generations"): every pass of the loader (an epoch, or the rest of
-one after a resume) has a number. A worker drops a task or block whose number is
-older than the pool's current one; a newer one is the next pass, built ahead
-while the consumer finishes this one, and is kept. A stop (break, error) makes
-the current number stale so workers drop what they hold; close() stops every
-worker and releases all block memory.
+one after a resume) has a number, and one object, the pool's `Passes`
+(passes.py), holds the rules. It keeps the oldest number still wanted; work of
+an older pass is stale (`is_stale`) and dropped, work of a newer one is the next
+pass, built ahead (`ahead`: the running pass's number plus one) while the
+consumer finishes this one, and is kept. A pass not built ahead gets a number
+newer than any handed out (`fresh`), so what was built for a pass that did not
+come is freed. A stop (break, error) cancels the pass, and also the one built
+ahead unless the merger had taken every block of the pass (`stop`); the number
+only ever grows. close() makes every number stale (`close`), then stops every
+worker and releases all block memory. Process workers read the same number
+through a slot of shared ints (spawn.py), wrapped in a `Passes` of their own.
 
 Memory ownership: a block's bytes belong to the worker until it hands the block
 over; then to the consumer's views (batches are zero-copy views of the block).

@@ -25,11 +25,13 @@ from .._cache import CacheWarning
 from .._trace import MERGER, Tracer
 from .._types import Column, ColumnSpec, Ragged
 from ..audit import batch_line, hash_batch
-from ..errors import DetloadError, WorkerError, WorkerStalledError
+from ..errors import DetloadError, WorkerError
 from ..plan import Plan
 from .block import views
 from .messages import POLL, BlockReady, Task, WorkerFailed, put_until
+from .passes import concerns
 from .pool import WorkerPool
+from .watch import Watch
 
 __all__ = ["END", "Failure", "Run", "make_tasks"]
 
@@ -119,6 +121,7 @@ class Run:
         self.gen = gen
         self.start_step = start_step
         self.stall_timeout = stall_timeout
+        self.watch = Watch(pool, gen, stall_timeout)
         self.ordered = ordered
         self.hash_batches = hash_batches
         self.ready: queue.Queue[Any] = queue.Queue(maxsize=ready_depth)
@@ -127,7 +130,7 @@ class Run:
         self._merged = False  # the merger took every block of the pass (ordered merge only)
         self.schedule = plan.schedule_from(start_step)
         self._tasks = make_tasks(plan, start_step, pool.workers, unit_files, unit_rgs)
-        # Tasks each worker already has: submitted ahead, with this generation, while
+        # Tasks each worker already has: submitted ahead, with this pass number, while
         # the previous pass was running (see Loader._build_ahead).
         self._ahead = list(ahead) if ahead is not None else [0] * pool.workers
         opts = plan.options
@@ -154,16 +157,12 @@ class Run:
             self._cancel.set()
         try:
             merged = self._merged
-            if merged:
-                # Every block of this pass was taken: the queues hold only what was built
-                # ahead for the next pass (generation gen + 1), which stays wanted.
-                self.pool.cancel(self.gen)
-            else:
-                # Stopped mid-pass: the queues hold this pass's blocks, which are freed, and
-                # what was built ahead is cancelled too, so the queues never hold blocks
-                # behind one another outside their bound (and a break is rarely followed by
-                # the pass predicted).
-                self.pool.cancel(self.gen + 1)
+            # Merged: the queues hold only what was built ahead for the next pass, which
+            # stays wanted. Stopped mid-pass: the queues hold this pass's blocks, which are
+            # freed, and what was built ahead is cancelled too, so the queues never hold
+            # blocks behind one another outside their bound (and a break is rarely followed
+            # by the pass predicted).
+            self.pool.passes.stop(self.gen, merged=merged)
             if self.thread.is_alive() and threading.current_thread() is not self.thread:
                 self.thread.join(timeout=5.0)
             while True:
@@ -196,7 +195,7 @@ class Run:
         except _Cancelled:
             return
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the consumer
-            self.pool.cancel(self.gen)
+            self.pool.passes.cancel(self.gen)
             _forget_frames(exc)
             try:
                 self._emit(Failure(exc))
@@ -219,8 +218,8 @@ class Run:
 
     def _take(self, w: int, k: int) -> dict[str, Column]:
         pool = self.pool
-        last_status = pool.statuses[w].get()
-        deadline = time.monotonic() + self.stall_timeout if self.stall_timeout else None
+        watch = self.watch
+        watch.expect(w)
         t0 = time.perf_counter()
         while True:
             if self._cancel.is_set():
@@ -228,27 +227,17 @@ class Run:
             try:
                 msg = pool.get(w, timeout=POLL)
             except queue.Empty:
-                st = pool.statuses[w].get()
-                if not pool.alive(w):
+                if watch.dead(w):
                     # What it sent before it went still waits in its pipe (a start-up failure).
                     try:
                         msg = pool.get_nowait(w)
                     except queue.Empty:
-                        raise self._death(w, k, st) from None
+                        raise watch.death(w, k) from None
                 else:
                     pool.flush(w)  # credits and segments that did not fit its pipes earlier
-                    if st != last_status:
-                        last_status = st
-                        deadline = time.monotonic() + self.stall_timeout if self.stall_timeout else None
-                    elif deadline is not None and time.monotonic() > deadline:
-                        raise WorkerStalledError(
-                            f"worker {w} made no progress for {self.stall_timeout:g} s on block {k} "
-                            f"({self._where(st)}). A stalled read (network, disk)? Raise "
-                            "stall_timeout, or pass stall_timeout=None to wait forever.",
-                            worker=w, unit=self._unit(st),
-                        ) from None
+                    watch.progress(w, k)
                     continue
-            if msg.gen != self.gen and msg.gen != -1:
+            if not concerns(msg.gen, self.gen):
                 pool.release(msg)
                 if msg.gen > self.gen:
                     # A block built ahead for the next pass: a worker starts those only after
@@ -265,23 +254,6 @@ class Run:
             if msg.k != k:  # pragma: no cover - would be a scheduling bug
                 raise DetloadError(f"internal error: worker {w} sent block {msg.k}, expected {k}")
             return self._accept(w, t0, msg)
-
-    def _death(self, w: int, k: int, st: tuple[int, int, int, int]) -> WorkerError:
-        """The error for worker ``w``, found dead while the merger waited for its block ``k``."""
-        u = self._unit(st)
-        if u is None:
-            doing = f"waiting to produce block {k} (between row groups)"
-        elif st[0] == self.gen:
-            doing = f"producing block {st[1]} (reading {u[0]} row group {u[1]})"
-        else:
-            # A read it had started for another pass (one built ahead that this pass did not use).
-            which = "an earlier pass" if st[0] < self.gen else "the next pass"
-            doing = f"reading {u[0]} row group {u[1]} for a block of {which}"
-        return WorkerError(
-            f"{self.pool.describe_death(w)} while {doing}; block {k} is the first of this pass it "
-            "did not hand over. Every batch yielded before this error is intact.",
-            worker=w, unit=u,
-        )
 
     def _accept(self, w: int, t0: float, msg: BlockReady) -> dict[str, Column]:
         pool = self.pool
@@ -313,7 +285,7 @@ class Run:
                     msg = pool.get_nowait(w)
                 except queue.Empty:
                     continue
-                if msg.gen != self.gen and msg.gen != -1:
+                if not concerns(msg.gen, self.gen):
                     pool.release(msg)
                     continue
                 if type(msg) is WorkerFailed:
@@ -328,21 +300,8 @@ class Run:
                         if type(msg) is WorkerFailed:
                             self._raise_worker_error(w, msg)
                         pool.release(msg)
-                    raise WorkerError(f"{pool.describe_death(w)}", worker=w)
+                    raise self.watch.death(w)
             time.sleep(0.0005)
-
-    def _unit(self, st: tuple[int, int, int, int]) -> tuple[str, int] | None:
-        _, _, f, rg = st
-        return (self.pool.cfg.files[f].path, rg) if f >= 0 else None
-
-    def _where(self, st: tuple[int, int, int, int]) -> str:
-        u = self._unit(st)
-        where = f"reading {u[0]} row group {u[1]}" if u else "between row groups"
-        if st[0] != self.gen and u:
-            # A block of another pass (one built ahead that this pass did not use): the
-            # worker drops it only after the read it is in returns.
-            where += ", for a block of another pass that it must finish first"
-        return where
 
     def _raise_worker_error(self, w: int, msg: WorkerFailed) -> None:
         err = msg.error

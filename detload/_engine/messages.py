@@ -17,14 +17,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-__all__ = ["CLOSED", "CREDIT", "POLL", "STOP", "BlockReady", "PackedError", "Poller", "Task", "Tasks", "Timings", "WorkerFailed",
+__all__ = ["CREDIT", "POLL", "STOP", "BlockReady", "PackedError", "Poller", "Task", "Tasks", "Timings", "WorkerFailed",
            "pack_exception", "put_until"]
 
 #: Seconds between the checks of every wait that must notice something else meanwhile
 #: (a cancelled run, a dead worker or consumer, a closing pool).
 POLL = 0.05
-#: The generation of a closing pool: every task is stale, also those queued ahead.
-CLOSED = 2**62
 #: On a process worker's credit pipe: how many of its blocks the consumer took since the last message.
 CREDIT = struct.Struct("<q")
 
@@ -106,13 +104,13 @@ def pack_exception(exc: BaseException) -> PackedError:
 
 
 def put_until(q: queue.Queue[Any], item: Any, give_up: Callable[[], bool]) -> bool:
-    """Put ``item`` on the bounded queue ``q``, waiting for room, unless ``give_up()`` turns true first
-    (checked every `POLL` seconds while the queue is full). True if it was put."""
-    try:
-        q.put_nowait(item)
-        return True
-    except queue.Full:
-        pass
+    """Put ``item`` on the bounded queue ``q``, waiting for room, unless ``give_up()`` is true
+    (checked first, then every `POLL` seconds while the queue is full). True if it was put.
+
+    Every bounded put between threads goes through here (a thread worker's outbox, the
+    merger's ready queue, the torch adapter's feeder): nothing is put once its reader
+    has given up, as a process worker's pipe write (worker.py) is not either.
+    """
     while not give_up():
         try:
             q.put(item, timeout=POLL)

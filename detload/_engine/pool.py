@@ -1,9 +1,10 @@
 """Worker pools: a set of persistent workers (threads or processes) and the channels to them.
 
 The pool only starts, feeds, watches and stops workers; it decides nothing
-about order. Work comes in generations: ``generation`` holds the oldest one
-still wanted, so a task or block of an older one is stale and dropped, while a
-newer one (the next epoch's first blocks, built ahead) is kept.
+about order. Work comes in numbered passes: ``passes`` (a `Passes`, see
+_engine/passes.py) holds the oldest one still wanted, so a task or block of an
+older one is stale and dropped, while a newer one (the next epoch's first
+blocks, built ahead) is kept.
 
 Thread workers get `Tasks` on a ``queue.Queue`` and put their blocks on a
 bounded one. Process workers (started by _engine/spawn.py: forkserver, never fork)
@@ -49,8 +50,9 @@ from . import shm as _shm
 from . import spawn as _spawn
 from .config import WorkerConfig
 from .heap import BlockBuffers
-from .messages import CLOSED, CREDIT, BlockReady, Poller, Task, Tasks, WorkerFailed
-from .worker import Status, ThreadLink, _SharedInt, process_main, worker_loop
+from .messages import CREDIT, BlockReady, Poller, Task, Tasks, WorkerFailed
+from .passes import Passes
+from .worker import Status, ThreadLink, process_main, worker_loop
 
 __all__ = ["WorkerPool"]
 
@@ -214,15 +216,15 @@ class WorkerPool:
         self._ints: _spawn.SharedInts | None = None
         # A worker that could not start, or failed outside any block, keeps its message here.
         self._failed: dict[int, WorkerFailed] = {}
-        self._gen_lock = threading.Lock()  # guards writes of generation (see cancel)
-        self.generation: Any = _SharedInt(0)  # processes: a slot of SharedInts, see _start_processes
+        # Processes: over a slot of SharedInts that the workers read (see _start_processes).
+        self.passes = Passes()
         if kind == "thread":
             for i in range(workers):
                 inbox: queue.Queue[Any] = queue.Queue()
                 outbox: queue.Queue[Any] = queue.Queue(maxsize=prefetch)
                 st = Status()
                 t = threading.Thread(
-                    target=worker_loop, args=(self.cfg, i, ThreadLink(inbox, outbox), self.generation, st),
+                    target=worker_loop, args=(self.cfg, i, ThreadLink(inbox, outbox), self.passes, st),
                     name=f"detload-worker-{i}", daemon=True,
                 )
                 self.inboxes.append(inbox)
@@ -256,7 +258,7 @@ class WorkerPool:
         ctx = _spawn.context()
         assert self.shm_dir is not None
         ints = self._ints = _spawn.SharedInts(1 + _spawn.SLOTS_PER_WORKER * self.workers, directory=self.shm_dir)
-        self.generation = _spawn.Slot(ints, 0)
+        self.passes = Passes(_spawn.Slot(ints, 0))
         theirs: list[Any] = []  # the workers' ends: closed here once they have their copies
         try:
             returns, outs, sent = [], [], []
@@ -289,29 +291,17 @@ class WorkerPool:
 
     # -- feeding -----------------------------------------------------------
     def submit(self, gen: int, schedules: list[list[Task]], *, ahead: bool = False) -> None:
-        """Queue each worker's tasks. Generation ``gen`` becomes the oldest one wanted,
-        unless ``ahead``: then the tasks wait behind the current ones, and stay wanted
-        when the current generation is cancelled."""
+        """Queue each worker's tasks of pass ``gen``, which begins (`Passes.begin`), unless
+        ``ahead``: then the tasks wait behind the current ones, and stay wanted when the
+        current pass stops once it is merged (`Passes.stop`)."""
         if not ahead:
-            with self._gen_lock:
-                self.generation.value = max(self.generation.value, gen)
+            self.passes.begin(gen)
         for w, tasks in enumerate(schedules):
             if tasks:
                 if self._sender is not None:
                     self._sender.send(w, Tasks(gen, tasks))
                 else:
                     self.inboxes[w].put(Tasks(gen, tasks))
-
-    def cancel(self, gen: int) -> None:
-        """Make generation ``gen`` stale: workers drop its remaining tasks.
-
-        The merger (on a failure) and the consumer's thread (stopping a run) may
-        both cancel at once; the value only ever grows, or blocks built ahead that
-        one of them had freed could look wanted again.
-        """
-        with self._gen_lock:
-            if self.generation.value <= gen:
-                self.generation.value = gen + 1
 
     def get(self, w: int, timeout: float) -> Any:
         """Worker ``w``'s next message, waiting up to ``timeout`` s (``queue.Empty`` if none)."""
@@ -423,8 +413,7 @@ class WorkerPool:
         self._closed = True
         started = [h for h in self.handles if self.kind == "thread" or h.pid is not None]
         try:
-            with self._gen_lock:
-                self.generation.value = CLOSED  # every generation is stale, those queued ahead too
+            self.passes.close()  # every pass is stale, those queued ahead too
             if self.kind == "thread":
                 for inbox in self.inboxes:
                     inbox.put(None)

@@ -20,7 +20,7 @@ Two things multiprocessing does by default do not suit a loader:
   worker ignores it before it unblocks it.
 
 `SharedInts` holds what the pool and its worker processes both read: the
-generation and, per worker, its status and the number of blocks it sent
+oldest wanted pass number (see passes.py) and, per worker, its status and the number of blocks it sent
 (`worker_slots`).
 """
 
@@ -227,7 +227,7 @@ SLOTS_PER_WORKER = 5
 
 
 def worker_slots(ints: SharedInts, worker: int) -> tuple[Window, Slot]:
-    """Worker ``worker``'s status slots and its count of blocks sent (slot 0 is the generation)."""
+    """Worker ``worker``'s status slots and its count of blocks sent (slot 0 is the oldest wanted pass number)."""
     base = 1 + SLOTS_PER_WORKER * worker
     # A worker that has not started (or never gets work) is idle, not "on file 0, row group 0".
     for i in (1, 2, 3):

@@ -19,7 +19,7 @@ import platform
 import queue
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,6 @@ from . import spawn as _spawn
 from .block import Layout, assemble
 from .config import WorkerConfig
 from .messages import (
-    CLOSED,
     CREDIT,
     POLL,
     STOP,
@@ -46,6 +45,7 @@ from .messages import (
     pack_exception,
     put_until,
 )
+from .passes import EVERY, Passes
 from .reader import UnitReader
 from .spawn import MainSource, SharedInts
 
@@ -190,14 +190,14 @@ class ProcessLink:
     """
 
     def __init__(self, cfg: WorkerConfig, inbox: Any, outbox: Any, credit: Any, segs: _shm.WorkerSegments,
-                 prefetch: int, generation: Any, sent: Any) -> None:
+                 prefetch: int, passes: Passes, sent: Any) -> None:
         self.cfg = cfg
         self.inbox = inbox
         self.outbox = outbox
         self.credit = credit
         self.segs = segs
         self.prefetch = prefetch
-        self.generation = generation
+        self.passes = passes
         parent = mp.parent_process()
         self._parent = parent.sentinel if parent is not None else None
         watch = [] if self._parent is None else [self._parent]
@@ -214,7 +214,7 @@ class ProcessLink:
         parent_exited = self._parent is not None and self._parent in ready
         # Timed out: the slower checks (a consumer gone while its pipe lives on; a closing pool).
         if parent_exited or (not ready and (not _shm.pid_alive(self.cfg.parent_pid)
-                                            or self.generation.value >= CLOSED)):
+                                            or self.passes.closed)):
             self.gone = True
         if self.credit in ready:
             self._take_credits()
@@ -278,12 +278,12 @@ class ProcessLink:
             return False
 
 
-def worker_loop(cfg: WorkerConfig, index: int, link: ThreadLink | ProcessLink, generation: Any,
+def worker_loop(cfg: WorkerConfig, index: int, link: ThreadLink | ProcessLink, passes: Passes,
                 status: Status, segs: _shm.WorkerSegments | None = None) -> None:
     """Serve `Tasks` from ``link`` until it says `STOP`.
 
-    Tasks of an old generation (the consumer restarted the epoch) are dropped;
-    a block built for one is released rather than sent. ``segs`` is set in a
+    Tasks of a stale pass (`Passes.is_stale`: the consumer restarted the epoch) are
+    dropped; a block built for one is released rather than sent. ``segs`` is set in a
     worker process: blocks are built in its shared-memory segments.
     """
     t0 = time.perf_counter()
@@ -302,8 +302,8 @@ def worker_loop(cfg: WorkerConfig, index: int, link: ThreadLink | ProcessLink, g
                 continue
             gen, tasks = msg.gen, msg.tasks
 
-            def stale(gen: int = gen) -> bool:  # a newer generation (built ahead) is not
-                return bool(generation.value > gen)
+            def stale(gen: int = gen) -> bool:  # a newer pass (built ahead) is not
+                return passes.is_stale(gen)
 
             # Every message starts (part of) a pass: the first blocks of the next one,
             # built ahead, or the rest of a pass when it begins, perhaps long after.
@@ -366,18 +366,11 @@ def _parent_alive(cfg: WorkerConfig) -> bool:
     return _shm.pid_alive(cfg.parent_pid)
 
 
-class _SharedInt:
-    """Thread-side stand-in for a shared generation counter."""
-
-    def __init__(self, v: int = 0) -> None:
-        self.value = v
-
-
 def process_main(cfg_data: bytes, index: int, inbox: Any, outbox: Any, credit: Any, ints: SharedInts, returns: Any,
                  prefetch: int, main: MainSource | None = None, main_names: tuple[str, ...] = ()) -> None:
     """Entry point of a worker process.
 
-    ``cfg_data`` is the pickled `WorkerConfig`; ``ints`` holds the generation (slot 0)
+    ``cfg_data`` is the pickled `WorkerConfig`; ``ints`` holds the oldest wanted pass number (slot 0)
     and each worker's slots (`_spawn.worker_slots`); ``credit`` says how many of its blocks
     the consumer took; ``returns`` brings back the segments it is done with; ``main`` is set when the
     configuration refers to ``main_names`` of the main module, which must then be
@@ -403,16 +396,16 @@ def process_main(cfg_data: bytes, index: int, inbox: Any, outbox: Any, credit: A
         segs = _shm.WorkerSegments(cfg.shm_dir, cfg.shm_prefix, index, returns, reserve=prefetch + 1)
     except BaseException as exc:
         with contextlib.suppress(OSError, ValueError):
-            outbox.send(WorkerFailed(-1, -1, pack_exception(exc), None, "start",
+            outbox.send(WorkerFailed(EVERY, -1, pack_exception(exc), None, "start",
                                      _start_hint(stage, exc, main, main_names)))
         raise SystemExit(1) from None
-    generation = _spawn.Slot(ints, 0)
+    passes = Passes(_spawn.Slot(ints, 0))  # read only here: the pool moves the number
     status, sent = _spawn.worker_slots(ints, index)
-    link = ProcessLink(cfg, inbox, outbox, credit, segs, prefetch, generation, sent)
+    link = ProcessLink(cfg, inbox, outbox, credit, segs, prefetch, passes, sent)
     try:
-        worker_loop(cfg, index, link, generation, Status(status), segs)
+        worker_loop(cfg, index, link, passes, Status(status), segs)
     except Exception as exc:  # a bug outside any block: reported, not printed
-        link.send(WorkerFailed(-1, -1, pack_exception(exc), None, "worker"), lambda: False)
+        link.send(WorkerFailed(EVERY, -1, pack_exception(exc), None, "worker"), lambda: False)
         raise SystemExit(1) from None
     finally:
         segs.close()
@@ -479,7 +472,3 @@ def _forward_warnings() -> None:
         _FORWARDED.append((category.__name__, str(message)))
 
     warnings.showwarning = keep
-
-
-def parse_units(units: Sequence[int], file_index: np.ndarray, rg_index: np.ndarray) -> tuple[tuple[int, int], ...]:
-    return tuple((int(file_index[u]), int(rg_index[u])) for u in units)

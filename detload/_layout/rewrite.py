@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .._check import check_int
 from ..errors import DatasetError, DetloadError, EmptyDatasetError, OptionError, SchemaMismatchError
 from .digest import Digest, column_seed, digest, hash_values
 
@@ -302,10 +303,8 @@ def layout(
     if group_by is not None and group_by in sort_keys:
         raise OptionError(f"group_by {group_by!r} is also listed in sort_by; groups are always ordered by their key, "
                           "leave it out of sort_by")
-    if isinstance(row_group_rows, bool) or not isinstance(row_group_rows, int) or row_group_rows < 1:
-        raise OptionError(f"row_group_rows must be a positive integer, got {row_group_rows!r}")
-    if isinstance(files, bool) or not isinstance(files, int) or files < 1:
-        raise OptionError(f"files must be a positive integer, got {files!r}")
+    row_group_rows = check_int("row_group_rows", row_group_rows, 1, what="rows per output row group")
+    files = check_int("files", files, 1, what="output files")
     if not 0.0 <= boundary_slack < 1.0:
         raise OptionError(f"boundary_slack must be in [0, 1), got {boundary_slack!r}")
     dst_path = _check_dst(dst)

@@ -252,25 +252,6 @@ def test_dropping_many_blocks_at_once_never_blocks_the_consumer(tmp_path):
     consumer.close()
 
 
-def test_cancel_never_lowers_the_generation():
-    """The merger (on a failure) and the consumer (stopping a run) may cancel at once."""
-    import threading
-
-    from detload._engine.pool import WorkerPool
-    from detload._engine.worker import _SharedInt
-
-    pool = WorkerPool.__new__(WorkerPool)  # only the generation logic, no workers
-
-    pool.generation = _SharedInt(0)
-    pool._gen_lock = threading.Lock()
-    pool.inboxes = []
-    pool.cancel(6)
-    pool.cancel(4)  # a late cancel of an older run
-    assert pool.generation.value == 7
-    pool.submit(5, [], ahead=False)
-    assert pool.generation.value == 7
-
-
 def test_segments_of_a_zombie_are_swept(tmp_path):
     """A SIGKILLed consumer nobody has reaped yet counts as gone: its segments are reclaimed."""
     proc = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -379,8 +379,10 @@ def test_refuses_unsortable_keys_and_bad_options(tmp_path, small_src):
         layout(small_src, tmp_path / "dst", group_by="f")
     with pytest.raises(OptionError, match="needs sort_by .* or group_by"):
         layout(small_src, tmp_path / "dst")
-    with pytest.raises(OptionError, match="row_group_rows must be a positive integer, got 0"):
+    with pytest.raises(OptionError, match=r"^row_group_rows must be an int >= 1 \(rows per output row group\), got 0$"):
         layout(small_src, tmp_path / "dst", sort_by=["k"], row_group_rows=0)
+    with pytest.raises(OptionError, match=r"^files must be an int >= 1 \(output files\), got bool True$"):
+        layout(small_src, tmp_path / "dst", sort_by=["k"], files=True)
     with pytest.raises(OptionError, match=r"group_by 'k' is also listed in sort_by"):
         layout(small_src, tmp_path / "dst", sort_by=["k"], group_by="k")
 
