@@ -12,7 +12,7 @@ import os
 import sys
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from ._check import check_int, check_seconds
@@ -191,7 +191,7 @@ def _set(obj: Any, values: Any) -> None:
 
 
 def _names(cls: type) -> dict[str, str]:
-    return {f: f"{cls.__name__}.{f}" for f in cls.__dataclass_fields__}
+    return {f.name: f"{cls.__name__}.{f.name}" for f in fields(cls)}
 
 
 # -- shorthands -----------------------------------------------------------------------
@@ -270,7 +270,7 @@ def deprecation(old: str) -> str:
 def warn_deprecated(message: str) -> None:
     """One DeprecationWarning attributed to the first caller outside detload (so Python shows it
     where the old spelling is written, also when `TorchLoader` builds the `Loader`)."""
-    level, frame = 1, sys._getframe(1)
+    level, frame = 2, sys._getframe(1)
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE + os.sep):
         frame, level = frame.f_back, level + 1  # type: ignore[assignment]
     warnings.warn(message, DeprecationWarning, stacklevel=level)
