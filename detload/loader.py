@@ -25,14 +25,15 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from . import __version__
+from . import __version__, _hooks
 from ._arrow import fill_value
 from ._cache import object_key, open_cache
 from ._check import check_int, check_path, check_writable_file
 from ._discovery import Dataset, SkippedFilesWarning, describe_skipped, discover
-from ._engine.config import DebugHooks, FileRef, WorkerConfig
+from ._engine.config import FileRef, WorkerConfig
 from ._engine.merge import END, STOPPED, Failure, Run, make_tasks
 from ._engine.pool import WorkerPool
+from ._hooks import Hooks
 from ._storage import display_uri, object_uri
 from ._trace import CONSUMER, Tracer
 from ._types import INT96_UNIT, SCALED, Column, ColumnSpec, normalize_cast, type_mapping_version
@@ -179,11 +180,10 @@ class Loader:
         cache: Cache | str | os.PathLike[str] | None = None,
         distributed: Distributed | tuple[int, int] | None = None,
         storage: Storage | Any = None,
-        _debug: DebugHooks | None = None,
-        _cache_fail_after_bytes: int | None = None,
-        _benchmark_unordered: bool = False,
         **deprecated: Any,
     ) -> None:
+        #: Test and benchmark hooks (never set in production): those in force when built.
+        self._hooks: Hooks = _hooks.current()
         _register_with_torch()  # in case torch.utils.data was loaded past the finder (a cheap check)
         self.workers = resolve_workers(workers)
         pool_opts, cache_opts, dist, storage_opts = resolve_groups(pool, cache, distributed, storage, deprecated)
@@ -233,7 +233,7 @@ class Loader:
         self._cache_keys = [object_key(fs, f.location, f.size, f.mtime_ns, f.etag) for f in self.dataset.files]
         self._uris = [object_uri(fs, f.location) for f in self.dataset.files]
         self.cache = (open_cache(cache_opts.dir, cache_opts.limit, self._cache_keys,
-                                 cache_map_limit=cache_opts.map_limit, fail_after_bytes=_cache_fail_after_bytes)
+                                 cache_map_limit=cache_opts.map_limit, fail_after_bytes=self._hooks.cache_fail_after_bytes)
                       if cache_opts is not None else None)
         self.order = {
             **self.options.order_dict(),
@@ -247,12 +247,11 @@ class Loader:
         if self.cast:  # only when given: loaders without a cast keep their fingerprints
             self.order["cast"] = dict(sorted(self.cast.items()))
         self.fingerprint = xxhash.xxh3_128_hexdigest(json.dumps(self.order, sort_keys=True).encode())
-        self._debug = _debug
         # Benchmark-only (the determinism-tax measurement): the merger takes blocks in
         # completion order, so batches depend on timing. Never for training runs.
-        if _benchmark_unordered and manifest is not None:
-            raise OptionError("_benchmark_unordered is a benchmark-only switch and cannot write a manifest")
-        self._ordered = not _benchmark_unordered
+        if self._hooks.unordered and manifest is not None:
+            raise OptionError("the unordered merge is a benchmark-only hook and cannot write a manifest")
+        self._ordered = not self._hooks.unordered
         self._tracer = Tracer(enabled=trace)
         self._epoch = 0
         self._plans: dict[int, Plan] = {}
@@ -330,7 +329,7 @@ class Loader:
 
             def make_cfg(shm_dir: str | None, prefix: str) -> WorkerConfig:
                 return WorkerConfig(files, ds.filesystem, tuple(self.specs), self.null_fill, shm_dir,
-                                    prefix, os.getpid(), self._debug, cache=self.cache)
+                                    prefix, os.getpid(), self._hooks.debug, cache=self.cache)
 
             self._held["pool"] = WorkerPool(make_cfg, self.workers, self.pool_kind, self.prefetch)
             self._tracer.pool_started(self.workers)

@@ -29,6 +29,8 @@ except ModuleNotFoundError as exc:
         name="torch",
     ) from None
 
+from . import _hooks
+from ._hooks import Hooks
 from ._types import Column, Ragged
 from .errors import DetloadError, OptionError
 from .loader import Loader, check_epoch, refuse_pickling, refuse_torch_workers
@@ -330,8 +332,8 @@ class TorchLoader:
             raise OptionError(f"copy_batches={copy_batches} needs pin_memory=True or device=...: it groups the "
                               "copies their background thread makes, and without them there is none")
         self.copy_batches = copy_batches
-        # Benchmark-only switch: pin and copy column by column (the previous path) instead of one slab.
-        self._slab = True
+        #: Test and benchmark hooks in force when built (``torch_per_column``: the path before the slab).
+        self._hooks: Hooks = _hooks.current()
         self._pos: int | None = None  # batches of this epoch handed to the training loop
         # The latest iter()'s token: an iteration starts only if it is still the latest.
         self._latest: object | None = None
@@ -450,7 +452,7 @@ class TorchLoader:
         """Background thread: convert, pin, start the device copy; ``prefetch`` batches ahead."""
         dev = self.device
         cuda = dev is not None and dev.type == "cuda"
-        packed = bool(self.stack) or (self._slab and (self.pin_memory or self.copy_batches > 1))
+        packed = bool(self.stack) or (not self._hooks.torch_per_column and (self.pin_memory or self.copy_batches > 1))
         group = self.copy_batches if packed else 1
         slab: torch.Tensor | None = None
         t: TorchBatch | None = None

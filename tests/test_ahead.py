@@ -13,6 +13,7 @@ from _perfdata import write_small
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from leaks import shm_segments, wait_until
+from testhooks import hooked
 
 from detload import Loader, hash_batch
 from detload._engine.config import DebugHooks
@@ -142,7 +143,7 @@ def test_an_early_break_cancels_what_was_built_ahead(data, reference):
 
 
 def test_nothing_is_built_ahead_for_the_unordered_benchmark_switch(data):
-    with Loader(data, workers=2, _benchmark_unordered=True, **OPTS) as ld:
+    with hooked(Loader, data, workers=2, unordered=True, **OPTS) as ld:
         for epoch in range(3):
             ld.set_epoch(epoch)
             assert sum(len(b["id"]) for b in ld) == 6000
@@ -156,8 +157,8 @@ def test_a_block_built_ahead_that_reaches_a_stopping_merger_does_no_harm(data, r
     counted on by the next pass (once it was swallowed there, and the next pass failed with
     'worker 0 sent block 1, expected 0'). Slow blocks make the merger wait there."""
     for seed in range(rounds):
-        with Loader(data, workers=1, prefetch=1, pool=pool,
-                    _debug=DebugHooks(block_delay_max=0.02, delay_seed=seed), **OPTS) as ld:
+        with hooked(Loader, data, workers=1, prefetch=1, pool=pool,
+                    debug=DebugHooks(block_delay_max=0.02, delay_seed=seed), **OPTS) as ld:
             ld.set_epoch(2)
             for stop in (None, 1, None, 3, None):  # a pass, then the same epoch again (built ahead)
                 got = []

@@ -24,6 +24,7 @@ import xxhash
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _s3server import write_sample_dataset  # noqa: E402
+from testhooks import hooked  # noqa: E402
 
 from detload import CacheWarning, Loader, OptionError  # noqa: E402
 from detload._cache import cache_info, parse_size  # noqa: E402
@@ -233,7 +234,7 @@ def test_disk_full_goes_on_uncached_with_one_warning(data, tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         # Test hook: every worker acts as if the disk filled up after its first entry.
-        run(data, tmp_path / "full.jsonl", cache_dir=cache, workers=3, _cache_fail_after_bytes=1)
+        hooked(run, data, tmp_path / "full.jsonl", cache_dir=cache, workers=3, cache_fail_after_bytes=1)
     ours = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
     assert len(ours) == 1 and "is full" in ours[0] and "without writing" in ours[0], ours
     same(tmp_path / "ref.jsonl", tmp_path / "full.jsonl")

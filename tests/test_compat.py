@@ -3,6 +3,7 @@ and gives the batches, ``order``, state and manifest bytes of the new spelling."
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import numpy as np
@@ -136,6 +137,17 @@ def test_an_old_keyword_with_its_group_is_refused(data, kw, group):
 def test_an_unknown_keyword_is_a_type_error(data):
     with pytest.raises(TypeError, match=r"^Loader.__init__\(\) got an unexpected keyword argument 'prefetc'$"):
         Loader(data, **OPTS, prefetc=2)
+    for hook in ("_debug", "_cache_fail_after_bytes", "_benchmark_unordered"):
+        # Test hooks are not keywords (tests/testhooks.py sets them).
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{hook}'"):
+            Loader(data, **OPTS, **{hook: None})
+
+
+def test_no_test_hooks_in_the_public_signatures():
+    from detload.torch import TorchLoader
+
+    for cls in (Loader, TorchLoader):
+        assert not [p for p in inspect.signature(cls).parameters if p.startswith("_")], cls
 
 
 def test_old_keywords_keep_their_messages(data):

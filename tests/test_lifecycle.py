@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from leaks import shm_segments, wait_until
+from testhooks import hooked
 
 from detload import Loader, WorkerError, WorkerStalledError
 from detload._cache import _safe_host, cache_info
@@ -114,7 +115,7 @@ def test_close_releases_everything_while_the_error_and_the_loader_are_kept(root,
     gc.disable()
     try:
         fds0, maps0 = _fds(), _shm_maps()
-        loader = Loader(root, stall_timeout=3.0 if fault == "stall" else None, _debug=hooks, **opts)
+        loader = hooked(Loader, root, stall_timeout=3.0 if fault == "stall" else None, debug=hooks, **opts)
         it = iter(loader)
         next(it)
         pids = leak_check.track(loader)
@@ -171,7 +172,7 @@ def test_iterating_again_after_a_worker_died_fails_at_once(root, leak_check, whe
             u = sched[max(k for k in range(len(sched)) if k % 3 == 1)].units[0]
             hooks = DebugHooks(stall_unit=(probe.dataset.files[int(probe._unit_files[u])].path,
                                            int(probe._unit_rgs[u])), stall_seconds=600.0)
-    with Loader(root, _debug=hooks, **opts) as loader:
+    with hooked(Loader, root, debug=hooks, **opts) as loader:
         it = iter(loader)
         next(it)
         pids = leak_check.track(loader)

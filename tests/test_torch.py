@@ -21,6 +21,8 @@ from leaks import wait_until
 
 torch = pytest.importorskip("torch")
 
+from testhooks import hooked  # noqa: E402
+
 from detload import DetloadError, Loader, OptionError, StateError, WorkerError, hash_batch  # noqa: E402
 from detload._engine.config import DebugHooks  # noqa: E402
 from detload.torch import RaggedTensor, TorchLoader, to_torch  # noqa: E402
@@ -128,7 +130,7 @@ def test_breaking_out_stops_the_feeder(ds):
 def test_worker_errors_reach_the_training_loop(ds):
     bad = ("a.parquet", 1)
     hooks = DebugHooks(fail_unit=bad, fail_exc=OSError("disk on fire"))
-    with TorchLoader(Loader(ds, _debug=hooks, **OPTS), device="cpu") as tl, \
+    with TorchLoader(hooked(Loader, ds, debug=hooks, **OPTS), device="cpu") as tl, \
             pytest.raises(WorkerError, match="disk on fire"):
         for _ in tl:
             pass
@@ -262,8 +264,8 @@ def test_copy_batches_guards(ds):
 def test_cuda_slab_and_per_column_paths_agree_and_kept_batches_hold(ds):  # pragma: no cover - no GPU in CI
     want = reference(ds)
     for slab, group in ((True, 1), (True, 4), (False, 1)):
-        with TorchLoader(ds, device="cuda", workers=2, pool="process", prefetch=3, copy_batches=group, **OPTS) as tl:
-            tl._slab = slab
+        with hooked(TorchLoader, ds, device="cuda", workers=2, pool="process", prefetch=3, copy_batches=group,
+                    torch_per_column=not slab, **OPTS) as tl:
             kept = list(tl)
             torch.cuda.synchronize()
             got = [hash_batch(back_to_numpy({k: v.to("cpu") for k, v in b.items()}))[0] for b in kept]
@@ -468,7 +470,7 @@ def test_copy_batches_hands_over_the_good_batches_before_an_error(ds):
     for group in (1, 4):
         hooks = DebugHooks(fail_unit=bad, fail_exc=OSError("disk on fire"))
         got = 0
-        with TorchLoader(Loader(ds, _debug=hooks, **OPTS), device="cpu", copy_batches=group) as tl, \
+        with TorchLoader(hooked(Loader, ds, debug=hooks, **OPTS), device="cpu", copy_batches=group) as tl, \
                 pytest.raises(WorkerError, match="disk on fire"):
             for _ in tl:
                 got += 1
@@ -557,7 +559,7 @@ def test_buffers_go_with_a_handled_error_without_the_cycle_collector(ds, monkeyp
         for group in (1, 4):
             slabs.clear()
             hooks = DebugHooks(fail_unit=("a.parquet", 1), fail_exc=OSError("disk on fire"))
-            with TorchLoader(Loader(ds, _debug=hooks, **OPTS), device="cpu", copy_batches=group) as tl:
+            with TorchLoader(hooked(Loader, ds, debug=hooks, **OPTS), device="cpu", copy_batches=group) as tl:
                 tl.pin_memory = True
                 try:
                     for b in tl:
@@ -596,7 +598,7 @@ def _feeder_waiting_in_a_stalled_read(ds: str) -> Iterator[tuple[TorchLoader, It
         fi, rg = int(probe._unit_files[u]), int(probe._unit_rgs[u])
         rel = probe.dataset.files[fi].path
     hooks = DebugHooks(stall_unit=(rel, rg), stall_seconds=12.0, stall_epoch=0)
-    with TorchLoader(Loader(ds, _debug=hooks, **OPTS), device="cpu") as tl:
+    with TorchLoader(hooked(Loader, ds, debug=hooks, **OPTS), device="cpu") as tl:
         it = iter(tl)
         for _ in range(second.first_step):
             next(it)
