@@ -35,7 +35,7 @@ from ._engine.merge import END, STOPPED, Failure, Run, make_tasks
 from ._engine.pool import WorkerPool
 from ._hooks import Hooks
 from ._storage import display_uri, object_uri
-from ._trace import CONSUMER, Tracer
+from ._trace import CONSUMER, StatsMark, Tracer
 from ._types import INT96_UNIT, SCALED, Column, ColumnSpec, normalize_cast, type_mapping_version
 from .audit import MANIFEST_FORMAT, MANIFEST_VERSION, ManifestWriter
 from .errors import DataError, DetloadError, OptionError, StateError
@@ -361,6 +361,13 @@ class Loader:
             self._held["writer"] = ManifestWriter(self._manifest_path, self._header(), resume=self._resume_manifest)
         return self._writer
 
+    def stop(self) -> None:
+        """Stop the current pass, if one runs: its iterator raises DetloadError at its next
+        batch, and workers drop the rest of its blocks. The position stays where the
+        consumer is, and workers and the plan are kept; a new ``iter()`` starts a new pass.
+        Safe from another thread (a `TorchLoader` stops its feeder thread's pass so)."""
+        self._stop_run()
+
     def _stop_run(self) -> None:
         run, self._run = self._run, None
         if run is not None:
@@ -515,18 +522,17 @@ class Loader:
         return err
 
     # -- observability ---------------------------------------------------------
-    def stats(self) -> Stats:
+    def stats(self, since: StatsMark | None = None) -> Stats:
         """Per-stage counts, totals and percentiles, queue depths and the stage bounding
-        throughput, over everything this loader has yielded so far. ``stats().table()``
-        prints them; ``stats().write_trace(path)`` writes a Chrome trace-event file."""
-        return summarize(self._tracer)
+        throughput, over everything this loader has yielded so far, or only over what
+        was recorded after ``since`` (a `stats_mark()`). ``stats().table()`` prints them;
+        ``stats().write_trace(path)`` writes a Chrome trace-event file."""
+        return summarize(self._tracer if since is None else self._tracer.since(since))
 
-    def _stats_mark(self) -> Any:
-        """For `_stats_since`: stats of a window (starvation_check times only its own steps)."""
+    def stats_mark(self) -> StatsMark:
+        """A point in time to measure from: ``stats(since=mark)`` covers only what came after
+        it (`starvation_check` times its own steps so)."""
         return self._tracer.mark()
-
-    def _stats_since(self, mark: Any) -> Stats:
-        return summarize(self._tracer.since(mark))
 
     # -- resume ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -551,15 +557,17 @@ class Loader:
         from another dataset or another order. A manifest this loader writes is
         continued: lines from the resumed step on are cut, new ones appended.
         """
-        epoch, step = self._check_state(state)
+        epoch, step = self.check_state(state)
         self._stop_run()
         self.set_epoch(epoch)
         self._resume_step = step
         self._position = step
         self._resume_manifest = True
 
-    def _check_state(self, state: Mapping[str, Any]) -> tuple[int, int]:
-        """What `load_state_dict` checks, without changing anything: ``(epoch, step)`` or StateError."""
+    def check_state(self, state: Mapping[str, Any]) -> tuple[int, int]:
+        """What `load_state_dict` checks, without changing anything: the state's ``(epoch, step)``,
+        or StateError naming every option that differs (so an adapter can refuse a state
+        before it stops anything)."""
         if not isinstance(state, Mapping) or "format" not in state or "order" not in state:
             raise StateError("not a detload state: expected the dict that Loader.state_dict() returns")
         if state["format"] != STATE_FORMAT_VERSION:
