@@ -4,12 +4,14 @@ and that every option and group field is documented in ``help(Loader)`` and docs
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import pathlib
+import re
 
 import pyarrow.fs as pafs
 import pytest
 
-from detload import Cache, Distributed, OptionError, Pool, Storage
+from detload import Cache, Distributed, Loader, OptionError, Pool, Storage
 from detload.options import as_cache, as_distributed, as_pool, as_storage
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -105,3 +107,46 @@ def test_fsspec_filesystem_is_a_storage_shorthand():
 def test_shorthand_errors_name_the_accepted_forms(make, message):
     with pytest.raises(OptionError, match=message):
         make()
+
+
+def _options():
+    params = inspect.signature(Loader).parameters.values()
+    return [p.name for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD]
+
+
+def test_help_documents_every_option_and_every_group_field():
+    doc = inspect.getdoc(Loader) or ""
+    assert set(GROUPS) <= set(_options())
+    missing = [name for name in _options() if f"``{name}``" not in doc]
+    for group, cls in GROUPS.items():
+        missing += [f"{group}.{f.name}" for f in dataclasses.fields(cls) if f"``{f.name}``" not in doc]
+        # each group's own help names its fields too
+        missing += [f"{cls.__name__}.{f.name}" for f in dataclasses.fields(cls)
+                    if f"``{f.name}``" not in (inspect.getdoc(cls) or "")]
+    assert not missing, f"not in help(detload.Loader): {missing}"
+
+
+def test_docs_loader_md_has_a_row_for_every_option_and_group_field():
+    text = (ROOT / "docs" / "loader.md").read_text(encoding="utf-8")
+    table = text.split("## Options", 1)[1].split("\n## ", 1)[0]
+    rows = set(re.findall(r"^\| `([\w.]+)` \|", table, re.M))
+    want = set(_options())
+    for cls in GROUPS.values():
+        want |= {f"{cls.__name__}.{f.name}" for f in dataclasses.fields(cls)}
+    assert want <= rows, f"missing from docs/loader.md's options table: {sorted(want - rows)}"
+    assert rows <= want, f"rows for options Loader does not take: {sorted(rows - want)}"
+
+
+def test_the_group_keywords_take_their_shorthands(tmp_path):
+    from _perfdata import write_small
+
+    data = write_small(tmp_path / "d", files=1, rows=500, row_group=100)
+    with Loader(data, batch_size=100, seed=1, pool="process", cache=tmp_path / "c", distributed=(0, 1),
+                storage=pafs.LocalFileSystem()) as ld:
+        assert (ld.pool_kind, ld.rank, ld.options.world_size) == ("process", 0, 1)
+        assert ld.cache is not None and sum(len(b["id"]) for b in ld) == 500
+    for kw, message in [({"pool": 1}, "pool must be a detload.Pool"), ({"cache": 1}, "cache must be a detload.Cache"),
+                        ({"distributed": 1}, "distributed must be a detload.Distributed"),
+                        ({"storage": 1}, "storage must be a detload.Storage")]:
+        with pytest.raises(OptionError, match=message):
+            Loader(data, batch_size=100, seed=1, **kw)
