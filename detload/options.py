@@ -299,7 +299,26 @@ def resolve_groups(pool: Any, cache: Any, distributed: Any, storage: Any,
             raise OptionError(f"{name}= (deprecated) and {group}= both set it: pass only "
                               f"{group}=detload.{_GROUP_CLASS[group]}(..., {DEPRECATED[name][1]}=...)")
         warn_deprecated(deprecation(name))
+    p, c, dist, s = from_flat(pool, old)
+    return (p, as_cache(cache) if c is None and not _any(old, CACHE_KEYS) else c,
+            dist if dist is not None else as_distributed(distributed),
+            s if _any(old, ("filesystem", "partitioning")) else as_storage(storage))
 
+
+CACHE_KEYS = ("cache_dir", "cache_limit", "cache_map_limit")
+
+
+def _any(old: Mapping[str, Any], keys: tuple[str, ...]) -> bool:
+    return any(k in old for k in keys)
+
+
+def from_flat(pool: Any, old: Mapping[str, Any]) -> tuple[Pool, Cache | None, tuple[Any, Any] | None, Storage]:
+    """The groups from flat keywords (those of `DEPRECATED` given in ``old``; `pool` a kind or None),
+    checked with the flat keywords' own messages; no warning (the command line uses this).
+
+    The third value is ``(rank, world_size)`` (either may be None: detected) when either was
+    given, else None; ``rank`` is checked once the world size is known.
+    """
     if any(k in old for k in ("prefetch", "stall_timeout", "trace")):
         kind = pool if pool is not None else "thread"
         values = _check_pool(kind, old.get("prefetch", 2), old.get("stall_timeout", 300.0), old.get("trace", True),
@@ -309,7 +328,8 @@ def resolve_groups(pool: Any, cache: Any, distributed: Any, storage: Any,
     else:
         p = as_pool(pool)
 
-    if any(k in old for k in ("cache_dir", "cache_limit", "cache_map_limit")):
+    c: Cache | None = None
+    if _any(old, CACHE_KEYS):
         d, lim, ml = old.get("cache_dir"), old.get("cache_limit"), old.get("cache_map_limit", "auto")
         flat = {"dir": "cache_dir", "limit": "cache_limit", "map_limit": "cache_map_limit"}
         _check_sizes(lim, ml, flat)  # first, as before
@@ -322,18 +342,7 @@ def resolve_groups(pool: Any, cache: Any, distributed: Any, storage: Any,
             c = None
         else:
             c = Cache(*_check_cache(d, lim, ml, flat))
-    else:
-        c = as_cache(cache)
-
-    dist: Any
-    if "rank" in old or "world_size" in old:
-        dist = (old.get("rank"), old.get("world_size"))  # checked as before, once the world size is known
-    else:
-        dist = as_distributed(distributed)
-
-    if "filesystem" in old or "partitioning" in old:
-        s = Storage(*_check_storage(old.get("filesystem"), old.get("partitioning"),
-                                    {"filesystem": "filesystem", "partition_types": "partitioning"}))
-    else:
-        s = as_storage(storage)
+    dist = (old.get("rank"), old.get("world_size")) if _any(old, ("rank", "world_size")) else None
+    s = Storage(*_check_storage(old.get("filesystem"), old.get("partitioning"),
+                                {"filesystem": "filesystem", "partition_types": "partitioning"}))
     return p, c, dist, s

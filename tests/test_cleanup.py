@@ -19,14 +19,15 @@ from leaks import detload_threads, shm_segments, stray_children
 from strategies import check_rows
 from testhooks import hooked
 
-from detload import DataError, DetloadError, Loader, WorkerError
+from detload import DataError, DetloadError, Loader, Pool, WorkerError
 from detload._engine.config import DebugHooks
 
 POOLS = ["thread", "process"]
 
 
-def _loader(root, pool="process", **kw) -> Loader:
-    return Loader(root, **{"batch_size": 64, "seed": 3, "workers": 3, "pool": pool, "prefetch": 2, **kw})
+def _loader(root, pool="process", prefetch=2, stall_timeout=300.0, **kw) -> Loader:
+    return Loader(root, **{"batch_size": 64, "seed": 3, "workers": 3,
+                           "pool": Pool(kind=pool, prefetch=prefetch, stall_timeout=stall_timeout), **kw})
 
 
 def _running(loader, leak_check) -> None:

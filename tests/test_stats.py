@@ -165,7 +165,7 @@ def test_stats_before_iterating(data):
 
 
 def test_cache_reads_and_writes_are_traced_stages(data, tmp_path):
-    with Loader(data, batch_size=1000, seed=3, workers=2, cache_dir=tmp_path / "cache") as ld:
+    with Loader(data, batch_size=1000, seed=3, workers=2, cache=tmp_path / "cache") as ld:
         list(ld)
         first = ld.stats()
         ld.set_epoch(1)
@@ -270,7 +270,7 @@ def test_many_epochs_keep_the_buffers_bounded(data):
 
 
 def test_tracing_off_keeps_counts_but_no_events(data, tmp_path):
-    with Loader(data, batch_size=500, seed=3, workers=2, trace=False) as ld:
+    with Loader(data, batch_size=500, seed=3, workers=2, pool=detload.Pool(trace=False)) as ld:
         rows = sum(len(b["id"]) for b in ld)
         st = ld.stats()
         tr = ld._tracer
@@ -285,7 +285,7 @@ def test_tracing_off_keeps_counts_but_no_events(data, tmp_path):
 
 def test_tracing_off_gives_the_same_batches(data):
     def hashes(trace):
-        with Loader(data, batch_size=333, seed=5, workers=2, trace=trace) as ld:
+        with Loader(data, batch_size=333, seed=5, workers=2, pool=detload.Pool(trace=trace)) as ld:
             return [detload.hash_batch(b)[0] for b in ld]
 
     assert hashes(True) == hashes(False)

@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from measure import rebatch
 
-    from detload import Loader
+    from detload import Loader, Pool
     from detload._hooks import Hooks, installed
     from detload.torch import TorchLoader
 
@@ -349,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
         _, pool, *how = feeder.split("-")
         how_s = how[0] if how else "stack"
         group = int(how_s[5:]) if how_s.startswith("stack") and how_s[5:] else 1
-        ld = Loader(a.data, batch_size=B, seed=0, workers=w, pool=pool, columns=cols, shuffle_window=4, prefetch=2)
+        ld = Loader(a.data, batch_size=B, seed=0, workers=w, pool=Pool(kind=pool, prefetch=2), columns=cols,
+                    shuffle_window=4)
         if how_s == "numpy":
             src, stage = ld, staging
         else:
