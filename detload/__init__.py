@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 
 # Where each public name lives. `from detload import Loader` imports detload.loader then.
 _EXPORTS = {
+    "Cache": "options",
     "CacheWarning": "_cache",
     "ColumnSpec": "_types",
     "DataError": "errors",
@@ -18,6 +19,7 @@ _EXPORTS = {
     "DetloadError": "errors",
     "Digest": "_layout.digest",
     "DigestMismatchError": "_layout.rewrite",
+    "Distributed": "options",
     "EmptyDatasetError": "errors",
     "LayoutCheck": "_layout.check",
     "LayoutReport": "_layout.rewrite",
@@ -26,6 +28,7 @@ _EXPORTS = {
     "OptionError": "errors",
     "OrderOptions": "plan",
     "Plan": "plan",
+    "Pool": "options",
     "Ragged": "_types",
     "SchemaMismatchError": "errors",
     "SharedMemoryError": "errors",
@@ -35,6 +38,7 @@ _EXPORTS = {
     "StarvationReport": "starvation",
     "StateError": "errors",
     "Stats": "stats",
+    "Storage": "options",
     "UnsupportedTypeError": "errors",
     "WorkerError": "errors",
     "WorkerStalledError": "errors",
@@ -48,6 +52,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "Cache",
     "CacheWarning",
     "ColumnSpec",
     "DataError",
@@ -55,6 +60,7 @@ __all__ = [
     "DetloadError",
     "Digest",
     "DigestMismatchError",
+    "Distributed",
     "EmptyDatasetError",
     "LayoutCheck",
     "LayoutReport",
@@ -63,6 +69,7 @@ __all__ = [
     "OptionError",
     "OrderOptions",
     "Plan",
+    "Pool",
     "Ragged",
     "SchemaMismatchError",
     "SharedMemoryError",
@@ -72,6 +79,7 @@ __all__ = [
     "StarvationReport",
     "StateError",
     "Stats",
+    "Storage",
     "UnsupportedTypeError",
     "WorkerError",
     "WorkerStalledError",
@@ -110,6 +118,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         WorkerStalledError,
     )
     from .loader import Loader
+    from .options import Cache, Distributed, Pool, Storage
     from .plan import OrderOptions, Plan, make_plan
     from .starvation import StarvationReport, starvation_check
     from .stats import StageStats, Stats
