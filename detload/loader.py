@@ -31,6 +31,7 @@ from ._cache import object_key, open_cache
 from ._check import check_int, check_path, check_writable_file
 from ._discovery import Dataset, SkippedFilesWarning, describe_skipped, discover
 from ._engine.config import FileRef, WorkerConfig
+from ._engine.memory import BufferWatch
 from ._engine.merge import END, STOPPED, Failure, Run, make_tasks
 from ._engine.pool import WorkerPool
 from ._hooks import Hooks
@@ -271,6 +272,7 @@ class Loader:
         # The pool and the manifest writer live here, and only here: the finalizer
         # closes whatever this holds when the loader is collected without close().
         self._held: dict[str, Any] = {"pool": None, "writer": None}
+        self._memory_watch = BufferWatch()  # see watch_block_memory
         self._finalizer = weakref.finalize(self, Loader._cleanup, self._held)
 
     @property
@@ -331,7 +333,8 @@ class Loader:
                 return WorkerConfig(files, ds.filesystem, tuple(self.specs), self.null_fill, shm_dir,
                                     prefix, os.getpid(), self._hooks.debug, cache=self.cache)
 
-            self._held["pool"] = WorkerPool(make_cfg, self.workers, self.pool_kind, self.prefetch)
+            self._held["pool"] = WorkerPool(make_cfg, self.workers, self.pool_kind, self.prefetch,
+                                           self._memory_watch)
             self._tracer.pool_started(self.workers)
         return self._held["pool"]
 
@@ -360,6 +363,25 @@ class Loader:
         if self._manifest_path is not None and self._writer is None:
             self._held["writer"] = ManifestWriter(self._manifest_path, self._header(), resume=self._resume_manifest)
         return self._writer
+
+    def watch_block_memory(self, added: Callable[[int, int], None], removed: Callable[[int, int], None]) -> None:
+        """Be told of the buffers batches live in: the seam a pinned GPU hand-off needs.
+
+        A batch's arrays are views of a block, and blocks are built in buffers this
+        loader reuses for many blocks: heap slabs with ``pool="thread"``, shared-memory
+        mappings with ``pool="process"``. ``added(address, nbytes)`` is called once for
+        each buffer, before any batch viewing it is yielded (and at once for buffers
+        that exist when this is called); ``removed(address, nbytes)`` once before the
+        buffer is freed, or when the loader is closed. Registering each buffer once
+        (e.g. with ``torch.cuda.cudart().cudaHostRegister``) makes every later batch
+        in it page-locked without a staging copy. Either call may come from a detload
+        thread or a garbage collection; a listener that raises is warned about once
+        and dropped. Listeners never change a byte of any batch.
+        """
+        if not (callable(added) and callable(removed)):
+            raise OptionError("watch_block_memory takes two callables: added(address, nbytes) and "
+                              "removed(address, nbytes)")
+        self._memory_watch.watch(added, removed)
 
     def stop(self) -> None:
         """Stop the current pass, if one runs: its iterator raises DetloadError at its next
