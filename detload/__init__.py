@@ -11,43 +11,48 @@ __version__ = "0.1.0"
 
 # Where each public name lives. `from detload import Loader` imports detload.loader then.
 _EXPORTS = {
+    "Cache": "options",
     "CacheWarning": "_cache",
     "ColumnSpec": "_types",
     "DataError": "errors",
     "DatasetError": "errors",
     "DetloadError": "errors",
-    "Digest": "_digest",
-    "DigestMismatchError": "_layout",
+    "Digest": "_layout.digest",
+    "DigestMismatchError": "_layout.rewrite",
+    "Distributed": "options",
     "EmptyDatasetError": "errors",
-    "LayoutCheck": "_layout_check",
-    "LayoutReport": "_layout",
+    "LayoutCheck": "_layout.check",
+    "LayoutReport": "_layout.rewrite",
     "Loader": "loader",
     "ManifestError": "errors",
     "OptionError": "errors",
     "OrderOptions": "plan",
     "Plan": "plan",
+    "Pool": "options",
     "Ragged": "_types",
     "SchemaMismatchError": "errors",
     "SharedMemoryError": "errors",
-    "SkippedFilesWarning": "_dataset",
+    "SkippedFilesWarning": "_discovery",
     "SourceError": "errors",
     "StageStats": "stats",
     "StarvationReport": "starvation",
     "StateError": "errors",
     "Stats": "stats",
+    "Storage": "options",
     "UnsupportedTypeError": "errors",
     "WorkerError": "errors",
     "WorkerStalledError": "errors",
-    "check_layout": "_layout_check",
-    "digest": "_digest",
+    "check_layout": "_layout.check",
+    "digest": "_layout.digest",
     "hash_batch": "audit",
-    "layout": "_layout",
+    "layout": "_layout.rewrite",
     "make_plan": "plan",
     "read_manifest": "audit",
     "starvation_check": "starvation",
 }
 
 __all__ = [
+    "Cache",
     "CacheWarning",
     "ColumnSpec",
     "DataError",
@@ -55,6 +60,7 @@ __all__ = [
     "DetloadError",
     "Digest",
     "DigestMismatchError",
+    "Distributed",
     "EmptyDatasetError",
     "LayoutCheck",
     "LayoutReport",
@@ -63,6 +69,7 @@ __all__ = [
     "OptionError",
     "OrderOptions",
     "Plan",
+    "Pool",
     "Ragged",
     "SchemaMismatchError",
     "SharedMemoryError",
@@ -72,6 +79,7 @@ __all__ = [
     "StarvationReport",
     "StateError",
     "Stats",
+    "Storage",
     "UnsupportedTypeError",
     "WorkerError",
     "WorkerStalledError",
@@ -88,10 +96,10 @@ __all__ = [
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
     from ._cache import CacheWarning
-    from ._dataset import SkippedFilesWarning
-    from ._digest import Digest, digest
-    from ._layout import DigestMismatchError, LayoutReport, layout
-    from ._layout_check import LayoutCheck, check_layout
+    from ._discovery import SkippedFilesWarning
+    from ._layout.check import LayoutCheck, check_layout
+    from ._layout.digest import Digest, digest
+    from ._layout.rewrite import DigestMismatchError, LayoutReport, layout
     from ._types import ColumnSpec, Ragged
     from .audit import hash_batch, read_manifest
     from .errors import (
@@ -110,6 +118,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         WorkerStalledError,
     )
     from .loader import Loader
+    from .options import Cache, Distributed, Pool, Storage
     from .plan import OrderOptions, Plan, make_plan
     from .starvation import StarvationReport, starvation_check
     from .stats import StageStats, Stats

@@ -19,8 +19,10 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from . import __version__, _layout_cli
-from .errors import DetloadError, ManifestError, SchemaMismatchError
+from . import __version__
+from ._check import check_int, check_writable_file
+from ._layout import cli as _layout_cli
+from .errors import DetloadError, ManifestError, OptionError, SchemaMismatchError
 
 _MAP_HELP = ("cache entries kept memory-mapped between epochs (thread workers together, or each worker "
              "process), e.g. 8GB; 0 maps them anew each epoch (default: auto, a quarter of the memory)")
@@ -54,9 +56,10 @@ def _positive(name: str) -> Any:
             n = int(s)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a whole number, got {s!r}") from None
-        if n < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be at least 1, got {n}")
-        return n
+        try:
+            return check_int(name, n, 1)
+        except OptionError as exc:  # argparse shows only this type's message
+            raise argparse.ArgumentTypeError(str(exc)) from None
     return parse
 
 
@@ -140,8 +143,29 @@ def _loader_kwargs(a: argparse.Namespace) -> dict[str, Any]:
     return dict(
         batch_size=a.batch_size, seed=a.seed, columns=a.columns, shuffle=not a.no_shuffle,
         shuffle_window=a.shuffle_window, drop_last=a.drop_last, partitions=a.partitions,
-        rank=a.rank, world_size=a.world_size, null_fill=dict(a.null_fill), cast=dict(a.cast) or None,
+        null_fill=dict(a.null_fill), cast=dict(a.cast) or None,
+        **_groups(a, rank=a.rank, world_size=a.world_size),
     )
+
+
+def _groups(a: argparse.Namespace, **flat: Any) -> dict[str, Any]:
+    """The Loader's option groups from flat flags (--prefetch, --cache-dir, --rank ...), whose
+    errors keep naming them as before ("cache_limit needs cache_dir")."""
+    from .loader import _distributed_defaults
+    from .options import Distributed, from_flat
+
+    pool, cache, dist, _ = from_flat(flat.pop("pool", None), {k: v for k, v in flat.items() if v is not None})
+    out: dict[str, Any] = {"pool": pool, "cache": cache}
+    if dist is not None:
+        rank, world = _distributed_defaults(*dist)
+        out["distributed"] = Distributed(*_check_flat_distributed(rank, world))
+    return out
+
+
+def _check_flat_distributed(rank: Any, world: Any) -> tuple[int, int]:
+    from .options import _check_distributed
+
+    return _check_distributed(rank, world, {"rank": "rank", "world_size": "world_size"})
 
 
 def _workers(s: str) -> int | str:
@@ -216,13 +240,13 @@ def _parser() -> argparse.ArgumentParser:
     c = csub.add_parser("info", help="entries, bytes and objects in a cache directory", formatter_class=fmt,
                         description="Count a cache directory's entries, bytes and objects; --verify also "
                                     "checks every entry's checksum (exit 1 when one is damaged).")
-    c.add_argument("dir", help="the cache directory (the cache_dir= of the loaders)")
+    c.add_argument("dir", help="the cache directory (the Cache.dir of the loaders)")
     c.add_argument("--verify", action="store_true", help="check every entry's checksum")
     c.add_argument("--json", action="store_true", help="print it as JSON")
     _add_quiet(c)
     c = csub.add_parser("clear", help="delete every entry of a cache directory", formatter_class=fmt,
                         description="Delete every entry of a cache directory (safe while no loader writes to it).")
-    c.add_argument("dir", help="the cache directory (the cache_dir= of the loaders)")
+    c.add_argument("dir", help="the cache directory (the Cache.dir of the loaders)")
 
     p = sub.add_parser("demo", help="generate an example dataset, load it at 1 and 4 process workers, verify",
                        formatter_class=fmt,
@@ -337,9 +361,9 @@ def _cmd_run(a: argparse.Namespace) -> int:
                            f"epochs are numbered 0 to {_LAST_EPOCH}")
     _preload(a)
     t0 = time.perf_counter()
-    with interruptible(), Loader(a.source, workers=a.workers, pool=a.pool, prefetch=a.prefetch,
-                                 manifest=a.manifest, cache_dir=a.cache_dir, cache_limit=a.cache_limit,
-                                 cache_map_limit=a.cache_map_limit, **_loader_kwargs(a)) as loader:
+    kwargs = {**_loader_kwargs(a), **_groups(a, pool=a.pool, prefetch=a.prefetch, cache_dir=a.cache_dir,
+                                            cache_limit=a.cache_limit, cache_map_limit=a.cache_map_limit)}
+    with interruptible(), Loader(a.source, workers=a.workers, manifest=a.manifest, **kwargs) as loader:
         _check_outside_dataset(loader, a.source, "--manifest", loader.manifest_path)
         _check_outside_dataset(loader, a.source, "--cache-dir", a.cache_dir)
         print(f"{loader!r}")
@@ -418,7 +442,7 @@ def read_resume_state(where: str) -> dict[str, Any]:
 
 def _sweep_state_temps(path: str) -> None:
     """Remove the temp files a killed run left beside its state (``path.tmpPID``, PID gone)."""
-    from ._shm import pid_alive
+    from ._engine.shm import pid_alive
 
     folder, base = os.path.split(path)
     try:
@@ -440,8 +464,6 @@ def _write_json_atomic(path: str, obj: Any) -> None:
 
 
 def _cmd_bench(a: argparse.Namespace) -> int:
-    from ._check import check_writable_file
-    from .errors import OptionError
     from .loader import Loader
 
     if a.trace:
@@ -449,10 +471,10 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     _preload(a)
     t0 = time.perf_counter()
     with interruptible(), Loader(a.source, batch_size=a.batch_size, seed=a.seed, workers=a.workers,
-                                 pool=a.pool, prefetch=a.prefetch, shuffle_window=a.shuffle_window,
-                                 columns=a.columns, null_fill=dict(a.null_fill), cast=dict(a.cast) or None,
-                                 cache_dir=a.cache_dir,
-                                 cache_limit=a.cache_limit, cache_map_limit=a.cache_map_limit) as loader:
+                                 shuffle_window=a.shuffle_window, columns=a.columns, null_fill=dict(a.null_fill),
+                                 cast=dict(a.cast) or None,
+                                 **_groups(a, pool=a.pool, prefetch=a.prefetch, cache_dir=a.cache_dir,
+                                           cache_limit=a.cache_limit, cache_map_limit=a.cache_map_limit)) as loader:
         _check_outside_dataset(loader, a.source, "--trace", a.trace)
         _check_outside_dataset(loader, a.source, "--cache-dir", a.cache_dir)
         if a.trace:
@@ -503,7 +525,7 @@ def _cmd_verify(a: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(a: argparse.Namespace) -> int:
-    from ._dataset import describe_skipped, discover
+    from ._discovery import describe_skipped, discover
     from ._types import SCALED, allowed_casts
     from .loader import _check_source
 
@@ -561,7 +583,7 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
 def _cmd_plan(a: argparse.Namespace) -> int:
     import warnings
 
-    from ._dataset import SkippedFilesWarning
+    from ._discovery import SkippedFilesWarning
     from .loader import Loader, resolve_workers
 
     # A Loader plans exactly as a run would (same fingerprint); it starts no worker.

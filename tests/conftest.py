@@ -3,6 +3,8 @@
 Profiles: ``ci`` (the default; few examples, since most property tests start
 workers) and ``local`` (many more). Pick one with ``HYPOTHESIS_PROFILE=local``.
 
+``pool`` runs a test with each worker pool (thread, process).
+
 ``leak_check`` asserts that nothing a loader started outlives it: no worker
 process, no ``detload-*`` thread, no ``/dev/shm/detload-<our pid>-*`` segment.
 """
@@ -21,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from strategies import DatasetInfo, write_dataset  # noqa: E402
 
-import detload._worker  # noqa: E402
+import detload._engine.reader  # noqa: E402
 
 # "ci" keeps the suite within its time budget; "local" (HYPOTHESIS_PROFILE=local) searches harder.
 for _name, _examples in (("ci", 10), ("local", 100)):
@@ -45,6 +47,14 @@ def leak_check() -> Iterator[LeakCheck]:
     check = LeakCheck()
     yield check
     check.assert_clean()
+
+
+# -- the two worker pools ------------------------------------------------------
+
+@pytest.fixture(params=["thread", "process"])
+def pool(request) -> str:
+    """The worker pool: a test that takes ``pool`` runs once with threads, once with processes."""
+    return request.param
 
 
 # -- datasets ------------------------------------------------------------------
@@ -79,11 +89,11 @@ def small_dataset(make_dataset) -> DatasetInfo:
 def unit_log(monkeypatch) -> list[tuple[str, int]]:
     """Records every (file, row group) a thread worker reads."""
     log: list[tuple[str, int]] = []
-    real = detload._worker.UnitReader.read
+    real = detload._engine.reader.UnitReader.read
 
     def read(self, file_idx, rg, t, **kw):
         log.append((self.cfg.files[file_idx].path, rg))
         return real(self, file_idx, rg, t, **kw)
 
-    monkeypatch.setattr(detload._worker.UnitReader, "read", read)
+    monkeypatch.setattr(detload._engine.reader.UnitReader, "read", read)
     return log

@@ -289,3 +289,48 @@ def dataset_and_options(draw: st.DrawFn, max_rows: int = MAX_ROWS) -> tuple[dict
 def unit_rows(draw: st.DrawFn, min_units: int = 1, max_units: int = 60) -> list[int]:
     """Row counts of the non-empty row groups of a dataset (planner input)."""
     return draw(st.lists(st.integers(1, 3000), min_size=min_units, max_size=max_units))
+
+
+# -- plan format 2 ---------------------------------------------------------------
+
+@st.composite
+def skewed_row_groups(draw: st.DrawFn, min_units: int = 1, max_units: int = 40,
+                      max_huge: int = 3) -> list[int]:
+    """Row-group sizes as writers leave them: mostly tiny or small, a few huge (up to 100,000 rows)."""
+    small = st.one_of(st.integers(1, 8), st.integers(1, 300), st.integers(1, 5_000))
+    sizes = draw(st.lists(small, min_size=min_units, max_size=max_units))
+    for _ in range(draw(st.integers(0, max_huge))):
+        sizes.insert(draw(st.integers(0, len(sizes))), draw(st.integers(20_000, 100_000)))
+    return sizes
+
+
+def model_partitions_v2(unit_rows: list[int], *, seed: int, epoch: int = 0, shuffle: bool = True,
+                        shuffle_window: int = 4, partitions: int = 1) -> list[np.ndarray]:
+    """Format 2's partition streams as canonical row numbers, from the documented model alone.
+
+    The units' rows are laid end to end in the permuted unit order; partition p is
+    rows [p*T//P, (p+1)*T//P) of that stream; within it, the pieces of units (a
+    unit cut by a boundary is two pieces) form blocks of ``shuffle_window``, whose
+    rows are permuted by the block stream. No groups.
+    """
+    n = len(unit_rows)
+    lo, hi = seed & 0xFFFF_FFFF, seed >> 32
+    order = ref_permutation([TAG_UNITS, lo, hi, epoch], n) if shuffle else np.arange(n)
+    starts = np.concatenate([[0], np.cumsum(unit_rows)[:-1]]).astype(np.int64)
+    stream = np.concatenate([np.arange(starts[u], starts[u] + unit_rows[u]) for u in order])
+    unit_of = np.repeat(np.arange(n), np.asarray(unit_rows)[order])  # position in order, per stream row
+    total = len(stream)
+    out = []
+    for p in range(partitions):
+        a, b = p * total // partitions, (p + 1) * total // partitions
+        rows, owner = stream[a:b], unit_of[a:b]
+        cuts = np.flatnonzero(np.diff(owner)) + 1
+        pieces = np.split(rows, cuts) if len(rows) else []
+        blocks = []
+        for number, k in enumerate(range(0, len(pieces), shuffle_window)):
+            block = np.concatenate(pieces[k : k + shuffle_window])
+            if shuffle:
+                block = block[ref_permutation([TAG_BLOCK, lo, hi, epoch, p, number], len(block))]
+            blocks.append(block)
+        out.append(np.concatenate(blocks) if blocks else np.empty(0, np.int64))
+    return out

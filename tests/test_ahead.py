@@ -13,9 +13,11 @@ from _perfdata import write_small
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from leaks import shm_segments, wait_until
+from testhooks import hooked
 
+import detload
 from detload import Loader, hash_batch
-from detload._worker import DebugHooks
+from detload._engine.config import DebugHooks
 
 OPTS = dict(batch_size=96, seed=3, shuffle_window=2)
 
@@ -66,7 +68,7 @@ def _run_passes(ld: Loader, passes, reference) -> None:
 @given(passes=st.lists(PASS, min_size=1, max_size=7), workers=st.integers(1, 3),
        prefetch=st.integers(1, 3))
 def test_any_sequence_of_passes_yields_what_a_fresh_loader_yields(data, reference, passes, workers, prefetch):
-    with Loader(data, workers=workers, pool="thread", prefetch=prefetch, **OPTS) as ld:
+    with Loader(data, workers=workers, pool=detload.Pool(kind="thread", prefetch=prefetch), **OPTS) as ld:
         _run_passes(ld, passes, reference)
 
 
@@ -78,7 +80,6 @@ def test_any_sequence_of_passes_process_pool(data, reference, passes):
     assert not shm_segments()
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_the_set_epoch_loop_uses_blocks_built_ahead(data, reference, pool):
     with Loader(data, workers=2, pool=pool, **OPTS) as ld:
         for epoch in range(4):
@@ -95,7 +96,6 @@ def test_repeating_an_epoch_uses_blocks_built_ahead(data, reference):
         assert ld.ahead_used == 1
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_blocks_built_for_a_pass_that_does_not_come_are_freed(data, reference, pool):
     with Loader(data, workers=2, pool=pool, **OPTS) as ld:
         for epoch in (0, 1):  # epoch 2 is now being built ahead
@@ -142,22 +142,22 @@ def test_an_early_break_cancels_what_was_built_ahead(data, reference):
 
 
 def test_nothing_is_built_ahead_for_the_unordered_benchmark_switch(data):
-    with Loader(data, workers=2, _benchmark_unordered=True, **OPTS) as ld:
+    with hooked(Loader, data, workers=2, unordered=True, **OPTS) as ld:
         for epoch in range(3):
             ld.set_epoch(epoch)
             assert sum(len(b["id"]) for b in ld) == 6000
         assert ld.ahead_used == 0
 
 
-@pytest.mark.parametrize("pool,rounds", [("thread", 8), ("process", 3)])
-def test_a_block_built_ahead_that_reaches_a_stopping_merger_does_no_harm(data, reference, pool, rounds):
+def test_a_block_built_ahead_that_reaches_a_stopping_merger_does_no_harm(data, reference, pool):
     """The merger of a pass stopped mid-way may be waiting on a worker's queue when that worker,
     having dropped the rest of the pass, queues a block built ahead. That block must not be
     counted on by the next pass (once it was swallowed there, and the next pass failed with
     'worker 0 sent block 1, expected 0'). Slow blocks make the merger wait there."""
+    rounds = 8 if pool == "thread" else 3  # a process pool costs more to start
     for seed in range(rounds):
-        with Loader(data, workers=1, prefetch=1, pool=pool,
-                    _debug=DebugHooks(block_delay_max=0.02, delay_seed=seed), **OPTS) as ld:
+        with hooked(Loader, data, workers=1, pool=detload.Pool(kind=pool, prefetch=1),
+                    debug=DebugHooks(block_delay_max=0.02, delay_seed=seed), **OPTS) as ld:
             ld.set_epoch(2)
             for stop in (None, 1, None, 3, None):  # a pass, then the same epoch again (built ahead)
                 got = []

@@ -65,7 +65,6 @@ def _typed_dataset(root) -> None:
     pq.write_table(t, root / "t.parquet", row_group_size=9)
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 @pytest.mark.parametrize("which", ["standard", "typed"])
 def test_every_hash_recomputes_from_the_yielded_arrays(small_dataset, tmp_path, pool, which):
     if which == "typed":

@@ -23,7 +23,7 @@ import bench_slice as bs  # noqa: E402
 from slices import SLICES, dnf_from_json  # noqa: E402
 
 import detload  # noqa: E402
-from detload._filter import parse_filter  # noqa: E402
+from detload._filters.canonical import parse_filter  # noqa: E402
 from detload._types import Ragged  # noqa: E402
 
 

@@ -10,7 +10,6 @@ import collections
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -24,9 +23,11 @@ import xxhash
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _s3server import write_sample_dataset  # noqa: E402
+from testhooks import hooked  # noqa: E402
 
+import detload
 from detload import CacheWarning, Loader, OptionError  # noqa: E402
-from detload._cache import cache_info, parse_size  # noqa: E402
+from detload._cache import cache_info  # noqa: E402
 from detload.cli import main as cli_main  # noqa: E402
 from detload.verify import verify  # noqa: E402
 
@@ -70,12 +71,12 @@ def test_cold_warm_and_uncached_runs_yield_identical_manifests(data, tmp_path, p
     ref = tmp_path / "ref.jsonl"
     run(data, ref)
     cache = tmp_path / "cache"
-    run(data, tmp_path / "cold.jsonl", cache_dir=cache, pool=pool, workers=workers)
+    run(data, tmp_path / "cold.jsonl", cache=cache, pool=pool, workers=workers)
     info = cache_info(cache, verify=True)
     assert info["entries"] == 6 and info["corrupt"] == []
     assert info["usage_counter"] == info["bytes"]
     before = entries(cache)
-    run(data, tmp_path / "warm.jsonl", cache_dir=cache, pool=pool, workers=workers % 3 + 1)
+    run(data, tmp_path / "warm.jsonl", cache=cache, pool=pool, workers=workers % 3 + 1)
     same(ref, tmp_path / "cold.jsonl")
     same(ref, tmp_path / "warm.jsonl")
     assert entries(cache) == before  # a warm run rewrites nothing
@@ -100,7 +101,7 @@ class CountingFS:
 def test_warm_epochs_read_nothing_from_the_source(data, tmp_path):
     counting = CountingFS()
     cache = tmp_path / "cache"
-    with Loader(data, filesystem=counting.fs, cache_dir=cache, **OPTS) as loader:
+    with Loader(data, storage=counting.fs, cache=cache, **OPTS) as loader:
         for _ in loader:  # epoch 0: cold
             pass
         counting.opened.clear()
@@ -115,11 +116,11 @@ def test_partly_evicted_cache_gives_the_same_manifest(data, tmp_path):
     ref = tmp_path / "ref.jsonl"
     run(data, ref)
     cache = tmp_path / "cache"
-    run(data, tmp_path / "cold.jsonl", cache_dir=cache, workers=2)
+    run(data, tmp_path / "cold.jsonl", cache=cache, workers=2)
     for i, path in enumerate(sorted(entries(cache))):
         if i % 2:
             os.unlink(os.path.join(cache, path))
-    run(data, tmp_path / "partial.jsonl", cache_dir=cache, workers=2, pool="process")
+    run(data, tmp_path / "partial.jsonl", cache=cache, workers=2, pool="process")
     same(ref, tmp_path / "partial.jsonl")
     assert cache_info(cache)["entries"] == 6
 
@@ -132,14 +133,13 @@ def _flip(path, at):
         f.write(bytes([b[0] ^ 0xFF]))
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_corrupt_entries_are_detected_refetched_and_warned_once(data, tmp_path, pool, capsys):
     """With process workers too the warning is a Python warning in the consumer's process,
     where filters and ``pytest.warns`` see it, not text on a worker's stderr."""
     ref = tmp_path / "ref.jsonl"
     run(data, ref)
     cache = tmp_path / "cache"
-    run(data, tmp_path / "cold.jsonl", cache_dir=cache)
+    run(data, tmp_path / "cold.jsonl", cache=cache)
     paths = sorted(entries(cache))
     for p in paths[:2]:  # two damaged entries, one warning
         full = os.path.join(cache, p)
@@ -152,7 +152,7 @@ def test_corrupt_entries_are_detected_refetched_and_warned_once(data, tmp_path, 
         assert "checksums: 3 damaged" in capsys.readouterr().out
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run(data, tmp_path / "fixed.jsonl", cache_dir=cache, workers=3, pool=pool)
+        run(data, tmp_path / "fixed.jsonl", cache=cache, workers=3, pool=pool)
     ours = [w for w in caught if issubclass(w.category, CacheWarning)]
     assert len(ours) == 1, [str(w.message) for w in ours]
     msg = str(ours[0].message)
@@ -170,11 +170,11 @@ def test_cache_limit_keeps_what_was_cached_first(data, tmp_path):
     ref = tmp_path / "ref.jsonl"
     run(data, ref, epochs=3)
     cache = tmp_path / "probe"
-    run(data, tmp_path / "probe.jsonl", cache_dir=cache, epochs=1)
+    run(data, tmp_path / "probe.jsonl", cache=cache, epochs=1)
     sizes = sorted(s for _, _, s in entries(cache).values())
     limit = sum(sizes[:3]) + 10  # room for about half of the six entries
     cache = tmp_path / "cache"
-    with Loader(data, cache_dir=cache, cache_limit=limit, manifest=str(tmp_path / "limited.jsonl"), **OPTS) as loader:
+    with Loader(data, cache=detload.Cache(cache, limit=limit), manifest=str(tmp_path / "limited.jsonl"), **OPTS) as loader:
         for _ in loader:
             pass
         first = entries(cache)
@@ -191,7 +191,7 @@ def test_cache_limit_keeps_what_was_cached_first(data, tmp_path):
 def test_replaced_local_file_is_not_served_stale_and_its_entries_go(tmp_path):
     data = write_sample_dataset(tmp_path / "data", FILES, compression="none")
     cache = tmp_path / "cache"
-    run(data, tmp_path / "v1.jsonl", cache_dir=cache)
+    run(data, tmp_path / "v1.jsonl", cache=cache)
     old = set(entries(cache))
     target = os.path.join(data, "a.parquet")
     size, mtime = os.path.getsize(target), os.stat(target).st_mtime_ns
@@ -200,7 +200,7 @@ def test_replaced_local_file_is_not_served_stale_and_its_entries_go(tmp_path):
     assert os.path.getsize(target) == size  # same size: only the mtime tells the versions apart
     os.utime(target, ns=(mtime + 1, mtime + 1))
     run(data, tmp_path / "ref2.jsonl")
-    run(data, tmp_path / "v2.jsonl", cache_dir=cache)
+    run(data, tmp_path / "v2.jsonl", cache=cache)
     same(tmp_path / "ref2.jsonl", tmp_path / "v2.jsonl")
     assert not verify(str(tmp_path / "v1.jsonl"), str(tmp_path / "v2.jsonl")).identical
     now = set(entries(cache))
@@ -211,7 +211,7 @@ def test_entries_depend_on_columns_and_null_fill(data, tmp_path):
     cache = tmp_path / "cache"
     for i, kw in enumerate([dict(columns=["id", "x"]), dict(columns=["x", "s"]), dict(columns=["x"], null_fill={"x": 0.5})]):
         run(data, tmp_path / f"ref{i}.jsonl", epochs=1, **kw)
-        run(data, tmp_path / f"c{i}.jsonl", epochs=1, cache_dir=cache, **kw)
+        run(data, tmp_path / f"c{i}.jsonl", epochs=1, cache=cache, **kw)
         same(tmp_path / f"ref{i}.jsonl", tmp_path / f"c{i}.jsonl")
     assert cache_info(cache)["entries"] == 18
 
@@ -219,12 +219,12 @@ def test_entries_depend_on_columns_and_null_fill(data, tmp_path):
 def test_hive_partition_columns_with_the_cache(tmp_path):
     data = write_sample_dataset(tmp_path / "data", {"day=1/a.parquet": [100, 80], "day=2/b.parquet": [90]})
     run(data, tmp_path / "ref.jsonl")
-    run(data, tmp_path / "cold.jsonl", cache_dir=tmp_path / "cache")
-    run(data, tmp_path / "warm.jsonl", cache_dir=tmp_path / "cache", columns=["x", "day"])
+    run(data, tmp_path / "cold.jsonl", cache=tmp_path / "cache")
+    run(data, tmp_path / "warm.jsonl", cache=tmp_path / "cache", columns=["x", "day"])
     run(data, tmp_path / "ref2.jsonl", columns=["x", "day"])
     same(tmp_path / "ref.jsonl", tmp_path / "cold.jsonl")
     same(tmp_path / "ref2.jsonl", tmp_path / "warm.jsonl")
-    run(data, tmp_path / "only.jsonl", cache_dir=tmp_path / "cache", columns=["day"])
+    run(data, tmp_path / "only.jsonl", cache=tmp_path / "cache", columns=["day"])
 
 
 def test_disk_full_goes_on_uncached_with_one_warning(data, tmp_path):
@@ -233,7 +233,7 @@ def test_disk_full_goes_on_uncached_with_one_warning(data, tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         # Test hook: every worker acts as if the disk filled up after its first entry.
-        run(data, tmp_path / "full.jsonl", cache_dir=cache, workers=3, _cache_fail_after_bytes=1)
+        hooked(run, data, tmp_path / "full.jsonl", cache=cache, workers=3, cache_fail_after_bytes=1)
     ours = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
     assert len(ours) == 1 and "is full" in ours[0] and "without writing" in ours[0], ours
     same(tmp_path / "ref.jsonl", tmp_path / "full.jsonl")
@@ -296,7 +296,7 @@ def test_unusable_cache_dir_warns_and_loads_uncached(data, tmp_path):
     blocker.write_text("not a folder")
     run(data, tmp_path / "ref.jsonl", epochs=1)
     with pytest.warns(CacheWarning, match="cannot be used"):
-        run(data, tmp_path / "x.jsonl", epochs=1, cache_dir=blocker / "cache")
+        run(data, tmp_path / "x.jsonl", epochs=1, cache=blocker / "cache")
     same(tmp_path / "ref.jsonl", tmp_path / "x.jsonl")
 
 
@@ -307,7 +307,7 @@ def test_two_loaders_sharing_a_cache_dir(data, tmp_path):
 
     def one(i):
         try:
-            run(data, tmp_path / f"shared{i}.jsonl", cache_dir=cache, workers=2, pool="process" if i else "thread")
+            run(data, tmp_path / f"shared{i}.jsonl", cache=cache, workers=2, pool="process" if i else "thread")
         except BaseException as exc:  # reported below
             errors.append(exc)
 
@@ -327,7 +327,7 @@ def test_two_loaders_sharing_a_cache_dir(data, tmp_path):
 def test_entry_format_is_self_describing(data, tmp_path):
     """An entry can be read with json, numpy and xxhash alone, as docs/remote.md describes."""
     cache = tmp_path / "cache"
-    run(data, tmp_path / "c.jsonl", cache_dir=cache, epochs=1, columns=["id", "s", "emb"], shuffle=False)
+    run(data, tmp_path / "c.jsonl", cache=cache, epochs=1, columns=["id", "s", "emb"], shuffle=False)
     found = []
     for rel in sorted(entries(cache)):
         with open(os.path.join(cache, rel), "rb") as f:
@@ -373,19 +373,9 @@ def test_cache_options_are_checked(data, tmp_path):
         Loader(data, cache_dir=f, **OPTS)
 
 
-def test_parse_size():
-    assert parse_size(None) is None
-    assert parse_size(1234) == 1234
-    assert parse_size("500MB") == 500 * 10**6
-    assert parse_size("20GiB") == 20 * 2**30
-    assert parse_size("1.5 k") == 1500
-    with pytest.raises(OptionError):
-        parse_size(True)
-
-
 def test_cli_cache_info_and_clear(data, tmp_path, capsys):
     cache = tmp_path / "cache"
-    run(data, tmp_path / "c.jsonl", cache_dir=cache, epochs=1)
+    run(data, tmp_path / "c.jsonl", cache=cache, epochs=1)
     assert cli_main(["cache", "info", str(cache), "--json", "--verify"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["entries"] == 6 and info["corrupt"] == []
@@ -427,7 +417,7 @@ def test_runs_of_same_typed_columns_take_the_grouped_path(tmp_path):
     _write_runs(src)
     cache = tmp_path / "cache"
     run(src, tmp_path / "plain.jsonl", epochs=3)
-    run(src, tmp_path / "cached.jsonl", epochs=3, cache_dir=str(cache))  # epochs 2-3 are warm
+    run(src, tmp_path / "cached.jsonl", epochs=3, cache=str(cache))  # epochs 2-3 are warm
     same(tmp_path / "plain.jsonl", tmp_path / "cached.jsonl")
     path = os.path.join(cache, next(iter(entries(cache))))
     unit = _load(path, None)
@@ -437,7 +427,6 @@ def test_runs_of_same_typed_columns_take_the_grouped_path(tmp_path):
     assert np.array_equal(grid[2], unit["d2"]) and np.shares_memory(grid, unit["d2"])
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_damage_found_while_a_block_is_built_never_reaches_a_batch(tmp_path, pool):
     """Warm blocks verify an entry's checksum while copying it (PendingCheck): a damaged
     entry makes the worker drop that block and rebuild it from the source."""
@@ -445,7 +434,7 @@ def test_damage_found_while_a_block_is_built_never_reaches_a_batch(tmp_path, poo
     _write_runs(src)
     cache = tmp_path / "cache"
     run(src, tmp_path / "plain.jsonl", epochs=1)
-    run(src, tmp_path / "cold.jsonl", epochs=1, cache_dir=str(cache))
+    run(src, tmp_path / "cold.jsonl", epochs=1, cache=str(cache))
     paths = sorted(entries(cache))
     for p in paths[:3]:  # a byte in the float run, one past it, one in the last column
         full = os.path.join(cache, p)
@@ -453,7 +442,7 @@ def test_damage_found_while_a_block_is_built_never_reaches_a_batch(tmp_path, poo
         _flip(full, {0: size // 2, 1: size * 3 // 4, 2: size - 5}[paths.index(p)])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run(src, tmp_path / "warm.jsonl", epochs=1, cache_dir=str(cache), pool=pool, workers=2)
+        run(src, tmp_path / "warm.jsonl", epochs=1, cache=str(cache), pool=pool, workers=2)
     ours = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
     if pool == "thread":
         assert len(ours) == 1 and "is damaged (checksum mismatch)" in ours[0], ours
@@ -463,7 +452,6 @@ def test_damage_found_while_a_block_is_built_never_reaches_a_batch(tmp_path, poo
     assert cache_info(cache, verify=True)["corrupt"] == []  # refetched and written again
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_damaged_header_that_breaks_assembly_is_refetched(tmp_path, pool):
     """A header field is used before a deferred checksum is finished; when it breaks the
     block's assembly (here one column claims 299 rows of 300), the checksum decides:
@@ -472,7 +460,7 @@ def test_damaged_header_that_breaks_assembly_is_refetched(tmp_path, pool):
     _write_runs(src)
     cache = tmp_path / "cache"
     run(src, tmp_path / "plain.jsonl", epochs=1)
-    run(src, tmp_path / "cold.jsonl", epochs=1, cache_dir=str(cache))
+    run(src, tmp_path / "cold.jsonl", epochs=1, cache=str(cache))
     damaged = 0
     for p in sorted(entries(cache)):
         full = os.path.join(cache, p)
@@ -486,7 +474,7 @@ def test_damaged_header_that_breaks_assembly_is_refetched(tmp_path, pool):
     assert damaged == 2
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CacheWarning)
-        run(src, tmp_path / "warm.jsonl", epochs=1, cache_dir=str(cache), pool=pool, workers=2)
+        run(src, tmp_path / "warm.jsonl", epochs=1, cache=str(cache), pool=pool, workers=2)
     same(tmp_path / "plain.jsonl", tmp_path / "warm.jsonl")
     assert cache_info(cache, verify=True)["corrupt"] == []
 
@@ -505,7 +493,7 @@ def test_a_pass_that_filled_the_cache_returns_arrows_free_memory(data, tmp_path,
             real.release_unused()
 
     monkeypatch.setattr(pyarrow, "default_memory_pool", lambda: Counting())
-    with Loader(data, cache_dir=str(tmp_path / "cache"), workers=2, **OPTS) as loader:
+    with Loader(data, cache=str(tmp_path / "cache"), workers=2, **OPTS) as loader:
         for _ in loader:
             pass
         deadline = time.monotonic() + 5
@@ -527,10 +515,10 @@ def test_a_pass_that_filled_the_cache_returns_arrows_free_memory(data, tmp_path,
 
 def _count_maps(monkeypatch):
     """Count the entry files mapped afresh (thread workers share this process's module)."""
-    from detload import _cache
+    from detload._cache import rowgroups
 
     mapped = []
-    real = _cache._map
+    real = rowgroups._map
 
     def counting(path):
         m = real(path)
@@ -538,7 +526,7 @@ def _count_maps(monkeypatch):
             mapped.append(path)
         return m
 
-    monkeypatch.setattr(_cache, "_map", counting)
+    monkeypatch.setattr(rowgroups, "_map", counting)
     return mapped
 
 
@@ -556,7 +544,7 @@ def test_warm_epochs_keep_entries_mapped(data, tmp_path, monkeypatch):
     mmap, no page faults), and the manifest is the uncached one."""
     mapped = _count_maps(monkeypatch)
     run(data, tmp_path / "ref.jsonl", epochs=4)
-    with Loader(data, cache_dir=tmp_path / "cache", manifest=str(tmp_path / "kept.jsonl"), **OPTS) as loader:
+    with Loader(data, cache=tmp_path / "cache", manifest=str(tmp_path / "kept.jsonl"), **OPTS) as loader:
         _passes(loader, range(4))
     assert sorted(collections.Counter(mapped).values()) == [1] * 6  # each once, in the first warm pass
     same(tmp_path / "ref.jsonl", tmp_path / "kept.jsonl")
@@ -565,10 +553,10 @@ def test_warm_epochs_keep_entries_mapped(data, tmp_path, monkeypatch):
 def test_cache_map_limit_keeps_the_first_entries_mapped(data, tmp_path, monkeypatch):
     mapped = _count_maps(monkeypatch)
     cache = tmp_path / "cache"
-    run(data, tmp_path / "ref.jsonl", epochs=4, cache_dir=cache)
+    run(data, tmp_path / "ref.jsonl", epochs=4, cache=cache)
     sizes = {os.path.join(cache, p): s for p, (_, _, s) in entries(cache).items()}
     mapped.clear()
-    with Loader(data, cache_dir=cache, cache_map_limit=0, **OPTS) as loader:
+    with Loader(data, cache=detload.Cache(cache, map_limit=0), **OPTS) as loader:
         _passes(loader, range(3))
     counts = collections.Counter(mapped)
     assert len(counts) == 6 and min(counts.values()) >= 3, counts  # 0: every pass maps anew
@@ -576,7 +564,7 @@ def test_cache_map_limit_keeps_the_first_entries_mapped(data, tmp_path, monkeypa
     # are mapped in every pass (an LRU would drop each kept one just before its next use).
     limit = sum(sorted(sizes.values())[:3])
     mapped.clear()
-    with Loader(data, cache_dir=cache, cache_map_limit=limit, manifest=str(tmp_path / "some.jsonl"),
+    with Loader(data, cache=detload.Cache(cache, map_limit=limit), manifest=str(tmp_path / "some.jsonl"),
                 **OPTS) as loader:
         _passes(loader, range(4))
     counts = collections.Counter(mapped)
@@ -590,18 +578,18 @@ def test_cache_map_limit_keeps_the_first_entries_mapped(data, tmp_path, monkeypa
 def test_cache_map_limit_is_per_process(data, tmp_path):
     from detload._cache import memory_available
 
-    with Loader(data, cache_dir=tmp_path / "c", cache_map_limit="1MB", workers=4, **OPTS) as loader:
+    with Loader(data, cache=detload.Cache(tmp_path / "c", map_limit="1MB"), workers=4, **OPTS) as loader:
         assert loader.cache.map_budget == 10**6
-    with Loader(data, cache_dir=tmp_path / "c", workers=2, **OPTS) as loader:  # "auto"
+    with Loader(data, cache=tmp_path / "c", workers=2, **OPTS) as loader:  # "auto"
         assert loader.cache.map_budget == memory_available() // 4
-    with Loader(data, cache_dir=tmp_path / "c", cache_map_limit=None, **OPTS) as loader:  # no byte limit
+    with Loader(data, cache=detload.Cache(tmp_path / "c", map_limit=None), **OPTS) as loader:  # no byte limit
         assert loader.cache.map_budget >= 2**62
 
 
 def test_thread_workers_share_their_kept_mappings(data, tmp_path, monkeypatch):
     """Three thread workers map each entry once between them, whichever reads it next."""
     mapped = _count_maps(monkeypatch)
-    with Loader(data, cache_dir=tmp_path / "cache", workers=3, **OPTS) as loader:
+    with Loader(data, cache=tmp_path / "cache", workers=3, **OPTS) as loader:
         _passes(loader, range(5))
         kept = loader._pool.kept
         assert len(kept) == 6 and kept.nbytes == cache_info(tmp_path / "cache")["bytes"]
@@ -609,7 +597,6 @@ def test_thread_workers_share_their_kept_mappings(data, tmp_path, monkeypatch):
     assert len(kept) == 0 and kept.nbytes == 0  # closing the loader drops them
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 @pytest.mark.parametrize("shape", ["mixed", "fixed"])
 def test_kept_mappings_notice_deleted_replaced_and_damaged_entries(data, tmp_path, pool, shape):
     """Entries changed on disk while a loader keeps them mapped are treated as without the
@@ -629,8 +616,7 @@ def test_kept_mappings_notice_deleted_replaced_and_damaged_entries(data, tmp_pat
         warnings.simplefilter("always")
         # One worker: it keeps every entry (with more, one that another worker maps afresh would
         # find the damage without the kept mapping's checks).
-        with Loader(src, cache_dir=cache, manifest=str(tmp_path / "kept.jsonl"), pool=pool, workers=1,
-                    prefetch=1, **opts) as loader:
+        with Loader(src, cache=cache, manifest=str(tmp_path / "kept.jsonl"), pool=detload.Pool(kind=pool, prefetch=1), workers=1, **opts) as loader:
             for e in range(2):  # cold, then warm: every entry is mapped and kept
                 loader.set_epoch(e)
                 for _ in loader:
@@ -676,22 +662,6 @@ def test_kept_mappings_notice_deleted_replaced_and_damaged_entries(data, tmp_pat
     assert info["corrupt"] == [] and info["entries"] == len(everything)  # all refetched and rewritten
 
 
-def test_recount_counts_an_entry_once_while_its_temp_name_still_exists(data, tmp_path):
-    """A writer links its temp file to the entry's name and then removes the temp name,
-    without the lock: a loader starting in between recounts those bytes once, not twice."""
-    from detload._cache import _Store
-
-    cache = tmp_path / "cache"
-    run(data, tmp_path / "cold.jsonl", epochs=1, cache_dir=cache)
-    total = cache_info(cache)["bytes"]
-    store = _Store(str(cache / "v1"))
-    first = os.path.join(cache, sorted(entries(cache))[0])
-    os.link(first, os.path.join(store.tmp, f"{socket.gethostname()}-{os.getpid()}-0000abcd.tmp"))
-    with store.locked():
-        assert store.rescan() == total
-    assert cache_info(cache)["usage_counter"] == total
-
-
 def _dlc_fds():
     out = []
     for fd in os.listdir("/proc/self/fd"):
@@ -707,37 +677,20 @@ def _dlc_fds():
 def test_kept_mappings_hold_no_file_descriptors(data, tmp_path):
     """Python's mmap keeps a duplicate descriptor per mapping: thousands of kept entries ran
     a process out of descriptors ("Too many open files"). Entries are mapped without one."""
-    with Loader(data, cache_dir=tmp_path / "cache", workers=2, **OPTS) as loader:
+    with Loader(data, cache=tmp_path / "cache", workers=2, **OPTS) as loader:
         _passes(loader, range(3))
         assert len(loader._pool.kept) == 6
         assert _dlc_fds() == []
 
 
-def test_kept_entries_are_read_only(data, tmp_path):
-    from detload._cache import _load
-
-    run(data, tmp_path / "cold.jsonl", epochs=1, cache_dir=tmp_path / "cache")
-    path = os.path.join(tmp_path / "cache", sorted(entries(tmp_path / "cache"))[0])
-    cols = _load(path, None)
-    for c in cols.values():
-        for a in (c.values, c.offsets) if hasattr(c, "offsets") else (c,):
-            assert not a.flags.writeable
-            with pytest.raises(ValueError, match="read-only"):
-                a[:1] = 0
-            with pytest.raises(ValueError):  # and cannot be made writable (a write would crash)
-                a.flags.writeable = True
-            with pytest.raises(ValueError):
-                a.base.flags.writeable = True
-
-
 def test_kept_mappings_stay_under_the_map_count_cap(data, tmp_path, monkeypatch):
     """Each mapping is one of the process's memory areas (vm.max_map_count): at most a
     quarter of that many entries are kept, whatever the byte limit."""
-    from detload import _cache
+    from detload._cache import kept
 
-    monkeypatch.setattr(_cache, "_max_map_count", lambda: 12)
+    monkeypatch.setattr(kept, "_max_map_count", lambda: 12)
     mapped = _count_maps(monkeypatch)
-    with Loader(data, cache_dir=tmp_path / "cache", manifest=str(tmp_path / "capped.jsonl"), **OPTS) as loader:
+    with Loader(data, cache=tmp_path / "cache", manifest=str(tmp_path / "capped.jsonl"), **OPTS) as loader:
         _passes(loader, range(4))
         assert len(loader._pool.kept) == 3
     counts = collections.Counter(mapped)
@@ -758,7 +711,7 @@ def test_process_workers_let_go_of_deleted_entries_at_the_next_pass(data, tmp_pa
     from detload._cache import clear_cache
 
     cache = tmp_path / "cache"
-    with Loader(data, cache_dir=cache, workers=2, pool="process", **OPTS) as loader:
+    with Loader(data, cache=cache, workers=2, pool="process", **OPTS) as loader:
         _passes(loader, range(3))
         pids = loader._pool.pids()
         assert sum(len(_deleted_entries_mapped(p)) for p in pids) == 0
@@ -785,33 +738,16 @@ def test_sizes_that_are_not_finite_are_refused(data, tmp_path, bad, capsys):
     assert code == 2 and f"cache_map_limit '{bad}' is not a size" in capsys.readouterr().err
 
 
-def test_a_closed_table_keeps_nothing(data, tmp_path):
-    """A thread worker may outlive the pool's close() by a moment: what it offers then is not kept."""
-    from detload._cache import KeptMappings, _entry, _map
-
-    cache = tmp_path / "cache"
-    run(data, tmp_path / "cold.jsonl", epochs=1, cache_dir=cache)
-    path = os.path.join(cache, sorted(entries(cache))[0])
-    m = _map(path)
-    kept = _entry(m, None, defer=False)
-    table = KeptMappings(10**9)
-    table.offer(path, kept)
-    assert len(table) == 1 and table.nbytes == m.size
-    table.close()
-    table.offer(path, kept)
-    assert len(table) == 0 and table.nbytes == 0
-
-
 def test_map_count_cap_counts_every_loader_of_the_process(data, tmp_path, monkeypatch):
     """vm.max_map_count is per process: two loaders open at once share the cap."""
-    from detload import _cache
+    from detload._cache import kept
 
-    monkeypatch.setattr(_cache, "_max_map_count", lambda: 16)  # 4 kept mappings per process
-    with Loader(data, cache_dir=tmp_path / "a", **OPTS) as one, Loader(data, cache_dir=tmp_path / "b", **OPTS) as two:
+    monkeypatch.setattr(kept, "_max_map_count", lambda: 16)  # 4 kept mappings per process
+    with Loader(data, cache=tmp_path / "a", **OPTS) as one, Loader(data, cache=tmp_path / "b", **OPTS) as two:
         _passes(one, range(2))
         _passes(two, range(2))
         assert len(one._pool.kept) + len(two._pool.kept) == 4
-    assert _cache._KEPT_COUNT[0] == 0
+    assert kept._KEPT_COUNT[0] == 0
 
 
 def test_an_entry_cut_short_in_place_while_kept_is_read_again(tmp_path):
@@ -824,8 +760,7 @@ def test_an_entry_cut_short_in_place_while_kept_is_read_again(tmp_path):
     cache = tmp_path / "cache"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with Loader(src, cache_dir=cache, manifest=str(tmp_path / "cut.jsonl"), pool="process", workers=1,
-                    prefetch=1, **opts) as loader:
+        with Loader(src, cache=cache, manifest=str(tmp_path / "cut.jsonl"), pool=detload.Pool(kind="process", prefetch=1), workers=1, **opts) as loader:
             _passes(loader, range(2))
             first = {(loader._unit_files[u], loader._unit_rgs[u]) for u in loader.plan(2).schedule[0].units}
             busy = {os.path.join(cache, "v1", "objects", loader._cache_keys[f], f"rg{rg:06d}-") for f, rg in first}
@@ -846,7 +781,7 @@ def test_an_entry_cut_short_in_place_while_kept_is_read_again(tmp_path):
 def test_cache_dir_with_a_tilde_is_the_home_folder(data, tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
-    with Loader(data, cache_dir="~/detload-cache", **OPTS) as loader:
+    with Loader(data, cache="~/detload-cache", **OPTS) as loader:
         for _ in loader:
             pass
     assert cache_info(tmp_path / "home" / "detload-cache")["entries"] == 6
@@ -856,7 +791,6 @@ def test_cache_dir_with_a_tilde_is_the_home_folder(data, tmp_path, monkeypatch):
     assert cache_info(tmp_path / "home" / "detload-cache")["entries"] == 0
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_cache_folder_deleted_between_epochs_is_made_again(data, tmp_path, pool):
     """Someone removes the whole cache folder while a loader runs: the next pass writes the
     entries again (instead of loading uncached for the rest of the loader's life, with a
@@ -865,8 +799,7 @@ def test_cache_folder_deleted_between_epochs_is_made_again(data, tmp_path, pool)
     cache = tmp_path / "cache"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with Loader(data, cache_dir=cache, manifest=str(tmp_path / "gone.jsonl"), pool=pool, workers=2,
-                    prefetch=1, **OPTS) as loader:
+        with Loader(data, cache=cache, manifest=str(tmp_path / "gone.jsonl"), pool=detload.Pool(kind=pool, prefetch=1), workers=2, **OPTS) as loader:
             _passes(loader, range(2))
             # Once the next pass's first blocks are built (a worker missing an entry during the
             # removal would make the folder again under rmtree's feet).
@@ -887,7 +820,7 @@ def test_thread_loader_lets_go_of_deleted_entries_when_a_pass_begins(data, tmp_p
     from detload._cache import clear_cache
 
     cache = tmp_path / "cache"
-    with Loader(data, cache_dir=cache, workers=2, **OPTS) as loader:
+    with Loader(data, cache=cache, workers=2, **OPTS) as loader:
         _passes(loader, range(3))
         kept = loader._pool.kept
         assert len(kept) == 6
@@ -902,7 +835,7 @@ def test_thread_loader_lets_go_of_deleted_entries_when_a_pass_begins(data, tmp_p
 def test_cache_limit_smaller_than_an_entry_says_so_once(data, tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run(data, tmp_path / "tiny.jsonl", cache_dir=tmp_path / "cache", cache_limit=1000, workers=2)
+        run(data, tmp_path / "tiny.jsonl", cache=detload.Cache(tmp_path / "cache", limit=1000), workers=2)
     ours = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
     assert len(ours) == 1 and "cache_limit (1,000 bytes) is smaller than a row group's cache entry" in ours[0]
     assert cache_info(tmp_path / "cache")["entries"] == 0
@@ -910,43 +843,14 @@ def test_cache_limit_smaller_than_an_entry_says_so_once(data, tmp_path):
     same(tmp_path / "ref.jsonl", tmp_path / "tiny.jsonl")
 
 
-def test_entry_writes_survive_short_writes_and_many_buffers(tmp_path, monkeypatch):
-    # An entry is written with one vectored call (the page cache then holds it in large
-    # folios, cheap to map); the system may write less than asked, or take fewer buffers.
-    from detload import _cache
-
-    calls = []
-    real = os.pwritev
-
-    def short(fd, bufs, at):
-        calls.append(len(bufs))
-        # Writes a prefix of what it was given: at most 3 buffers, often ending inside one.
-        head = b"".join(bytes(b) for b in bufs[:3])
-        return real(fd, [head[: max(1, len(head) * 2 // 3)]], at)
-
-    monkeypatch.setattr(_cache.os, "pwritev", short)
-    rng = np.random.default_rng(0)
-    bufs = [rng.integers(0, 255, size=int(n), dtype=np.uint8) for n in rng.integers(0, 40, size=3000)]
-    bufs.insert(7, b"")
-    path = tmp_path / "f"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
-    try:
-        _cache._pwritev_all(fd, bufs, 10)
-    finally:
-        os.close(fd)
-    want = b"\0" * 10 + b"".join(bytes(b) for b in bufs)
-    assert path.read_bytes() == want
-    assert len(calls) > 1 and max(calls) <= _cache._IOV_MAX
-
-
 def test_an_entry_is_one_write(data, tmp_path, monkeypatch):
-    from detload import _cache
+    from detload._cache import write
 
     calls = collections.Counter()
     real_v, real_1 = os.pwritev, os.pwrite
-    monkeypatch.setattr(_cache.os, "pwritev", lambda *a: calls.update(["pwritev"]) or real_v(*a))
-    monkeypatch.setattr(_cache.os, "pwrite", lambda *a: calls.update(["pwrite"]) or real_1(*a))
-    with Loader(str(data), cache_dir=str(tmp_path / "c"), workers=1, **OPTS) as ld:
+    monkeypatch.setattr(write.os, "pwritev", lambda *a: calls.update(["pwritev"]) or real_v(*a))
+    monkeypatch.setattr(write.os, "pwrite", lambda *a: calls.update(["pwrite"]) or real_1(*a))
+    with Loader(str(data), cache=str(tmp_path / "c"), workers=1, **OPTS) as ld:
         n = sum(1 for _ in ld)
     assert n > 0
     entries = cache_info(str(tmp_path / "c"))["entries"]

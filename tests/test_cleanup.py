@@ -17,15 +17,15 @@ import numpy as np
 import pytest
 from leaks import detload_threads, shm_segments, stray_children
 from strategies import check_rows
+from testhooks import hooked
 
-from detload import DataError, DetloadError, Loader, WorkerError
-from detload._worker import DebugHooks
-
-POOLS = ["thread", "process"]
+from detload import DataError, DetloadError, Loader, Pool, WorkerError
+from detload._engine.config import DebugHooks
 
 
-def _loader(root, pool="process", **kw) -> Loader:
-    return Loader(root, **{"batch_size": 64, "seed": 3, "workers": 3, "pool": pool, "prefetch": 2, **kw})
+def _loader(root, pool="process", prefetch=2, stall_timeout=300.0, **kw) -> Loader:
+    return Loader(root, **{"batch_size": 64, "seed": 3, "workers": 3,
+                           "pool": Pool(kind=pool, prefetch=prefetch, stall_timeout=stall_timeout), **kw})
 
 
 def _running(loader, leak_check) -> None:
@@ -39,7 +39,6 @@ def _running(loader, leak_check) -> None:
         assert sum(t.startswith("detload-worker-") for t in detload_threads()) == loader.workers
 
 
-@pytest.mark.parametrize("pool", POOLS)
 def test_normal_end_then_close(small_dataset, leak_check, pool):
     loader = _loader(small_dataset.root, pool)
     n = 0
@@ -53,7 +52,6 @@ def test_normal_end_then_close(small_dataset, leak_check, pool):
     loader.close()  # idempotent
 
 
-@pytest.mark.parametrize("pool", POOLS)
 def test_with_block(small_dataset, leak_check, pool):
     with _loader(small_dataset.root, pool) as loader:
         for _ in loader:
@@ -63,7 +61,6 @@ def test_with_block(small_dataset, leak_check, pool):
     leak_check.assert_clean()
 
 
-@pytest.mark.parametrize("pool", POOLS)
 @pytest.mark.parametrize("stop", [0, 3])
 def test_break_mid_epoch_then_close(small_dataset, leak_check, pool, stop):
     loader = _loader(small_dataset.root, pool, prefetch=3, batch_size=16)
@@ -75,7 +72,6 @@ def test_break_mid_epoch_then_close(small_dataset, leak_check, pool, stop):
     leak_check.assert_clean()
 
 
-@pytest.mark.parametrize("pool", POOLS)
 def test_exception_in_consumer_inside_with(small_dataset, leak_check, pool):
     with pytest.raises(KeyError, match="boom"), _loader(small_dataset.root, pool) as loader:
         for i, _ in enumerate(loader):
@@ -159,7 +155,7 @@ def test_batches_stay_readable_after_close(small_dataset, leak_check):
 def test_cleanup_after_a_worker_error(small_dataset, leak_check):
     hooks = DebugHooks(fail_unit=("c.parquet", 2), fail_exc=OSError("disk on fire"))
     with pytest.raises(WorkerError, match=r"c\.parquet row group 2.*disk on fire"), \
-            _loader(small_dataset.root, _debug=hooks, shuffle=False) as loader:
+            hooked(_loader, small_dataset.root, debug=hooks, shuffle=False) as loader:
         for _ in loader:
             leak_check.track(loader)
     leak_check.assert_clean()
@@ -199,7 +195,6 @@ def _next_in_thread(it, timeout: float = 10.0) -> dict:
     return out
 
 
-@pytest.mark.parametrize("pool", POOLS)
 def test_superseded_iterator_does_not_hang(small_dataset, leak_check, pool):
     """iter(loader) twice (e.g. zip(loader, loader)): the older iterator must fail loudly, not block forever."""
     with _loader(small_dataset.root, pool) as loader:
@@ -231,7 +226,6 @@ def _drain_in_thread(it, timeout: float = 20.0) -> dict:
     return out
 
 
-@pytest.mark.parametrize("pool", POOLS)
 @pytest.mark.parametrize("how", ["next", "del"])
 def test_newer_iteration_survives_the_older_iterator_ending(small_dataset, leak_check, pool, how):
     """Closing a superseded iterator (its next() or its garbage collection) must not disturb the new pass.
@@ -260,7 +254,7 @@ def test_newer_iteration_survives_the_older_iterator_ending(small_dataset, leak_
 def test_close_from_another_thread_wakes_the_consumer(small_dataset, leak_check):
     """A consumer waiting for a batch while the loader is closed must get an error, not wait forever."""
     hooks = DebugHooks(stall_unit=("a.parquet", 0), stall_seconds=60)
-    loader = _loader(small_dataset.root, _debug=hooks, shuffle=False, stall_timeout=None)
+    loader = hooked(_loader, small_dataset.root, debug=hooks, shuffle=False, stall_timeout=None)
     it = iter(loader)
     leak_check.track(loader)
     result: dict = {}

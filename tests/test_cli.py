@@ -232,7 +232,7 @@ def test_demo_dir_that_cannot_be_written(tmp_path, capsys, monkeypatch, where):
 
 def test_demo_rows_must_be_positive(capsys):
     code, _, err = _run(["demo", "--rows", "-1"], capsys)
-    assert code == 2 and "argument --rows: --rows must be at least 1, got -1" in err
+    assert code == 2 and "argument --rows: --rows must be an int >= 1, got -1" in err
     assert "negative dimensions" not in err
 
 
@@ -241,7 +241,7 @@ def test_run_refuses_epochs_below_one(data, tmp_path, capsys, value):
     code, out, err = _run(["run", data, "--batch-size", "64", "--seed", "1", "--epochs", value,
                            "--manifest", str(tmp_path / "m.jsonl")], capsys)
     assert code == 2 and out == ""
-    assert f"argument --epochs: --epochs must be at least 1, got {value}" in err
+    assert f"argument --epochs: --epochs must be an int >= 1, got {value}" in err
 
 
 def test_run_past_the_last_epoch_fails_before_the_first(data, tmp_path, capsys):

@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from strategies import check_rows, dataset_and_options, model_batches, write_dataset
+from testhooks import hooked
 
 import detload
 from detload import Loader, read_manifest
-from detload._worker import DebugHooks
+from detload._engine.config import DebugHooks
 
 EXECUTION_FIELDS = {"workers", "pool", "detload_version"}
 
@@ -125,7 +126,6 @@ def test_canonical_file_order_is_utf8_bytes(make_dataset):
     assert [d.path for d in loader.dataset.files] == order
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_random_worker_delays_and_slow_consumer_do_not_change_batches(small_dataset, tmp_path, pool, leak_check):
     kw = dict(batch_size=37, seed=2024, shuffle_window=2)
     ref, _ = run_epoch(small_dataset.root, str(tmp_path / "ref.jsonl"), **kw)
@@ -133,8 +133,8 @@ def test_random_worker_delays_and_slow_consumer_do_not_change_batches(small_data
     for attempt in range(3):
         man = str(tmp_path / f"m{attempt}.jsonl")
         rnd = random.Random(attempt)
-        with Loader(small_dataset.root, manifest=man, workers=3, pool=pool, prefetch=1 + attempt,
-                    _debug=DebugHooks(delay_max=0.01, delay_seed=attempt), **kw) as loader:
+        with hooked(Loader, small_dataset.root, manifest=man, workers=3, pool=detload.Pool(kind=pool, prefetch=1 + attempt),
+                    debug=DebugHooks(delay_max=0.01, delay_seed=attempt), **kw) as loader:
             got = []
             for batch in loader:
                 leak_check.track(loader)
@@ -156,7 +156,6 @@ def _hashes(loader: Loader, ids: list | None = None) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_epochs_differ_and_repeat(small_dataset, tmp_path, pool, leak_check):
     with Loader(small_dataset.root, batch_size=50, seed=7, workers=2, pool=pool) as loader:
         ids0: list = []
@@ -183,7 +182,6 @@ def model_batches_concat(info, **kw) -> np.ndarray:
     return np.concatenate(model_batches(info, seed=7, batch_size=50, **kw))
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 @pytest.mark.parametrize("stop_after", [0, 1, 9])
 def test_break_mid_epoch_then_full_epoch_again(small_dataset, tmp_path, pool, stop_after, leak_check):
     kw = dict(batch_size=64, seed=11, workers=2, pool=pool, shuffle_window=3)
@@ -210,8 +208,7 @@ def test_distributed_ranks_union_is_independent_of_world_size(small_dataset, tmp
     def steps(world: int) -> list[list[np.ndarray]]:
         per_rank = []
         for rank in range(world):
-            with Loader(small_dataset.root, batch_size=G // world, seed=5, partitions=P, rank=rank,
-                        world_size=world, shuffle_window=2, workers=2) as loader:
+            with Loader(small_dataset.root, batch_size=G // world, seed=5, partitions=P, distributed=(rank, world), shuffle_window=2, workers=2) as loader:
                 ids = [np.array(b["id"]) for b in loader]
                 assert len(ids) == len(loader)
             want = model_batches(small_dataset, seed=5, batch_size=G // world, partitions=P,

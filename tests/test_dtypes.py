@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import detload
 from detload import DataError, Loader, Ragged, UnsupportedTypeError
 
 
@@ -58,7 +59,6 @@ def _int_null_dataset(root) -> dict[int, int | None]:
     return truth
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_int_nulls_with_fill_stay_int64(tmp_path, pool):
     truth = _int_null_dataset(tmp_path)
     with Loader(str(tmp_path), batch_size=7, seed=3, workers=2, pool=pool, null_fill={"ni": -1}) as loader:
@@ -73,7 +73,6 @@ def test_int_nulls_with_fill_stay_int64(tmp_path, pool):
     assert seen == 3  # ids 111, 114, 117
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_int_nulls_without_fill_raise_at_the_first_batch_that_needs_them(tmp_path, pool, shuffle):
     _int_null_dataset(tmp_path)
@@ -202,7 +201,6 @@ EXPECTED = {
 }
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_every_type_maps_the_same_in_every_batch(typed_dataset, pool):
     with Loader(str(typed_dataset), batch_size=4, seed=1, workers=2, pool=pool, shuffle_window=2) as loader:
         specs = {s.name: s for s in loader.column_specs}
@@ -241,7 +239,6 @@ def test_every_type_maps_the_same_in_every_batch(typed_dataset, pool):
     assert rows == 51
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_fixed_size_binary_is_2d_uint8(tmp_path, pool):
     """fixed_size_binary(4) maps (per column_spec) to a (rows, 4) uint8 array."""
     t = pa.table({"id": [0, 1, 2], "fb": pa.array([b"abcd", b"efgh", b"ijkl"], pa.binary(4))})
@@ -314,7 +311,6 @@ def hive_dataset(tmp_path):
     return tmp_path, truth
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_hive_partition_columns_come_last_typed(hive_dataset, pool):
     root, truth = hive_dataset
     with Loader(str(root), batch_size=8, seed=2, workers=2, pool=pool) as loader:
@@ -350,7 +346,7 @@ def test_hive_partition_columns_keep_the_listed_order_among_themselves(hive_data
 
 def test_hive_explicit_partition_type(hive_dataset):
     root, _ = hive_dataset
-    with Loader(str(root), batch_size=100, seed=2, partitioning={"year": "string"}) as loader:
+    with Loader(str(root), batch_size=100, seed=2, storage=detload.Storage(partition_types={"year": "string"})) as loader:
         (b,) = collect(loader)
     assert isinstance(b["year"], Ragged)
     assert set(b["year"].to_list()) == {"2019", "2020"}
@@ -362,7 +358,7 @@ def test_empty_batches_keep_the_types(typed_dataset):
     """Distributed, drop_last=False: a rank whose partitions ran out gets a 0-row batch of the same types."""
     shapes = {}
     for rank in (0, 1):
-        with Loader(str(typed_dataset), batch_size=10, seed=0, world_size=2, rank=rank, partitions=2,
+        with Loader(str(typed_dataset), batch_size=10, seed=0, distributed=(rank, 2), partitions=2,
                     shuffle=False) as loader:
             batches = collect(loader)
         shapes[rank] = [len(b["id"]) for b in batches]

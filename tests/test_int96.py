@@ -44,7 +44,6 @@ def test_int96_is_stored_as_int96_and_pyarrow_wraps_it_at_nanoseconds(tmp_path):
     assert str(wrapped[3]).startswith("1816-03-30")  # 9999-12-31 wrapped: the value the issue is about
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_int96_reads_as_microseconds_at_every_corner(tmp_path, pool):
     values = [*CORNERS, None]
     write_int96(tmp_path / "t.parquet", values, row_group_size=2)
@@ -75,7 +74,7 @@ def test_type_mapping_is_2_only_when_an_int96_column_is_loaded(tmp_path):
 
 def test_the_dataset_fingerprint_of_an_int96_file_is_unchanged(tmp_path):
     """It is computed from the types as written (INT96: timestamp[ns]), so only type_mapping moved."""
-    from detload._dataset import _fingerprint, discover
+    from detload._discovery import _fingerprint, discover
 
     write_int96(tmp_path / "t.parquet", CORNERS)
     ds = discover(str(tmp_path))
@@ -128,19 +127,18 @@ def test_int96_cast_to_a_coarser_unit_refuses_dropping_digits(tmp_path):
         list(loader)
 
 
-def test_an_int96_value_beyond_microseconds_is_refused_not_wrapped(tmp_path):
+def test_an_int96_value_beyond_microseconds_is_refused_not_wrapped(tmp_path, pool):
     # Year 1,000,000: a valid INT96 (Julian day, nanoseconds), but past datetime64[us]'s end.
     far = pa.array(np.array(["2000-01-01", "1000000-01-01"], "M8[s]"), pa.timestamp("s"))
     pq.write_table(pa.table({"ts": far}), tmp_path / "far.parquet", use_deprecated_int96_timestamps=True)
     assert pq.read_table(tmp_path / "far.parquet", coerce_int96_timestamp_unit="us").column(0)[1].value < 0
-    for pool in ("thread", "process"):
-        with Loader(str(tmp_path), batch_size=1, seed=0, shuffle=False, pool=pool) as loader:
-            got = []
-            with pytest.raises(DataError, match=r"column 'ts' in far\.parquet row group 0 holds an INT96 "
-                                                r"timestamp at row 1 that does not fit datetime64\[us\]"):
-                for b in loader:
-                    got.append(b["ts"].copy())
-            assert got == []  # the whole row group is refused, before any of it is delivered
+    with Loader(str(tmp_path), batch_size=1, seed=0, shuffle=False, pool=pool) as loader:
+        got = []
+        with pytest.raises(DataError, match=r"column 'ts' in far\.parquet row group 0 holds an INT96 "
+                                            r"timestamp at row 1 that does not fit datetime64\[us\]"):
+            for b in loader:
+                got.append(b["ts"].copy())
+        assert got == []  # the whole row group is refused, before any of it is delivered
 
 
 def test_int96_in_one_file_and_microseconds_in_another_are_one_column(tmp_path):
@@ -168,7 +166,7 @@ def test_warm_cache_gives_the_cold_bytes_for_int96(tmp_path):
     runs = []
     for name in ("cold", "warm", "uncached"):
         cache = str(tmp_path / "cache") if name != "uncached" else None
-        with Loader(str(data), batch_size=4, seed=2, shuffle_window=2, cache_dir=cache,
+        with Loader(str(data), batch_size=4, seed=2, shuffle_window=2, cache=cache,
                     manifest=str(tmp_path / f"{name}.jsonl")) as loader:
             list(loader)
         runs.append([line["hash"] for line in read_manifest(str(tmp_path / f"{name}.jsonl")).batches()])

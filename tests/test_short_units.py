@@ -96,14 +96,13 @@ _MESSAGE = (r"b\.parquet row group 1: column 'id' decodes to 3 rows, but the fil
             r"follows\) says the row group holds 5\. .*every batch before it was delivered intact")
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 @pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("cached", [False, True])
 def test_a_short_row_group_raises_and_no_short_batch_is_yielded(broken, tmp_path, pool, shuffle, cached):
     got = []
     cache = str(tmp_path / "cache") if cached else None
     with Loader(broken, batch_size=BATCH, seed=5, shuffle=shuffle, shuffle_window=2, workers=2, pool=pool,
-                cache_dir=cache) as loader:
+                cache=cache) as loader:
         assert loader.dataset.rows == 23  # as the footers say
         with pytest.raises(DataError, match=_MESSAGE):
             for b in loader:
@@ -140,7 +139,6 @@ def _short_entry(loader: Loader, file_idx: int, rg: int, ids: np.ndarray) -> Non
     cache.put(loader._cache_keys[file_idx], rg, {"id": ids, "x": ids * 0.5}, loader._uris[file_idx])
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_a_short_cache_entry_is_not_delivered(tmp_path, pool):
     """An entry whose columns hold fewer rows than the plan is discarded and the row group read again."""
     root = tmp_path / "data"
@@ -159,7 +157,7 @@ def test_a_short_cache_entry_is_not_delivered(tmp_path, pool):
 def test_a_short_cache_entry_of_a_short_row_group_raises(broken, tmp_path):
     """What an older version cached of the broken row group: the plan's count still decides."""
     cache = str(tmp_path / "cache")
-    with Loader(broken, batch_size=BATCH, seed=1, shuffle=False, cache_dir=cache) as loader:
+    with Loader(broken, batch_size=BATCH, seed=1, shuffle=False, cache=cache) as loader:
         _short_entry(loader, 1, 1, np.arange(104, 107, dtype=np.int64))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CacheWarning)

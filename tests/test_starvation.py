@@ -15,7 +15,6 @@ def data(tmp_path_factory):
     return write_small(tmp_path_factory.mktemp("starve") / "d", ragged=False)
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_a_slow_step_is_reported_as_the_bottleneck(data, pool):
     with Loader(data, batch_size=200, seed=1, workers=2, pool=pool) as ld:
         rep = starvation_check(ld, lambda b: time.sleep(0.01), steps=20, warmup=2)

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 from _perfdata import write_small
+from testhooks import hooked
 
 import detload
 from detload import Loader, OptionError
@@ -19,7 +20,6 @@ def data(tmp_path_factory):
     return write_small(tmp_path_factory.mktemp("stats") / "d")
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_stats_count_every_stage_and_name_the_bound(data, pool, tmp_path):
     # A manifest makes the merger hash every batch (without one nothing is hashed).
     with Loader(data, batch_size=256, seed=3, workers=2, pool=pool, manifest=tmp_path / "m.jsonl") as ld:
@@ -71,13 +71,13 @@ def test_start_up_is_traced_apart_from_the_waits_of_the_run(data):
     is traced as start-up, so a run bound by its step is not blamed on reading."""
     import time
 
-    from detload._worker import DebugHooks
+    from detload._engine.config import DebugHooks
 
     with Loader(data, batch_size=1000, seed=3, workers=2) as probe:
         j = probe.plan(0).schedule[0].units[0]
         first_unit = (probe.dataset.files[probe._unit_files[j]].path, int(probe._unit_rgs[j]))
     hooks = DebugHooks(stall_unit=first_unit, stall_seconds=1.0, stall_epoch=0)
-    with Loader(data, batch_size=1000, seed=3, workers=2, _debug=hooks) as ld:
+    with hooked(Loader, data, batch_size=1000, seed=3, workers=2, debug=hooks) as ld:
         t0 = time.perf_counter()  # before iter(): the stalled read starts when the tasks go out
         it = iter(ld)
         next(it)
@@ -128,16 +128,15 @@ def test_tracing_does_not_change_batches(data):
     assert hashes("thread", 1) == hashes("process", 2) == hashes("thread", 3)
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_unordered_benchmark_switch_still_delivers_every_row_once(data, pool):
-    with Loader(data, batch_size=256, seed=3, workers=2, pool=pool, _benchmark_unordered=True) as ld:
+    with hooked(Loader, data, batch_size=256, seed=3, workers=2, pool=pool, unordered=True) as ld:
         ids = np.concatenate([b["id"] for b in ld])
     assert np.array_equal(np.sort(ids), np.arange(9000))
 
 
 def test_unordered_switch_refuses_a_manifest(data, tmp_path):
     with pytest.raises(OptionError, match="benchmark-only"):
-        Loader(data, batch_size=256, seed=3, manifest=tmp_path / "m.jsonl", _benchmark_unordered=True)
+        hooked(Loader, data, batch_size=256, seed=3, manifest=tmp_path / "m.jsonl", unordered=True)
 
 
 def test_bench_command_prints_the_bound_and_writes_a_trace(data, tmp_path, capsys):
@@ -164,7 +163,7 @@ def test_stats_before_iterating(data):
 
 
 def test_cache_reads_and_writes_are_traced_stages(data, tmp_path):
-    with Loader(data, batch_size=1000, seed=3, workers=2, cache_dir=tmp_path / "cache") as ld:
+    with Loader(data, batch_size=1000, seed=3, workers=2, cache=tmp_path / "cache") as ld:
         list(ld)
         first = ld.stats()
         ld.set_epoch(1)
@@ -269,7 +268,7 @@ def test_many_epochs_keep_the_buffers_bounded(data):
 
 
 def test_tracing_off_keeps_counts_but_no_events(data, tmp_path):
-    with Loader(data, batch_size=500, seed=3, workers=2, trace=False) as ld:
+    with Loader(data, batch_size=500, seed=3, workers=2, pool=detload.Pool(trace=False)) as ld:
         rows = sum(len(b["id"]) for b in ld)
         st = ld.stats()
         tr = ld._tracer
@@ -284,7 +283,7 @@ def test_tracing_off_keeps_counts_but_no_events(data, tmp_path):
 
 def test_tracing_off_gives_the_same_batches(data):
     def hashes(trace):
-        with Loader(data, batch_size=333, seed=5, workers=2, trace=trace) as ld:
+        with Loader(data, batch_size=333, seed=5, workers=2, pool=detload.Pool(trace=trace)) as ld:
             return [detload.hash_batch(b)[0] for b in ld]
 
     assert hashes(True) == hashes(False)

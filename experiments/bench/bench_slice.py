@@ -134,7 +134,7 @@ def describe(path: Path) -> dict[str, Any]:
 
 def predicted_groups(path: Path, sl: Slice) -> tuple[int, int]:
     """(row groups, bytes) that statistics cannot rule out for ``sl``, by detload's own pruning."""
-    from detload._filter import parse_filter, row_group_stats
+    from detload._filters.canonical import parse_filter, row_group_stats
 
     files = data_files(path)
     schema = pq.read_schema(files[0])
@@ -259,7 +259,7 @@ def _accounting(stats: Any) -> dict[str, Any]:
 
 def child_detload(data: str, sl: Slice, *, workers: int, batch_size: int, use_filter: bool, cache_dir: str | None) -> dict[str, Any]:
     import detload
-    from detload._filter import parse_filter
+    from detload._filters.canonical import parse_filter
 
     kwargs: dict[str, Any] = {"batch_size": batch_size, "seed": 0, "workers": workers}
     io0 = proc_io()
@@ -267,7 +267,7 @@ def child_detload(data: str, sl: Slice, *, workers: int, batch_size: int, use_fi
     if use_filter:
         schema = pq.read_schema(data_files(Path(data))[0])
         kwargs["filter"] = parse_filter(sl.text, schema).expression()
-        kwargs["cache_dir"] = cache_dir
+        kwargs["cache"] = cache_dir
     try:
         loader = detload.Loader(data, **kwargs)
     except TypeError as e:

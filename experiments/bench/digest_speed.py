@@ -53,7 +53,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="digest threads (default: one per CPU)")
     ap.add_argument("--unique-strings", action="store_true", help="distinct strings in every row")
     a = ap.parse_args()
-    from detload._digest import digest
+    from detload._layout.digest import digest
 
     kind = "unique" if a.unique_strings else "words"
     path = os.path.join(a.dir, f"bench-{a.rows}-{kind}.parquet")

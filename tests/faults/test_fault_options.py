@@ -92,16 +92,16 @@ def root(tmp_path):
 
 
 @pytest.mark.parametrize("kw,match", [
-    (dict(batch_size=0), r"batch_size must be >= 1, got 0"),
-    (dict(batch_size=2.5), r"batch_size must be an int, got float 2.5"),
-    (dict(batch_size=True), r"batch_size must be an int, got bool"),
-    (dict(seed=-1), r"seed must be in \[0, 18446744073709551615\], got -1"),
-    (dict(seed=None), r"seed must be an int, got NoneType"),
+    (dict(batch_size=0), r"batch_size must be an int >= 1, got 0"),
+    (dict(batch_size=2.5), r"batch_size must be an int >= 1, got float 2.5"),
+    (dict(batch_size=True), r"batch_size must be an int >= 1, got bool"),
+    (dict(seed=-1), r"seed must be an int in \[0, 2\*\*64\), got -1"),
+    (dict(seed=None), r"seed must be an int in \[0, 2\*\*64\), got NoneType"),
     (dict(workers=0), r"workers must be an int in \[1, 256\] or 'auto', got 0"),
     (dict(workers="many"), r"workers must be an int in \[1, 256\] or 'auto'"),
     (dict(pool="fork"), r"pool must be 'thread' or 'process', got 'fork'"),
     (dict(prefetch=0), r"prefetch must be an int in \[1, 1024\] \(blocks queued per worker\), got 0"),
-    (dict(shuffle_window=0), r"shuffle_window must be >= 1"),
+    (dict(shuffle_window=0), r"shuffle_window must be an int >= 1"),
     (dict(shuffle="yes"), r"shuffle must be True or False"),
     (dict(drop_last=1), r"drop_last must be True or False"),
     (dict(stall_timeout=0), r"stall_timeout must be a positive number of seconds up to 1e\+09, or None \(wait forever\)"),
@@ -181,7 +181,6 @@ def test_unsupported_type(tmp_path):
     Loader(str(tmp_path), batch_size=10, seed=0, columns=["i"]).close()  # leaving it out works
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_null_in_integer_column_names_file_and_row_group(tmp_path, pool):
     from detload import DataError
 

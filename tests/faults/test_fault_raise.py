@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 from faultkit import PicklesOnlyAtHome, check_batch, clean_hashes, first_step_needing
+from testhooks import hooked
 
 from detload import DataError, Loader, WorkerError
-from detload._worker import DebugHooks
+from detload._engine.config import DebugHooks
 from detload.audit import hash_batch
 
 OPTS = dict(batch_size=128, seed=3, shuffle_window=3)
@@ -22,7 +23,7 @@ class ReadFailure(RuntimeError):
 
 def _run(root, hooks, workers, pool, leaks):
     got: list[str] = []
-    with Loader(root, workers=workers, pool=pool, _debug=hooks, **OPTS) as loader:
+    with hooked(Loader, root, workers=workers, pool=pool, debug=hooks, **OPTS) as loader:
         first = (first_step_needing(loader, *hooks.fail_unit)
                  if hooks.fail_unit else None)
         with pytest.raises(Exception) as ei:
@@ -53,7 +54,6 @@ def test_injected_exception_reaches_consumer(fault_data, leaks, pool, workers):
     leaks.clean_within(2.0)
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_unpicklable_exception_still_named(fault_data, leaks, pool):
     """An exception that cannot be pickled arrives as type name, message and traceback."""
     data = fault_data(files=2)
@@ -67,7 +67,6 @@ def test_unpicklable_exception_still_named(fault_data, leaks, pool):
     leaks.clean_within(2.0)
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_detload_errors_keep_their_type(fault_data, leaks, pool):
     """detload's own errors raised in a worker (they already name file and row group) are re-raised as is."""
     data = fault_data(files=2)
@@ -78,14 +77,13 @@ def test_detload_errors_keep_their_type(fault_data, leaks, pool):
     assert len(got) == first
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_loader_usable_after_worker_error(fault_data, leaks, pool):
     """After a reported read error, the next epoch on the same loader (workers persist) is complete."""
     data = fault_data(files=2)
     clean = clean_hashes(data.root, **OPTS)
     rel, rg = data.units[1][0], data.units[1][1]
     hooks = DebugHooks(fail_unit=(rel, rg), fail_exc=ReadFailure("once"))
-    with Loader(data.root, workers=2, pool=pool, _debug=hooks, **OPTS) as loader:
+    with hooked(Loader, data.root, workers=2, pool=pool, debug=hooks, **OPTS) as loader:
         with pytest.raises(WorkerError):
             for _ in loader:
                 leaks.track(loader)

@@ -1,0 +1,115 @@
+"""The cache options checked and turned into a `CacheConfig` (`open_cache`), and the
+cache's warnings, given once per loader across its worker processes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import OptionError
+from .format import CACHE_FORMAT
+from .sizes import memory_available, parse_size
+from .store import _evict_replaced, _prepare, _safe_host, _Store
+
+
+class CacheWarning(UserWarning):
+    """The cache could not be used as asked (corrupt entry, disk full); loading went on."""
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """What a worker needs to use the cache; plain picklable data."""
+
+    root: str  # <cache_dir>/v<CACHE_FORMAT>
+    limit: int | None
+    session: str  # one loader: warnings are given once per session
+    #: Bytes of entries kept memory-mapped from one pass to the next by a loader's
+    #: thread workers together, or by each worker process (``cache_map_limit``; see KeptMappings).
+    map_budget: int = 0
+    #: Test hook: act as if the disk were full once this many bytes were written by one worker.
+    fail_after_bytes: int | None = None
+
+
+def _is_auto(value: Any) -> bool:
+    return isinstance(value, str) and value.strip().lower() == "auto"
+
+
+def map_limit(value: int | str | None) -> int:
+    """``cache_map_limit`` in bytes: "auto" is a quarter of `memory_available`; 0 turns it
+    off; None sets no byte limit (the cap on the number of mappings remains)."""
+    if _is_auto(value):
+        return memory_available() // 4
+    if value is None:
+        return 2**63 - 1
+    n = parse_size(value, "cache_map_limit", zero=True, also="; 'auto' (the default) is also accepted")
+    assert n is not None
+    return n
+
+
+# -- warnings: once per loader, across its worker processes ---------------------
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_once(cfg: CacheConfig, kind: str, message: str) -> None:
+    """Warn once per loader session and kind; a marker file in tmp/ tells the other worker processes."""
+    key = (cfg.session, kind)
+    if key in _warned:
+        return
+    _warned.add(key)
+    marker = os.path.join(cfg.root, "tmp", f"{cfg.session}-warned-{kind}")
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return
+    except OSError:
+        pass  # no marker (disk full?): warning in each worker process is the lesser evil
+    warnings.warn(message, CacheWarning, stacklevel=3)
+
+
+# -- the loader-side set-up ------------------------------------------------------
+
+
+def open_cache(cache_dir: str | os.PathLike[str] | None, cache_limit: int | str | None,
+               objects: Sequence[str], *, cache_map_limit: int | str | None = "auto",
+               fail_after_bytes: int | None = None) -> CacheConfig | None:
+    """Validate the options, create the folders, evict entries of replaced files, recount usage.
+
+    ``objects`` are the `object_key` of every file of the dataset. Returns None
+    (after one warning) when the directory cannot be used; loading goes on uncached.
+    """
+    limit = parse_size(cache_limit)
+    mapped = map_limit(cache_map_limit)
+    if cache_dir is None:
+        if cache_limit is not None:
+            raise OptionError("cache_limit needs cache_dir")
+        if not _is_auto(cache_map_limit):
+            raise OptionError("cache_map_limit needs cache_dir")  # None included: it was set
+        return None
+    if isinstance(cache_dir, bytes) or not isinstance(cache_dir, (str, os.PathLike)):
+        raise OptionError(f"cache_dir must be a path (str or os.PathLike), got {cache_dir!r}")
+    text = os.fspath(cache_dir)
+    if not isinstance(text, str) or not text.strip():
+        # "" would make the current directory the cache (an unset $CACHE_DIR in a script).
+        raise OptionError(f"cache_dir must name a folder, got {cache_dir!r}")
+    base = os.path.abspath(os.path.expanduser(text))
+    if os.path.exists(base) and not os.path.isdir(base):
+        raise OptionError(f"cache_dir {base!r} exists and is not a directory")
+    root = os.path.join(base, f"v{CACHE_FORMAT}")
+    session = f"{_safe_host(socket.gethostname())}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    cfg = CacheConfig(root, limit, session, map_budget=mapped, fail_after_bytes=fail_after_bytes)
+    store = _Store(root)
+    try:
+        _prepare(store)
+        with store.locked():
+            _evict_replaced(store, objects)
+            store.rescan()
+    except OSError as exc:
+        _warn_once(cfg, "unusable", f"cache_dir {base!r} cannot be used ({exc}); loading without a cache")
+        return None
+    return cfg

@@ -1,0 +1,366 @@
+"""Assembling one block: concatenate its units' columns and apply the row permutation.
+
+The gather is the hot loop of a worker: ``np.take(..., mode="clip")`` writes
+straight into the destination (with the default ``mode="raise"`` NumPy gathers
+into a temporary and copies it again).
+
+Consecutive fixed 1-D columns of one dtype (the 32 float features of a CTR
+table) lie back to back in the block, so they form one ``(k, rows)`` array: the
+units are copied into a scratch a few columns at a time (a whole run per unit
+in one call when the unit comes from the cache, see `UnitColumns`) and each
+chunk is permuted with one ``take`` along axis 1. Every NumPy call releases
+and retakes the GIL; per column that was ~5 calls, and the waits for the GIL
+between them were the largest idle time of two thread workers.
+
+The output of a block lives in one flat byte buffer (heap memory for thread
+workers, a shared-memory segment for process workers). `Layout` describes where
+each column lies in it, so the consumer side can rebuild zero-copy views.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import pyarrow as pa
+
+from .._arrow import int64_array
+from .._types import Column, ColumnSpec, Ragged, RaggedKind
+from .._types import _np_dtype as _dtype
+
+__all__ = ["Layout", "assemble", "views"]
+
+_ALIGN = 64
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+class ArraySlot(NamedTuple):  # tuples: built ~100 times per block, a frozen dataclass costs 5x more
+    offset: int
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+class ColumnSlot(NamedTuple):
+    name: str
+    data: ArraySlot
+    offsets: ArraySlot | None = None  # set for ragged columns
+    ragged_kind: RaggedKind = "list"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each column of a block lies in its buffer. Small and picklable."""
+
+    rows: int
+    nbytes: int
+    columns: tuple[ColumnSlot, ...]
+
+
+# Layouts and views are built for every block (twice: worker and merger), so
+# they avoid np.prod and np.frombuffer, whose per-call cost is microseconds:
+# at 40+ columns that was a tenth of a warm-cache block's time, all under the GIL.
+def _slot(pos: int, dtype: str, shape: tuple[int, ...]) -> ArraySlot:
+    dt = _dtype(dtype)
+    return ArraySlot(pos, dt.str, shape, math.prod(shape) * dt.itemsize)
+
+
+# One group: consecutive fixed 1-D columns of one dtype, stored back to back
+# in the block, so that one (k, rows) array holds them all: first column index,
+# number of columns, dtype.
+Group = tuple[int, int, str]
+
+# Layouts of recent blocks: most blocks of a dataset have the same row count.
+# Keyed by the identity of the specs sequence (a worker passes the same one each
+# time; the entry keeps it alive, so its id cannot be reused meanwhile).
+_LAYOUTS: dict[tuple[int, int, tuple[tuple[str, int], ...]],
+               tuple[Sequence[ColumnSpec], Layout, tuple[Group, ...]]] = {}
+_LAYOUTS_MAX = 64
+
+
+def _plan(specs: Sequence[ColumnSpec], rows: int, value_counts: dict[str, int]) -> tuple[Layout, tuple[Group, ...]]:
+    key = (id(specs), rows, tuple(value_counts.items()))
+    hit = _LAYOUTS.get(key)
+    if hit is not None and hit[0] is specs:
+        return hit[1], hit[2]
+    layout = _plan_layout(specs, rows, value_counts)
+    groups = _groups(layout)
+    if len(_LAYOUTS) >= _LAYOUTS_MAX:
+        _LAYOUTS.clear()
+    _LAYOUTS[key] = (specs, layout, groups)
+    return layout, groups
+
+
+def _plan_layout(specs: Sequence[ColumnSpec], rows: int, value_counts: dict[str, int]) -> Layout:
+    """Each column 64-byte aligned, except that a fixed 1-D column directly follows
+    the one before it when that one is fixed 1-D of the same dtype (see `_groups`)."""
+    pos = 0
+    run_dtype: str | None = None  # dtype of the previous column, while a run can go on
+    slots: list[ColumnSlot] = []
+    for spec in specs:
+        if spec.kind == "fixed":
+            dt = _dtype(spec.dtype).str
+            one_d = not spec.inner
+            start = pos if one_d and run_dtype == dt else _aligned(pos)
+            data = _slot(start, dt, (rows, *spec.inner))
+            pos = start + data.nbytes
+            run_dtype = dt if one_d else None
+            slots.append(ColumnSlot(spec.name, data))
+        else:
+            offs = _slot(_aligned(pos), "<i8", (rows + 1,))
+            data = _slot(_aligned(offs.offset + offs.nbytes), spec.dtype, (value_counts[spec.name],))
+            pos = data.offset + data.nbytes
+            run_dtype = None
+            slots.append(ColumnSlot(spec.name, data, offs, spec.ragged_kind))
+    return Layout(rows, max(_aligned(pos), 1), tuple(slots))
+
+
+def _groups(layout: Layout) -> tuple[Group, ...]:
+    """The runs of back-to-back fixed 1-D columns of one dtype, singletons included."""
+    out: list[Group] = []
+    prev: ArraySlot | None = None
+    for i, c in enumerate(layout.columns):
+        d = c.data
+        if c.offsets is not None or len(d.shape) != 1:
+            prev = None
+            continue
+        if prev is not None and out and prev.dtype == d.dtype and d.offset == prev.offset + prev.nbytes:
+            first, k, dt = out[-1]
+            out[-1] = (first, k + 1, dt)
+        else:
+            out.append((i, 1, d.dtype))
+        prev = d
+    return tuple(out)
+
+
+def _array(base: np.ndarray, slot: ArraySlot) -> np.ndarray:
+    off = slot.offset
+    a = base[off : off + slot.nbytes].view(_dtype(slot.dtype))
+    shape = slot.shape
+    return a if len(shape) == 1 else a.reshape(shape)
+
+
+def views(buf: np.ndarray | memoryview | bytearray, layout: Layout) -> dict[str, Column]:
+    """Zero-copy column views of a block buffer described by ``layout``.
+
+    Every view references ``buf`` (through NumPy's base chain), so the buffer
+    lives as long as any of them.
+    """
+    base = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)
+    out: dict[str, Column] = {}
+    for c in layout.columns:
+        data = _array(base, c.data)
+        if c.offsets is None:
+            out[c.name] = data
+        else:
+            out[c.name] = Ragged(data, _array(base, c.offsets), c.ragged_kind)
+    return out
+
+
+# Per-thread arrays reused by every block a worker builds: the scratch, the value
+# index and the concatenated string/list columns. Fresh ones of several MB per
+# block made the allocator hand pages back to the kernel and fault in zeroed ones
+# again (about 900 faults per 65,536-row block of a string/list dataset with
+# thread workers). Each keeps the largest size asked of it; a worker thread's go
+# when it exits (the pool's close), a worker process's with the process.
+_WORKSPACE = threading.local()
+
+
+def _workspace(key: str, n: int, dtype: np.dtype | type) -> np.ndarray:
+    """A reused array of ``n`` items of ``dtype`` for this thread; its contents are garbage."""
+    spaces = getattr(_WORKSPACE, "spaces", None)
+    if spaces is None:
+        spaces = _WORKSPACE.spaces = {}
+    dt = np.dtype(dtype)
+    nbytes = n * dt.itemsize
+    buf = spaces.get(key)
+    if buf is None or buf.nbytes < nbytes:
+        buf = spaces[key] = np.empty(max(nbytes, 1), dtype=np.uint8)
+    return buf[:nbytes].view(dt)
+
+
+def _concat_ragged(name: str, parts: Sequence[Ragged]) -> Ragged:
+    if len(parts) == 1:
+        return parts[0]
+    values = _workspace(f"values:{name}", sum(int(p.values.shape[0]) for p in parts),
+                        np.result_type(*[p.values.dtype for p in parts]))
+    np.concatenate([p.values for p in parts], out=values)
+    offs = _workspace(f"offsets:{name}", sum(int(p.offsets.shape[0]) - 1 for p in parts) + 1, np.int64)
+    at, base = 0, 0
+    for p in parts:
+        n = int(p.offsets.shape[0]) - 1
+        np.add(p.offsets[:-1], base, out=offs[at : at + n])
+        at += n
+        base += int(p.offsets[-1])
+    offs[at] = base
+    return Ragged(values, offs, parts[0].kind)
+
+
+def _bytes_take(src: Ragged, perm: np.ndarray, out_offsets: np.ndarray, out_values: np.ndarray) -> None:
+    # Arrow's take copies each string whole; the generic path below builds an
+    # int64 index per byte, which costs ~2x more for text columns.
+    n = int(src.offsets.shape[0]) - 1
+    arr = pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(src.offsets), pa.py_buffer(src.values)])
+    taken = arr.take(int64_array(perm))  # not pa.array(perm), which imports pandas (see _arrow.py)
+    bufs = taken.buffers()
+    offs = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1, offset=taken.offset * 8)
+    np.subtract(offs, offs[0], out=out_offsets)
+    if bufs[2] is not None and out_values.shape[0]:
+        out_values[:] = np.frombuffer(bufs[2], dtype=np.uint8)[offs[0] : offs[-1]]
+
+
+def _ragged_take(src: Ragged, perm: np.ndarray, out_offsets: np.ndarray, out_values: np.ndarray) -> None:
+    if src.kind in ("utf8", "binary") and src.values.dtype == np.uint8 and src.values.shape[0]:
+        _bytes_take(src, perm, out_offsets, out_values)
+        return
+    lengths = np.diff(src.offsets)[perm]
+    out_offsets[0] = 0
+    np.cumsum(lengths, out=out_offsets[1:])
+    total = int(out_offsets[-1])
+    if total == 0:
+        return
+    # Source position of every output value, as a running sum: +1 within a row, and
+    # at the first value of each non-empty row a jump from where the previous one
+    # ended to this row's start. One cumsum instead of an index built by repeat and
+    # arange: 2.5x faster for a list<float32> column of 0-20 values per row.
+    rows = np.flatnonzero(lengths)
+    starts = src.offsets[:-1][perm[rows]]
+    jump = starts.copy()
+    jump[1:] -= starts[:-1] + lengths[rows[:-1]] - 1
+    idx = _workspace("index", total, np.int64)
+    idx.fill(1)
+    idx[out_offsets[rows]] = jump
+    np.cumsum(idx, out=idx)
+    np.take(src.values, idx, out=out_values, mode="clip")
+
+
+# Rows of a group are permuted a few columns at a time, so that the gathered
+# source (a few columns of the whole block) stays in a core's L2 cache.
+_CHUNK_BYTES = 1 << 20
+
+
+def _chunk_cols(rows: int, itemsize: int) -> int:
+    """Columns of ``rows`` values of ``itemsize`` bytes permuted together (at least one)."""
+    return max(1, _CHUNK_BYTES // max(1, rows * itemsize))
+
+
+def _verify_upto(unit: Mapping[str, Column], name: str) -> None:
+    """A cache entry with a pending checksum hashes its bytes up to column ``name`` now,
+    just before they are copied (see _cache.PendingCheck). The caller finishes it,
+    which also covers the columns assembled without this (2-D ones)."""
+    check = getattr(unit, "check", None)
+    if check is not None:
+        end = check.ends.get(name)
+        if end is not None:
+            check.upto(end)
+
+
+def _run_part(unit: Mapping[str, Column], names: tuple[str, ...], j0: int, j1: int) -> np.ndarray | None:
+    """Columns ``names[j0:j1]`` of ``unit`` as one 2-D view, if they lie at one stride."""
+    runs = getattr(unit, "runs", None)
+    if not runs:
+        return None
+    hit = runs.get(names[j0])
+    if hit is None:
+        return None
+    run, i, run_names = hit
+    n = j1 - j0
+    if run_names[i : i + n] != names[j0:j1]:
+        return None
+    return run[i : i + n]  # type: ignore[no-any-return]
+
+
+def _assemble_group(
+    names: tuple[str, ...],
+    out2d: np.ndarray,
+    units: Sequence[Mapping[str, Column]],
+    spans: list[tuple[int, int]],
+    perm: np.ndarray | None,
+    scratch: np.ndarray,
+) -> None:
+    """Columns ``names`` of the units, concatenated and permuted, into the rows of ``out2d``."""
+    k, rows = out2d.shape
+    step = k if perm is None else _chunk_cols(rows, out2d.itemsize)
+    # A pending cache checksum covers the whole group now, in one call per unit rather
+    # than one per chunk: each call releases and retakes the GIL, and the group (a few
+    # MB per block) is still in L3 when the chunks copy it.
+    for u in units:
+        _verify_upto(u, names[-1])
+    for j0 in range(0, k, step):
+        j1 = min(k, j0 + step)
+        dst = out2d[j0:j1] if perm is None else scratch[: (j1 - j0) * rows * out2d.itemsize].view(
+            out2d.dtype).reshape(j1 - j0, rows)
+        for u, (lo, hi) in zip(units, spans):
+            part = _run_part(u, names, j0, j1)
+            if part is not None:
+                dst[:, lo:hi] = part
+            else:
+                for j in range(j0, j1):
+                    dst[j - j0, lo:hi] = u[names[j]]
+        if perm is not None:
+            # Every index is in range (a permutation), so "clip" changes nothing but speed.
+            np.take(dst, perm, axis=1, out=out2d[j0:j1], mode="clip")
+
+
+def assemble(
+    specs: Sequence[ColumnSpec],
+    units: Sequence[Mapping[str, Column]],
+    perm: np.ndarray | None,
+    allocate: Callable[[int], np.ndarray],
+) -> tuple[np.ndarray, Layout]:
+    """Write the block (units concatenated, rows in ``perm`` order) into a new buffer.
+
+    ``allocate(nbytes)`` returns a writable uint8 array of that size (heap or
+    shared memory). Returns the buffer and its layout.
+    """
+    lengths = [len(next(iter(u.values()))) for u in units] if specs else [0 for _ in units]
+    rows = sum(lengths)
+    spans = []
+    pos = 0
+    for n in lengths:
+        spans.append((pos, pos + n))
+        pos += n
+    ragged = {s.name: _concat_ragged(s.name, [u[s.name] for u in units])  # type: ignore[misc]
+              for s in specs if s.kind == "ragged"}
+    layout, groups = _plan(specs, rows, {k: int(v.values.shape[0]) for k, v in ragged.items()})
+    buf = allocate(layout.nbytes)
+    base = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)
+    out = views(base, layout)
+    need = 0
+    if perm is not None and rows:
+        need = max((min(k, _chunk_cols(rows, _dtype(dt).itemsize)) * rows * _dtype(dt).itemsize
+                    for _, k, dt in groups), default=0)
+    scratch = _workspace("scratch", need, np.uint8)
+    for first, k, dt in groups:
+        names = tuple(c.name for c in layout.columns[first : first + k])
+        d0 = layout.columns[first].data
+        out2d = base[d0.offset : d0.offset + k * d0.nbytes].view(_dtype(dt)).reshape(k, rows)
+        _assemble_group(names, out2d, units, spans, perm, scratch)
+    for spec in specs:
+        dst = out[spec.name]
+        if spec.kind == "fixed":
+            assert isinstance(dst, np.ndarray)
+            if dst.ndim == 1:
+                continue  # written by its group
+            parts = [u[spec.name] for u in units]
+            if perm is None:
+                np.concatenate(parts, axis=0, out=dst)  # type: ignore[arg-type]
+            else:
+                src = np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]  # type: ignore[arg-type]
+                np.take(src, perm, axis=0, out=dst, mode="clip")  # type: ignore[arg-type,call-overload]
+        else:
+            assert isinstance(dst, Ragged)
+            src_r = ragged[spec.name]
+            if perm is None:
+                dst.offsets[:] = src_r.offsets
+                dst.values[:] = src_r.values
+            else:
+                _ragged_take(src_r, perm, dst.offsets, dst.values)
+    return buf, layout

@@ -1,0 +1,68 @@
+"""What a worker is configured with: the planned files and plain picklable settings (and the test hooks)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from .._cache import CacheConfig, KeptMappings
+from .._types import ColumnSpec
+from .heap import BlockBuffers
+
+
+@dataclass(frozen=True)
+class DebugHooks:
+    """Test hooks (never set in production): random per-unit delays and injected failures.
+
+    ``delay_max`` seconds of delay, pseudo-random per (seed, epoch, unit) from
+    ``delay_seed``; ``fail_unit`` a (relative path, row group) whose read raises
+    ``fail_exc`` (an exception instance); ``stall_unit`` a unit whose read blocks
+    for ``stall_seconds`` (only in epoch ``stall_epoch`` when that is set);
+    ``die_unit`` a unit whose read kills the process.
+    """
+
+    delay_max: float = 0.0
+    delay_seed: int = 0
+    fail_unit: tuple[str, int] | None = None
+    fail_exc: BaseException | None = None
+    stall_unit: tuple[str, int] | None = None
+    stall_seconds: float = 3600.0
+    stall_epoch: int | None = None
+    die_unit: tuple[str, int] | None = None
+    block_delay_max: float = 0.0  # benchmark/test: pseudo-random sleep before each block
+
+
+@dataclass(frozen=True)
+class FileRef:
+    """A data file as planned; its size, version and row groups let a worker notice a changed file."""
+
+    location: str
+    path: str
+    partition_values: tuple[tuple[str, str], ...]
+    row_groups: tuple[int, ...] | None = None
+    cache_key: str = ""  # this version of the file in the row-group cache (_cache.object_key)
+    uri: str = ""  # the object's full name, for messages
+    size: int | None = None
+    etag: str | None = None  # where the filesystem reports one (S3)
+    mtime_ns: int | None = None
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker needs, as plain picklable data."""
+
+    files: tuple[FileRef, ...]
+    filesystem: pafs.FileSystem
+    specs: tuple[ColumnSpec, ...]
+    null_fill: Mapping[str, Any]
+    shm_dir: str | None  # None: thread workers, blocks stay in the heap
+    shm_prefix: str
+    parent_pid: int
+    debug: DebugHooks | None = None
+    open_files: int = 32
+    cache: CacheConfig | None = None
+    buffers: BlockBuffers | None = None  # thread workers: reused block buffers (never pickled)
+    kept: KeptMappings | None = None  # thread workers: cache entries kept mapped (never pickled)

@@ -1,0 +1,452 @@
+"""The ordered merger: takes block k from worker k mod W, and nothing else, then cuts batches.
+
+It runs in its own thread so that stitching, hashing and manifest-line
+formatting never happen in the consumer's thread. The epoch ends when the
+plan's last step has been emitted, never because queues look empty. It also
+records the stage spans (its own and the workers') in the loader's tracer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+import traceback
+import warnings
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._cache import CacheWarning
+from .._trace import MERGER, Tracer
+from .._types import Column, ColumnSpec, Ragged
+from ..audit import batch_line, hash_batch
+from ..errors import DetloadError, WorkerError
+from ..plan import Plan
+from .block import views
+from .messages import POLL, BlockReady, Task, WorkerFailed, put_until
+from .passes import concerns
+from .pool import WorkerPool
+from .watch import Watch
+
+__all__ = ["END", "Failure", "Run", "make_tasks"]
+
+# Warning classes a worker process may raise, by name (see _worker._forward_warnings).
+_WARNING_CLASSES: dict[str, type[Warning]] = {"CacheWarning": CacheWarning}
+STOPPED = ("this iteration was stopped: the loader started a new iteration, changed epoch "
+           "or was closed. Iterate the loader again for a fresh pass.")
+#: Most batches per item of the ready queue (see Run._emit_steps).
+STEPS_PER_ITEM = 8
+
+
+class _End:
+    __slots__ = ()
+
+
+END = _End()
+
+
+@dataclass
+class Failure:
+    error: BaseException
+
+
+class _Cancelled(Exception):
+    pass
+
+
+def _slice(col: Column, lo: int, hi: int) -> Column:
+    if isinstance(col, Ragged):
+        a, b = int(col.offsets[lo]), int(col.offsets[hi])
+        offs = col.offsets[lo : hi + 1]
+        return Ragged(col.values[a:b], offs - a if a else offs, col.kind)
+    return col[lo:hi]
+
+
+def _concat(parts: Sequence[Column]) -> Column:
+    if len(parts) == 1:
+        return parts[0]
+    if isinstance(parts[0], Ragged):
+        rparts: list[Ragged] = list(parts)  # type: ignore[arg-type]
+        values = np.concatenate([p.values for p in rparts])
+        offs = [np.zeros(1, dtype=np.int64)]
+        base = 0
+        for p in rparts:
+            offs.append(p.offsets[1:] + base)
+            base += int(p.offsets[-1])
+        return Ragged(values, np.concatenate(offs), rparts[0].kind)
+    return np.concatenate(parts, axis=0)  # type: ignore[arg-type]
+
+
+def make_tasks(plan: Plan, start_step: int, workers: int, unit_files: np.ndarray,
+               unit_rgs: np.ndarray) -> list[list[Task]]:
+    """Each worker's blocks of ``plan`` from ``start_step`` on, as dealt by `Plan.worker_schedules`
+    (block k to worker k mod W, so worker w's j-th block is k = j*W + w)."""
+    opts = plan.options
+    return [
+        [Task(j * workers + w, b.partition, b.number,
+              tuple((int(unit_files[u]), int(unit_rgs[u])) for u in b.units),
+              b.rows, opts.seed, plan.epoch, opts.shuffle)
+         for j, b in enumerate(blocks)]
+        for w, blocks in enumerate(plan.worker_schedules(workers, start_step))
+    ]
+
+
+def _empty(spec: ColumnSpec) -> Column:
+    if spec.kind == "ragged":
+        return Ragged(np.empty(0, dtype=np.dtype(spec.dtype)), np.zeros(1, dtype=np.int64), spec.ragged_kind)
+    return np.empty((0, *spec.inner), dtype=np.dtype(spec.dtype))
+
+
+class Run:
+    """One pass over an epoch (from ``start_step``) for one loader iteration.
+
+    ``ordered=False`` is for the determinism-tax benchmark only: the merger then
+    takes whichever block is ready first, so the batches depend on timing. No
+    public option reaches it, and a loader with a manifest refuses it.
+    """
+
+    def __init__(self, pool: WorkerPool, plan: Plan, specs: Sequence[ColumnSpec], *, gen: int,
+                 start_step: int, unit_files: np.ndarray, unit_rgs: np.ndarray,
+                 stall_timeout: float | None, ready_depth: int = 1, ordered: bool = True,
+                 hash_batches: bool = True, tracer: Tracer | None = None,
+                 ahead: Sequence[int] | None = None) -> None:
+        self.pool = pool
+        self.plan = plan
+        self.specs = list(specs)
+        self.gen = gen
+        self.start_step = start_step
+        self.stall_timeout = stall_timeout
+        self.watch = Watch(pool, gen, stall_timeout)
+        self.ordered = ordered
+        self.hash_batches = hash_batches
+        self.ready: queue.Queue[Any] = queue.Queue(maxsize=ready_depth)
+        self._cancel = threading.Event()
+        self._stop_lock = threading.Lock()
+        self._merged = False  # the merger took every block of the pass (ordered merge only)
+        self.schedule = plan.schedule_from(start_step)
+        self._tasks = make_tasks(plan, start_step, pool.workers, unit_files, unit_rgs)
+        # Tasks each worker already has: submitted ahead, with this pass number, while
+        # the previous pass was running (see Loader._build_ahead).
+        self._ahead = list(ahead) if ahead is not None else [0] * pool.workers
+        opts = plan.options
+        # Items of S consecutive batches span at most one smallest block's rows, so
+        # an item pins at most two blocks per partition (docs/reliability.md).
+        b_min = min((b.rows for b in self.schedule), default=1)
+        self.steps_per_item = max(1, min(STEPS_PER_ITEM, b_min // max(1, opts.micro_batch)))
+        self.tracer = tracer if tracer is not None else Tracer(max_events=0)
+        self.thread = threading.Thread(target=self._main, name="detload-merger", daemon=True)
+
+    def start(self) -> None:
+        self.pool.submit(self.gen, [t[n:] for t, n in zip(self._tasks, self._ahead)])
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Cancel: the merger exits, workers drop the rest, queued blocks are freed.
+
+        Only the first call acts: a later one (an old iterator ending after a newer
+        pass started) must not drain the queues that now feed the newer pass.
+        """
+        with self._stop_lock:  # two threads may stop a run (a TorchLoader's feeder and its loop)
+            if self._cancel.is_set():
+                return
+            self._cancel.set()
+        try:
+            merged = self._merged
+            # Merged: the queues hold only what was built ahead for the next pass, which
+            # stays wanted. Stopped mid-pass: the queues hold this pass's blocks, which are
+            # freed, and what was built ahead is cancelled too, so the queues never hold
+            # blocks behind one another outside their bound (and a break is rarely followed
+            # by the pass predicted).
+            self.pool.passes.stop(self.gen, merged=merged)
+            if self.thread.is_alive() and threading.current_thread() is not self.thread:
+                self.thread.join(timeout=5.0)
+            while True:
+                try:
+                    self.ready.get_nowait()
+                except queue.Empty:
+                    break
+            if not merged:
+                self.pool.drain()
+        finally:
+            # An iterator still holding this run must end, not wait forever: also when the
+            # above was interrupted (a KeyboardInterrupt in the thread that stops it).
+            while True:
+                try:
+                    self.ready.put_nowait(Failure(DetloadError(STOPPED)))
+                    break
+                except queue.Full:  # a merger that outlived the join put an item after the drain
+                    with contextlib.suppress(queue.Empty):
+                        self.ready.get_nowait()
+
+    @property
+    def stopped(self) -> bool:
+        return self._cancel.is_set()
+
+    # -- merger thread -------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            self._merge()
+            self._emit(END)
+        except _Cancelled:
+            return
+        except BaseException as exc:  # noqa: BLE001 - every failure must reach the consumer
+            self.pool.passes.cancel(self.gen)
+            _forget_frames(exc)
+            try:
+                self._emit(Failure(exc))
+            except _Cancelled:
+                pass
+
+    def _emit(self, item: Any) -> None:
+        try:
+            self.ready.put_nowait(item)
+            return
+        except queue.Full:
+            pass
+        t0 = time.perf_counter()
+        if not put_until(self.ready, item, self._cancel.is_set):
+            raise _Cancelled
+        self.tracer.span("merge_output_wait", MERGER, t0, time.perf_counter())
+
+    def _sample_depths(self, t: float) -> None:
+        self.tracer.depth(t, self.pool.depths(), self.ready.qsize())
+
+    def _take(self, w: int, k: int) -> dict[str, Column]:
+        pool = self.pool
+        watch = self.watch
+        watch.expect(w)
+        t0 = time.perf_counter()
+        while True:
+            if self._cancel.is_set():
+                raise _Cancelled
+            try:
+                msg = pool.get(w, timeout=POLL)
+            except queue.Empty:
+                if watch.dead(w):
+                    # What it sent before it went still waits in its pipe (a start-up failure).
+                    try:
+                        msg = pool.get_nowait(w)
+                    except queue.Empty:
+                        raise watch.death(w, k) from None
+                else:
+                    pool.flush(w)  # credits and segments that did not fit its pipes earlier
+                    watch.progress(w, k)
+                    continue
+            if not concerns(msg.gen, self.gen):
+                pool.release(msg)
+                if msg.gen > self.gen:
+                    # A block built ahead for the next pass: a worker starts those only after
+                    # dropping the rest of this one, so this run is being stopped mid-way,
+                    # which also cancelled what was built ahead (see stop()).
+                    if self._cancel.is_set():
+                        raise _Cancelled
+                    raise DetloadError(  # pragma: no cover - would be a scheduling bug
+                        f"internal error: worker {w} sent a block of a later pass "
+                        f"(generation {msg.gen}) before block {k} of this one")
+                continue
+            if type(msg) is WorkerFailed:
+                self._raise_worker_error(w, msg)
+            if msg.k != k:  # pragma: no cover - would be a scheduling bug
+                raise DetloadError(f"internal error: worker {w} sent block {msg.k}, expected {k}")
+            return self._accept(w, t0, msg)
+
+    def _accept(self, w: int, t0: float, msg: BlockReady) -> dict[str, Column]:
+        pool = self.pool
+        layout, timings = msg.layout, msg.timings
+        buf = pool.attach(msg.payload, layout.nbytes)
+        t1 = time.perf_counter()
+        tr = self.tracer
+        tr.span("merge_wait", MERGER, t0, t1)
+        tr.worker_spans(w, timings.spans, timings.pid)
+        for category, message in timings.warnings:
+            # A process worker's warning, raised again here so that the user's filters see it.
+            warnings.warn(message, _WARNING_CLASSES.get(category, UserWarning), stacklevel=2)
+        self._sample_depths(t1)
+        return views(buf, layout)
+
+    def _take_any(self, rr: list[int]) -> tuple[int, dict[str, Column]]:
+        """Benchmark-only unordered mode: the first block any worker has ready."""
+        pool = self.pool
+        W = pool.workers
+        t0 = time.perf_counter()
+        while True:
+            if self._cancel.is_set():
+                raise _Cancelled
+            for i in range(W):
+                w = (rr[0] + i) % W
+                if rr[1 + w] <= 0:
+                    continue
+                try:
+                    msg = pool.get_nowait(w)
+                except queue.Empty:
+                    continue
+                if not concerns(msg.gen, self.gen):
+                    pool.release(msg)
+                    continue
+                if type(msg) is WorkerFailed:
+                    self._raise_worker_error(w, msg)
+                rr[0] = (w + 1) % W
+                rr[1 + w] -= 1
+                return msg.k, self._accept(w, t0, msg)
+            for w in range(W):
+                if rr[1 + w] > 0 and not pool.alive(w):
+                    with contextlib.suppress(queue.Empty):  # what it sent before it went
+                        msg = pool.get_nowait(w)
+                        if type(msg) is WorkerFailed:
+                            self._raise_worker_error(w, msg)
+                        pool.release(msg)
+                    raise self.watch.death(w)
+            time.sleep(0.0005)
+
+    def _raise_worker_error(self, w: int, msg: WorkerFailed) -> None:
+        err = msg.error
+        if msg.stage != "block":
+            pids = self.pool.pids()
+            who = f"worker process {w}" + (f" (pid {pids[w]})" if w < len(pids) else "")
+            what = "failed at start-up" if msg.stage == "start" else "failed between blocks"
+            # With a hint the cause is known: the traceback stays in .worker_traceback.
+            text = (f"{who} {what}: {msg.hint}" if msg.hint else
+                    f"{who} {what}: {err.type_name}: {err.message}\n\nWorker traceback:\n{err.traceback}")
+            raise WorkerError(text, worker=w, traceback=err.traceback)
+        exc = err.exception()
+        if isinstance(exc, DetloadError):
+            # Our own errors already name column, file and row group; keep their type.
+            raise exc
+        unit = msg.unit
+        where = f"{unit[0]} row group {unit[1]}" if unit else f"block {msg.k}"
+        wrapped = WorkerError(
+            f"worker {w} failed on {where}: {err.type_name}: {err.message}\n\nWorker traceback:\n{err.traceback}",
+            worker=w, unit=unit, traceback=err.traceback,
+        )
+        if exc is not None:
+            raise wrapped from exc
+        raise wrapped
+
+    def _merge(self) -> None:
+        if not self.ordered:
+            self._merge_unordered()
+            return
+        plan = self.plan
+        owned = list(plan.owned_partitions)
+        buffers: dict[int, deque[tuple[int, dict[str, Column]]]] = {p: deque() for p in owned}
+        step = self.start_step
+        W = self.pool.workers
+        for k, block in enumerate(self.schedule):
+            end = min(block.first_step, plan.steps)
+            if step < end:
+                self._emit_steps(step, end, owned, buffers)
+                step = end
+            cols = self._take(k % W, k)
+            buffers[block.partition].append((block.start, cols))
+            del cols
+        self._merged = True  # the queues now hold only what is built ahead for the next pass
+        if step < plan.steps:
+            self._emit_steps(step, plan.steps, owned, buffers)
+
+    def _merge_unordered(self) -> None:
+        """Blocks in completion order, each appended where its partition's stream has reached."""
+        plan = self.plan
+        owned = list(plan.owned_partitions)
+        buffers: dict[int, deque[tuple[int, dict[str, Column]]]] = {p: deque() for p in owned}
+        rr = [0] + [len(t) for t in self._tasks]
+        # Where each partition's stream has reached: blocks are placed there by arrival.
+        received: dict[int, int] = dict.fromkeys(owned, 0)
+        for b in reversed(self.schedule):
+            received[b.partition] = b.start
+        part_of = {k: b.partition for k, b in enumerate(self.schedule)}
+        step = self.start_step
+        for _ in range(len(self.schedule)):
+            k, cols = self._take_any(rr)
+            p = part_of[k]
+            n = len(next(iter(cols.values())))
+            buffers[p].append((received[p], cols))
+            received[p] += n
+            del cols
+            end = step
+            while end < plan.steps and all(plan.micro_range(q, end)[1] <= received[q] for q in owned):
+                end += 1
+            if step < end:
+                self._emit_steps(step, end, owned, buffers)
+                step = end
+        if step < plan.steps:
+            self._emit_steps(step, plan.steps, owned, buffers)
+
+    def _micro(self, p: int, step: int, buf: deque[tuple[int, dict[str, Column]]]) -> dict[str, Column]:
+        lo, hi = self.plan.micro_range(p, step)
+        pieces: list[dict[str, Column]] = []
+        for start, cols in buf:
+            n = len(next(iter(cols.values())))
+            a, b = max(lo, start), min(hi, start + n)
+            if a < b:
+                i, j = a - start, b - start
+                # Arrays sliced in place: a call per column was a third of the merger's time.
+                pieces.append({k: c[i:j] if type(c) is np.ndarray else _slice(c, i, j) for k, c in cols.items()})
+        # Rows below hi are never needed again.
+        while buf and buf[0][0] + len(next(iter(buf[0][1].values()))) <= hi:
+            buf.popleft()
+        if not pieces:
+            return {s.name: _empty(s) for s in self.specs}
+        if len(pieces) == 1:
+            return pieces[0]
+        return {s.name: _concat([pc[s.name] for pc in pieces]) for s in self.specs}
+
+    def _emit_steps(self, first: int, last: int, owned: list[int],
+                    buffers: dict[int, deque[tuple[int, dict[str, Column]]]]) -> None:
+        """Cut steps ``first..last-1`` and hand them over, ``steps_per_item`` per queue item.
+
+        One queue hand-off per batch (a lock, a wake-up and a GIL switch on each
+        side) cost more than cutting the batch; the consumer thread now takes a
+        few at a time and its per-batch work is a list step.
+        """
+        items: list[tuple[dict[str, Column], int, str | None, int]] = []
+        for step in range(first, last):
+            items.append(self._cut_step(step, owned, buffers))
+            if len(items) == self.steps_per_item:
+                self._emit(items)
+                items = []
+        if items:
+            self._emit(items)
+
+    def _cut_step(self, step: int, owned: list[int], buffers: dict[int, deque[tuple[int, dict[str, Column]]]]
+                  ) -> tuple[dict[str, Column], int, str | None, int]:
+        t0 = time.perf_counter()
+        micros = [self._micro(p, step, buffers[p]) for p in owned]
+        if len(micros) == 1:
+            batch = micros[0]
+        else:
+            batch = {s.name: _concat([m[s.name] for m in micros]) for s in self.specs}
+        rows = len(next(iter(batch.values())))
+        t1 = time.perf_counter()
+        tr = self.tracer
+        tr.span("stitch", MERGER, t0, t1)
+        line = None
+        if self.hash_batches:
+            parts = [hash_batch(m) for m in micros]
+            digest, cols = parts[0] if len(micros) == 1 else hash_batch(batch)
+            line = batch_line(self.plan.epoch, step, rows, digest, cols, [p[0] for p in parts])
+            tr.span("hash", MERGER, t1, time.perf_counter())
+        return batch, step, line, rows
+
+
+def _forget_frames(exc: BaseException) -> None:
+    """Clear the locals of the finished frames that ``exc`` and the exceptions chained to it keep.
+
+    The consumer may keep the exception (a training loop logs it, a notebook keeps
+    ``sys.last_value``): its traceback reaches the merger's frames, whose locals hold
+    blocks (mapped shared memory) and messages. Only frames that still run (the
+    merger's own, here) keep theirs; the pool they reach is emptied by close().
+    """
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        todo += [e.__cause__, e.__context__]

@@ -1,0 +1,191 @@
+"""Messages between the pool and its workers, and the one way of waiting on a bounded queue.
+
+Consumer to worker: `Tasks`. Worker to merger: `BlockReady` or `WorkerFailed`.
+They travel through ``queue.Queue`` objects to thread workers and through pipes
+to process workers (see pool.py and worker.py), always as these named types,
+never as tuples read by position.
+"""
+
+from __future__ import annotations
+
+import pickle
+import queue
+import select
+import struct
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+__all__ = ["CREDIT", "POLL", "STOP", "BlockReady", "PackedError", "Poller", "Task", "Tasks", "Timings", "WorkerFailed",
+           "pack_exception", "put_until"]
+
+#: Seconds between the checks of every wait that must notice something else meanwhile
+#: (a cancelled run, a dead worker or consumer, a closing pool).
+POLL = 0.05
+#: On a process worker's credit pipe: how many of its blocks the consumer took since the last message.
+CREDIT = struct.Struct("<q")
+
+
+class _Stop:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "STOP"
+
+
+#: What a worker's link returns when the worker must leave (the pool closes, the consumer is gone).
+STOP = _Stop()
+
+
+class Tasks(NamedTuple):
+    """A worker's blocks of one pass (or the first of them, built ahead), in schedule order."""
+
+    gen: int
+    tasks: Sequence[Any]  # Task
+
+
+class PackedError(NamedTuple):
+    """An exception as it travels: its text always, the exception itself when it pickles.
+
+    The exception goes pickled on its own, so that a message whose exception the
+    receiving process cannot rebuild (its class lives in a module only the worker
+    imported) still arrives, with type name, message and traceback.
+    """
+
+    type_name: str
+    message: str
+    traceback: str
+    pickled: bytes | None
+
+    def exception(self) -> BaseException | None:
+        if self.pickled is None:
+            return None
+        try:
+            exc = pickle.loads(self.pickled)
+        except Exception:
+            return None
+        return exc if isinstance(exc, BaseException) else None
+
+
+class BlockReady(NamedTuple):
+    """Block ``k`` of generation ``gen`` is built; ``payload`` holds its bytes (a heap array, or a
+    `_shm.Segment` naming a shared-memory segment), ``layout`` where its columns lie."""
+
+    gen: int
+    k: int
+    payload: Any
+    layout: Any  # _block.Layout
+    timings: Any  # Timings
+
+
+class WorkerFailed(NamedTuple):
+    """The worker could not build block ``k`` (``stage="block"``, ``unit`` the row group it was on),
+    or could not start (``stage="start"``, ``gen`` and ``k`` -1; ``hint`` says what to do). A
+    message of generation -1 concerns every pass."""
+
+    gen: int
+    k: int
+    error: PackedError
+    unit: tuple[str, int] | None
+    stage: Literal["block", "start", "worker"] = "block"  # worker: its own loop failed, between blocks
+    hint: str = ""
+
+
+def pack_exception(exc: BaseException) -> PackedError:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    data: bytes | None
+    try:
+        data = pickle.dumps(exc)
+        pickle.loads(data)  # one that pickles here but cannot be rebuilt would fail the receiver
+    except Exception:
+        data = None
+    return PackedError(type(exc).__qualname__, str(exc), tb, data)
+
+
+def put_until(q: queue.Queue[Any], item: Any, give_up: Callable[[], bool]) -> bool:
+    """Put ``item`` on the bounded queue ``q``, waiting for room, unless ``give_up()`` is true
+    (checked first, then every `POLL` seconds while the queue is full). True if it was put.
+
+    Every bounded put between threads goes through here (a thread worker's outbox, the
+    merger's ready queue, the torch adapter's feeder): nothing is put once its reader
+    has given up, as a process worker's pipe write (worker.py) is not either.
+    """
+    while not give_up():
+        try:
+            q.put(item, timeout=POLL)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+class Poller:
+    """Which of a fixed set of pipe ends (connections or descriptors) can be read (or hit their end).
+
+    ``multiprocessing.connection.wait`` and ``Connection.poll`` build a selector on every
+    call; a hand-over waits once or twice per block on each side, so the set is
+    registered once here and each wait is a single ``poll`` call.
+    """
+
+    def __init__(self, ends: Sequence[Any]) -> None:
+        self._poll = select.poll()
+        self._ends: dict[int, Any] = {}
+        for end in ends:
+            fd = end if isinstance(end, int) else end.fileno()
+            self._poll.register(fd, select.POLLIN)
+            self._ends[fd] = end
+
+    def wait(self, timeout: float) -> list[Any]:
+        """The ends that are ready within ``timeout`` seconds (0: just look)."""
+        return [self._ends[fd] for fd, _ in self._poll.poll(timeout * 1000)]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One block to produce: k is its position in the rank's schedule."""
+
+    k: int
+    partition: int
+    number: int
+    units: tuple[tuple[int, int], ...]  # (file index, row group)
+    rows: int
+    seed: int
+    epoch: int
+    shuffle: bool
+
+
+@dataclass
+class Timings:
+    """A block's stage timings; travels with the block to the merger, which records the spans.
+
+    ``spans`` holds (stage, start, end) in ``time.perf_counter`` seconds, which on
+    Linux is the system-wide monotonic clock, so worker processes and the consumer
+    share one time axis.
+    """
+
+    read: float = 0.0
+    convert: float = 0.0
+    permute: float = 0.0
+    queue_wait: float = 0.0
+    units: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+    spans: list[tuple[str, float, float]] = field(default_factory=list)
+    pid: int = 0
+    # Warnings a worker process raised since its last block, as (category name, message):
+    # the merger raises them again in the consumer's process (see _forward_warnings).
+    warnings: list[tuple[str, str]] = field(default_factory=list)
+
+    def add(self, stage: str, t0: float, t1: float) -> None:
+        self.spans.append((stage, t0, t1))
+        d = t1 - t0
+        if stage == "read":
+            self.read += d
+        elif stage == "convert":
+            self.convert += d
+        elif stage == "permute":
+            self.permute += d
+        elif stage == "worker_queue_wait":
+            self.queue_wait += d
+        else:
+            self.extra[stage] = self.extra.get(stage, 0.0) + d

@@ -1,0 +1,350 @@
+"""The reader: one row group of one file, as checked NumPy columns.
+
+It opens files (a few kept open), checks that a file is the version planned,
+reads through the row-group cache when there is one, converts to NumPy and
+checks that every column decoded as many rows as the footer promised.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from .._arrow import numpy_of
+from .._cache import RowGroupCache
+from .._discovery import _etag, _int96_columns
+from .._storage import describe_attempts
+from .._types import INT96_UNIT, Column, ColumnSpec, Ragged, UnitColumns, column_spec, convert_column
+from ..errors import DataError, DetloadError
+from .config import FileRef, WorkerConfig
+from .messages import (
+    Timings,
+)
+
+
+class UnitReader:
+    """Reads and converts single row groups; keeps a few files open; uses the row-group cache."""
+
+    def __init__(self, cfg: WorkerConfig) -> None:
+        self.cfg = cfg
+        self._open: OrderedDict[int, pq.ParquetFile] = OrderedDict()
+        self.filled_cache = False  # a row group went into the cache since the pass began
+        self._file_specs = [s for s in cfg.specs if not s.partition]
+        self._file_cols = [s.name for s in self._file_specs]
+        # INT96 columns are also read at milliseconds, which no INT96 value overflows,
+        # to catch values that overflowed on the way to INT96_UNIT (see _check_int96):
+        # per open file, a reader at milliseconds and the columns that are INT96 there.
+        self._int96 = [s.name for s in self._file_specs if s.int96]
+        self._int96_ms: dict[int, tuple[pq.ParquetFile, list[str]]] = {}
+        # Nothing to cache when only Hive partition columns (constants) are asked for.
+        self._cache = (RowGroupCache(cfg.cache, cfg.specs, cfg.null_fill, cfg.kept)
+                       if cfg.cache is not None and self._file_cols else None)
+        # Remote reads: fetch the requested column chunks in a few coalesced ranged requests.
+        self._pre_buffer = cfg.filesystem.type_name != "local"
+
+    def _file(self, i: int, rg: int) -> pq.ParquetFile:
+        pf = self._open.get(i)
+        if pf is not None:
+            self._open.move_to_end(i)
+            return pf
+        ref = self.cfg.files[i]
+        fs = self.cfg.filesystem
+        f = fs.open_input_file(ref.location)
+        try:
+            # Pages written with CRCs are checked: garbage in an uncompressed or
+            # zstd page would otherwise decode into wrong values without a word.
+            pf = pq.ParquetFile(f, page_checksum_verification=True, pre_buffer=self._pre_buffer,
+                                coerce_int96_timestamp_unit=INT96_UNIT)
+            here = ([n for n in _int96_columns(pf.metadata, pf.schema_arrow) if n in self._int96]
+                    if self._int96 else [])
+            if here:
+                ms = pq.ParquetFile(f, metadata=pf.metadata, page_checksum_verification=True,
+                                    pre_buffer=self._pre_buffer, coerce_int96_timestamp_unit="ms")
+                self._int96_ms[i] = (ms, here)
+        except BaseException:
+            try:
+                _check_same_version(fs, f, ref, rg)  # a replaced file explains a bad footer
+            finally:
+                f.close()
+            raise
+        try:
+            # Row groups and types first: they say more than a new size or version.
+            _check_unchanged(pf, ref, rg, self.cfg.specs)
+            _check_same_version(fs, f, ref, rg)
+        except BaseException:
+            self._int96_ms.pop(i, None)
+            pf.close()
+            raise
+        self._open[i] = pf
+        if len(self._open) > self.cfg.open_files:
+            self._drop(next(iter(self._open)))
+        return pf
+
+    def _drop(self, i: int) -> None:
+        self._int96_ms.pop(i, None)
+        self._open.pop(i).close()
+
+    def _close_files(self) -> None:
+        for i in list(self._open):
+            self._drop(i)
+
+    def close(self) -> None:
+        self._close_files()
+        if self._cache is not None:
+            self._cache.close()
+
+    def _still_listed(self, ref: FileRef) -> bool:
+        """False if a local file's size or mtime differs from the plan's (True when unknown)."""
+        fs = self.cfg.filesystem
+        if fs.type_name != "local":
+            return True
+        try:
+            info = fs.get_file_info(ref.location)
+        except OSError:
+            return True
+        if info.type == pafs.FileType.NotFound:
+            return True  # deleted: open handles still read the listed version
+        return _stat_matches(info, ref)
+
+    def new_pass(self) -> None:
+        """Drop the open files that changed since planning, so that opening them again
+        refuses them (see _check_same_version) rather than read through a handle that
+        may now serve other bytes. Local files are checked with a stat (reopening every
+        file each pass cost ~3% of an uncached CTR epoch); remote ones, where the check
+        would be a request anyway, are simply reopened."""
+        if self._cache is not None:
+            self._cache.new_pass()
+        fs = self.cfg.filesystem
+        if fs.type_name != "local":
+            self._close_files()
+            return
+        for i in list(self._open):
+            if not self._still_listed(self.cfg.files[i]):
+                self._drop(i)
+
+    def read(self, file_idx: int, rg: int, t: Timings, *, defer: bool = False) -> dict[str, Column]:
+        """One row group's columns. With ``defer``, a cache hit's checksum is verified
+        while the block reads it: call `settle` before using the block."""
+        ref = self.cfg.files[file_idx]
+        t0 = time.perf_counter()
+        cache = self._cache
+        cols = (cache.get(ref.cache_key, rg, ref.uri, defer=defer, rows=self._planned_rows(ref, rg))
+                if cache is not None and ref.cache_key else None)
+        if cols is not None:
+            rows = len(next(iter(cols.values())))
+            t.add("cache_read", t0, time.perf_counter())
+            t.extra["cache_hits"] = t.extra.get("cache_hits", 0.0) + 1
+        else:
+            cols, rows = self._read_source(file_idx, rg, t)
+            if cache is not None and ref.cache_key:
+                t1 = time.perf_counter()
+                cache.put(ref.cache_key, rg, cols, ref.uri)
+                self.filled_cache = True
+                t.add("cache_write", t1, time.perf_counter())
+        out = UnitColumns()
+        runs = getattr(cols, "runs", None)
+        if runs:
+            out.runs = runs
+        out.check = getattr(cols, "check", None)
+        pvals = dict(ref.partition_values)
+        for spec in self.cfg.specs:
+            if spec.partition:
+                out[spec.name] = _constant(spec, pvals[spec.name], rows)
+            else:
+                out[spec.name] = cols[spec.name]
+        t.units += 1
+        return out
+
+    def settle(self, unit: dict[str, Column], file_idx: int, rg: int) -> bool:
+        """Finish a unit's deferred cache check; False if the entry was damaged (now discarded)."""
+        return self._cache is None or self._cache.settle(unit, rg, self.cfg.files[file_idx].uri)
+
+    @staticmethod
+    def _planned_rows(ref: FileRef, rg: int) -> int | None:
+        return ref.row_groups[rg] if ref.row_groups is not None and 0 <= rg < len(ref.row_groups) else None
+
+    def _read_source(self, file_idx: int, rg: int, t: Timings) -> tuple[dict[str, Column], int]:
+        ref = self.cfg.files[file_idx]
+        t0 = time.perf_counter()
+        try:
+            pf = self._file(file_idx, rg)
+            table = pf.read_row_group(rg, columns=self._file_cols, use_threads=False)
+            at_ms = self._int96_ms.get(file_idx)
+            ms = at_ms[0].read_row_group(rg, columns=at_ms[1], use_threads=False) if at_ms else None
+        except OSError as exc:
+            if not isinstance(exc, FileNotFoundError) and not self._still_listed(ref):
+                # Rewritten under an open handle in the middle of a pass ("File too short").
+                self._close_files()
+                raise _file_changed(ref, rg, f" (reading it failed: {exc})") from exc
+            # Name the object, the row group and the last response (pyarrow's text carries it).
+            what = ref.uri or ref.location
+            msg = f"cannot read row group {rg} of {what}{describe_attempts(self.cfg.filesystem)}: {exc}"
+            try:
+                err = type(exc)(msg)
+            except Exception:
+                err = OSError(msg)
+            raise err from exc
+        t1 = time.perf_counter()
+        out: dict[str, Column] = {}
+        where = (ref.path, rg)
+        fills = self.cfg.null_fill
+        # The table's columns come in the order asked for; by position is cheaper than by name.
+        arrays = (table.columns if table.column_names == self._file_cols
+                  else [table.column(n) for n in self._file_cols])
+        # Every column must decode to the rows the footer promised and the plan counted on:
+        # a short one (a footer that disagrees with its pages) would shorten the epoch.
+        expected = self._planned_rows(ref, rg)
+        if expected is None:
+            expected = pf.metadata.row_group(rg).num_rows
+        for name, arr in zip(self._file_cols, arrays):
+            if len(arr) != expected:
+                raise _short_unit(ref.path, rg, name, expected, len(arr))
+        if ms is not None:
+            for name in ms.column_names:
+                _check_int96(table.column(name), ms.column(name), ref.path, rg, name)
+        for spec, arr in zip(self._file_specs, arrays):
+            out[spec.name] = convert_column(spec, arr, where, fills.get(spec.name))
+        t.add("read", t0, t1)
+        t.add("convert", t1, time.perf_counter())
+        return out, expected
+
+
+def _short_unit(path: str, rg: int, column: str, expected: int, got: int) -> DataError:
+    """The error for a row group whose column does not decode to the rows the plan counted on."""
+    return DataError(
+        f"{path} row group {rg}: column {column!r} decodes to {got:,} rows, but the file's footer (which the "
+        f"plan follows) says the row group holds {expected:,}. The file is damaged or was written by "
+        "a faulty writer; nothing of this row group was delivered, and every batch before it was "
+        "delivered intact. Rewrite the file, or leave the column out with columns=[...]."
+    )
+
+
+def _leaf_values(arr: pa.ChunkedArray) -> np.ndarray:
+    """A timestamp column's values, of lists too, as int64 ticks (NaT: the int64 minimum)."""
+    a: Any = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    while not pa.types.is_timestamp(a.type):
+        a = a.flatten()
+    return numpy_of(a).view(np.int64)
+
+
+def _check_int96(us: pa.ChunkedArray, ms: pa.ChunkedArray, path: str, rg: int, name: str) -> None:
+    """Refuse INT96 values that wrapped around when read at INT96_UNIT.
+
+    An INT96 holds a Julian day (32 bits) and nanoseconds of the day: dates up to
+    millions of years from now, while datetime64[us] ends at year 294,247, and pyarrow's
+    reader wraps what lies beyond without a word. At milliseconds no INT96 value
+    wraps, and a value read correctly at both units agrees once the microseconds
+    are floored; so a disagreement is exactly a wrapped value.
+    """
+    u, m = _leaf_values(us), _leaf_values(ms)
+    nat = np.iinfo(np.int64).min
+    bad = np.flatnonzero((u // 1000 != m) & (m != nat))
+    if bad.size:
+        i = int(bad[0])
+        at = f" at row {i}" if pa.types.is_timestamp(us.type) else ""
+        wrapped = u[i : i + 1].view(f"datetime64[{INT96_UNIT}]")[0]
+        raise DataError(
+            f"column {name!r} in {path} row group {rg} holds an INT96 timestamp{at} that does not fit "
+            f"datetime64[{INT96_UNIT}] (years -290308 to 294247): read at that unit it wraps around (to "
+            f"{wrapped}), and detload does not deliver wrapped values. Such "
+            "a value lies outside those years, or is malformed (Spark writes dates after about year "
+            "287,000 that way). Rewrite the column as timestamp[us], or leave it out with columns=[...]."
+        )
+
+
+def _file_changed(ref: FileRef, rg: int, detail: str) -> DataError:
+    # Honest about what was checked: the size, version and footer are compared when a file is
+    # opened and when a pass begins, not on every read, so a file rewritten in place (same
+    # inode) between two checks may already have served its new bytes through an open handle.
+    err = DataError(
+        f"{ref.path} row group {rg}: the file changed after the loader planned the epoch{detail}. "
+        "detload compares a file with the plan when it opens it and when a pass begins, not on every "
+        "read, so batches read from it since its last check may hold rows of the new version. Do not "
+        "rewrite a dataset while it is being loaded; create a new Loader to plan the new files.")
+    err.changed_file = ref.path  # type: ignore[attr-defined]  # the loader names the batches concerned
+    return err
+
+
+def _stat_matches(info: pafs.FileInfo, ref: FileRef) -> bool:
+    """A stat agrees with the plan's size and mtime (either unknown counts as agreeing)."""
+    return (ref.size is None or info.size == ref.size) and (
+        ref.mtime_ns is None or info.mtime is None or info.mtime_ns == ref.mtime_ns)
+
+
+def _check_same_version(fs: pafs.FileSystem, f: Any, ref: FileRef, rg: int) -> None:
+    """Refuse a file whose size or version (ETag, else local mtime) is not the one planned.
+
+    A loader reads each file as it was when the loader listed it; that is also the
+    version its cache entries hold. Without this a rewritten file of the same
+    layout would be read as new data by uncached workers while cache hits served
+    the old, and one of another size would fail deep in the Parquet reader.
+    """
+    problems = []
+    if ref.size is not None:
+        try:
+            size = int(f.size())
+        except (OSError, pa.ArrowException):
+            size = None
+        if size is not None and size != ref.size:
+            problems.append(f"it holds {size:,} bytes, the plan saw {ref.size:,}")
+    if not problems and ref.etag is not None:
+        now = _etag(f)
+        if now is not None and now != ref.etag:
+            problems.append(f"its ETag is {now}, the plan saw {ref.etag}")
+    elif (not problems and ref.mtime_ns is not None and fs.type_name == "local"
+          and not _stat_matches(fs.get_file_info(ref.location), ref)):
+        problems.append("it was modified after the loader listed it")
+    if problems:
+        raise _file_changed(ref, rg, ": " + "; ".join(problems))
+
+
+def _check_unchanged(pf: pq.ParquetFile, ref: FileRef, rg: int, specs: Sequence[ColumnSpec]) -> None:
+    """Refuse a file whose row groups or column types differ from what was planned.
+
+    The plan cut batches from the footers read at planning; a file rewritten
+    since then (same path, other rows or types) would shift or silently re-type
+    every later row, so it stops the epoch here, naming the file.
+    """
+    md = pf.metadata
+    problems = []
+    if ref.row_groups is not None:
+        now = tuple(md.row_group(g).num_rows for g in range(md.num_row_groups))
+        if now != ref.row_groups:
+            problems.append(f"its row groups hold {_rows_text(now)} rows, the plan has {_rows_text(ref.row_groups)}")
+    schema = pf.schema_arrow
+    for spec in specs:
+        if spec.partition:
+            continue
+        idx = schema.get_field_index(spec.name)
+        if idx < 0:
+            problems.append(f"column {spec.name!r} is missing")
+            continue
+        t = schema.field(idx).type
+        try:
+            got = column_spec(spec.name, t, cast=spec.cast)
+            same = (got.kind, got.dtype, got.inner, got.ragged_kind) == (spec.kind, spec.dtype, spec.inner, spec.ragged_kind)
+        except DetloadError:
+            same = False
+        if not same:
+            problems.append(f"column {spec.name!r} is {t}, planned as {spec.arrow_type}")
+    if problems:
+        raise _file_changed(ref, rg, ": " + "; ".join(problems))
+
+
+def _rows_text(rows: Sequence[int]) -> str:
+    shown = ", ".join(map(str, rows[:8])) + (", ..." if len(rows) > 8 else "")
+    return f"[{shown}]"
+
+
+def _constant(spec: ColumnSpec, value: str, rows: int) -> Column:
+    if spec.kind == "fixed":
+        return np.full(rows, int(value), dtype=np.dtype(spec.dtype))
+    raw = np.frombuffer(value.encode("utf-8"), dtype=np.uint8)
+    return Ragged(np.tile(raw, rows), np.arange(rows + 1, dtype=np.int64) * raw.shape[0], "utf8")

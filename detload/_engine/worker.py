@@ -1,0 +1,474 @@
+"""Workers: read a block's row groups, convert them to NumPy, permute, hand the block over.
+
+The same loop runs in a thread or in a process (started with forkserver or
+spawn, configured with plain picklable data, see _engine/spawn.py). A thread worker
+talks to the pool through two queues (`ThreadLink`), a process worker through
+pipes (`ProcessLink`); either way each worker holds at most ``prefetch`` finished
+blocks nobody took, and the merger decides what is taken when. Errors travel back
+as values (`WorkerFailed`) carrying the worker's traceback and the unit it was on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import multiprocessing as mp
+import os
+import pickle
+import platform
+import queue
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from .._types import Column
+from ..plan import block_permutation
+from . import shm as _shm
+from . import spawn as _spawn
+from .block import Layout, assemble
+from .config import WorkerConfig
+from .messages import (
+    CREDIT,
+    POLL,
+    STOP,
+    BlockReady,
+    Poller,
+    Task,
+    Tasks,
+    Timings,
+    WorkerFailed,
+    pack_exception,
+    put_until,
+)
+from .passes import EVERY, Passes
+from .reader import UnitReader
+from .spawn import MainSource, SharedInts
+
+__all__ = ["ProcessLink", "ThreadLink", "process_main", "worker_loop"]
+
+def _debug_before_read(cfg: WorkerConfig, task: Task, file_idx: int, rg: int) -> None:
+    d = cfg.debug
+    if d is None:
+        return
+    unit = (cfg.files[file_idx].path, rg)
+    if d.block_delay_max > 0 and (file_idx, rg) == task.units[0]:
+        h = xxhash.xxh3_64_intdigest(f"{d.delay_seed}/{task.epoch}/{task.k}/{time.monotonic_ns()}".encode())
+        time.sleep(d.block_delay_max * (h % 10_000) / 10_000)
+    if d.delay_max > 0:
+        h = xxhash.xxh3_64_intdigest(f"{d.delay_seed}/{task.epoch}/{unit}/{time.monotonic_ns()}".encode())
+        time.sleep(d.delay_max * (h % 10_000) / 10_000)
+    if d.fail_unit == unit and d.fail_exc is not None:
+        raise d.fail_exc
+    if d.stall_unit == unit and d.stall_epoch in (None, task.epoch):
+        time.sleep(d.stall_seconds)
+    if d.die_unit == unit and cfg.shm_dir is not None:
+        os.kill(os.getpid(), 9)
+
+
+
+class Status:
+    """What a worker is doing, readable by the merger even after the worker died.
+
+    Slots: generation, block k, file index, row group (-1 when idle).
+    """
+
+    def __init__(self, shared: Any = None) -> None:
+        self.slots = shared if shared is not None else [0, -1, -1, -1]
+
+    def set(self, gen: int, k: int, f: int, rg: int) -> None:
+        s = self.slots
+        s[0], s[1], s[2], s[3] = gen, k, f, rg
+
+    def get(self) -> tuple[int, int, int, int]:
+        s = self.slots
+        return int(s[0]), int(s[1]), int(s[2]), int(s[3])
+
+
+def _produce(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: Status,
+             segs: _shm.WorkerSegments | None, t: Timings) -> tuple[Any, Layout, Timings]:
+    payload, layout, intact = _build(cfg, reader, task, gen, status, segs, t, defer=True)
+    if not intact:
+        # A cache entry failed the checksum verified while the block was built: the
+        # block is never handed over; the entry is gone, so the rebuild reads the source.
+        _release(segs, payload)
+        payload, layout, intact = _build(cfg, reader, task, gen, status, segs, t, defer=False)
+        assert intact
+    return payload, layout, t
+
+
+def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: Status,
+           segs: _shm.WorkerSegments | None, t: Timings, *, defer: bool) -> tuple[Any, Layout, bool]:
+    """Build the block; False if a cache entry's deferred checksum failed (see _cache.PendingCheck)."""
+    units = []
+    for f, rg in task.units:
+        status.set(gen, task.k, f, rg)
+        _debug_before_read(cfg, task, f, rg)
+        units.append(reader.read(f, rg, t, defer=defer))
+    t0 = time.perf_counter()
+    try:
+        payload, layout = _assemble(cfg, task, segs, units)
+    except Exception:
+        # A damaged header field (a row count, say) can break assembly before the
+        # deferred checksums are finished: if one fails, rebuild; if none does, it is a bug.
+        if all([reader.settle(u, f, rg) for u, (f, rg) in zip(units, task.units)]):
+            raise
+        return None, None, False  # type: ignore[return-value]
+    intact = all([reader.settle(u, f, rg) for u, (f, rg) in zip(units, task.units)])
+    t.add("permute", t0, time.perf_counter())
+    return payload, layout, intact
+
+
+def _assemble(cfg: WorkerConfig, task: Task, segs: _shm.WorkerSegments | None,
+              units: list[dict[str, Column]]) -> tuple[Any, Layout]:
+    perm = (
+        block_permutation(task.seed, task.epoch, task.partition, task.number, task.rows)
+        if task.shuffle else None
+    )
+    if segs is None:
+        alloc = cfg.buffers.get if cfg.buffers is not None else (lambda n: np.empty(n, dtype=np.uint8))
+        buf, layout = assemble(cfg.specs, units, perm, alloc)
+        return buf, layout
+    got: list[_shm.Segment] = []
+
+    def alloc_shm(n: int) -> np.ndarray:
+        seg, arr = segs.get(n, task.rows)
+        got.append(seg)
+        return arr
+
+    try:
+        buf, layout = assemble(cfg.specs, units, perm, alloc_shm)
+    except BaseException:
+        for seg in got:
+            segs.unsent(seg)
+        raise
+    del buf  # the worker's own array of the segment; the segment stays mapped
+    return got[0], layout
+
+
+def _release(segs: _shm.WorkerSegments | None, payload: Any) -> None:
+    """A block that will not be sent: its segment may be built in again."""
+    if segs is not None and isinstance(payload, _shm.Segment):
+        segs.unsent(payload)
+
+
+class ThreadLink:
+    """A thread worker's ends: tasks come on ``inbox`` (None: stop), blocks go on ``outbox``,
+    whose bound (``prefetch``) holds the worker back."""
+
+    def __init__(self, inbox: queue.Queue[Any], outbox: queue.Queue[Any]) -> None:
+        self.inbox = inbox
+        self.outbox = outbox
+
+    def receive(self) -> Tasks | object | None:
+        msg = self.inbox.get()
+        return STOP if msg is None else msg
+
+    def send(self, msg: BlockReady | WorkerFailed, stale: Callable[[], bool]) -> bool:
+        return put_until(self.outbox, msg, stale)
+
+
+class ProcessLink:
+    """A worker process's ends of its pipes to the consumer.
+
+    Tasks come on ``inbox`` (its end closed: stop). Messages go on ``outbox``;
+    blocks only while fewer than ``prefetch`` are sent and not yet taken: the
+    consumer says on ``credit`` how many it took. Segments that come back are
+    taken in when a block is built and on every wait's timeout, never woken for
+    (each would cost both sides a wake-up).
+    Every wait also watches the consumer, through the pipe multiprocessing keeps
+    to the process that started this one: it closes when that process exits,
+    even while it is a zombie nobody reaped yet, so an orphaned worker leaves at
+    once (a supervisor that reads the consumer's stdout and stderr to the end
+    before reaping would otherwise wait for workers holding them). A child the
+    consumer forked (a torch DataLoader worker, say) keeps that pipe open, so a
+    wait that times out also checks the consumer's pid.
+    """
+
+    def __init__(self, cfg: WorkerConfig, inbox: Any, outbox: Any, credit: Any, segs: _shm.WorkerSegments,
+                 prefetch: int, passes: Passes, sent: Any) -> None:
+        self.cfg = cfg
+        self.inbox = inbox
+        self.outbox = outbox
+        self.credit = credit
+        self.segs = segs
+        self.prefetch = prefetch
+        self.passes = passes
+        parent = mp.parent_process()
+        self._parent = parent.sentinel if parent is not None else None
+        watch = [] if self._parent is None else [self._parent]
+        self._for_work = Poller([inbox, *watch])
+        self._for_room = Poller([credit, *watch])
+        self._credits = Poller([credit])
+        self._sent = 0
+        self._taken = 0
+        self._shared_sent = sent  # the same count, for the consumer's depth samples
+        self.gone = False  # the consumer died or closed the pool: leave
+
+    def _wait(self, poller: Poller) -> list[Any]:
+        ready = poller.wait(POLL)
+        parent_exited = self._parent is not None and self._parent in ready
+        # Timed out: the slower checks (a consumer gone while its pipe lives on; a closing pool).
+        if parent_exited or (not ready and (not _shm.pid_alive(self.cfg.parent_pid)
+                                            or self.passes.closed)):
+            self.gone = True
+        if self.credit in ready:
+            self._take_credits()
+        elif not ready:
+            self.segs.collect()
+            if self.segs.closed:
+                self.gone = True
+        return ready
+
+    def _take_credits(self) -> None:
+        while self._credits.wait(0):
+            try:
+                (n,) = CREDIT.unpack(self.credit.recv_bytes())
+            except (EOFError, OSError):  # the pool closed its end: it is closing
+                self.gone = True
+                return
+            self._taken += n
+
+    def receive(self) -> Tasks | object | None:
+        """The next task message; None if none came within `POLL`; `STOP` when it is time to go."""
+        if self.gone:
+            return STOP
+        ready = self._wait(self._for_work)
+        if self.gone:
+            return STOP
+        if self.inbox not in ready:
+            return None
+        try:
+            return self.inbox.recv()
+        except (EOFError, OSError):  # the pool closed its end: it is closing
+            self.gone = True
+            return STOP
+
+    def send(self, msg: BlockReady | WorkerFailed, stale: Callable[[], bool]) -> bool:
+        if isinstance(msg, WorkerFailed):
+            return not (self.gone or stale()) and self._write(msg)
+        segs = self.segs
+        if self._sent - self._taken >= self.prefetch:
+            self._take_credits()
+        while self._sent - self._taken >= self.prefetch and not (self.gone or stale()):
+            self._wait(self._for_room)
+        if self.gone or stale():
+            _release(segs, msg.payload)
+            return False
+        # Last, right before the hand-over: the drops and names it carries are the
+        # worker's to send again (unsent) if this block does not get through.
+        msg = msg._replace(payload=segs.sending(msg.payload))
+        if not self._write(msg):
+            _release(segs, msg.payload)
+            return False
+        self._sent += 1
+        self._shared_sent.value = self._sent
+        return True
+
+    def _write(self, msg: BlockReady | WorkerFailed) -> bool:
+        try:
+            self.outbox.send(msg)
+            return True
+        except (OSError, ValueError):  # the consumer is gone (a broken pipe)
+            self.gone = True
+            return False
+
+
+def worker_loop(cfg: WorkerConfig, index: int, link: ThreadLink | ProcessLink, passes: Passes,
+                status: Status, segs: _shm.WorkerSegments | None = None) -> None:
+    """Serve `Tasks` from ``link`` until it says `STOP`.
+
+    Tasks of a stale pass (`Passes.is_stale`: the consumer restarted the epoch) are
+    dropped; a block built for one is released rather than sent. ``segs`` is set in a
+    worker process: blocks are built in its shared-memory segments.
+    """
+    t0 = time.perf_counter()
+    _warm_up()
+    reader = UnitReader(cfg)
+    pid = os.getpid() if cfg.shm_dir is not None else 0
+    # A block's wait for room is known only after it was sent: it travels with the
+    # worker's next block; so does the start-up, with the first.
+    last_wait: tuple[str, float, float] | None = ("worker_startup", t0, time.perf_counter())
+    try:
+        while True:
+            msg = link.receive()
+            if msg is STOP:
+                return
+            if not isinstance(msg, Tasks):
+                continue
+            gen, tasks = msg.gen, msg.tasks
+
+            def stale(gen: int = gen) -> bool:  # a newer pass (built ahead) is not
+                return passes.is_stale(gen)
+
+            # Every message starts (part of) a pass: the first blocks of the next one,
+            # built ahead, or the rest of a pass when it begins, perhaps long after.
+            reader.new_pass()
+            if segs is not None and tasks:
+                segs.new_pass(max(task.rows for task in tasks))
+            for task in tasks:
+                if stale():
+                    break
+                t = Timings(pid=pid)
+                if last_wait is not None:
+                    t.spans.append(last_wait)
+                    last_wait = None
+                try:
+                    payload, layout, t = _produce(cfg, reader, task, gen, status, segs, t)
+                except BaseException as exc:  # carried back as a value, re-raised by the merger
+                    _, k, f, rg = status.get()
+                    unit = (cfg.files[f].path, rg) if f >= 0 else None
+                    link.send(WorkerFailed(gen, task.k, pack_exception(exc), unit), stale)
+                    reader.close()
+                    reader = UnitReader(cfg)
+                    break
+                status.set(gen, task.k, -1, -1)
+                if _FORWARDED:  # raised while building this block (or since the last one)
+                    t.warnings, _FORWARDED[:] = list(_FORWARDED), []
+                t0 = time.perf_counter()
+                ok = link.send(BlockReady(gen, task.k, payload, layout, t), stale)
+                last_wait = ("worker_queue_wait", t0, time.perf_counter())
+                if not ok:
+                    break
+            if reader.filled_cache:
+                # The pass decoded row groups into the cache; the next one will likely be
+                # warm and decode nothing. Arrow's allocator (mimalloc) would otherwise give
+                # back the decoding buffers bit by bit during that warm epoch, which made
+                # the first warm epoch of a CTR run ~40% slower and ~60% more CPU-hungry.
+                reader.filled_cache = False
+                pa.default_memory_pool().release_unused()
+    finally:
+        reader.close()
+
+
+def _warm_up() -> None:
+    """Pay a worker's one-time costs before its first block, where they are traced as start-up.
+
+    pyarrow.compute (imported by the first cast, 0.05-0.3 s) would otherwise land in the
+    first block's ``convert`` and decide a short benchmark's verdict. Nothing here may
+    import pandas (see _arrow.py).
+    """
+    import pyarrow.compute  # noqa: F401
+
+    pa.nulls(1, pa.string()).cast(pa.large_string())  # the cast kernels' first dispatch
+
+
+def _parent_alive(cfg: WorkerConfig) -> bool:
+    """Whether the consumer's process still runs (see `ProcessLink` for why two checks)."""
+    if cfg.shm_dir is not None:
+        parent = mp.parent_process()
+        if parent is not None and not parent.is_alive():
+            return False
+    return _shm.pid_alive(cfg.parent_pid)
+
+
+def process_main(cfg_data: bytes, index: int, inbox: Any, outbox: Any, credit: Any, ints: SharedInts, returns: Any,
+                 prefetch: int, main: MainSource | None = None, main_names: tuple[str, ...] = ()) -> None:
+    """Entry point of a worker process.
+
+    ``cfg_data`` is the pickled `WorkerConfig`; ``ints`` holds the oldest wanted pass number (slot 0)
+    and each worker's slots (`_spawn.worker_slots`); ``credit`` says how many of its blocks
+    the consumer took; ``returns`` brings back the segments it is done with; ``main`` is set when the
+    configuration refers to ``main_names`` of the main module, which must then be
+    imported first. A failure to start is sent as one `WorkerFailed` saying what to
+    do; nothing is printed here.
+    """
+    _spawn.ignore_sigint()
+    stage = "set-up"
+    try:
+        _forward_warnings()
+        # One worker is one core of parallelism; pyarrow's own pool would compete.
+        pa.set_cpu_count(1)
+        pa.set_io_thread_count(2)
+        _keep_freed_memory()
+        if main is not None:
+            stage = "main"
+            _spawn.import_main(main)
+        stage = "config"
+        cfg: WorkerConfig = pickle.loads(cfg_data)
+        stage = "set-up"
+        assert cfg.shm_dir is not None
+        # prefetch blocks sent and the one being built.
+        segs = _shm.WorkerSegments(cfg.shm_dir, cfg.shm_prefix, index, returns, reserve=prefetch + 1)
+    except BaseException as exc:
+        with contextlib.suppress(OSError, ValueError):
+            outbox.send(WorkerFailed(EVERY, -1, pack_exception(exc), None, "start",
+                                     _start_hint(stage, exc, main, main_names)))
+        raise SystemExit(1) from None
+    passes = Passes(_spawn.Slot(ints, 0))  # read only here: the pool moves the number
+    status, sent = _spawn.worker_slots(ints, index)
+    link = ProcessLink(cfg, inbox, outbox, credit, segs, prefetch, passes, sent)
+    try:
+        worker_loop(cfg, index, link, passes, Status(status), segs)
+    except Exception as exc:  # a bug outside any block: reported, not printed
+        link.send(WorkerFailed(EVERY, -1, pack_exception(exc), None, "worker"), lambda: False)
+        raise SystemExit(1) from None
+    finally:
+        segs.close()
+        # A parent killed with SIGKILL cannot sweep; the segments it never
+        # mapped would stay in /dev/shm until the next pool starts.
+        if not _parent_alive(cfg):
+            _shm.sweep(cfg.shm_dir, cfg.shm_prefix)
+
+
+def _start_hint(stage: str, exc: BaseException, main: MainSource | None, names: tuple[str, ...]) -> str:
+    """Why a worker process could not start and what to do, as the end of a sentence
+    (empty when nothing is known: the message then shows the worker's traceback)."""
+    what = ", ".join(names) or "something"
+    where = os.path.basename(main[1]) if main is not None else "__main__"
+    cause = f"{type(exc).__qualname__}: {exc}"
+    if stage == "main":
+        inner: BaseException | None = exc
+        while inner is not None and not isinstance(inner, _spawn.MainReentered):
+            inner = inner.__cause__ or inner.__context__
+        if inner is not None:
+            return (f"it imports the main module {where}, because the loader's configuration refers to "
+                    f"{what}, defined there, and that import creates and iterates a Loader again. Put that "
+                    "code under `if __name__ == \"__main__\":`, or move "
+                    f"{what} into a module of its own.")
+        return (f"it imports the main module {where}, because the loader's configuration refers to "
+                f"{what}, defined there, and that import failed ({cause}). Move {what} into a module "
+                "of its own and import it from there, or use pool='thread'.")
+    if stage == "config":
+        return (f"{cause}. It could not rebuild the loader's configuration (its filesystem and options): "
+                "everything a process pool hands its workers must unpickle in a fresh process. Use "
+                "pool='thread', which keeps it in this process.")
+    return ""
+
+
+def _keep_freed_memory() -> None:
+    """In a worker process (ours alone): let glibc keep freed memory for the next block.
+
+    A block's NumPy temporaries (the permutation's keys and orders; for string and list
+    columns the value index, several MB per block) are freed after it; glibc gave such
+    chunks back to the kernel (unmapped, or trimmed off the heap) and the next block
+    faulted in zeroed pages again. Thresholds above a block's temporaries keep them.
+    """
+    if platform.libc_ver()[0] != "glibc":  # the thresholds below are glibc's
+        return
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError, TypeError):
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    mallopt(m_mmap_threshold, 32 << 20)  # glibc's largest
+    mallopt(m_trim_threshold, 256 << 20)
+
+
+# Warnings raised in a worker process, waiting to travel with its next block.
+_FORWARDED: list[tuple[str, str]] = []
+
+
+def _forward_warnings() -> None:
+    """In a worker process: keep warnings for the consumer instead of printing them on this
+    process's stderr, where a user's warnings filters and ``pytest.warns`` never see them."""
+
+    def keep(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: Any = None, line: str | None = None) -> None:
+        _FORWARDED.append((category.__name__, str(message)))
+
+    warnings.showwarning = keep

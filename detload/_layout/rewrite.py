@@ -1,0 +1,652 @@
+"""`detload layout`: rewrite a dataset sorted (or grouped) by keys, so that a slice is a few contiguous row groups.
+
+DuckDB sorts out of core (memory limit, spill folder); the sorted rows stream back to pyarrow's
+ParquetWriter, cast to the source's Arrow schema, with statistics, the page index, sorting_columns
+and optional bloom filters. Row groups end early at key changes where that costs little. The run
+ends by comparing the order-independent digests of the source and the result (docs/layout.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .._check import check_int
+from ..errors import DatasetError, DetloadError, EmptyDatasetError, OptionError, SchemaMismatchError
+from .digest import Digest, column_seed, digest, hash_values
+
+__all__ = ["DigestMismatchError", "LayoutReport", "REPORT_NAME", "layout"]
+
+#: The report written beside the data; the underscore keeps it out of dataset discovery.
+REPORT_NAME = "_detload_layout.json"
+_TMP_NAME = "_detload_sort_tmp"
+_FILE_COL = "__detload_file__"
+_ROW_COL = "__detload_row__"
+#: Rows per batch read from the source and fetched from the sorter.
+_BATCH = 65_536
+_INSTALL_HINT = "detload layout needs DuckDB: pip install 'detload[layout]'"
+
+
+class DigestMismatchError(DetloadError, RuntimeError):
+    """The digest of a layout's output differs from its source's: rows were lost or changed.
+
+    ``report`` is the LayoutReport, with both digests.
+    """
+
+    def __init__(self, message: str, *, report: LayoutReport) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+@dataclass(frozen=True)
+class LayoutReport:
+    """What ``layout`` wrote, the predicates the layout serves, and the two digests."""
+
+    src: str
+    dst: str
+    rows: int
+    files: int
+    row_groups: int
+    bytes: int
+    sort_by: tuple[str, ...]
+    group_by: str | None
+    row_group_rows: int
+    #: Smallest, median and largest row group written.
+    row_group_sizes: tuple[int, int, int]
+    bloom_filter: tuple[str, ...]
+    #: The ``sorting_columns`` the files declare (empty when the rows are not sorted by a column list).
+    sorting_columns: tuple[str, ...]
+    serves: tuple[str, ...]
+    src_digest: Digest
+    dst_digest: Digest
+    seconds: float
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        """True when the output holds exactly the source's rows (equal digests)."""
+        return self.src_digest == self.dst_digest
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "src": self.src, "dst": self.dst, "rows": self.rows, "files": self.files,
+            "row_groups": self.row_groups, "bytes": self.bytes, "sort_by": list(self.sort_by),
+            "group_by": self.group_by, "row_group_rows": self.row_group_rows,
+            "row_group_sizes": {"min": self.row_group_sizes[0], "median": self.row_group_sizes[1],
+                                "max": self.row_group_sizes[2]},
+            "bloom_filter": list(self.bloom_filter), "sorting_columns": list(self.sorting_columns),
+            "page_index": True, "statistics": True, "serves": list(self.serves), "notes": list(self.notes),
+            "src_digest": self.src_digest.to_dict(), "dst_digest": self.dst_digest.to_dict(),
+            "digests_match": self.ok, "seconds": round(self.seconds, 3),
+        }
+
+    def __str__(self) -> str:
+        keys = ", ".join(self.sort_by) or "-"
+        lo, med, hi = self.row_group_sizes
+        lines = [
+            f"layout {self.src} -> {self.dst}",
+            f"  {self.rows:,} rows in {self.files} file(s), {self.row_groups} row groups "
+            f"({lo:,} / {med:,} / {hi:,} rows min/median/max; target {self.row_group_rows:,}), {self.bytes:,} bytes",
+            f"  sorted by: {keys}" + (f"; grouped by: {self.group_by}" if self.group_by else ""),
+            f"  sorting_columns declared: {', '.join(self.sorting_columns) or 'none'}; statistics and page index: "
+            f"written; bloom filters: {', '.join(self.bloom_filter) or 'none'}",
+            "  serves:",
+            *(f"    - {s}" for s in self.serves),
+            *(f"  note: {n}" for n in self.notes),
+            f"  digest SRC {self.src_digest}",
+            f"  digest DST {self.dst_digest}",
+            f"  {'digests match' if self.ok else 'DIGESTS DIFFER'} ({self.seconds:.1f} s)",
+        ]
+        return "\n".join(lines)
+
+
+# -- types: what travels through the sorter, and what may be a key ----------------------------------------
+
+def _decoded(t: pa.DataType) -> pa.DataType:
+    """``t`` with every dictionary replaced by its value type."""
+    if pa.types.is_dictionary(t):
+        return _decoded(t.value_type)
+    if pa.types.is_map(t):
+        return pa.map_(_decoded(t.key_type), t.item_field.with_type(_decoded(t.item_type)))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(t.value_field.with_type(_decoded(t.value_type)), t.list_size)
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(_decoded(t.value_type)))
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_decoded(t.value_type)))
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_decoded(f.type)) for f in t])
+    return t
+
+
+def _carrier(t: pa.DataType) -> pa.DataType:
+    """The type a (decoded) column travels through DuckDB as: one it keeps bit for bit.
+
+    DuckDB changes some Arrow types on the way (time zones to UTC, nanoseconds to microseconds,
+    decimal256 to double, strings by collation); these travel as integers or bytes of the same
+    layout instead, so a zero-copy view restores them, and integers sort as the values they encode.
+    """
+    if pa.types.is_timestamp(t) or pa.types.is_duration(t) or pa.types.is_date64(t) or pa.types.is_time64(t):
+        return pa.int64()
+    if pa.types.is_date32(t) or pa.types.is_time32(t):
+        return pa.int32()
+    if pa.types.is_float16(t):
+        return pa.uint16()
+    if pa.types.is_decimal256(t):
+        return pa.binary(32)
+    if pa.types.is_interval(t):
+        return pa.binary(16)
+    if pa.types.is_string(t):
+        return pa.binary()
+    if pa.types.is_large_string(t):
+        return pa.large_binary()
+    if pa.types.is_string_view(t):
+        return pa.binary_view()
+    if pa.types.is_map(t):
+        return pa.map_(_carrier(t.key_type), t.item_field.with_type(_carrier(t.item_type)))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(t.value_field.with_type(_carrier(t.value_type)), t.list_size)
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(_carrier(t.value_type)))
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_carrier(t.value_type)))
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_carrier(f.type)) for f in t])
+    return t
+
+
+@dataclass(frozen=True)
+class _Column:
+    """How one column goes to the sorter and back."""
+
+    name: str
+    type: pa.DataType  # the source's type
+    storage: pa.DataType  # without an extension wrapper
+    decoded: pa.DataType  # storage without dictionaries
+    carrier: pa.DataType
+
+    @classmethod
+    def of(cls, name: str, t: pa.DataType) -> _Column:
+        storage = t.storage_type if isinstance(t, pa.BaseExtensionType) else t
+        decoded = _decoded(storage)
+        return cls(name, t, storage, decoded, _carrier(decoded))
+
+    def to_carrier(self, arr: pa.Array) -> pa.Array:
+        if isinstance(arr.type, pa.BaseExtensionType):
+            arr = arr.storage
+        if self.decoded != self.storage:
+            arr = arr.cast(self.decoded)
+        return arr if self.carrier == self.decoded else arr.view(self.carrier)
+
+    def from_sorter(self, arr: pa.Array) -> pa.Array:
+        if arr.type != self.carrier:
+            arr = arr.cast(self.carrier)
+        if self.carrier != self.decoded:
+            arr = arr.view(self.decoded)
+        if self.decoded != self.storage:
+            arr = arr.cast(self.storage)
+        if isinstance(self.type, pa.BaseExtensionType):
+            arr = pa.ExtensionArray.from_storage(self.type, arr)
+        return arr
+
+
+def _sortable(t: pa.DataType) -> bool:
+    if isinstance(t, pa.BaseExtensionType):
+        t = t.storage_type
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return ((pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+             or pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+             or pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t)
+             or pa.types.is_fixed_size_binary(t) or pa.types.is_date(t) or pa.types.is_time(t)
+             or pa.types.is_timestamp(t) or pa.types.is_duration(t)
+             or (pa.types.is_decimal(t) and not pa.types.is_decimal256(t)))
+            and not pa.types.is_float16(t))
+
+
+def _bloom_ok(t: pa.DataType) -> bool:
+    """Types pyarrow writes a bloom filter for, whose equality predicates one can probe (no nesting)."""
+    if isinstance(t, pa.BaseExtensionType):
+        t = t.storage_type
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_boolean(t) or pa.types.is_null(t) or pa.types.is_float16(t) or pa.types.is_nested(t):
+        return False
+    return _sortable(t) or pa.types.is_decimal(t)
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+# -- the pure part: where row groups and files end ----------------------------------------------------------
+
+def cut_point(lead: np.ndarray, group: np.ndarray | None, *, available: int, row_group_rows: int,
+              slack: float, at_end: bool) -> int:
+    """Rows in the next row group, given hashes of the leading key (and group key) of the buffered rows.
+
+    A row group holds ``row_group_rows`` rows, or ends earlier at the last change of the leading key
+    within the last ``slack`` of that size. With a group key it may only end where the group changes,
+    unless the group alone holds more than ``row_group_rows`` rows. Needs ``row_group_rows + 1``
+    buffered rows unless ``at_end``.
+    """
+    r = row_group_rows
+    if at_end and available <= r:
+        return available
+    top = min(r, available - 1)  # a change at p means rows p-1 and p differ: p <= available - 1
+    lo = max(1, math.ceil(r * (1.0 - slack)))
+    lead_change = lead[1 : top + 1] != lead[:top]
+    if group is not None:
+        group_change = group[1 : top + 1] != group[:top]
+        allowed = lead_change & group_change
+    else:
+        group_change = None
+        allowed = lead_change
+    window = np.flatnonzero(allowed[lo - 1 :]) if lo <= top else np.zeros(0, np.int64)
+    if len(window):
+        return int(window[-1]) + lo
+    if group_change is not None:
+        ends = np.flatnonzero(group_change)
+        if len(ends):
+            return int(ends[-1]) + 1
+    return r
+
+
+# -- the tool ----------------------------------------------------------------------------------------------
+
+def layout(
+    src: Any,
+    dst: str | os.PathLike[str],
+    *,
+    sort_by: Sequence[str] = (),
+    group_by: str | None = None,
+    row_group_rows: int = 65_536,
+    bloom_filter: Sequence[str] = (),
+    files: int = 1,
+    boundary_slack: float = 0.25,
+    memory_limit: str | None = None,
+    temp_directory: str | os.PathLike[str] | None = None,
+    threads: int | None = None,
+    compression: str = "snappy",
+    progress: bool | None = None,
+    filesystem: Any = None,
+) -> LayoutReport:
+    """Rewrite ``src`` into the new folder ``dst`` sorted by ``sort_by`` (and grouped by ``group_by``).
+
+    ``dst`` keeps the source's Arrow schema (Hive partition columns become ordinary columns, typed
+    as detload types them, at the end), gets statistics, the page index, ``sorting_columns`` and
+    bloom filters for ``bloom_filter`` columns, in ``files`` files of row groups of about
+    ``row_group_rows`` rows. DuckDB sorts within ``memory_limit`` (DuckDB's syntax, e.g. "4GB";
+    default DuckDB's own) and spills to ``temp_directory`` (default: a folder inside ``dst``,
+    removed at the end). Raises DigestMismatchError if the output's digest differs from the
+    source's; the report is also written to ``dst/_detload_layout.json``.
+    """
+    t0 = time.perf_counter()
+    sort_keys = _key_list(sort_by, "sort_by")
+    blooms = _key_list(bloom_filter, "bloom_filter")
+    if group_by is not None and not isinstance(group_by, str):
+        raise OptionError(f"group_by must be a column name, got {group_by!r}")
+    if not sort_keys and group_by is None:
+        raise OptionError("layout needs sort_by (--sort-by) or group_by (--group-by): there is nothing to order by")
+    if group_by is not None and group_by in sort_keys:
+        raise OptionError(f"group_by {group_by!r} is also listed in sort_by; groups are always ordered by their key, "
+                          "leave it out of sort_by")
+    row_group_rows = check_int("row_group_rows", row_group_rows, 1, what="rows per output row group")
+    files = check_int("files", files, 1, what="output files")
+    if not 0.0 <= boundary_slack < 1.0:
+        raise OptionError(f"boundary_slack must be in [0, 1), got {boundary_slack!r}")
+    dst_path = _check_dst(dst)
+    try:
+        import duckdb
+    except ImportError:
+        raise ImportError(_INSTALL_HINT) from None
+    from .._discovery import discover
+
+    try:
+        ds = discover(src, filesystem=filesystem)
+    except EmptyDatasetError as exc:
+        raise EmptyDatasetError(f"SRC has no rows, there is nothing to lay out: {exc}") from None
+    _check_not_inside(src, ds, dst_path)
+    schema = _source_schema(ds)
+    columns = [_Column.of(f.name, f.type) for f in schema]
+    names = schema.names
+    for role, keys in (("sort key", sort_keys), ("group key", [group_by] if group_by else []),
+                       ("bloom filter column", blooms)):
+        missing = [k for k in keys if k not in names]
+        if missing:
+            raise DatasetError(f"{role} {missing[0]!r} is not a column of SRC; the columns are {names}")
+    for k in [*sort_keys, *([group_by] if group_by else [])]:
+        t = schema.field(k).type
+        if not _sortable(t):
+            raise DatasetError(f"cannot sort by {k!r}: its type {t} has no order layout can use; sort by a column "
+                               "of an integer, float, boolean, string, binary, date, time, timestamp or decimal type")
+    if group_by is not None:
+        gt = schema.field(group_by).type
+        if pa.types.is_floating(gt.value_type if pa.types.is_dictionary(gt) else gt):
+            raise DatasetError(f"cannot group by {group_by!r}: it is a float column ({gt}), and NaN and -0.0 make "
+                               "float keys ambiguous; group by an integer or string key")
+    for k in blooms:
+        t = schema.field(k).type
+        if not _bloom_ok(t):
+            raise DatasetError(f"cannot write a bloom filter for {k!r}: its type {t} is not supported (bloom filters "
+                               "are written for top-level integer, float, string, binary, date, time, timestamp and "
+                               "decimal columns; not for booleans, nulls, half floats or nested types)")
+
+    on = sys.stderr.isatty() if progress is None else progress
+    tmp = os.fspath(temp_directory) if temp_directory is not None else os.path.join(dst_path, _TMP_NAME)
+    created_dst = not os.path.exists(dst_path)
+    os.makedirs(dst_path, exist_ok=True)
+    written: list[str] = []
+    config: dict[str, Any] = {"temp_directory": tmp, "preserve_insertion_order": False}
+    if memory_limit is not None:
+        config["memory_limit"] = str(memory_limit)
+    if threads is not None:
+        config["threads"] = int(threads)
+    try:
+        con = duckdb.connect(config=config)
+        # DuckDB's own progress bar would print on stdout; tqdm's bars on stderr show the run instead.
+        con.execute("SET enable_progress_bar = false")
+        try:
+            result = _sort_and_write(con, ds, schema, columns, sort_keys, group_by, blooms,
+                                     dst_path, row_group_rows, files, boundary_slack, compression, on, written)
+        finally:
+            con.close()
+    except BaseException:
+        for p in written:
+            with contextlib.suppress(OSError):
+                os.remove(p)
+        if created_dst:
+            shutil.rmtree(dst_path, ignore_errors=True)
+        raise
+    finally:
+        if temp_directory is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    sizes, sorting, notes = result
+    src_d = digest(src, filesystem=filesystem)
+    dst_d = digest(dst_path)
+    total_bytes = sum(os.path.getsize(p) for p in written)
+    ordered = sorted(sizes)
+    report = LayoutReport(
+        src=_describe(src), dst=dst_path, rows=ds.rows, files=len(written), row_groups=len(sizes),
+        bytes=total_bytes, sort_by=tuple(sort_keys), group_by=group_by, row_group_rows=row_group_rows,
+        row_group_sizes=(ordered[0], ordered[len(ordered) // 2], ordered[-1]), bloom_filter=tuple(blooms),
+        sorting_columns=tuple(sorting), serves=_serves(sort_keys, group_by, blooms, sorting),
+        src_digest=src_d, dst_digest=dst_d, seconds=time.perf_counter() - t0, notes=tuple(notes),
+    )
+    with open(os.path.join(dst_path, REPORT_NAME), "w", encoding="utf-8") as f:
+        json.dump(report.to_dict(), f, indent=2)
+    if not report.ok:
+        raise DigestMismatchError(
+            f"the digest of {dst_path} ({dst_d}) differs from the digest of SRC ({src_d}): the rewrite lost, "
+            f"duplicated or changed rows. Do not use {dst_path}; the report is in {REPORT_NAME} there.",
+            report=report,
+        )
+    return report
+
+
+def _describe(src: Any) -> str:
+    if isinstance(src, (str, os.PathLike)):
+        return os.fspath(src)
+    return ", ".join(os.fspath(s) for s in src)
+
+
+def _key_list(keys: Sequence[str] | str, what: str) -> list[str]:
+    if isinstance(keys, str):
+        keys = [keys]
+    out = list(keys)
+    if not all(isinstance(k, str) and k for k in out):
+        raise OptionError(f"{what} must be a list of column names, got {keys!r}")
+    dup = sorted({k for k in out if out.count(k) > 1})
+    if dup:
+        raise OptionError(f"{what} lists {dup} more than once")
+    return out
+
+
+def _check_dst(dst: str | os.PathLike[str]) -> str:
+    path = os.fspath(dst)
+    if "://" in path and not path.startswith("file://"):
+        raise OptionError(f"DST {path!r} must be a local folder (layout writes with the local filesystem)")
+    path = os.path.abspath(path[len("file://"):] if path.startswith("file://") else path)
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise OptionError(f"DST {path!r} exists and is a file; layout writes into a new or empty folder")
+        entries = os.listdir(path)
+        if entries:
+            raise OptionError(
+                f"DST {path!r} exists and is not empty ({len(entries)} entries, e.g. {sorted(entries)[0]!r}); "
+                "layout writes into a new or empty folder and never overwrites: remove it or choose another"
+            )
+    return path
+
+
+def _check_not_inside(src: Any, ds: Any, dst: str) -> None:
+    """Refuse a DST that a folder or glob SRC would list: the output would become part of its source."""
+    import pyarrow.fs as pafs
+
+    if not isinstance(ds.filesystem, pafs.LocalFileSystem) or not isinstance(src, (str, os.PathLike)):
+        return
+    text = os.fspath(src)
+    if not (os.path.isdir(text) or any(ch in text for ch in "*?[")):
+        return  # a single file: DST, a new folder, cannot be it
+    root = os.path.realpath(ds.root)
+    real = os.path.realpath(dst)
+    if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
+        raise OptionError(f"DST {dst!r} lies inside SRC ({ds.root!r}); the output would become part of its own "
+                          "source. Choose a DST outside SRC")
+
+
+def _source_schema(ds: Any) -> pa.Schema:
+    """The Arrow schema DST keeps: the files' own (checked equal in every file with rows), Hive keys last."""
+    ref: pa.Schema | None = None
+    ref_path = ""
+    for f, s in zip(ds.files, ds.file_schemas):
+        if not sum(f.row_groups):
+            continue
+        if ref is None:
+            ref, ref_path = s, f.path
+            continue
+        if s.equals(ref):
+            continue
+        a = {fl.name: fl.type for fl in ref}
+        b = {fl.name: fl.type for fl in s}
+        diffs = [f"{n!r} is {a[n]} in {ref_path} but {b[n]} in {f.path}" for n in a if n in b and a[n] != b[n]]
+        diffs += [f"{n!r} only in {ref_path}" for n in a if n not in b]
+        diffs += [f"{n!r} only in {f.path}" for n in b if n not in a]
+        if diffs:
+            raise SchemaMismatchError(
+                "layout keeps one Arrow schema, but the files of SRC disagree: " + "; ".join(diffs)
+                + ". Rewrite the files with one schema first."
+            )
+    assert ref is not None
+    fields = list(ref)
+    for k, t in ds.partition_types:
+        fields.append(pa.field(k, pa.int64() if t == "int64" else pa.string()))
+    return pa.schema(fields, metadata=ref.metadata)
+
+
+def _source_reader(ds: Any, columns: list[_Column], partition: dict[str, str], file_cols: list[str],
+                   bar: Any, *, extra: bool) -> pa.RecordBatchReader:
+    """The source rows in canonical order (files as UTF-8 bytes, then rows), as carriers for DuckDB.
+
+    With ``extra``, each row also carries its file's index and its row number, the tie-break that
+    makes the sorted order a function of the data alone.
+    """
+    fields = [pa.field(c.name, c.carrier) for c in columns]
+    if extra:
+        fields += [pa.field(_FILE_COL, pa.int32()), pa.field(_ROW_COL, pa.int64())]
+    schema = pa.schema(fields)
+    fs = ds.filesystem
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for fi, f in enumerate(ds.files):
+            if not sum(f.row_groups):
+                continue
+            values = dict(f.partition_values)
+            row = 0
+            with fs.open_input_file(f.location) as fh:
+                pf = pq.ParquetFile(fh)
+                for b in pf.iter_batches(batch_size=_BATCH, columns=file_cols, use_threads=True):
+                    n = b.num_rows
+                    arrays = []
+                    for c in columns:
+                        if c.name in partition:
+                            v = values[c.name]
+                            arr = pa.repeat(pa.scalar(int(v) if partition[c.name] == "int64" else v, c.type), n)
+                        else:
+                            arr = b.column(c.name)
+                        arrays.append(c.to_carrier(arr))
+                    if extra:
+                        arrays.append(pa.repeat(pa.scalar(fi, pa.int32()), n))
+                        arrays.append(pa.array(np.arange(row, row + n, dtype=np.int64)))
+                    row += n
+                    bar.update(n)
+                    yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    return pa.RecordBatchReader.from_batches(schema, batches())
+
+
+def _sort_and_write(con: Any, ds: Any, schema: pa.Schema, columns: list[_Column], sort_keys: list[str],
+                    group_by: str | None, blooms: list[str], dst: str, row_group_rows: int, files: int,
+                    slack: float, compression: str, progress: bool, written: list[str],
+                    ) -> tuple[list[int], list[str], list[str]]:
+    from tqdm import tqdm
+
+    partition = dict(ds.partition_types)
+    file_cols = [c.name for c in columns if c.name not in partition]
+    by_name = {c.name: c for c in columns}
+    notes: list[str] = []
+    sel = ", ".join(f"s.{_quote(c.name)}" for c in columns)
+    tiebreak = f"s.{_quote(_FILE_COL)}, s.{_quote(_ROW_COL)}"
+    if group_by is not None and sort_keys:
+        # Groups are placed by the smallest value of each sort key within them: a pre-pass over the
+        # key columns only, then a join, because a window over all rows would not spill well.
+        key_cols = [by_name[k] for k in [group_by, *sort_keys]]
+        with tqdm(total=ds.rows, desc="group keys", unit="rows", disable=not progress, file=sys.stderr) as bar:
+            con.register("detload_keys", _source_reader(ds, key_cols, partition,
+                                                        [c.name for c in key_cols if c.name not in partition],
+                                                        bar, extra=False))
+            g = _quote(group_by)
+            aggs = ", ".join(f"min({_quote(k)}) AS k{i}, (count({_quote(k)}) = 0 OR (count({_quote(k)}) = count(*) "
+                             f"AND min({_quote(k)}) = max({_quote(k)}))) AS c{i}" for i, k in enumerate(sort_keys))
+            con.execute(f"CREATE TEMP TABLE detload_groups AS SELECT {g} AS g, {aggs} FROM detload_keys GROUP BY {g}")
+            con.unregister("detload_keys")
+        consts = " AND ".join(f"c{i}" for i in range(len(sort_keys)))
+        constant = bool(con.sql(f"SELECT coalesce(bool_and({consts}), true) FROM detload_groups").fetchall()[0][0])
+        order = ", ".join(f"gk.k{i} ASC NULLS LAST" for i in range(len(sort_keys)))
+        query = (f"SELECT {sel} FROM detload_src s JOIN detload_groups gk ON s.{g} IS NOT DISTINCT FROM gk.g "
+                 f"ORDER BY {order}, s.{g} ASC NULLS LAST, {tiebreak}")
+        if constant:
+            sorting = [*sort_keys, group_by]
+        else:
+            sorting = []
+            notes.append(f"{', '.join(sort_keys)} vary within some {group_by} groups: groups are ordered by their "
+                         "smallest value of each, so the files declare no sorting_columns")
+    else:
+        keys = sort_keys if group_by is None else [group_by]
+        order = ", ".join(f"s.{_quote(k)} ASC NULLS LAST" for k in keys)
+        query = f"SELECT {sel} FROM detload_src s ORDER BY {order}, {tiebreak}"
+        sorting = list(keys)
+    lead_key = sort_keys[0] if sort_keys else group_by
+    assert lead_key is not None
+    lead_seed = column_seed(lead_key)
+    group_seed = column_seed(group_by) if group_by is not None else 0
+
+    sorting_columns = pq.SortingColumn.from_ordering(
+        pa.schema([pa.field(f.name, f.type) for f in schema]),
+        [(k, "ascending") for k in sorting], null_placement="at_end") if sorting else None
+    bloom_opts = {k: {"ndv": max(1, min(row_group_rows, ds.rows)), "fpp": 0.05} for k in blooms} or None
+    rows_per_file = math.ceil(ds.rows / files)
+    sizes: list[int] = []
+    writer: pq.ParquetWriter | None = None
+    file_rows = 0
+
+    def open_next() -> pq.ParquetWriter:
+        path = os.path.join(dst, f"part-{len(written):05d}.parquet")
+        written.append(path)
+        return pq.ParquetWriter(path, schema, compression=compression, write_statistics=True,
+                                write_page_index=True, sorting_columns=sorting_columns,
+                                bloom_filter_options=bloom_opts, store_schema=True)
+
+    buf: list[pa.RecordBatch] = []
+    lead_h = np.zeros(0, np.uint64)
+    group_h: np.ndarray | None = np.zeros(0, np.uint64) if group_by is not None else None
+    buffered = 0
+
+    def emit(at_end: bool) -> None:
+        nonlocal buf, lead_h, group_h, buffered, writer, file_rows
+        cut = cut_point(lead_h, group_h, available=buffered, row_group_rows=row_group_rows, slack=slack,
+                        at_end=at_end)
+        table = pa.Table.from_batches(buf, schema=schema)
+        if writer is None:
+            writer = open_next()
+        writer.write_table(table.slice(0, cut), row_group_size=cut)
+        sizes.append(cut)
+        file_rows += cut
+        # A file ends at a row-group end past its share of rows, never inside a group.
+        group_ends = group_h is None or cut == buffered or group_h[cut] != group_h[cut - 1]
+        buf = table.slice(cut).to_batches()
+        lead_h = lead_h[cut:]
+        if group_h is not None:
+            group_h = group_h[cut:]
+        buffered -= cut
+        if file_rows >= rows_per_file and group_ends and buffered:
+            writer.close()
+            writer = None
+            file_rows = 0
+
+    with tqdm(total=ds.rows, desc="reading", unit="rows", disable=not progress, file=sys.stderr) as bar:
+        con.register("detload_src", _source_reader(ds, columns, partition, file_cols, bar, extra=True))
+        sorted_rows = con.sql(query).to_arrow_reader(_BATCH)
+    with tqdm(total=ds.rows, desc="writing", unit="rows", disable=not progress, file=sys.stderr) as bar:
+        for batch in sorted_rows:
+            if not batch.num_rows:
+                continue
+            arrays = [by_name[name].from_sorter(batch.column(i)) for i, name in enumerate(schema.names)]
+            b = pa.RecordBatch.from_arrays(arrays, schema=schema)
+            buf.append(b)
+            buffered += b.num_rows
+            lead_h = np.concatenate([lead_h, hash_values(b.column(lead_key), lead_seed)])
+            if group_h is not None:
+                assert group_by is not None
+                group_h = np.concatenate([group_h, hash_values(b.column(group_by), group_seed)])
+            while buffered > row_group_rows:
+                emit(at_end=False)
+            bar.update(b.num_rows)
+        while buffered:
+            emit(at_end=True)
+    if writer is not None:
+        writer.close()
+    con.unregister("detload_src")
+    return sizes, sorting, notes
+
+
+def _serves(sort_keys: list[str], group_by: str | None, blooms: list[str], sorting: list[str]) -> tuple[str, ...]:
+    out = []
+    if sort_keys and (group_by is None or sorting):
+        k = sort_keys[0]
+        out.append(f"{k} = v, {k} IN (...), and ranges on {k} (<, <=, >, >=, between): the rows of a value or "
+                   "range are contiguous row groups, pruned by min/max statistics")
+        for i in range(1, len(sort_keys)):
+            prefix = " AND ".join(f"{p} = v" for p in sort_keys[:i])
+            out.append(f"{prefix} AND a range on {sort_keys[i]}: contiguous within each value of the prefix")
+        if len(sort_keys) > 1:
+            out.append(f"{', '.join(sort_keys[1:])} alone: only pruned where row groups hold one {k} value")
+    if group_by is not None:
+        where = f", groups ordered by {', '.join(sort_keys)}" if sort_keys else ""
+        out.append(f"{group_by} = v: each group's rows are contiguous and in one file{where}; a group splits "
+                   "across row groups only when it is larger than the row-group size")
+    for b in blooms:
+        out.append(f"{b} = v and {b} IN (...): also a bloom filter per row group, for readers that probe them")
+    return tuple(out)
