@@ -27,7 +27,7 @@ from collections import deque
 
 import numpy as np
 
-from .memory import BufferWatch, address_of
+from .memory import BufferWatch, address_of, keeps_ctrl_c
 
 __all__ = ["BlockBuffers"]
 
@@ -81,7 +81,7 @@ class BlockBuffers:
             self.watch.added(*address_of(slab))
         # Not slab[:n]: NumPy would make views of that point at the slab itself.
         block = np.frombuffer(memoryview(slab)[:n], dtype=np.uint8)  # type: ignore[arg-type]
-        weakref.finalize(block, self._give_back, slab)
+        weakref.finalize(block, keeps_ctrl_c(self._give_back), slab)
         return block
 
     def _give_back(self, slab: np.ndarray) -> None:

@@ -10,14 +10,37 @@ for that it must hear of each buffer when it appears and before it goes away.
 
 from __future__ import annotations
 
+import _thread
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-__all__ = ["BufferWatch", "address_of"]
+__all__ = ["BufferWatch", "address_of", "keeps_ctrl_c"]
 
 Listener = Callable[[int, int], None]
+
+
+def keeps_ctrl_c(fn: Callable[..., None]) -> Callable[..., None]:
+    """``fn`` made fit to run as a finalizer without eating a Ctrl-C.
+
+    A block's finalizer runs wherever its last view dies, often in the consumer's
+    main thread. A SIGINT landing meanwhile raises KeyboardInterrupt inside it, and
+    ``weakref`` reports that as "Exception ignored" and drops it: the training loop
+    would go on as if Ctrl-C had never been pressed. Here the interrupt is raised
+    again in the main thread once the finalizer has returned.
+    """
+    def call(*args: Any) -> None:
+        try:
+            fn(*args)
+        except KeyboardInterrupt:
+            # Not interrupt_main() here: the interrupt would fire at once, still inside
+            # this finalizer. A thread of its own needs the GIL first, which this thread
+            # gives up only after the finalizer has returned.
+            _thread.start_new_thread(_thread.interrupt_main, ())
+
+    return call
 
 
 def address_of(buffer: object) -> tuple[int, int]:
