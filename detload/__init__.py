@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 
 # Where each public name lives. `from detload import Loader` imports detload.loader then.
 _EXPORTS = {
+    "BlockMemoryWarning": "loader",
     "CacheWarning": "_cache",
     "ColumnSpec": "_types",
     "DataError": "errors",
@@ -48,6 +49,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "BlockMemoryWarning",
     "CacheWarning",
     "ColumnSpec",
     "DataError",
@@ -109,7 +111,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         WorkerError,
         WorkerStalledError,
     )
-    from .loader import Loader
+    from .loader import BlockMemoryWarning, Loader
     from .plan import OrderOptions, Plan, make_plan
     from .starvation import StarvationReport, starvation_check
     from .stats import StageStats, Stats

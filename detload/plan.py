@@ -675,8 +675,8 @@ def make_plan_v2(
     ``shuffle_window`` consecutive units form a block; step i takes rows
     ``[i*m, (i+1)*m)`` of every partition (m = global batch / P).
     """
-    _check_int("epoch", epoch, 0, _U32)
-    _check_int("rank", rank, 0)
+    check_int("epoch", epoch, 0, _U32, shown="[0, 2**32)")
+    check_int("rank", rank, 0)
     if rank >= options.world_size:
         raise OptionError(f"rank {rank} is not below the world size {options.world_size}")
     if not isinstance(units, UnitList):

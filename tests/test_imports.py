@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The public API, as it stands: a change here is a change of the API, made on purpose.
 PUBLIC = [
-    "CacheWarning", "ColumnSpec", "DataError", "DatasetError", "DetloadError", "Digest", "DigestMismatchError",
+    "BlockMemoryWarning", "CacheWarning", "ColumnSpec", "DataError", "DatasetError", "DetloadError", "Digest", "DigestMismatchError",
     "EmptyDatasetError", "LayoutCheck", "LayoutReport", "Loader", "ManifestError", "OptionError", "OrderOptions",
     "Plan", "Ragged", "SchemaMismatchError", "SharedMemoryError", "SkippedFilesWarning", "SourceError",
     "StageStats", "StarvationReport", "StateError", "Stats", "UnsupportedTypeError", "WorkerError",
