@@ -395,7 +395,7 @@ def test_plan_errors():
     opts = OrderOptions(seed=0, batch_size=2)
     with pytest.raises(OptionError, match="rank 1 is not below the world size 1"):
         make_plan_v2([3], opts, epoch=0, rank=1)
-    with pytest.raises(OptionError, match=r"epoch must be an int in \[0, 2\*\*32\)"):
+    with pytest.raises(OptionError, match=r"epoch must be an int in \[0, 2\*\*32\), got -1"):
         make_plan_v2([3], opts, epoch=-1)
     with pytest.raises(OptionError, match="one entry per row group"):
         UnitList.from_row_groups([0], [0, 1], [3, 3])
