@@ -241,6 +241,9 @@ class Loader:
         self.fingerprint = xxhash.xxh3_128_hexdigest(json.dumps(self.order, sort_keys=True).encode())
         self._debug = _debug
         self._block_memory: int | None = DEFAULT_BLOCK_BUDGET
+        # Estimated now, with discovery: a variable-length column's estimate reads a footer,
+        # and once iteration starts a warm run must fetch nothing but the rows it needs.
+        self._row_bytes = self._bytes_per_row() if self._block_memory is not None else 0.0
         # Benchmark-only (the determinism-tax measurement): the merger takes blocks in
         # completion order, so batches depend on timing. Never for training runs.
         if _benchmark_unordered and manifest is not None:
@@ -301,7 +304,7 @@ class Loader:
         """Warn once per loader when the largest block would exceed the block memory budget."""
         if self._block_memory is None:
             return
-        text = block_memory_warning(plan, self._bytes_per_row(), self._block_memory)
+        text = block_memory_warning(plan, self._row_bytes, self._block_memory)
         if text is not None:
             warnings.warn(BlockMemoryWarning(text + " Pass Pool(block_memory=None) to silence this."),
                           stacklevel=4)

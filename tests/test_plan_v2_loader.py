@@ -121,7 +121,7 @@ def test_fewer_rows_than_a_global_batch(tmp_path):
 def test_the_block_memory_warning_comes_once_per_loader(tmp_path):
     root = _write(str(tmp_path / "ds" / "a.parquet"), [5_000, 3_000], x=np.zeros(8_000, np.float32))
     loader = Loader(root, batch_size=100, seed=0, shuffle_window=2)
-    assert loader._bytes_per_row() == 12  # int64 + float32
+    assert loader._bytes_per_row() == 12 == loader._row_bytes  # int64 + float32
     loader._block_memory = 50_000
     with pytest.warns(BlockMemoryWarning, match=r"the largest block holds 8,000 rows, about 0 MiB at 12 bytes per "
                                                 r"row.*smaller shuffle_window \(now 2\).*smaller row groups") as got:
