@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 # Where each public name lives. `from detload import Loader` imports detload.loader then.
 _EXPORTS = {
     "BlockMemoryWarning": "loader",
+    "Cache": "options",
     "CacheWarning": "_cache",
     "ColumnSpec": "_types",
     "DataError": "errors",
@@ -19,6 +20,7 @@ _EXPORTS = {
     "DetloadError": "errors",
     "Digest": "_layout.digest",
     "DigestMismatchError": "_layout.rewrite",
+    "Distributed": "options",
     "EmptyDatasetError": "errors",
     "LayoutCheck": "_layout.check",
     "LayoutReport": "_layout.rewrite",
@@ -27,6 +29,7 @@ _EXPORTS = {
     "OptionError": "errors",
     "OrderOptions": "plan",
     "Plan": "plan",
+    "Pool": "options",
     "Ragged": "_types",
     "SchemaMismatchError": "errors",
     "SharedMemoryError": "errors",
@@ -36,6 +39,7 @@ _EXPORTS = {
     "StarvationReport": "starvation",
     "StateError": "errors",
     "Stats": "stats",
+    "Storage": "options",
     "UnsupportedTypeError": "errors",
     "WorkerError": "errors",
     "WorkerStalledError": "errors",
@@ -50,6 +54,7 @@ _EXPORTS = {
 
 __all__ = [
     "BlockMemoryWarning",
+    "Cache",
     "CacheWarning",
     "ColumnSpec",
     "DataError",
@@ -57,6 +62,7 @@ __all__ = [
     "DetloadError",
     "Digest",
     "DigestMismatchError",
+    "Distributed",
     "EmptyDatasetError",
     "LayoutCheck",
     "LayoutReport",
@@ -65,6 +71,7 @@ __all__ = [
     "OptionError",
     "OrderOptions",
     "Plan",
+    "Pool",
     "Ragged",
     "SchemaMismatchError",
     "SharedMemoryError",
@@ -74,6 +81,7 @@ __all__ = [
     "StarvationReport",
     "StateError",
     "Stats",
+    "Storage",
     "UnsupportedTypeError",
     "WorkerError",
     "WorkerStalledError",
@@ -112,6 +120,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         WorkerStalledError,
     )
     from .loader import BlockMemoryWarning, Loader
+    from .options import Cache, Distributed, Pool, Storage
     from .plan import OrderOptions, Plan, make_plan
     from .starvation import StarvationReport, starvation_check
     from .stats import StageStats, Stats

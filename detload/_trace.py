@@ -13,7 +13,7 @@ import time
 from collections import deque
 from typing import Any
 
-__all__ = ["CONSUMER", "MAX_DEPTHS", "MAX_EVENTS", "MAX_SAMPLES", "MERGER", "STAGES", "Tracer"]
+__all__ = ["CONSUMER", "MAX_DEPTHS", "MAX_EVENTS", "MAX_SAMPLES", "MERGER", "STAGES", "StatsMark", "Tracer"]
 
 # Where each stage runs, in pipeline order.
 STAGES: dict[str, str] = {
@@ -42,6 +42,8 @@ CONSUMER = -2
 MAX_EVENTS = 8_192    # spans for the trace file
 MAX_SAMPLES = 512     # durations per stage, for percentiles
 MAX_DEPTHS = 2_048    # queue-depth samples for the trace file
+#: What `Tracer.mark` returns (`Loader.stats_mark`): opaque to users, passed back to ``since``.
+StatsMark = tuple[Any, ...]
 
 
 class Tracer:
@@ -131,12 +133,12 @@ class Tracer:
         return self.wall + extra
 
     # -- windows -----------------------------------------------------------------
-    def mark(self) -> tuple[Any, ...]:
+    def mark(self) -> StatsMark:
         """A point to measure from: pass it to `since`."""
         return (time.perf_counter(), self.wall_now(), dict(self.count), dict(self.total), self.batches, self.rows,
                 dict(self.warm_total), list(self.depth_sums))
 
-    def since(self, mark: tuple[Any, ...]) -> Tracer:
+    def since(self, mark: StatsMark) -> Tracer:
         """A tracer holding only what was recorded after ``mark`` (spans that ended after it)."""
         t, wall, count, total, batches, rows, warm, depth_sums = mark
         out = Tracer(enabled=self.enabled)

@@ -143,8 +143,29 @@ def _loader_kwargs(a: argparse.Namespace) -> dict[str, Any]:
     return dict(
         batch_size=a.batch_size, seed=a.seed, columns=a.columns, shuffle=not a.no_shuffle,
         shuffle_window=a.shuffle_window, drop_last=a.drop_last, partitions=a.partitions,
-        rank=a.rank, world_size=a.world_size, null_fill=dict(a.null_fill), cast=dict(a.cast) or None,
+        null_fill=dict(a.null_fill), cast=dict(a.cast) or None,
+        **_groups(a, rank=a.rank, world_size=a.world_size),
     )
+
+
+def _groups(a: argparse.Namespace, **flat: Any) -> dict[str, Any]:
+    """The Loader's option groups from flat flags (--prefetch, --cache-dir, --rank ...), whose
+    errors keep naming them as before ("cache_limit needs cache_dir")."""
+    from .loader import _distributed_defaults
+    from .options import Distributed, from_flat
+
+    pool, cache, dist, _ = from_flat(flat.pop("pool", None), {k: v for k, v in flat.items() if v is not None})
+    out: dict[str, Any] = {"pool": pool, "cache": cache}
+    if dist is not None:
+        rank, world = _distributed_defaults(*dist)
+        out["distributed"] = Distributed(*_check_flat_distributed(rank, world))
+    return out
+
+
+def _check_flat_distributed(rank: Any, world: Any) -> tuple[int, int]:
+    from .options import _check_distributed
+
+    return _check_distributed(rank, world, {"rank": "rank", "world_size": "world_size"})
 
 
 def _workers(s: str) -> int | str:
@@ -219,13 +240,13 @@ def _parser() -> argparse.ArgumentParser:
     c = csub.add_parser("info", help="entries, bytes and objects in a cache directory", formatter_class=fmt,
                         description="Count a cache directory's entries, bytes and objects; --verify also "
                                     "checks every entry's checksum (exit 1 when one is damaged).")
-    c.add_argument("dir", help="the cache directory (the cache_dir= of the loaders)")
+    c.add_argument("dir", help="the cache directory (the Cache.dir of the loaders)")
     c.add_argument("--verify", action="store_true", help="check every entry's checksum")
     c.add_argument("--json", action="store_true", help="print it as JSON")
     _add_quiet(c)
     c = csub.add_parser("clear", help="delete every entry of a cache directory", formatter_class=fmt,
                         description="Delete every entry of a cache directory (safe while no loader writes to it).")
-    c.add_argument("dir", help="the cache directory (the cache_dir= of the loaders)")
+    c.add_argument("dir", help="the cache directory (the Cache.dir of the loaders)")
 
     p = sub.add_parser("demo", help="generate an example dataset, load it at 1 and 4 process workers, verify",
                        formatter_class=fmt,
@@ -340,9 +361,9 @@ def _cmd_run(a: argparse.Namespace) -> int:
                            f"epochs are numbered 0 to {_LAST_EPOCH}")
     _preload(a)
     t0 = time.perf_counter()
-    with interruptible(), Loader(a.source, workers=a.workers, pool=a.pool, prefetch=a.prefetch,
-                                 manifest=a.manifest, cache_dir=a.cache_dir, cache_limit=a.cache_limit,
-                                 cache_map_limit=a.cache_map_limit, **_loader_kwargs(a)) as loader:
+    kwargs = {**_loader_kwargs(a), **_groups(a, pool=a.pool, prefetch=a.prefetch, cache_dir=a.cache_dir,
+                                            cache_limit=a.cache_limit, cache_map_limit=a.cache_map_limit)}
+    with interruptible(), Loader(a.source, workers=a.workers, manifest=a.manifest, **kwargs) as loader:
         _check_outside_dataset(loader, a.source, "--manifest", loader.manifest_path)
         _check_outside_dataset(loader, a.source, "--cache-dir", a.cache_dir)
         print(f"{loader!r}")
@@ -450,10 +471,10 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     _preload(a)
     t0 = time.perf_counter()
     with interruptible(), Loader(a.source, batch_size=a.batch_size, seed=a.seed, workers=a.workers,
-                                 pool=a.pool, prefetch=a.prefetch, shuffle_window=a.shuffle_window,
-                                 columns=a.columns, null_fill=dict(a.null_fill), cast=dict(a.cast) or None,
-                                 cache_dir=a.cache_dir,
-                                 cache_limit=a.cache_limit, cache_map_limit=a.cache_map_limit) as loader:
+                                 shuffle_window=a.shuffle_window, columns=a.columns, null_fill=dict(a.null_fill),
+                                 cast=dict(a.cast) or None,
+                                 **_groups(a, pool=a.pool, prefetch=a.prefetch, cache_dir=a.cache_dir,
+                                           cache_limit=a.cache_limit, cache_map_limit=a.cache_map_limit)) as loader:
         _check_outside_dataset(loader, a.source, "--trace", a.trace)
         _check_outside_dataset(loader, a.source, "--cache-dir", a.cache_dir)
         if a.trace:

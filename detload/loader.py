@@ -20,26 +20,28 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import xxhash
 
-from . import __version__
+from . import __version__, _hooks
 from ._arrow import fill_value
 from ._cache import object_key, open_cache
-from ._check import check_int, check_path, check_seconds, check_writable_file
+from ._check import check_int, check_path, check_writable_file
 from ._discovery import Dataset, SkippedFilesWarning, describe_skipped, discover
-from ._engine.config import DebugHooks, FileRef, WorkerConfig
+from ._engine.config import FileRef, WorkerConfig
+from ._engine.memory import BufferWatch
 from ._engine.merge import END, STOPPED, Failure, Run, make_tasks
 from ._engine.pool import WorkerPool
+from ._hooks import Hooks
 from ._storage import display_uri, object_uri
-from ._trace import CONSUMER, Tracer
+from ._trace import CONSUMER, StatsMark, Tracer
 from ._types import INT96_UNIT, SCALED, Column, ColumnSpec, normalize_cast, type_mapping_version
 from .audit import MANIFEST_FORMAT, MANIFEST_VERSION, ManifestWriter
 from .errors import DataError, DetloadError, OptionError, StateError
+from .options import Cache, Distributed, Pool, PoolKind, Storage, resolve_groups
 from .plan import (
-    DEFAULT_BLOCK_BUDGET,
     PLAN_FORMAT_V2,
     OrderOptions,
     PlanV2,
@@ -57,13 +59,7 @@ class BlockMemoryWarning(UserWarning):
 
 
 STATE_FORMAT_VERSION = 1
-PoolKind = Literal["thread", "process"]
 _MAX_WORKERS = 256
-#: Blocks queued per worker at most: each holds shuffle_window row groups, so more
-#: only holds memory (and a process queue's semaphore cannot count past 2**31 - 1).
-MAX_PREFETCH = 1024
-#: Seconds; longer waits are asked for with stall_timeout=None.
-MAX_STALL_TIMEOUT = 1e9
 
 
 def resolve_workers(workers: int | str) -> int:
@@ -135,10 +131,47 @@ def refuse_pickling(what: str) -> OptionError:
 class Loader:
     """Deterministic parallel Parquet loader. Iterating yields ``dict[str, ndarray | Ragged]``.
 
-    The batches are a pure function of the dataset, ``seed``, the epoch and the
-    order options (batch_size x world size, shuffle, shuffle_window, columns,
-    drop_last, partitions, null_fill, cast) — never of ``workers``, ``pool``,
-    ``prefetch`` or timing. See docs/loader.md for every option.
+    ``Loader(source, *, batch_size, seed, ...)``: every option after ``source`` is a
+    keyword. The batches are a pure function of the dataset, ``seed``, the epoch and
+    the options that decide them, which are flat keywords (and are in ``order``, the
+    manifest header and ``state_dict()``):
+
+    - ``source``: a directory, one Parquet file, a glob, a URI (``s3://bucket/prefix``)
+      or a list of paths.
+    - ``batch_size``: rows per batch per rank (the global batch is batch_size x world size).
+    - ``seed``: an int in [0, 2**64).
+    - ``workers``: worker count, 1-256, or ``"auto"`` (one per usable core, at most 16);
+      it changes who computes a block, never the batches.
+    - ``columns``: a list of column names (default: all, in schema order); Hive
+      partition columns come last.
+    - ``shuffle``: permute row groups and the rows of each block (default True).
+    - ``shuffle_window``: row groups per block, whose rows are permuted together (default 4).
+    - ``drop_last``: make every step full and drop the tail (default False).
+    - ``null_fill``: ``{column: value}`` replacing nulls before conversion.
+    - ``cast``: ``{column: dtype}`` delivering a column as another dtype, checked value by value.
+    - ``partitions``: canonical partitions P (default: the world size); fix it to change
+      the world size without changing the order.
+    - ``manifest``: path of a manifest to write (a directory gets ``rank-NNNNN.jsonl``).
+
+    The settings that never change a byte of any batch come in groups
+    (``detload.options``), each with a shorthand:
+
+    - ``pool``: a `Pool` (``kind`` "thread" or "process", ``prefetch`` blocks queued per
+      worker, ``stall_timeout`` seconds before WorkerStalledError or None, ``trace``
+      stage timings for ``stats()``), or ``"thread"``/``"process"``. Default: ``Pool()``.
+    - ``cache``: a `Cache` (``dir`` the row-group cache folder, ``limit`` its size cap,
+      ``map_limit`` bytes kept memory-mapped between epochs), or a folder. Default: no cache.
+    - ``distributed``: a `Distributed` (``rank``, ``world_size``) or a ``(rank, world_size)``
+      tuple. Default: from an initialised torch.distributed, else the RANK and WORLD_SIZE
+      environment variables, else (0, 1).
+    - ``storage``: a `Storage` (``filesystem`` a pyarrow or fsspec filesystem,
+      ``partition_types`` ``{key: "int64" | "string"}`` for Hive partition keys), or a
+      filesystem. Default: local paths, or the filesystem a URI names.
+
+    The flat keywords of earlier releases (``prefetch``, ``stall_timeout``, ``trace``,
+    ``cache_dir``, ``cache_limit``, ``cache_map_limit``, ``rank``, ``world_size``,
+    ``filesystem``, ``partitioning``) still work, each with a DeprecationWarning naming
+    its new spelling. docs/loader.md has the full table of options.
     """
 
     def __init__(
@@ -148,45 +181,35 @@ class Loader:
         batch_size: int,
         seed: int,
         workers: int | str = 1,
-        pool: PoolKind = "thread",
         columns: Sequence[str] | None = None,
         shuffle: bool = True,
         shuffle_window: int = 4,
         drop_last: bool = False,
-        prefetch: int = 2,
-        manifest: str | os.PathLike[str] | None = None,
         null_fill: Mapping[str, Any] | None = None,
         cast: Mapping[str, Any] | None = None,
         partitions: int | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        filesystem: Any = None,
-        partitioning: Mapping[str, str] | None = None,
-        stall_timeout: float | None = 300.0,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit: int | str | None = None,
-        cache_map_limit: int | str | None = "auto",
-        trace: bool = True,
-        _debug: DebugHooks | None = None,
-        _cache_fail_after_bytes: int | None = None,
-        _benchmark_unordered: bool = False,
+        manifest: str | os.PathLike[str] | None = None,
+        pool: Pool | PoolKind | None = None,
+        cache: Cache | str | os.PathLike[str] | None = None,
+        distributed: Distributed | tuple[int, int] | None = None,
+        storage: Storage | Any = None,
+        **deprecated: Any,
     ) -> None:
+        #: Test and benchmark hooks (never set in production): those in force when built.
+        self._hooks: Hooks = _hooks.current()
         _register_with_torch()  # in case torch.utils.data was loaded past the finder (a cheap check)
         self.workers = resolve_workers(workers)
-        if pool not in ("thread", "process"):
-            raise OptionError(f"pool must be 'thread' or 'process', got {pool!r}")
-        self.pool_kind: PoolKind = pool
-        self.prefetch = check_int("prefetch", prefetch, 1, MAX_PREFETCH, what="blocks queued per worker")
-        self.stall_timeout = check_seconds("stall_timeout", stall_timeout, most=MAX_STALL_TIMEOUT,
-                                           none_means="wait forever")
-        if not isinstance(trace, bool):
-            raise OptionError(f"trace must be True or False, got {type(trace).__name__} {trace!r}")
+        pool_opts, cache_opts, dist, storage_opts = resolve_groups(pool, cache, distributed, storage, deprecated)
+        self.pool_kind: PoolKind = pool_opts.kind
+        self.prefetch = pool_opts.prefetch
+        self.stall_timeout = pool_opts.stall_timeout
+        trace = pool_opts.trace
         _check_source(source)
-        if partitioning is not None and not isinstance(partitioning, Mapping):
-            raise OptionError(f"partitioning must be a dict {{key: 'int64' | 'string'}} or None, "
-                              f"got {type(partitioning).__name__} {partitioning!r}")
         manifest_path = check_path("manifest", manifest) if manifest is not None else None
-        self.rank, world = _distributed_defaults(rank, world_size)
+        if isinstance(dist, Distributed):
+            self.rank, world = dist.rank, dist.world_size
+        else:  # detected, or the deprecated rank=/world_size= (either may be left to detection)
+            self.rank, world = _distributed_defaults(*(dist or (None, None)))
         if partitions is None:
             partitions = world
         self.options = OrderOptions(
@@ -201,7 +224,8 @@ class Loader:
             raise OptionError(f"cast must be a dict {{column: dtype}}, got {cast!r}")
         #: Each cast column's dtype in one spelling ("f4" -> "float32"), as `order` records it.
         self.cast: dict[str, str] = {str(k): normalize_cast(str(k), v) for k, v in (cast or {}).items()}
-        self.dataset: Dataset = discover(source, filesystem=filesystem, partitioning=partitioning)
+        self.dataset: Dataset = discover(source, filesystem=storage_opts.filesystem,
+                                         partitioning=storage_opts.partition_types)
         if self.dataset.skipped:
             warnings.warn(SkippedFilesWarning(
                 f"{describe_skipped(self.dataset.skipped)} in {self.dataset.root}: they are not Parquet "
@@ -223,8 +247,9 @@ class Loader:
         fs = self.dataset.filesystem
         self._cache_keys = [object_key(fs, f.location, f.size, f.mtime_ns, f.etag) for f in self.dataset.files]
         self._uris = [object_uri(fs, f.location) for f in self.dataset.files]
-        self.cache = open_cache(cache_dir, cache_limit, self._cache_keys, cache_map_limit=cache_map_limit,
-                                fail_after_bytes=_cache_fail_after_bytes)
+        self.cache = (open_cache(cache_opts.dir, cache_opts.limit, self._cache_keys,
+                                 cache_map_limit=cache_opts.map_limit, fail_after_bytes=self._hooks.cache_fail_after_bytes)
+                      if cache_opts is not None else None)
         self.order = {
             **self.options.order_dict(),
             "columns": names,
@@ -239,16 +264,15 @@ class Loader:
         if self.cast:  # only when given: loaders without a cast keep their fingerprints
             self.order["cast"] = dict(sorted(self.cast.items()))
         self.fingerprint = xxhash.xxh3_128_hexdigest(json.dumps(self.order, sort_keys=True).encode())
-        self._debug = _debug
-        self._block_memory: int | None = DEFAULT_BLOCK_BUDGET
+        self._block_memory: int | None = pool_opts.block_memory_bytes
         # Estimated now, with discovery: a variable-length column's estimate reads a footer,
         # and once iteration starts a warm run must fetch nothing but the rows it needs.
         self._row_bytes = self._bytes_per_row() if self._block_memory is not None else 0.0
         # Benchmark-only (the determinism-tax measurement): the merger takes blocks in
         # completion order, so batches depend on timing. Never for training runs.
-        if _benchmark_unordered and manifest is not None:
-            raise OptionError("_benchmark_unordered is a benchmark-only switch and cannot write a manifest")
-        self._ordered = not _benchmark_unordered
+        if self._hooks.unordered and manifest is not None:
+            raise OptionError("the unordered merge is a benchmark-only hook and cannot write a manifest")
+        self._ordered = not self._hooks.unordered
         self._tracer = Tracer(enabled=trace)
         self._epoch = 0
         self._plans: dict[int, PlanV2] = {}
@@ -269,6 +293,7 @@ class Loader:
         # The pool and the manifest writer live here, and only here: the finalizer
         # closes whatever this holds when the loader is collected without close().
         self._held: dict[str, Any] = {"pool": None, "writer": None}
+        self._memory_watch = BufferWatch()  # see watch_block_memory
         self._finalizer = weakref.finalize(self, Loader._cleanup, self._held)
 
     @property
@@ -359,9 +384,10 @@ class Loader:
 
             def make_cfg(shm_dir: str | None, prefix: str) -> WorkerConfig:
                 return WorkerConfig(files, ds.filesystem, tuple(self.specs), self.null_fill, shm_dir,
-                                    prefix, os.getpid(), self._debug, cache=self.cache)
+                                    prefix, os.getpid(), self._hooks.debug, cache=self.cache)
 
-            self._held["pool"] = WorkerPool(make_cfg, self.workers, self.pool_kind, self.prefetch)
+            self._held["pool"] = WorkerPool(make_cfg, self.workers, self.pool_kind, self.prefetch,
+                                           self._memory_watch)
             self._tracer.pool_started(self.workers)
         return self._held["pool"]
 
@@ -391,6 +417,32 @@ class Loader:
         if self._manifest_path is not None and self._writer is None:
             self._held["writer"] = ManifestWriter(self._manifest_path, self._header(), resume=self._resume_manifest)
         return self._writer
+
+    def watch_block_memory(self, added: Callable[[int, int], None], removed: Callable[[int, int], None]) -> None:
+        """Be told of the buffers batches live in: the seam a pinned GPU hand-off needs.
+
+        A batch's arrays are views of a block, and blocks are built in buffers this
+        loader reuses for many blocks: heap slabs with ``pool="thread"``, shared-memory
+        mappings with ``pool="process"``. ``added(address, nbytes)`` is called once for
+        each buffer, before any batch viewing it is yielded (and at once for buffers
+        that exist when this is called); ``removed(address, nbytes)`` once before the
+        buffer is freed, or when the loader is closed. Registering each buffer once
+        (e.g. with ``torch.cuda.cudart().cudaHostRegister``) makes every later batch
+        in it page-locked without a staging copy. Either call may come from a detload
+        thread or a garbage collection; a listener that raises is warned about once
+        and dropped. Listeners never change a byte of any batch.
+        """
+        if not (callable(added) and callable(removed)):
+            raise OptionError("watch_block_memory takes two callables: added(address, nbytes) and "
+                              "removed(address, nbytes)")
+        self._memory_watch.watch(added, removed)
+
+    def stop(self) -> None:
+        """Stop the current pass, if one runs: its iterator raises DetloadError at its next
+        batch, and workers drop the rest of its blocks. The position stays where the
+        consumer is, and workers and the plan are kept; a new ``iter()`` starts a new pass.
+        Safe from another thread (a `TorchLoader` stops its feeder thread's pass so)."""
+        self._stop_run()
 
     def _stop_run(self) -> None:
         run, self._run = self._run, None
@@ -545,18 +597,17 @@ class Loader:
         return err
 
     # -- observability ---------------------------------------------------------
-    def stats(self) -> Stats:
+    def stats(self, since: StatsMark | None = None) -> Stats:
         """Per-stage counts, totals and percentiles, queue depths and the stage bounding
-        throughput, over everything this loader has yielded so far. ``stats().table()``
-        prints them; ``stats().write_trace(path)`` writes a Chrome trace-event file."""
-        return summarize(self._tracer)
+        throughput, over everything this loader has yielded so far, or only over what
+        was recorded after ``since`` (a `stats_mark()`). ``stats().table()`` prints them;
+        ``stats().write_trace(path)`` writes a Chrome trace-event file."""
+        return summarize(self._tracer if since is None else self._tracer.since(since))
 
-    def _stats_mark(self) -> Any:
-        """For `_stats_since`: stats of a window (starvation_check times only its own steps)."""
+    def stats_mark(self) -> StatsMark:
+        """A point in time to measure from: ``stats(since=mark)`` covers only what came after
+        it (`starvation_check` times its own steps so)."""
         return self._tracer.mark()
-
-    def _stats_since(self, mark: Any) -> Stats:
-        return summarize(self._tracer.since(mark))
 
     # -- resume ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -582,15 +633,17 @@ class Loader:
         from another dataset or another order. A manifest this loader writes is
         continued: lines from the resumed step on are cut, new ones appended.
         """
-        epoch, step = self._check_state(state)
+        epoch, step = self.check_state(state)
         self._stop_run()
         self.set_epoch(epoch)
         self._resume_step = step
         self._position = step
         self._resume_manifest = True
 
-    def _check_state(self, state: Mapping[str, Any]) -> tuple[int, int]:
-        """What `load_state_dict` checks, without changing anything: ``(epoch, step)`` or StateError."""
+    def check_state(self, state: Mapping[str, Any]) -> tuple[int, int]:
+        """What `load_state_dict` checks, without changing anything: the state's ``(epoch, step)``,
+        or StateError naming every option that differs (so an adapter can refuse a state
+        before it stops anything)."""
         if not isinstance(state, Mapping) or "format" not in state or "order" not in state:
             raise StateError("not a detload state: expected the dict that Loader.state_dict() returns")
         if state["format"] != STATE_FORMAT_VERSION:

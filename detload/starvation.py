@@ -90,8 +90,9 @@ def starvation_check(loader: Iterable[Any], step_fn: Callable[[Any], Any], steps
     kept: list[Any] = []
     warmed = 0
     window = None
-    mark_fn = getattr(loader, "_stats_mark", None)
-    since_fn = getattr(loader, "_stats_since", None)
+    # A detload Loader or TorchLoader: stats over the timed window only.
+    mark_fn = getattr(loader, "stats_mark", None)
+    stats_fn = getattr(loader, "stats", None)
     try:
         for _ in range(warmup):
             try:
@@ -115,8 +116,8 @@ def starvation_check(loader: Iterable[Any], step_fn: Callable[[Any], Any], steps
             kept.append(batch)
         _sync()
         loader_s = clock() - t_start
-        if mark is not None and callable(since_fn):
-            window = since_fn(mark)
+        if mark is not None and callable(stats_fn):
+            window = stats_fn(since=mark)
     finally:
         close = getattr(it, "close", None)
         if close is not None:

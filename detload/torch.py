@@ -29,10 +29,14 @@ except ModuleNotFoundError as exc:
         name="torch",
     ) from None
 
+from . import _hooks
 from ._engine.messages import POLL, put_until
+from ._hooks import Hooks
+from ._trace import StatsMark
 from ._types import Column, Ragged
 from .errors import DetloadError, OptionError
 from .loader import Loader, check_epoch, refuse_pickling, refuse_torch_workers
+from .options import warn_deprecated
 from .stats import Stats
 
 __all__ = ["RaggedTensor", "TorchLoader", "to_torch"]
@@ -241,8 +245,10 @@ class _Failed:
 class TorchLoader:
     """Iterate a `Loader` as dicts of tensors; what a training loop iterates directly.
 
-    ``TorchLoader(source, batch_size=..., seed=..., device=..., **loader_options)``
-    or ``TorchLoader(loader, device=...)``.
+    ``TorchLoader(loader, device=...)``, where ``loader`` is a `detload.Loader` (its
+    options are the Loader's; this adapter's are below). The older form
+    ``TorchLoader(source, batch_size=..., seed=..., **loader_options)`` still works for
+    this release, with a DeprecationWarning.
 
     - ``device=None`` and ``pin_memory=False``: tensors share the NumPy batch's
       memory (``torch.from_numpy``), no thread, no copy.
@@ -279,7 +285,7 @@ class TorchLoader:
 
     def __init__(
         self,
-        source: Any,
+        loader: Loader | Any,
         *,
         device: str | torch.device | None = None,
         pin_memory: bool = False,
@@ -289,13 +295,15 @@ class TorchLoader:
         check_ranks: bool = True,
         **loader_options: Any,
     ) -> None:
-        if isinstance(source, Loader):
+        if isinstance(loader, Loader):
             if loader_options:
                 raise OptionError(f"options {sorted(loader_options)} apply when TorchLoader builds the Loader; "
                                   "pass them to Loader(...) instead")
-            self.loader = source
+            self.loader = loader
         else:
-            self.loader = Loader(source, **loader_options)
+            warn_deprecated("TorchLoader(source, **loader_options) is deprecated: use "
+                            "TorchLoader(detload.Loader(source, ...), device=...)")
+            self.loader = Loader(loader, **loader_options)
         if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 1:
             raise OptionError(f"prefetch must be an int >= 1 (batches), got {prefetch!r}")
         self.prefetch = int(prefetch)
@@ -329,8 +337,8 @@ class TorchLoader:
             raise OptionError(f"copy_batches={copy_batches} needs pin_memory=True or device=...: it groups the "
                               "copies their background thread makes, and without them there is none")
         self.copy_batches = copy_batches
-        # Benchmark-only switch: pin and copy column by column (the previous path) instead of one slab.
-        self._slab = True
+        #: Test and benchmark hooks in force when built (``torch_per_column``: the path before the slab).
+        self._hooks: Hooks = _hooks.current()
         self._pos: int | None = None  # batches of this epoch handed to the training loop
         # The latest iter()'s token: an iteration starts only if it is still the latest.
         self._latest: object | None = None
@@ -353,17 +361,16 @@ class TorchLoader:
             self._pos = None
         self.loader.set_epoch(epoch)
 
-    def stats(self) -> Stats:
-        """The wrapped loader's stage timings (see `Loader.stats`). Its consumer is this
-        adapter's feeder thread, so ``consumer_step`` includes converting and pinning
-        (with ``copy_batches=k``, all of it in one batch of every ``k``)."""
-        return self.loader.stats()
+    def stats(self, since: StatsMark | None = None) -> Stats:
+        """The wrapped loader's stage timings (see `Loader.stats`), over everything or only
+        after ``since`` (a `stats_mark()`). Its consumer is this adapter's feeder thread, so
+        ``consumer_step`` includes converting and pinning (with ``copy_batches=k``, all of it
+        in one batch of every ``k``)."""
+        return self.loader.stats(since=since)
 
-    def _stats_mark(self) -> Any:
-        return self.loader._stats_mark()
-
-    def _stats_since(self, mark: Any) -> Stats:
-        return self.loader._stats_since(mark)
+    def stats_mark(self) -> StatsMark:
+        """See `Loader.stats_mark`."""
+        return self.loader.stats_mark()
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's state at the last batch the training loop received (JSON-able)."""
@@ -373,7 +380,7 @@ class TorchLoader:
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.loader._check_state(state)  # before stopping anything: a refused state changes nothing
+        self.loader.check_state(state)  # before stopping anything: a refused state changes nothing
         self._shutdown()
         self.loader.load_state_dict(state)
         self._pos = None
@@ -449,7 +456,7 @@ class TorchLoader:
         """Background thread: convert, pin, start the device copy; ``prefetch`` batches ahead."""
         dev = self.device
         cuda = dev is not None and dev.type == "cuda"
-        packed = bool(self.stack) or (self._slab and (self.pin_memory or self.copy_batches > 1))
+        packed = bool(self.stack) or (not self._hooks.torch_per_column and (self.pin_memory or self.copy_batches > 1))
         group = self.copy_batches if packed else 1
         slab: torch.Tensor | None = None
         t: TorchBatch | None = None
@@ -574,7 +581,7 @@ class TorchLoader:
             if self._thread is th and th.ident is not None:
                 # The feeder may be waiting inside the loader for a block (a slow or stalled read):
                 # stopping the loader's pass wakes it at once, as a break does for a Loader.
-                self.loader._stop_run()
+                self.loader.stop()
         finally:
             self._join(th, q)
 

@@ -19,13 +19,12 @@ import torch.distributed as dist
 def main(ds: str, out: str) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    from detload import OptionError
+    from detload import Loader, OptionError
     from detload.torch import TorchLoader
 
     # 1. Ranks and world size come from torch.distributed; partitions default to the world size.
     steps: dict[str, np.ndarray] = {}
-    with TorchLoader(ds, batch_size=16, seed=7, columns=["id", "s"], workers=2, pool="process",
-                     manifest=f"{out}/ddp/") as tl:
+    with TorchLoader(Loader(ds, batch_size=16, seed=7, columns=["id", "s"], workers=2, pool="process", manifest=f"{out}/ddp/")) as tl:
         assert (tl.loader.rank, tl.loader.options.world_size) == (rank, world)
         for i, batch in enumerate(tl):
             assert isinstance(batch["id"], torch.Tensor) and batch["s"].kind == "utf8"
@@ -35,7 +34,7 @@ def main(ds: str, out: str) -> None:
 
     # 2. Rank 0 was given another seed: every rank must fail at the start, naming it.
     try:
-        with TorchLoader(ds, batch_size=16, seed=8 if rank == 0 else 7, columns=["id"]) as bad:
+        with TorchLoader(Loader(ds, batch_size=16, seed=8 if rank == 0 else 7, columns=["id"])) as bad:
             next(iter(bad))
         msg = "no error"
     except OptionError as exc:
@@ -46,8 +45,7 @@ def main(ds: str, out: str) -> None:
     # 3. Elastic resume: the state of a run at another world size, global batch 64, P = 4.
     with open(f"{out}/state.json") as f:
         state = json.load(f)
-    with TorchLoader(ds, batch_size=64 // world, seed=7, partitions=4, columns=["id", "s"], workers=1,
-                     device="cpu", manifest=f"{out}/resumed/") as tl:
+    with TorchLoader(Loader(ds, batch_size=64 // world, seed=7, partitions=4, columns=["id", "s"], workers=1, manifest=f"{out}/resumed/"), device="cpu") as tl:
         tl.load_state_dict(state)
         n = sum(1 for _ in tl)
         assert n == len(tl) - state["step"], (n, len(tl), state["step"])

@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import detload
 from detload import Loader, read_manifest
 from detload.audit import hash_batch
 from detload.verify import load_run
@@ -83,9 +84,9 @@ def _execution(cell: Cell, rank: int, cache_dir: str | None, manifest: str) -> d
     """The Loader keywords of how a cell executes (none of them may change a byte)."""
     kw: dict[str, Any] = dict(workers=cell.workers, pool=cell.pool, manifest=manifest)
     if cell.world > 1:
-        kw.update(rank=rank, world_size=cell.world)
+        kw.update(distributed=detload.Distributed(rank, cell.world))
     if cache_dir is not None:
-        kw.update(cache_dir=cache_dir)
+        kw.update(cache=detload.Cache(cache_dir))
     return kw
 
 

@@ -13,7 +13,9 @@ from _perfdata import write_small
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from leaks import shm_segments, wait_until
+from testhooks import hooked
 
+import detload
 from detload import Loader, hash_batch
 from detload._engine.config import DebugHooks
 
@@ -66,7 +68,7 @@ def _run_passes(ld: Loader, passes, reference) -> None:
 @given(passes=st.lists(PASS, min_size=1, max_size=7), workers=st.integers(1, 3),
        prefetch=st.integers(1, 3))
 def test_any_sequence_of_passes_yields_what_a_fresh_loader_yields(data, reference, passes, workers, prefetch):
-    with Loader(data, workers=workers, pool="thread", prefetch=prefetch, **OPTS) as ld:
+    with Loader(data, workers=workers, pool=detload.Pool(kind="thread", prefetch=prefetch), **OPTS) as ld:
         _run_passes(ld, passes, reference)
 
 
@@ -140,7 +142,7 @@ def test_an_early_break_cancels_what_was_built_ahead(data, reference):
 
 
 def test_nothing_is_built_ahead_for_the_unordered_benchmark_switch(data):
-    with Loader(data, workers=2, _benchmark_unordered=True, **OPTS) as ld:
+    with hooked(Loader, data, workers=2, unordered=True, **OPTS) as ld:
         for epoch in range(3):
             ld.set_epoch(epoch)
             assert sum(len(b["id"]) for b in ld) == 6000
@@ -154,8 +156,8 @@ def test_a_block_built_ahead_that_reaches_a_stopping_merger_does_no_harm(data, r
     'worker 0 sent block 1, expected 0'). Slow blocks make the merger wait there."""
     rounds = 8 if pool == "thread" else 3  # a process pool costs more to start
     for seed in range(rounds):
-        with Loader(data, workers=1, prefetch=1, pool=pool,
-                    _debug=DebugHooks(block_delay_max=0.02, delay_seed=seed), **OPTS) as ld:
+        with hooked(Loader, data, workers=1, pool=detload.Pool(kind=pool, prefetch=1),
+                    debug=DebugHooks(block_delay_max=0.02, delay_seed=seed), **OPTS) as ld:
             ld.set_epoch(2)
             for stop in (None, 1, None, 3, None):  # a pass, then the same epoch again (built ahead)
                 got = []

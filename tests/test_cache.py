@@ -23,7 +23,9 @@ import xxhash
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _s3server import write_sample_dataset  # noqa: E402
+from testhooks import hooked  # noqa: E402
 
+import detload
 from detload import CacheWarning, Loader, OptionError  # noqa: E402
 from detload._cache import cache_info  # noqa: E402
 from detload.cli import main as cli_main  # noqa: E402
@@ -69,12 +71,12 @@ def test_cold_warm_and_uncached_runs_yield_identical_manifests(data, tmp_path, p
     ref = tmp_path / "ref.jsonl"
     run(data, ref)
     cache = tmp_path / "cache"
-    run(data, tmp_path / "cold.jsonl", cache_dir=cache, pool=pool, workers=workers)
+    run(data, tmp_path / "cold.jsonl", cache=cache, pool=pool, workers=workers)
     info = cache_info(cache, verify=True)
     assert info["entries"] == 6 and info["corrupt"] == []
     assert info["usage_counter"] == info["bytes"]
     before = entries(cache)
-    run(data, tmp_path / "warm.jsonl", cache_dir=cache, pool=pool, workers=workers % 3 + 1)
+    run(data, tmp_path / "warm.jsonl", cache=cache, pool=pool, workers=workers % 3 + 1)
     same(ref, tmp_path / "cold.jsonl")
     same(ref, tmp_path / "warm.jsonl")
     assert entries(cache) == before  # a warm run rewrites nothing
@@ -99,7 +101,7 @@ class CountingFS:
 def test_warm_epochs_read_nothing_from_the_source(data, tmp_path):
     counting = CountingFS()
     cache = tmp_path / "cache"
-    with Loader(data, filesystem=counting.fs, cache_dir=cache, **OPTS) as loader:
+    with Loader(data, storage=counting.fs, cache=cache, **OPTS) as loader:
         for _ in loader:  # epoch 0: cold
             pass
         counting.opened.clear()
@@ -114,11 +116,11 @@ def test_partly_evicted_cache_gives_the_same_manifest(data, tmp_path):
     ref = tmp_path / "ref.jsonl"
     run(data, ref)
     cache = tmp_path / "cache"
-    run(data, tmp_path / "cold.jsonl", cache_dir=cache, workers=2)
+    run(data, tmp_path / "cold.jsonl", cache=cache, workers=2)
     for i, path in enumerate(sorted(entries(cache))):
         if i % 2:
             os.unlink(os.path.join(cache, path))
-    run(data, tmp_path / "partial.jsonl", cache_dir=cache, workers=2, pool="process")
+    run(data, tmp_path / "partial.jsonl", cache=cache, workers=2, pool="process")
     same(ref, tmp_path / "partial.jsonl")
     assert cache_info(cache)["entries"] == 6
 
@@ -137,7 +139,7 @@ def test_corrupt_entries_are_detected_refetched_and_warned_once(data, tmp_path, 
     ref = tmp_path / "ref.jsonl"
     run(data, ref)
     cache = tmp_path / "cache"
-    run(data, tmp_path / "cold.jsonl", cache_dir=cache)
+    run(data, tmp_path / "cold.jsonl", cache=cache)
     paths = sorted(entries(cache))
     for p in paths[:2]:  # two damaged entries, one warning
         full = os.path.join(cache, p)
@@ -150,7 +152,7 @@ def test_corrupt_entries_are_detected_refetched_and_warned_once(data, tmp_path, 
         assert "checksums: 3 damaged" in capsys.readouterr().out
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run(data, tmp_path / "fixed.jsonl", cache_dir=cache, workers=3, pool=pool)
+        run(data, tmp_path / "fixed.jsonl", cache=cache, workers=3, pool=pool)
     ours = [w for w in caught if issubclass(w.category, CacheWarning)]
     assert len(ours) == 1, [str(w.message) for w in ours]
     msg = str(ours[0].message)
@@ -168,11 +170,11 @@ def test_cache_limit_keeps_what_was_cached_first(data, tmp_path):
     ref = tmp_path / "ref.jsonl"
     run(data, ref, epochs=3)
     cache = tmp_path / "probe"
-    run(data, tmp_path / "probe.jsonl", cache_dir=cache, epochs=1)
+    run(data, tmp_path / "probe.jsonl", cache=cache, epochs=1)
     sizes = sorted(s for _, _, s in entries(cache).values())
     limit = sum(sizes[:3]) + 10  # room for about half of the six entries
     cache = tmp_path / "cache"
-    with Loader(data, cache_dir=cache, cache_limit=limit, manifest=str(tmp_path / "limited.jsonl"), **OPTS) as loader:
+    with Loader(data, cache=detload.Cache(cache, limit=limit), manifest=str(tmp_path / "limited.jsonl"), **OPTS) as loader:
         for _ in loader:
             pass
         first = entries(cache)
@@ -189,7 +191,7 @@ def test_cache_limit_keeps_what_was_cached_first(data, tmp_path):
 def test_replaced_local_file_is_not_served_stale_and_its_entries_go(tmp_path):
     data = write_sample_dataset(tmp_path / "data", FILES, compression="none")
     cache = tmp_path / "cache"
-    run(data, tmp_path / "v1.jsonl", cache_dir=cache)
+    run(data, tmp_path / "v1.jsonl", cache=cache)
     old = set(entries(cache))
     target = os.path.join(data, "a.parquet")
     size, mtime = os.path.getsize(target), os.stat(target).st_mtime_ns
@@ -198,7 +200,7 @@ def test_replaced_local_file_is_not_served_stale_and_its_entries_go(tmp_path):
     assert os.path.getsize(target) == size  # same size: only the mtime tells the versions apart
     os.utime(target, ns=(mtime + 1, mtime + 1))
     run(data, tmp_path / "ref2.jsonl")
-    run(data, tmp_path / "v2.jsonl", cache_dir=cache)
+    run(data, tmp_path / "v2.jsonl", cache=cache)
     same(tmp_path / "ref2.jsonl", tmp_path / "v2.jsonl")
     assert not verify(str(tmp_path / "v1.jsonl"), str(tmp_path / "v2.jsonl")).identical
     now = set(entries(cache))
@@ -209,7 +211,7 @@ def test_entries_depend_on_columns_and_null_fill(data, tmp_path):
     cache = tmp_path / "cache"
     for i, kw in enumerate([dict(columns=["id", "x"]), dict(columns=["x", "s"]), dict(columns=["x"], null_fill={"x": 0.5})]):
         run(data, tmp_path / f"ref{i}.jsonl", epochs=1, **kw)
-        run(data, tmp_path / f"c{i}.jsonl", epochs=1, cache_dir=cache, **kw)
+        run(data, tmp_path / f"c{i}.jsonl", epochs=1, cache=cache, **kw)
         same(tmp_path / f"ref{i}.jsonl", tmp_path / f"c{i}.jsonl")
     assert cache_info(cache)["entries"] == 18
 
@@ -217,12 +219,12 @@ def test_entries_depend_on_columns_and_null_fill(data, tmp_path):
 def test_hive_partition_columns_with_the_cache(tmp_path):
     data = write_sample_dataset(tmp_path / "data", {"day=1/a.parquet": [100, 80], "day=2/b.parquet": [90]})
     run(data, tmp_path / "ref.jsonl")
-    run(data, tmp_path / "cold.jsonl", cache_dir=tmp_path / "cache")
-    run(data, tmp_path / "warm.jsonl", cache_dir=tmp_path / "cache", columns=["x", "day"])
+    run(data, tmp_path / "cold.jsonl", cache=tmp_path / "cache")
+    run(data, tmp_path / "warm.jsonl", cache=tmp_path / "cache", columns=["x", "day"])
     run(data, tmp_path / "ref2.jsonl", columns=["x", "day"])
     same(tmp_path / "ref.jsonl", tmp_path / "cold.jsonl")
     same(tmp_path / "ref2.jsonl", tmp_path / "warm.jsonl")
-    run(data, tmp_path / "only.jsonl", cache_dir=tmp_path / "cache", columns=["day"])
+    run(data, tmp_path / "only.jsonl", cache=tmp_path / "cache", columns=["day"])
 
 
 def test_disk_full_goes_on_uncached_with_one_warning(data, tmp_path):
@@ -231,7 +233,7 @@ def test_disk_full_goes_on_uncached_with_one_warning(data, tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         # Test hook: every worker acts as if the disk filled up after its first entry.
-        run(data, tmp_path / "full.jsonl", cache_dir=cache, workers=3, _cache_fail_after_bytes=1)
+        hooked(run, data, tmp_path / "full.jsonl", cache=cache, workers=3, cache_fail_after_bytes=1)
     ours = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
     assert len(ours) == 1 and "is full" in ours[0] and "without writing" in ours[0], ours
     same(tmp_path / "ref.jsonl", tmp_path / "full.jsonl")
@@ -294,7 +296,7 @@ def test_unusable_cache_dir_warns_and_loads_uncached(data, tmp_path):
     blocker.write_text("not a folder")
     run(data, tmp_path / "ref.jsonl", epochs=1)
     with pytest.warns(CacheWarning, match="cannot be used"):
-        run(data, tmp_path / "x.jsonl", epochs=1, cache_dir=blocker / "cache")
+        run(data, tmp_path / "x.jsonl", epochs=1, cache=blocker / "cache")
     same(tmp_path / "ref.jsonl", tmp_path / "x.jsonl")
 
 
@@ -305,7 +307,7 @@ def test_two_loaders_sharing_a_cache_dir(data, tmp_path):
 
     def one(i):
         try:
-            run(data, tmp_path / f"shared{i}.jsonl", cache_dir=cache, workers=2, pool="process" if i else "thread")
+            run(data, tmp_path / f"shared{i}.jsonl", cache=cache, workers=2, pool="process" if i else "thread")
         except BaseException as exc:  # reported below
             errors.append(exc)
 
@@ -325,7 +327,7 @@ def test_two_loaders_sharing_a_cache_dir(data, tmp_path):
 def test_entry_format_is_self_describing(data, tmp_path):
     """An entry can be read with json, numpy and xxhash alone, as docs/remote.md describes."""
     cache = tmp_path / "cache"
-    run(data, tmp_path / "c.jsonl", cache_dir=cache, epochs=1, columns=["id", "s", "emb"], shuffle=False)
+    run(data, tmp_path / "c.jsonl", cache=cache, epochs=1, columns=["id", "s", "emb"], shuffle=False)
     found = []
     for rel in sorted(entries(cache)):
         with open(os.path.join(cache, rel), "rb") as f:
@@ -373,7 +375,7 @@ def test_cache_options_are_checked(data, tmp_path):
 
 def test_cli_cache_info_and_clear(data, tmp_path, capsys):
     cache = tmp_path / "cache"
-    run(data, tmp_path / "c.jsonl", cache_dir=cache, epochs=1)
+    run(data, tmp_path / "c.jsonl", cache=cache, epochs=1)
     assert cli_main(["cache", "info", str(cache), "--json", "--verify"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["entries"] == 6 and info["corrupt"] == []
@@ -415,7 +417,7 @@ def test_runs_of_same_typed_columns_take_the_grouped_path(tmp_path):
     _write_runs(src)
     cache = tmp_path / "cache"
     run(src, tmp_path / "plain.jsonl", epochs=3)
-    run(src, tmp_path / "cached.jsonl", epochs=3, cache_dir=str(cache))  # epochs 2-3 are warm
+    run(src, tmp_path / "cached.jsonl", epochs=3, cache=str(cache))  # epochs 2-3 are warm
     same(tmp_path / "plain.jsonl", tmp_path / "cached.jsonl")
     path = os.path.join(cache, next(iter(entries(cache))))
     unit = _load(path, None)
@@ -432,7 +434,7 @@ def test_damage_found_while_a_block_is_built_never_reaches_a_batch(tmp_path, poo
     _write_runs(src)
     cache = tmp_path / "cache"
     run(src, tmp_path / "plain.jsonl", epochs=1)
-    run(src, tmp_path / "cold.jsonl", epochs=1, cache_dir=str(cache))
+    run(src, tmp_path / "cold.jsonl", epochs=1, cache=str(cache))
     paths = sorted(entries(cache))
     for p in paths[:3]:  # a byte in the float run, one past it, one in the last column
         full = os.path.join(cache, p)
@@ -440,7 +442,7 @@ def test_damage_found_while_a_block_is_built_never_reaches_a_batch(tmp_path, poo
         _flip(full, {0: size // 2, 1: size * 3 // 4, 2: size - 5}[paths.index(p)])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run(src, tmp_path / "warm.jsonl", epochs=1, cache_dir=str(cache), pool=pool, workers=2)
+        run(src, tmp_path / "warm.jsonl", epochs=1, cache=str(cache), pool=pool, workers=2)
     ours = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
     if pool == "thread":
         assert len(ours) == 1 and "is damaged (checksum mismatch)" in ours[0], ours
@@ -458,7 +460,7 @@ def test_damaged_header_that_breaks_assembly_is_refetched(tmp_path, pool):
     _write_runs(src)
     cache = tmp_path / "cache"
     run(src, tmp_path / "plain.jsonl", epochs=1)
-    run(src, tmp_path / "cold.jsonl", epochs=1, cache_dir=str(cache))
+    run(src, tmp_path / "cold.jsonl", epochs=1, cache=str(cache))
     damaged = 0
     for p in sorted(entries(cache)):
         full = os.path.join(cache, p)
@@ -472,7 +474,7 @@ def test_damaged_header_that_breaks_assembly_is_refetched(tmp_path, pool):
     assert damaged == 2
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CacheWarning)
-        run(src, tmp_path / "warm.jsonl", epochs=1, cache_dir=str(cache), pool=pool, workers=2)
+        run(src, tmp_path / "warm.jsonl", epochs=1, cache=str(cache), pool=pool, workers=2)
     same(tmp_path / "plain.jsonl", tmp_path / "warm.jsonl")
     assert cache_info(cache, verify=True)["corrupt"] == []
 
@@ -491,7 +493,7 @@ def test_a_pass_that_filled_the_cache_returns_arrows_free_memory(data, tmp_path,
             real.release_unused()
 
     monkeypatch.setattr(pyarrow, "default_memory_pool", lambda: Counting())
-    with Loader(data, cache_dir=str(tmp_path / "cache"), workers=2, **OPTS) as loader:
+    with Loader(data, cache=str(tmp_path / "cache"), workers=2, **OPTS) as loader:
         for _ in loader:
             pass
         deadline = time.monotonic() + 5
@@ -542,7 +544,7 @@ def test_warm_epochs_keep_entries_mapped(data, tmp_path, monkeypatch):
     mmap, no page faults), and the manifest is the uncached one."""
     mapped = _count_maps(monkeypatch)
     run(data, tmp_path / "ref.jsonl", epochs=4)
-    with Loader(data, cache_dir=tmp_path / "cache", manifest=str(tmp_path / "kept.jsonl"), **OPTS) as loader:
+    with Loader(data, cache=tmp_path / "cache", manifest=str(tmp_path / "kept.jsonl"), **OPTS) as loader:
         _passes(loader, range(4))
     assert sorted(collections.Counter(mapped).values()) == [1] * 6  # each once, in the first warm pass
     same(tmp_path / "ref.jsonl", tmp_path / "kept.jsonl")
@@ -551,10 +553,10 @@ def test_warm_epochs_keep_entries_mapped(data, tmp_path, monkeypatch):
 def test_cache_map_limit_keeps_the_first_entries_mapped(data, tmp_path, monkeypatch):
     mapped = _count_maps(monkeypatch)
     cache = tmp_path / "cache"
-    run(data, tmp_path / "ref.jsonl", epochs=4, cache_dir=cache)
+    run(data, tmp_path / "ref.jsonl", epochs=4, cache=cache)
     sizes = {os.path.join(cache, p): s for p, (_, _, s) in entries(cache).items()}
     mapped.clear()
-    with Loader(data, cache_dir=cache, cache_map_limit=0, **OPTS) as loader:
+    with Loader(data, cache=detload.Cache(cache, map_limit=0), **OPTS) as loader:
         _passes(loader, range(3))
     counts = collections.Counter(mapped)
     assert len(counts) == 6 and min(counts.values()) >= 3, counts  # 0: every pass maps anew
@@ -562,7 +564,7 @@ def test_cache_map_limit_keeps_the_first_entries_mapped(data, tmp_path, monkeypa
     # are mapped in every pass (an LRU would drop each kept one just before its next use).
     limit = sum(sorted(sizes.values())[:3])
     mapped.clear()
-    with Loader(data, cache_dir=cache, cache_map_limit=limit, manifest=str(tmp_path / "some.jsonl"),
+    with Loader(data, cache=detload.Cache(cache, map_limit=limit), manifest=str(tmp_path / "some.jsonl"),
                 **OPTS) as loader:
         _passes(loader, range(4))
     counts = collections.Counter(mapped)
@@ -576,18 +578,18 @@ def test_cache_map_limit_keeps_the_first_entries_mapped(data, tmp_path, monkeypa
 def test_cache_map_limit_is_per_process(data, tmp_path):
     from detload._cache import memory_available
 
-    with Loader(data, cache_dir=tmp_path / "c", cache_map_limit="1MB", workers=4, **OPTS) as loader:
+    with Loader(data, cache=detload.Cache(tmp_path / "c", map_limit="1MB"), workers=4, **OPTS) as loader:
         assert loader.cache.map_budget == 10**6
-    with Loader(data, cache_dir=tmp_path / "c", workers=2, **OPTS) as loader:  # "auto"
+    with Loader(data, cache=tmp_path / "c", workers=2, **OPTS) as loader:  # "auto"
         assert loader.cache.map_budget == memory_available() // 4
-    with Loader(data, cache_dir=tmp_path / "c", cache_map_limit=None, **OPTS) as loader:  # no byte limit
+    with Loader(data, cache=detload.Cache(tmp_path / "c", map_limit=None), **OPTS) as loader:  # no byte limit
         assert loader.cache.map_budget >= 2**62
 
 
 def test_thread_workers_share_their_kept_mappings(data, tmp_path, monkeypatch):
     """Three thread workers map each entry once between them, whichever reads it next."""
     mapped = _count_maps(monkeypatch)
-    with Loader(data, cache_dir=tmp_path / "cache", workers=3, **OPTS) as loader:
+    with Loader(data, cache=tmp_path / "cache", workers=3, **OPTS) as loader:
         _passes(loader, range(5))
         kept = loader._pool.kept
         assert len(kept) == 6 and kept.nbytes == cache_info(tmp_path / "cache")["bytes"]
@@ -614,8 +616,7 @@ def test_kept_mappings_notice_deleted_replaced_and_damaged_entries(data, tmp_pat
         warnings.simplefilter("always")
         # One worker: it keeps every entry (with more, one that another worker maps afresh would
         # find the damage without the kept mapping's checks).
-        with Loader(src, cache_dir=cache, manifest=str(tmp_path / "kept.jsonl"), pool=pool, workers=1,
-                    prefetch=1, **opts) as loader:
+        with Loader(src, cache=cache, manifest=str(tmp_path / "kept.jsonl"), pool=detload.Pool(kind=pool, prefetch=1), workers=1, **opts) as loader:
             for e in range(2):  # cold, then warm: every entry is mapped and kept
                 loader.set_epoch(e)
                 for _ in loader:
@@ -676,7 +677,7 @@ def _dlc_fds():
 def test_kept_mappings_hold_no_file_descriptors(data, tmp_path):
     """Python's mmap keeps a duplicate descriptor per mapping: thousands of kept entries ran
     a process out of descriptors ("Too many open files"). Entries are mapped without one."""
-    with Loader(data, cache_dir=tmp_path / "cache", workers=2, **OPTS) as loader:
+    with Loader(data, cache=tmp_path / "cache", workers=2, **OPTS) as loader:
         _passes(loader, range(3))
         assert len(loader._pool.kept) == 6
         assert _dlc_fds() == []
@@ -689,7 +690,7 @@ def test_kept_mappings_stay_under_the_map_count_cap(data, tmp_path, monkeypatch)
 
     monkeypatch.setattr(kept, "_max_map_count", lambda: 12)
     mapped = _count_maps(monkeypatch)
-    with Loader(data, cache_dir=tmp_path / "cache", manifest=str(tmp_path / "capped.jsonl"), **OPTS) as loader:
+    with Loader(data, cache=tmp_path / "cache", manifest=str(tmp_path / "capped.jsonl"), **OPTS) as loader:
         _passes(loader, range(4))
         assert len(loader._pool.kept) == 3
     counts = collections.Counter(mapped)
@@ -710,7 +711,7 @@ def test_process_workers_let_go_of_deleted_entries_at_the_next_pass(data, tmp_pa
     from detload._cache import clear_cache
 
     cache = tmp_path / "cache"
-    with Loader(data, cache_dir=cache, workers=2, pool="process", **OPTS) as loader:
+    with Loader(data, cache=cache, workers=2, pool="process", **OPTS) as loader:
         _passes(loader, range(3))
         pids = loader._pool.pids()
         assert sum(len(_deleted_entries_mapped(p)) for p in pids) == 0
@@ -742,7 +743,7 @@ def test_map_count_cap_counts_every_loader_of_the_process(data, tmp_path, monkey
     from detload._cache import kept
 
     monkeypatch.setattr(kept, "_max_map_count", lambda: 16)  # 4 kept mappings per process
-    with Loader(data, cache_dir=tmp_path / "a", **OPTS) as one, Loader(data, cache_dir=tmp_path / "b", **OPTS) as two:
+    with Loader(data, cache=tmp_path / "a", **OPTS) as one, Loader(data, cache=tmp_path / "b", **OPTS) as two:
         _passes(one, range(2))
         _passes(two, range(2))
         assert len(one._pool.kept) + len(two._pool.kept) == 4
@@ -759,8 +760,7 @@ def test_an_entry_cut_short_in_place_while_kept_is_read_again(tmp_path):
     cache = tmp_path / "cache"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with Loader(src, cache_dir=cache, manifest=str(tmp_path / "cut.jsonl"), pool="process", workers=1,
-                    prefetch=1, **opts) as loader:
+        with Loader(src, cache=cache, manifest=str(tmp_path / "cut.jsonl"), pool=detload.Pool(kind="process", prefetch=1), workers=1, **opts) as loader:
             _passes(loader, range(2))
             first = {(loader._unit_files[u], loader._unit_rgs[u]) for u in loader.plan(2).schedule[0].sources}
             busy = {os.path.join(cache, "v1", "objects", loader._cache_keys[f], f"rg{rg:06d}-") for f, rg in first}
@@ -781,7 +781,7 @@ def test_an_entry_cut_short_in_place_while_kept_is_read_again(tmp_path):
 def test_cache_dir_with_a_tilde_is_the_home_folder(data, tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
-    with Loader(data, cache_dir="~/detload-cache", **OPTS) as loader:
+    with Loader(data, cache="~/detload-cache", **OPTS) as loader:
         for _ in loader:
             pass
     assert cache_info(tmp_path / "home" / "detload-cache")["entries"] == 6
@@ -799,8 +799,7 @@ def test_cache_folder_deleted_between_epochs_is_made_again(data, tmp_path, pool)
     cache = tmp_path / "cache"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with Loader(data, cache_dir=cache, manifest=str(tmp_path / "gone.jsonl"), pool=pool, workers=2,
-                    prefetch=1, **OPTS) as loader:
+        with Loader(data, cache=cache, manifest=str(tmp_path / "gone.jsonl"), pool=detload.Pool(kind=pool, prefetch=1), workers=2, **OPTS) as loader:
             _passes(loader, range(2))
             # Once the next pass's first blocks are built (a worker missing an entry during the
             # removal would make the folder again under rmtree's feet).
@@ -821,7 +820,7 @@ def test_thread_loader_lets_go_of_deleted_entries_when_a_pass_begins(data, tmp_p
     from detload._cache import clear_cache
 
     cache = tmp_path / "cache"
-    with Loader(data, cache_dir=cache, workers=2, **OPTS) as loader:
+    with Loader(data, cache=cache, workers=2, **OPTS) as loader:
         _passes(loader, range(3))
         kept = loader._pool.kept
         assert len(kept) == 6
@@ -836,7 +835,7 @@ def test_thread_loader_lets_go_of_deleted_entries_when_a_pass_begins(data, tmp_p
 def test_cache_limit_smaller_than_an_entry_says_so_once(data, tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run(data, tmp_path / "tiny.jsonl", cache_dir=tmp_path / "cache", cache_limit=1000, workers=2)
+        run(data, tmp_path / "tiny.jsonl", cache=detload.Cache(tmp_path / "cache", limit=1000), workers=2)
     ours = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
     assert len(ours) == 1 and "cache_limit (1,000 bytes) is smaller than a row group's cache entry" in ours[0]
     assert cache_info(tmp_path / "cache")["entries"] == 0
@@ -851,7 +850,7 @@ def test_an_entry_is_one_write(data, tmp_path, monkeypatch):
     real_v, real_1 = os.pwritev, os.pwrite
     monkeypatch.setattr(write.os, "pwritev", lambda *a: calls.update(["pwritev"]) or real_v(*a))
     monkeypatch.setattr(write.os, "pwrite", lambda *a: calls.update(["pwrite"]) or real_1(*a))
-    with Loader(str(data), cache_dir=str(tmp_path / "c"), workers=1, **OPTS) as ld:
+    with Loader(str(data), cache=str(tmp_path / "c"), workers=1, **OPTS) as ld:
         n = sum(1 for _ in ld)
     assert n > 0
     entries = cache_info(str(tmp_path / "c"))["entries"]

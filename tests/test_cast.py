@@ -280,15 +280,15 @@ def run(source, manifest, **kw) -> None:
 def test_warm_cache_gives_the_cold_bytes_and_the_key_includes_the_cast(prices, tmp_path):
     cache = str(tmp_path / "cache")
     run(prices, tmp_path / "uncached.jsonl")
-    run(prices, tmp_path / "cold.jsonl", cache_dir=cache)
+    run(prices, tmp_path / "cold.jsonl", cache=cache)
     entries = sorted(os.path.relpath(os.path.join(d, n), cache) for d, _, ns in os.walk(cache) for n in ns
                      if n.startswith("rg"))
-    run(prices, tmp_path / "warm.jsonl", cache_dir=cache, workers=3, pool="process")
+    run(prices, tmp_path / "warm.jsonl", cache=cache, workers=3, pool="process")
     assert verify(str(tmp_path / "uncached.jsonl"), str(tmp_path / "cold.jsonl")).identical
     assert verify(str(tmp_path / "cold.jsonl"), str(tmp_path / "warm.jsonl")).identical
     assert len(entries) == 6
     # Another cast is another entry, not a hit on the float64 one.
-    with Loader(prices, batch_size=16, seed=9, cache_dir=cache, cast={"price": "float32", "n": "int8"}) as loader:
+    with Loader(prices, batch_size=16, seed=9, cache=cache, cast={"price": "float32", "n": "int8"}) as loader:
         b = next(iter(loader))
         assert b["price"].dtype == np.float32
     after = [n for d, _, ns in os.walk(cache) for n in ns if n.startswith("rg")]

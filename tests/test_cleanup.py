@@ -17,13 +17,15 @@ import numpy as np
 import pytest
 from leaks import detload_threads, shm_segments, stray_children
 from strategies import check_rows
+from testhooks import hooked
 
-from detload import DataError, DetloadError, Loader, WorkerError
+from detload import DataError, DetloadError, Loader, Pool, WorkerError
 from detload._engine.config import DebugHooks
 
 
-def _loader(root, pool="process", **kw) -> Loader:
-    return Loader(root, **{"batch_size": 64, "seed": 3, "workers": 3, "pool": pool, "prefetch": 2, **kw})
+def _loader(root, pool="process", prefetch=2, stall_timeout=300.0, **kw) -> Loader:
+    return Loader(root, **{"batch_size": 64, "seed": 3, "workers": 3,
+                           "pool": Pool(kind=pool, prefetch=prefetch, stall_timeout=stall_timeout), **kw})
 
 
 def _running(loader, leak_check) -> None:
@@ -153,7 +155,7 @@ def test_batches_stay_readable_after_close(small_dataset, leak_check):
 def test_cleanup_after_a_worker_error(small_dataset, leak_check):
     hooks = DebugHooks(fail_unit=("c.parquet", 2), fail_exc=OSError("disk on fire"))
     with pytest.raises(WorkerError, match=r"c\.parquet row group 2.*disk on fire"), \
-            _loader(small_dataset.root, _debug=hooks, shuffle=False) as loader:
+            hooked(_loader, small_dataset.root, debug=hooks, shuffle=False) as loader:
         for _ in loader:
             leak_check.track(loader)
     leak_check.assert_clean()
@@ -252,7 +254,7 @@ def test_newer_iteration_survives_the_older_iterator_ending(small_dataset, leak_
 def test_close_from_another_thread_wakes_the_consumer(small_dataset, leak_check):
     """A consumer waiting for a batch while the loader is closed must get an error, not wait forever."""
     hooks = DebugHooks(stall_unit=("a.parquet", 0), stall_seconds=60)
-    loader = _loader(small_dataset.root, _debug=hooks, shuffle=False, stall_timeout=None)
+    loader = hooked(_loader, small_dataset.root, debug=hooks, shuffle=False, stall_timeout=None)
     it = iter(loader)
     leak_check.track(loader)
     result: dict = {}

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from strategies import check_rows, dataset_and_options, model_batches, write_dataset
+from testhooks import hooked
 
 import detload
 from detload import Loader, read_manifest
@@ -132,8 +133,8 @@ def test_random_worker_delays_and_slow_consumer_do_not_change_batches(small_data
     for attempt in range(3):
         man = str(tmp_path / f"m{attempt}.jsonl")
         rnd = random.Random(attempt)
-        with Loader(small_dataset.root, manifest=man, workers=3, pool=pool, prefetch=1 + attempt,
-                    _debug=DebugHooks(delay_max=0.01, delay_seed=attempt), **kw) as loader:
+        with hooked(Loader, small_dataset.root, manifest=man, workers=3, pool=detload.Pool(kind=pool, prefetch=1 + attempt),
+                    debug=DebugHooks(delay_max=0.01, delay_seed=attempt), **kw) as loader:
             got = []
             for batch in loader:
                 leak_check.track(loader)
@@ -207,8 +208,7 @@ def test_distributed_ranks_union_is_independent_of_world_size(small_dataset, tmp
     def steps(world: int) -> list[list[np.ndarray]]:
         per_rank = []
         for rank in range(world):
-            with Loader(small_dataset.root, batch_size=G // world, seed=5, partitions=P, rank=rank,
-                        world_size=world, shuffle_window=2, workers=2) as loader:
+            with Loader(small_dataset.root, batch_size=G // world, seed=5, partitions=P, distributed=(rank, world), shuffle_window=2, workers=2) as loader:
                 ids = [np.array(b["id"]) for b in loader]
                 assert len(ids) == len(loader)
             want = model_batches(small_dataset, seed=5, batch_size=G // world, partitions=P,

@@ -39,7 +39,7 @@ def run_ranks(ds: str, R: int, *, P: int, global_batch: int, out: str | None = N
     """Every rank's ids per step, ranks simulated one after another."""
     res = []
     for r in range(R):
-        with Loader(ds, batch_size=global_batch // R, seed=7, partitions=P, rank=r, world_size=R,
+        with Loader(ds, batch_size=global_batch // R, seed=7, partitions=P, distributed=(r, R),
                     manifest=(out + "/") if out else None, columns=["id", "s"], **kw) as loader:
             res.append([b["id"].copy() for b in loader])
     return res
@@ -64,7 +64,7 @@ def test_elastic_world_sizes_give_identical_global_steps(ds, tmp_path, drop_last
     if drop_last:
         header = json.loads((tmp_path / "r4" / "rank-00000.jsonl").read_text().split("\n")[0])
         assert header["world_size"] == 4
-        plan = Loader(ds, batch_size=16, seed=7, partitions=4, rank=0, world_size=4, drop_last=True).plan()
+        plan = Loader(ds, batch_size=16, seed=7, partitions=4, distributed=(0, 4), drop_last=True).plan()
         assert len(ids) + plan.dropped_rows == total
     else:
         assert len(ids) == total, "drop_last=False delivers every row exactly once"
@@ -86,7 +86,7 @@ def test_each_rank_reads_only_its_partitions(ds, unit_log):
     seen = []
     for r in range(R):
         unit_log.clear()
-        with Loader(ds, batch_size=32, seed=7, partitions=P, rank=r, world_size=R) as loader:
+        with Loader(ds, batch_size=32, seed=7, partitions=P, distributed=(r, R)) as loader:
             plan = loader.plan()
             for _ in loader:
                 pass
@@ -102,7 +102,7 @@ def test_each_rank_reads_only_its_partitions(ds, unit_log):
 
 def test_one_partition_is_the_single_process_plan(ds):
     with Loader(ds, batch_size=50, seed=3, columns=["id"]) as a, \
-            Loader(ds, batch_size=50, seed=3, columns=["id"], partitions=1, rank=0, world_size=1) as b:
+            Loader(ds, batch_size=50, seed=3, columns=["id"], partitions=1, distributed=(0, 1)) as b:
         for x, y in zip(a, b, strict=True):
             np.testing.assert_array_equal(x["id"], y["id"])
 
@@ -129,24 +129,24 @@ def test_bad_distributed_options_are_explained(ds):
     with pytest.raises(OptionError, match=r"rank must be an int in \[0, 2\)"):
         Loader(ds, batch_size=8, seed=0, rank=2, world_size=2)
     # More partitions than row groups is no error in plan format 2: boundaries cut row groups.
-    plan = Loader(ds, batch_size=16, seed=0, partitions=16, rank=0, world_size=1).plan()
+    plan = Loader(ds, batch_size=16, seed=0, partitions=16, distributed=(0, 1)).plan()
     assert max(plan.partition_rows) - min(plan.partition_rows) <= 1 and plan.redundant_reads <= 15
 
 
 def test_mismatched_ranks_are_named(ds):
-    loaders = [Loader(ds, batch_size=8, seed=1, rank=0, world_size=2),
-               Loader(ds, batch_size=8, seed=2, rank=1, world_size=2, shuffle_window=2)]
+    loaders = [Loader(ds, batch_size=8, seed=1, distributed=(0, 2)),
+               Loader(ds, batch_size=8, seed=2, distributed=(1, 2), shuffle_window=2)]
     infos = [x.rank_info() for x in loaders]
     with pytest.raises(OptionError) as err:
         loaders[0].check_ranks(lambda _obj: infos)
     msg = str(err.value)
     assert "seed differs: 1 on ranks [0], 2 on ranks [1]" in msg
     assert "shuffle_window differs: 4 on ranks [0], 2 on ranks [1]" in msg
-    same = [Loader(ds, batch_size=8, seed=1, rank=r, world_size=2) for r in range(2)]
+    same = [Loader(ds, batch_size=8, seed=1, distributed=(r, 2)) for r in range(2)]
     same[0].check_ranks(lambda _obj: [x.rank_info() for x in same])  # agrees: no error
     with pytest.raises(OptionError, match=r"ranks are \[0, 0\] for 2 processes"):
         compare_ranks([same[0].rank_info(), same[0].rank_info()])
-    other = Loader(ds, batch_size=16, seed=1, rank=1, world_size=2)
+    other = Loader(ds, batch_size=16, seed=1, distributed=(1, 2))
     with pytest.raises(OptionError, match=r"batch_size differs: 8 on ranks \[0\], 16 on ranks \[1\]"):
         compare_ranks([same[0].rank_info(), other.rank_info()])
     # Without a process group there is nothing to gather from: no error, no torch import needed.
@@ -155,7 +155,7 @@ def test_mismatched_ranks_are_named(ds):
 
 def test_verify_rejects_a_run_directory_whose_ranks_disagree(ds, tmp_path):
     for r, seed in enumerate((1, 2)):
-        with Loader(ds, batch_size=8, seed=seed, rank=r, world_size=2, manifest=str(tmp_path / "run") + "/") as x:
+        with Loader(ds, batch_size=8, seed=seed, distributed=(r, 2), manifest=str(tmp_path / "run") + "/") as x:
             next(iter(x))
     with pytest.raises(ManifestError, match=r"ranks \[1\] have another fingerprint"):
         verify(str(tmp_path / "run"), str(tmp_path / "run"))
@@ -193,7 +193,7 @@ def _interrupted_state(ds: str, out: str, *, R: int, P: int, global_batch: int, 
     """A run at world size R killed after ``stop`` steps: its run directory and its state."""
     states = []
     for r in range(R):
-        with Loader(ds, batch_size=global_batch // R, seed=7, partitions=P, rank=r, world_size=R,
+        with Loader(ds, batch_size=global_batch // R, seed=7, partitions=P, distributed=(r, R),
                     columns=["id", "s"], manifest=out + "/", pool="thread", workers=2) as loader:
             for i, _ in enumerate(loader):
                 if i + 1 == stop:

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import detload
 from detload import DataError, Loader, Ragged, UnsupportedTypeError
 
 
@@ -345,7 +346,7 @@ def test_hive_partition_columns_keep_the_listed_order_among_themselves(hive_data
 
 def test_hive_explicit_partition_type(hive_dataset):
     root, _ = hive_dataset
-    with Loader(str(root), batch_size=100, seed=2, partitioning={"year": "string"}) as loader:
+    with Loader(str(root), batch_size=100, seed=2, storage=detload.Storage(partition_types={"year": "string"})) as loader:
         (b,) = collect(loader)
     assert isinstance(b["year"], Ragged)
     assert set(b["year"].to_list()) == {"2019", "2020"}
@@ -357,7 +358,7 @@ def test_empty_batches_keep_the_types(typed_dataset):
     """Distributed, drop_last=False: a rank whose partitions ran out gets a 0-row batch of the same types."""
     shapes = {}
     for rank in (0, 1):
-        with Loader(str(typed_dataset), batch_size=5, seed=0, world_size=2, rank=rank, partitions=2,
+        with Loader(str(typed_dataset), batch_size=5, seed=0, distributed=(rank, 2), partitions=2,
                     shuffle=False) as loader:
             batches = collect(loader)
         shapes[rank] = [len(b["id"]) for b in batches]

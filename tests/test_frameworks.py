@@ -106,7 +106,7 @@ def test_a_dataloader_yields_the_loaders_batches(ds):
     assert got == want
     want = reference(ds, epoch=1)
     for device in (None, "cpu"):  # in the loop, and through the feeder thread
-        with TorchLoader(ds, device=device, **OPTS) as tl:
+        with TorchLoader(Loader(ds, **OPTS), device=device) as tl:
             tl.set_epoch(1)
             got = [hash_batch(_numpy(b))[0] for b in DataLoader(tl, batch_size=None)]
         assert got == want, device
@@ -129,7 +129,7 @@ def test_default_convert_passes_a_torchloader_batch_through(tmp_path):
     from detload.torch import RaggedTensor, TorchLoader
 
     root = write_sample_dataset(tmp_path / "ds", {"a.parquet": [100, 60]})
-    with TorchLoader(root, batch_size=64, seed=1) as tl:
+    with TorchLoader(Loader(root, batch_size=64, seed=1)) as tl:
         batch = next(iter(tl))
         out = default_convert(batch)
         assert type(out) is dict and list(out) == list(batch)
@@ -198,7 +198,7 @@ def test_a_torchloader_pass_takes_its_epoch_and_position_at_its_first_batch(ds):
     from detload.torch import TorchLoader
 
     for device in (None, "cpu"):
-        with TorchLoader(ds, device=device, **OPTS) as tl:
+        with TorchLoader(Loader(ds, **OPTS), device=device) as tl:
             it = iter(tl)
             tl.set_epoch(2)
             assert [hash_batch(_numpy(b))[0] for b in it] == reference(ds, epoch=2)

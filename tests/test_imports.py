@@ -20,10 +20,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The public API, as it stands: a change here is a change of the API, made on purpose.
 PUBLIC = [
-    "BlockMemoryWarning", "CacheWarning", "ColumnSpec", "DataError", "DatasetError", "DetloadError", "Digest", "DigestMismatchError",
-    "EmptyDatasetError", "LayoutCheck", "LayoutReport", "Loader", "ManifestError", "OptionError", "OrderOptions",
-    "Plan", "Ragged", "SchemaMismatchError", "SharedMemoryError", "SkippedFilesWarning", "SourceError",
-    "StageStats", "StarvationReport", "StateError", "Stats", "UnsupportedTypeError", "WorkerError",
+    "BlockMemoryWarning", "Cache", "CacheWarning", "ColumnSpec", "DataError", "DatasetError", "DetloadError", "Digest",
+    "DigestMismatchError", "Distributed", "EmptyDatasetError", "LayoutCheck", "LayoutReport", "Loader",
+    "ManifestError", "OptionError", "OrderOptions", "Plan", "Pool", "Ragged", "SchemaMismatchError",
+    "SharedMemoryError", "SkippedFilesWarning", "SourceError", "StageStats", "StarvationReport", "StateError",
+    "Stats", "Storage", "UnsupportedTypeError", "WorkerError",
     "WorkerStalledError", "__version__", "check_layout", "digest", "hash_batch", "layout", "make_plan",
     "read_manifest", "starvation_check",
 ]

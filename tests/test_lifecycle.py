@@ -21,7 +21,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from leaks import shm_segments, wait_until
+from testhooks import hooked
 
+import detload
 from detload import Loader, WorkerError, WorkerStalledError
 from detload._cache import _safe_host, cache_info
 from detload._engine.config import DebugHooks
@@ -47,7 +49,7 @@ def _zombie() -> subprocess.Popen:
 
 def test_a_zombie_writers_cache_temp_file_goes_at_the_next_open(root, tmp_path):
     cache = tmp_path / "cache"
-    with Loader(root, batch_size=100, seed=1, cache_dir=str(cache)) as ld:
+    with Loader(root, batch_size=100, seed=1, cache=str(cache)) as ld:
         for _ in ld:
             pass
     entries = cache_info(cache)["bytes"]
@@ -56,7 +58,7 @@ def test_a_zombie_writers_cache_temp_file_goes_at_the_next_open(root, tmp_path):
     try:
         tmp = cache / "v1" / "tmp" / f"{_safe_host(socket.gethostname())}-{proc.pid}-0000abcd.tmp"
         tmp.write_bytes(b"\0" * 100_000)  # a half-written entry of the killed writer
-        with Loader(root, batch_size=100, seed=1, cache_dir=str(cache)):
+        with Loader(root, batch_size=100, seed=1, cache=str(cache)):
             pass
         assert not tmp.exists(), "the temp file of a dead (zombie) writer survived the next open"
         info = cache_info(cache)
@@ -114,7 +116,8 @@ def test_close_releases_everything_while_the_error_and_the_loader_are_kept(root,
     gc.disable()
     try:
         fds0, maps0 = _fds(), _shm_maps()
-        loader = Loader(root, stall_timeout=3.0 if fault == "stall" else None, _debug=hooks, **opts)
+        loader = hooked(Loader, root, debug=hooks, **{
+            **opts, "pool": detload.Pool(kind="process", stall_timeout=3.0 if fault == "stall" else None)})
         it = iter(loader)
         next(it)
         pids = leak_check.track(loader)
@@ -171,7 +174,7 @@ def test_iterating_again_after_a_worker_died_fails_at_once(root, leak_check, whe
             u = sched[max(k for k in range(len(sched)) if k % 3 == 1)].sources[0]
             hooks = DebugHooks(stall_unit=(probe.dataset.files[int(probe._unit_files[u])].path,
                                            int(probe._unit_rgs[u])), stall_seconds=600.0)
-    with Loader(root, _debug=hooks, **opts) as loader:
+    with hooked(Loader, root, debug=hooks, **opts) as loader:
         it = iter(loader)
         next(it)
         pids = leak_check.track(loader)

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from detload import BlockMemoryWarning, Loader, OptionError, StateError
+from detload import BlockMemoryWarning, Distributed, Loader, OptionError, Pool, StateError
 from detload.cli import main as cli_main
 from detload.verify import verify
 
@@ -51,7 +51,7 @@ def newcomer(tmp_path_factory) -> str:
 def _rank_batches(root: str, R: int, **kw: object) -> list[list[np.ndarray]]:
     out = []
     for r in range(R):
-        with Loader(root, seed=3, rank=r, world_size=R, columns=["id"], **kw) as loader:  # type: ignore[arg-type]
+        with Loader(root, seed=3, distributed=Distributed(r, R), columns=["id"], **kw) as loader:  # type: ignore[arg-type]
             batches = [np.array(b["id"]) for b in loader]
             assert len(batches) == len(loader)
         out.append(batches)
@@ -61,7 +61,7 @@ def _rank_batches(root: str, R: int, **kw: object) -> list[list[np.ndarray]]:
 def test_the_newcomers_case_balances_partitions_and_drops_less_than_a_global_batch(newcomer):
     """P=8, R=2, batch 64: 3,907 steps, only the last one short, every row once (issue #19)."""
     ranks = _rank_batches(newcomer, 2, batch_size=64, partitions=8, workers=2)
-    plan = Loader(newcomer, batch_size=64, seed=3, partitions=8, rank=0, world_size=2).plan()
+    plan = Loader(newcomer, batch_size=64, seed=3, partitions=8, distributed=Distributed(0, 2)).plan()
     assert plan.partition_rows == (62_500,) * 8  # 500,000 / 8, whatever the row groups
     assert 0 < plan.redundant_reads <= 7
     assert [len(r) for r in ranks] == [3_907, 3_907]
@@ -74,7 +74,7 @@ def test_the_newcomers_case_balances_partitions_and_drops_less_than_a_global_bat
     ids = np.concatenate([b for batches in ranks for b in batches])
     assert np.array_equal(np.sort(ids), np.arange(NEWCOMER_ROWS)), "every row exactly once"
 
-    kept = Loader(newcomer, batch_size=64, seed=3, partitions=8, rank=1, world_size=2, drop_last=True)
+    kept = Loader(newcomer, batch_size=64, seed=3, partitions=8, distributed=Distributed(1, 2), drop_last=True)
     assert len(kept) == 3_906 and kept.plan().dropped_rows == NEWCOMER_ROWS - 3_906 * 128 < 128
     kept.close()
 
@@ -100,7 +100,7 @@ def test_fewer_rows_than_partitions(tmp_path):
     ranks = _rank_batches(root, 4, batch_size=1, partitions=4, shuffle=False)
     assert [[len(b) for b in r] for r in ranks] == [[0], [1], [1], [1]]
     assert sorted(int(b[0]) for r in ranks for b in r if len(b)) == [0, 1, 2]
-    loader = Loader(root, batch_size=1, seed=0, partitions=4, rank=0, world_size=4, drop_last=True)
+    loader = Loader(root, batch_size=1, seed=0, partitions=4, distributed=Distributed(0, 4), drop_last=True)
     with pytest.raises(OptionError, match=r"drop_last=True drops every row: the epoch holds 3 rows, the smallest "
                                           r"of the 4 partitions 0, fewer than one micro-batch of 1 rows"):
         len(loader)
@@ -120,9 +120,8 @@ def test_fewer_rows_than_a_global_batch(tmp_path):
 
 def test_the_block_memory_warning_comes_once_per_loader(tmp_path):
     root = _write(str(tmp_path / "ds" / "a.parquet"), [5_000, 3_000], x=np.zeros(8_000, np.float32))
-    loader = Loader(root, batch_size=100, seed=0, shuffle_window=2)
+    loader = Loader(root, batch_size=100, seed=0, shuffle_window=2, pool=Pool(block_memory="50kB"))
     assert loader._bytes_per_row() == 12 == loader._row_bytes  # int64 + float32
-    loader._block_memory = 50_000
     with pytest.warns(BlockMemoryWarning, match=r"the largest block holds 8,000 rows, about 0 MiB at 12 bytes per "
                                                 r"row.*smaller shuffle_window \(now 2\).*smaller row groups") as got:
         loader.plan(0)
@@ -130,12 +129,18 @@ def test_the_block_memory_warning_comes_once_per_loader(tmp_path):
     assert len([w for w in got if issubclass(w.category, BlockMemoryWarning)]) == 1
     assert issubclass(BlockMemoryWarning, UserWarning)
     loader.close()
-    quiet = Loader(root, batch_size=100, seed=0)
-    quiet._block_memory = None
+    quiet = Loader(root, batch_size=100, seed=0, pool=Pool(block_memory=None))
     with __import__("warnings").catch_warnings():
         __import__("warnings").simplefilter("error", BlockMemoryWarning)
         quiet.plan(0)
     quiet.close()
+
+
+def test_block_memory_is_a_pool_option_with_a_size():
+    assert Pool().block_memory_bytes == 2**30
+    assert Pool(block_memory="2GB").block_memory_bytes == 2 * 10**9
+    with pytest.raises(OptionError, match=r"Pool.block_memory 'lots' is not a size"):
+        Pool(block_memory="lots")
 
 
 def test_variable_length_columns_are_estimated_from_the_parquet_metadata(tmp_path):
@@ -192,14 +197,14 @@ def test_resume_at_another_world_size_equals_the_uninterrupted_run(tmp_path):
     stop = len(whole) // 2
     state = None
     for r in range(2):
-        with Loader(root, batch_size=32, rank=r, world_size=2, columns=["id"], **opts) as loader:
+        with Loader(root, batch_size=32, distributed=Distributed(r, 2), columns=["id"], **opts) as loader:
             it = iter(loader)
             for _ in range(stop):
                 next(it)
             state = loader.state_dict()
     resumed = []
     for r in range(4):
-        with Loader(root, batch_size=16, rank=r, world_size=4, columns=["id"], workers=1 + r % 2,
+        with Loader(root, batch_size=16, distributed=Distributed(r, 4), columns=["id"], workers=1 + r % 2,
                     **opts) as loader:
             loader.load_state_dict(state)
             resumed.append([np.array(b["id"]) for b in loader])

@@ -53,7 +53,7 @@ def root(tmp_path_factory) -> str:
 
 def _script(*, guard: bool, workers: int = 2, main_fs: bool = False) -> str:
     head = HEADER.format(extra=MAIN_FS if main_fs else "", workers=workers,
-                         opts=", filesystem=ScriptFS()" if main_fs else "")
+                         opts=", storage=ScriptFS()" if main_fs else "")
     return head + (GUARDED if guard else BARE)
 
 
@@ -151,7 +151,7 @@ def test_a_worker_failing_at_start_up_is_one_error_without_the_guard_advice(root
     (tmp_path / "homefs.py").write_text(FAILS_AWAY)
     code = _script(guard=True, workers=workers).replace(
         "from detload import Loader", "from detload import Loader\nfrom homefs import HomeFS").replace(
-        'pool="process"', 'pool="process", filesystem=HomeFS()')
+        'pool="process"', 'pool="process", storage=HomeFS()')
     done = _run(how, code, root, tmp_path, {"PYTHONPATH": os.pathsep.join([REPO, str(tmp_path)])})
     assert done.returncode == 1
     err = _other_stderr(done.stderr)

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import detload
 from detload import Loader, ManifestError, StateError
 from detload.cli import main as cli_main
 from detload.verify import verify
@@ -76,7 +77,7 @@ def finish(loader: Loader, epochs: int = 2) -> list[np.ndarray]:
 
 
 def test_state_counts_yielded_batches_not_prefetched(ds):
-    with Loader(ds, prefetch=4, workers=2, **OPTS) as loader:
+    with Loader(ds, pool=detload.Pool(prefetch=4), workers=2, **OPTS) as loader:
         it = iter(loader)
         for _ in range(3):
             next(it)
@@ -104,7 +105,7 @@ def _ranks(ds: str, R: int, out: str, *, P: int = 4, G: int = 64, state: dict | 
     """Ranks simulated one after another; with ``stop``, each is killed after that many batches."""
     saved = None
     for r in range(R):
-        with Loader(ds, batch_size=G // R, seed=11, partitions=P, rank=r, world_size=R,
+        with Loader(ds, batch_size=G // R, seed=11, partitions=P, distributed=(r, R),
                     manifest=out + "/", workers=1 + r % 2, pool="thread") as loader:
             if state is not None:
                 loader.load_state_dict(state)
@@ -154,7 +155,7 @@ def test_verify_of_resumed_runs(ds, elastic_full, tmp_path):
     gap = verify(elastic_full, [str(tmp_path / "part1"), str(tmp_path / "late")])
     assert gap.kind == "truncated" and gap.step == stop
     # A continuation with other order options is not part of the same run.
-    with Loader(ds, batch_size=64, seed=12, partitions=4, rank=0, world_size=1,
+    with Loader(ds, batch_size=64, seed=12, partitions=4, distributed=(0, 1),
                 manifest=str(tmp_path / "x") + "/") as x:
         list(x)
     with pytest.raises(ManifestError, match="different order options"):
@@ -281,7 +282,7 @@ def test_cli_resume_across_world_sizes(ds, tmp_path, capsys):
     assert cli_main(args) == 0
     # An interrupted 2-rank run: rank 0 got to step 6, rank 1 to step 4 (as saved states say).
     for r, stop in ((0, 6), (1, 4)):
-        with Loader(ds, batch_size=32, seed=11, partitions=4, rank=r, world_size=2,
+        with Loader(ds, batch_size=32, seed=11, partitions=4, distributed=(r, 2),
                     manifest=str(tmp_path / "part1") + "/") as loader:
             for i, _ in enumerate(loader):
                 if i + 1 == stop:

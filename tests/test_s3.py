@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _s3server import BUCKET, CREDENTIALS, FaultProxy, MotoServer, s3_env, write_sample_dataset  # noqa: E402
 from leaks import wait_until  # noqa: E402
 
+import detload
 from detload import DataError, Loader, OptionError, SourceError, WorkerError, WorkerStalledError  # noqa: E402
 from detload._cache import cache_info  # noqa: E402
 from detload._storage import RetryingS3FileSystem, s3_from_uri  # noqa: E402
@@ -75,7 +76,7 @@ def test_s3_cold_and_warm_match_the_local_copy(s3, proxy, tmp_path, pool, worker
     run(uri, tmp_path / "plain.jsonl", pool=pool, workers=workers)
     cache = tmp_path / "cache"
     run(uri, tmp_path / "cold.jsonl", pool=pool, workers=workers, cache_dir=cache)
-    with Loader(uri, cache_dir=cache, pool=pool, workers=workers % 3 + 1,
+    with Loader(uri, cache=cache, pool=pool, workers=workers % 3 + 1,
                 manifest=str(tmp_path / "warm.jsonl"), **OPTS) as loader:
         proxy.reset_log()  # discovery (listing, footers) is done; iteration must fetch nothing
         for e in range(2):
@@ -123,7 +124,7 @@ def test_every_request_failing_gives_a_clear_error_within_the_budget(s3, proxy, 
     _, _, _, uri, _ = s3
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
     # stall_timeout turns a hang into WorkerStalledError, which must not be what we get.
-    loader = Loader(uri, pool=pool, workers=2, stall_timeout=60, **OPTS)
+    loader = Loader(uri, pool=detload.Pool(kind=pool, stall_timeout=60), workers=2, **OPTS)
     proxy.reset_log()
     proxy.mode, proxy.faults = "all", ("503",)
     try:
@@ -202,7 +203,7 @@ def test_object_replaced_while_a_loader_runs(s3, proxy, tmp_path, same_size):
     assert (len(a2) == os.path.getsize(os.path.join(v1, "a.parquet"))) == same_size
     run(v1, tmp_path / "ref.jsonl")  # two epochs of the old version
     with Loader(uri, workers=2, **OPTS) as plain, \
-         Loader(uri, workers=2, cache_dir=tmp_path / "cache", manifest=str(tmp_path / "cached.jsonl"), **OPTS) as cached:
+         Loader(uri, workers=2, cache=tmp_path / "cache", manifest=str(tmp_path / "cached.jsonl"), **OPTS) as cached:
         for ld in (plain, cached):
             for _ in ld:
                 pass
@@ -234,7 +235,7 @@ def test_object_replaced_after_the_next_pass_was_started_ahead(s3, proxy, tmp_pa
     assert len(a2) == os.path.getsize(os.path.join(v1, "a.parquet"))
     uri = moto.upload_dir(v1, "ahead")
     # No shuffle: blocks [a#0, a#1] and [a#2, b#0]; one worker, prefetch 1: the first is built ahead.
-    with Loader(uri, workers=1, prefetch=1, shuffle=False, **OPTS) as ld:
+    with Loader(uri, workers=1, pool=detload.Pool(prefetch=1), shuffle=False, **OPTS) as ld:
         for epoch in (0, 1):
             ld.set_epoch(epoch)
             for _ in ld:
@@ -277,7 +278,7 @@ def test_explicit_filesystem_takes_the_uri_its_scheme_names(s3, proxy, tmp_path,
     for name, source in [("folder", uri), ("list", files), ("glob", f"{uri}/*.parquet"), ("s3a", uri.replace("s3:", "s3a:"))]:
         run(source, tmp_path / f"{name}.jsonl", filesystem=fs)
         same(ref, tmp_path / f"{name}.jsonl")
-    with Loader(uri, filesystem=fs, **OPTS) as loader:
+    with Loader(uri, storage=fs, **OPTS) as loader:
         assert repr(loader).startswith(f"Loader('s3://{BUCKET}/ds', files=3,")
 
 

@@ -102,7 +102,7 @@ def test_a_short_row_group_raises_and_no_short_batch_is_yielded(broken, tmp_path
     got = []
     cache = str(tmp_path / "cache") if cached else None
     with Loader(broken, batch_size=BATCH, seed=5, shuffle=shuffle, shuffle_window=2, workers=2, pool=pool,
-                cache_dir=cache) as loader:
+                cache=cache) as loader:
         assert loader.dataset.rows == 23  # as the footers say
         with pytest.raises(DataError, match=_MESSAGE):
             for b in loader:
@@ -157,7 +157,7 @@ def test_a_short_cache_entry_is_not_delivered(tmp_path, pool):
 def test_a_short_cache_entry_of_a_short_row_group_raises(broken, tmp_path):
     """What an older version cached of the broken row group: the plan's count still decides."""
     cache = str(tmp_path / "cache")
-    with Loader(broken, batch_size=BATCH, seed=1, shuffle=False, cache_dir=cache) as loader:
+    with Loader(broken, batch_size=BATCH, seed=1, shuffle=False, cache=cache) as loader:
         _short_entry(loader, 1, 1, np.arange(104, 107, dtype=np.int64))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CacheWarning)

@@ -43,7 +43,7 @@ def test_an_fsspec_filesystem_takes_its_own_uris(make_dataset):
         want = _rows(loader)
     try:
         for source in ("memory:///ds", "/ds", "memory:///ds/*.parquet", ["memory:///ds/a.parquet", "/ds/sub/b.parquet"]):
-            with Loader(source, filesystem=mem, batch_size=16, seed=1) as loader:
+            with Loader(source, storage=mem, batch_size=16, seed=1) as loader:
                 assert _rows(loader) == want, source
                 assert repr(loader).startswith("Loader('memory:///ds', files=2, rows=75,"), source
         with pytest.raises(FileNotFoundError, match=r"^dataset path 'memory:///nothing' does not exist$"):

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 from _perfdata import write_small
+from testhooks import hooked
 
 import detload
 from detload import Loader, OptionError
@@ -76,7 +77,7 @@ def test_start_up_is_traced_apart_from_the_waits_of_the_run(data):
         j = probe.plan(0).schedule[0].sources[0]
         first_unit = (probe.dataset.files[probe._unit_files[j]].path, int(probe._unit_rgs[j]))
     hooks = DebugHooks(stall_unit=first_unit, stall_seconds=1.0, stall_epoch=0)
-    with Loader(data, batch_size=1000, seed=3, workers=2, _debug=hooks) as ld:
+    with hooked(Loader, data, batch_size=1000, seed=3, workers=2, debug=hooks) as ld:
         t0 = time.perf_counter()  # before iter(): the stalled read starts when the tasks go out
         it = iter(ld)
         next(it)
@@ -128,14 +129,14 @@ def test_tracing_does_not_change_batches(data):
 
 
 def test_unordered_benchmark_switch_still_delivers_every_row_once(data, pool):
-    with Loader(data, batch_size=256, seed=3, workers=2, pool=pool, _benchmark_unordered=True) as ld:
+    with hooked(Loader, data, batch_size=256, seed=3, workers=2, pool=pool, unordered=True) as ld:
         ids = np.concatenate([b["id"] for b in ld])
     assert np.array_equal(np.sort(ids), np.arange(9000))
 
 
 def test_unordered_switch_refuses_a_manifest(data, tmp_path):
     with pytest.raises(OptionError, match="benchmark-only"):
-        Loader(data, batch_size=256, seed=3, manifest=tmp_path / "m.jsonl", _benchmark_unordered=True)
+        hooked(Loader, data, batch_size=256, seed=3, manifest=tmp_path / "m.jsonl", unordered=True)
 
 
 def test_bench_command_prints_the_bound_and_writes_a_trace(data, tmp_path, capsys):
@@ -162,7 +163,7 @@ def test_stats_before_iterating(data):
 
 
 def test_cache_reads_and_writes_are_traced_stages(data, tmp_path):
-    with Loader(data, batch_size=1000, seed=3, workers=2, cache_dir=tmp_path / "cache") as ld:
+    with Loader(data, batch_size=1000, seed=3, workers=2, cache=tmp_path / "cache") as ld:
         list(ld)
         first = ld.stats()
         ld.set_epoch(1)
@@ -267,7 +268,7 @@ def test_many_epochs_keep_the_buffers_bounded(data):
 
 
 def test_tracing_off_keeps_counts_but_no_events(data, tmp_path):
-    with Loader(data, batch_size=500, seed=3, workers=2, trace=False) as ld:
+    with Loader(data, batch_size=500, seed=3, workers=2, pool=detload.Pool(trace=False)) as ld:
         rows = sum(len(b["id"]) for b in ld)
         st = ld.stats()
         tr = ld._tracer
@@ -282,7 +283,7 @@ def test_tracing_off_keeps_counts_but_no_events(data, tmp_path):
 
 def test_tracing_off_gives_the_same_batches(data):
     def hashes(trace):
-        with Loader(data, batch_size=333, seed=5, workers=2, trace=trace) as ld:
+        with Loader(data, batch_size=333, seed=5, workers=2, pool=detload.Pool(trace=trace)) as ld:
             return [detload.hash_batch(b)[0] for b in ld]
 
     assert hashes(True) == hashes(False)

@@ -21,6 +21,8 @@ from leaks import wait_until
 
 torch = pytest.importorskip("torch")
 
+from testhooks import hooked  # noqa: E402
+
 from detload import DetloadError, Loader, OptionError, StateError, WorkerError, hash_batch  # noqa: E402
 from detload._engine.config import DebugHooks  # noqa: E402
 from detload.torch import RaggedTensor, TorchLoader, to_torch  # noqa: E402
@@ -80,7 +82,7 @@ def test_to_torch_shares_memory_and_maps_types():
 
 @pytest.mark.parametrize("device", [None, "cpu"])
 def test_batches_are_the_loaders_batches(ds, device):
-    with TorchLoader(ds, device=device, workers=2, **OPTS) as tl:
+    with TorchLoader(Loader(ds, workers=2, **OPTS), device=device) as tl:
         assert len(tl) == len(reference(ds))
         got = [hash_batch(back_to_numpy(b))[0] for b in tl]
         assert got == reference(ds)
@@ -94,7 +96,7 @@ def test_batches_are_the_loaders_batches(ds, device):
 
 @pytest.mark.parametrize("device", [None, "cpu"])
 def test_state_counts_batches_received_not_prefetched(ds, device):
-    with TorchLoader(ds, device=device, prefetch=4, **OPTS) as tl:
+    with TorchLoader(Loader(ds, **OPTS), device=device, prefetch=4) as tl:
         it = iter(tl)
         for _ in range(3):
             next(it)
@@ -107,7 +109,7 @@ def test_state_counts_batches_received_not_prefetched(ds, device):
 
 
 def test_breaking_out_stops_the_feeder(ds):
-    tl = TorchLoader(ds, device="cpu", prefetch=2, **OPTS)
+    tl = TorchLoader(Loader(ds, **OPTS), device="cpu", prefetch=2)
     for i, _ in enumerate(tl):
         if i == 1:
             break
@@ -124,7 +126,7 @@ def test_breaking_out_stops_the_feeder(ds):
 def test_worker_errors_reach_the_training_loop(ds):
     bad = ("a.parquet", 1)
     hooks = DebugHooks(fail_unit=bad, fail_exc=OSError("disk on fire"))
-    with TorchLoader(Loader(ds, _debug=hooks, **OPTS), device="cpu") as tl, \
+    with TorchLoader(hooked(Loader, ds, debug=hooks, **OPTS), device="cpu") as tl, \
             pytest.raises(WorkerError, match="disk on fire"):
         for _ in tl:
             pass
@@ -134,19 +136,19 @@ def test_worker_errors_reach_the_training_loop(ds):
 def test_guards(ds):
     if not torch.cuda.is_available():
         with pytest.raises(OptionError, match=r"device='cuda' but torch.cuda.is_available\(\) is False"):
-            TorchLoader(ds, device="cuda", **OPTS)
+            TorchLoader(Loader(ds, **OPTS), device="cuda")
         with pytest.warns(UserWarning, match="pin_memory=True but no accelerator"):
-            tl = TorchLoader(ds, pin_memory=True, **OPTS)
+            tl = TorchLoader(Loader(ds, **OPTS), pin_memory=True)
         assert tl.pin_memory is False
     with pytest.raises(OptionError, match=r"options \['seed'\] apply when TorchLoader builds the Loader"):
         TorchLoader(Loader(ds, **OPTS), seed=3)
     with pytest.raises(OptionError, match="prefetch must be an int >= 1"):
-        TorchLoader(ds, prefetch=0, **OPTS)
+        TorchLoader(Loader(ds, **OPTS), prefetch=0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_cuda_batches_match_and_arrive_on_the_device(ds):  # pragma: no cover - no GPU in CI
-    with TorchLoader(ds, device="cuda", workers=2, **OPTS) as tl:
+    with TorchLoader(Loader(ds, workers=2, **OPTS), device="cuda") as tl:
         got = []
         for b in tl:
             assert b["id"].is_cuda and b["s"].values.is_cuda
@@ -215,7 +217,7 @@ def test_feeder_slab_path_yields_the_same_batches(ds, monkeypatch):
     want = reference(ds)
     for group in (1, 3):
         packed.clear()
-        with TorchLoader(ds, device="cpu", workers=2, pool="process", copy_batches=group, **OPTS) as tl:
+        with TorchLoader(Loader(ds, workers=2, pool="process", **OPTS), device="cpu", copy_batches=group) as tl:
             tl.pin_memory = True
             got = [hash_batch(back_to_numpy(b))[0] for b in tl]
         assert got == want
@@ -228,14 +230,14 @@ def test_copy_batches_counts_what_the_loop_received(ds, monkeypatch):
     real = dt._pack
     monkeypatch.setattr(dt, "_pack", lambda batches, pin, stack=(): real(batches, pin=False, stack=stack))
     want = reference(ds)
-    with TorchLoader(ds, device="cpu", copy_batches=4, **OPTS) as tl:
+    with TorchLoader(Loader(ds, **OPTS), device="cpu", copy_batches=4) as tl:
         tl.pin_memory = True
         it = iter(tl)
         for _ in range(5):
             next(it)
         state = tl.state_dict()
     assert state["step"] == 5
-    with TorchLoader(ds, device="cpu", copy_batches=4, **OPTS) as tl:
+    with TorchLoader(Loader(ds, **OPTS), device="cpu", copy_batches=4) as tl:
         tl.pin_memory = True
         tl.load_state_dict(state)
         assert [hash_batch(back_to_numpy(b))[0] for b in tl] == want[5:]
@@ -243,13 +245,13 @@ def test_copy_batches_counts_what_the_loop_received(ds, monkeypatch):
 
 def test_copy_batches_guards(ds):
     with pytest.raises(OptionError, match=r"copy_batches must be an int >= 1 \(batches per copy\), got 0"):
-        TorchLoader(ds, device="cpu", copy_batches=0, **OPTS)
+        TorchLoader(Loader(ds, **OPTS), device="cpu", copy_batches=0)
     with pytest.raises(OptionError, match=r"copy_batches must be an int >= 1 \(batches per copy\), got True"):
-        TorchLoader(ds, device="cpu", copy_batches=True, **OPTS)
+        TorchLoader(Loader(ds, **OPTS), device="cpu", copy_batches=True)
     with pytest.raises(OptionError, match=r"copy_batches=4 needs pin_memory=True or device=\.\.\.: it groups the "
                                           r"copies their background thread makes, and without them there is none"):
-        TorchLoader(ds, copy_batches=4, **OPTS)
-    tl = TorchLoader(ds, device="cpu", copy_batches=np.int64(3), prefetch=np.int32(2), **OPTS)
+        TorchLoader(Loader(ds, **OPTS), copy_batches=4)
+    tl = TorchLoader(Loader(ds, **OPTS), device="cpu", copy_batches=np.int64(3), prefetch=np.int32(2))
     assert (tl.copy_batches, tl.prefetch) == (3, 2) and type(tl.copy_batches) is int
     tl.close()
 
@@ -258,13 +260,12 @@ def test_copy_batches_guards(ds):
 def test_cuda_slab_and_per_column_paths_agree_and_kept_batches_hold(ds):  # pragma: no cover - no GPU in CI
     want = reference(ds)
     for slab, group in ((True, 1), (True, 4), (False, 1)):
-        with TorchLoader(ds, device="cuda", workers=2, pool="process", prefetch=3, copy_batches=group, **OPTS) as tl:
-            tl._slab = slab
+        with hooked(TorchLoader, Loader(ds, workers=2, pool="process", **OPTS), device="cuda", prefetch=3, copy_batches=group, torch_per_column=not slab) as tl:
             kept = list(tl)
             torch.cuda.synchronize()
             got = [hash_batch(back_to_numpy({k: v.to("cpu") for k, v in b.items()}))[0] for b in kept]
         assert got == want, slab
-    with TorchLoader(ds, pin_memory=True, workers=2, **OPTS) as tl:
+    with TorchLoader(Loader(ds, workers=2, **OPTS), pin_memory=True) as tl:
         kept = list(tl)
         assert all(b["id"].is_pinned() and not b["id"].is_cuda for b in kept)
         assert [hash_batch(back_to_numpy(b))[0] for b in kept] == want
@@ -294,7 +295,7 @@ def test_cuda_batches_are_ready_on_the_stream_that_asked(ds, monkeypatch):  # pr
     side = torch.cuda.Stream()
     sums = []
     monkeypatch.setattr(torch.cuda, "stream", SlowCopies)  # only the feeder's copies use it
-    with TorchLoader(ds, device="cuda", workers=2, pool="process", prefetch=3, copy_batches=4, **OPTS) as tl:
+    with TorchLoader(Loader(ds, workers=2, pool="process", **OPTS), device="cuda", prefetch=3, copy_batches=4) as tl:
         it = iter(tl)
         for i in range(len(want)):
             with real_stream(side if i % 2 else torch.cuda.default_stream()):
@@ -332,7 +333,7 @@ def test_stack_gives_one_matrix_per_group(tabular, how):
     with Loader(tabular, **TAB) as plain:
         want = list(plain)
     opts = dict(TAB, workers=2, pool="process") if how == "process" else TAB
-    with TorchLoader(tabular, stack=STACK, device="cpu" if how != "direct" else None, **opts) as tl:
+    with TorchLoader(Loader(tabular, **opts), stack=STACK, device="cpu" if how != "direct" else None) as tl:
         got = list(tl)
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
@@ -356,19 +357,19 @@ def test_stack_gives_one_matrix_per_group(tabular, how):
 ])
 def test_stack_refuses_what_cannot_be_stacked(tabular, stack, message):
     with pytest.raises(OptionError, match=message):
-        TorchLoader(tabular, stack=stack, **TAB)
+        TorchLoader(Loader(tabular, **TAB), stack=stack)
 
 
 def test_stack_refuses_a_list_column(tabular):
     with pytest.raises(OptionError, match=r"stack\['d'\]: column 'v' is variable-length \(list\); only one-value"):
-        TorchLoader(tabular, stack={"d": ["v"]}, batch_size=50, seed=2)
+        TorchLoader(Loader(tabular, batch_size=50, seed=2), stack={"d": ["v"]})
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_cuda_stack(tabular):  # pragma: no cover - no GPU in CI
     with Loader(tabular, **TAB) as plain:
         want = list(plain)
-    with TorchLoader(tabular, stack=STACK, device="cuda", workers=2, pool="process", copy_batches=3, **TAB) as tl:
+    with TorchLoader(Loader(tabular, workers=2, pool="process", **TAB), stack=STACK, device="cuda", copy_batches=3) as tl:
         got = [{k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in b.items()} for b in tl]
     for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(g["dense"].numpy(), np.stack([w["c"], w["a"], w["b"]], axis=1))
@@ -414,7 +415,7 @@ def test_slab_columns_do_not_share_autograd_versions(tabular):
     # must not fail backward() through another (views of one base share a version counter).
     lin = torch.nn.Linear(3, 1)
     for opts in (dict(), dict(device="cpu", copy_batches=2)):
-        with TorchLoader(tabular, stack=STACK, **opts, **TAB) as tl:
+        with TorchLoader(Loader(tabular, **TAB), stack=STACK, **opts) as tl:
             for b in tl:
                 out = lin(b["dense"]).squeeze(1)  # Linear saves its input for backward
                 target = b["ids"][:, 0].float()
@@ -429,7 +430,7 @@ def test_stack_with_copy_batches_on_the_cpu(tabular, monkeypatch):
         batches, pin=pin, stack=stack))
     with Loader(tabular, **TAB) as plain:
         want = list(plain)
-    with TorchLoader(tabular, stack=STACK, device="cpu", copy_batches=3, **TAB) as tl:
+    with TorchLoader(Loader(tabular, **TAB), stack=STACK, device="cpu", copy_batches=3) as tl:
         got = list(tl)
     assert calls == [3] * (len(want) // 3) + ([len(want) % 3] if len(want) % 3 else [])
     for g, w in zip(got, want, strict=True):
@@ -442,7 +443,7 @@ def test_copy_batches_groups_on_the_cpu_device_too(ds, monkeypatch):
     real, calls = dt._pack, []
     monkeypatch.setattr(dt, "_pack", lambda batches, pin, stack=(): calls.append(len(batches)) or real(
         batches, pin=pin, stack=stack))
-    with TorchLoader(ds, device="cpu", copy_batches=4, **OPTS) as tl:
+    with TorchLoader(Loader(ds, **OPTS), device="cpu", copy_batches=4) as tl:
         got = [hash_batch(back_to_numpy(b))[0] for b in tl]
     assert got == reference(ds)
     assert calls and max(calls) == 4
@@ -452,7 +453,7 @@ def test_copy_batches_groups_on_the_cpu_device_too(ds, monkeypatch):
 def test_copy_batches_with_pinning_dropped_only_warns(ds):
     with pytest.warns(UserWarning, match=r"pin_memory=True but no accelerator is available: batches are not "
                                          r"pinned \(and copy_batches=4 has no effect\)"):
-        tl = TorchLoader(ds, pin_memory=True, copy_batches=4, **OPTS)
+        tl = TorchLoader(Loader(ds, **OPTS), pin_memory=True, copy_batches=4)
     assert tl.copy_batches == 1
     with tl:
         assert [hash_batch(back_to_numpy(b))[0] for b in tl] == reference(ds)
@@ -464,7 +465,7 @@ def test_copy_batches_hands_over_the_good_batches_before_an_error(ds):
     for group in (1, 4):
         hooks = DebugHooks(fail_unit=bad, fail_exc=OSError("disk on fire"))
         got = 0
-        with TorchLoader(Loader(ds, _debug=hooks, **OPTS), device="cpu", copy_batches=group) as tl, \
+        with TorchLoader(hooked(Loader, ds, debug=hooks, **OPTS), device="cpu", copy_batches=group) as tl, \
                 pytest.raises(WorkerError, match="disk on fire"):
             for _ in tl:
                 got += 1
@@ -504,15 +505,15 @@ def test_copy_batches_stops_reading_when_the_loop_leaves(ds):
 
 def test_stack_message_for_a_2d_column_and_bad_keys(tabular):
     with pytest.raises(OptionError, match=r"stack\['d'\]: column 'fs' is 2-D; only one-value-per-row columns"):
-        TorchLoader(tabular, stack={"d": ["fs"]}, batch_size=50, seed=2)
+        TorchLoader(Loader(tabular, batch_size=50, seed=2), stack={"d": ["fs"]})
     with pytest.raises(OptionError, match=r"stack's keys are the names of the stacked tensors \(str\), got 1"):
-        TorchLoader(tabular, stack={1: ["a"]}, **TAB)
+        TorchLoader(Loader(tabular, **TAB), stack={1: ["a"]})
     with pytest.raises(OptionError, match=r"column 'a' is twice in stack\['d'\]; a column can be stacked once"):
-        TorchLoader(tabular, stack={"d": ["a", "b", "a"]}, **TAB)
+        TorchLoader(Loader(tabular, **TAB), stack={"d": ["a", "b", "a"]})
 
 
 def test_stack_without_a_thread_copies_only_the_groups(tabular):
-    with TorchLoader(tabular, stack=STACK, **TAB) as tl:
+    with TorchLoader(Loader(tabular, **TAB), stack=STACK) as tl:
         b = next(iter(tl))
         slab = b["dense"].untyped_storage().data_ptr()
         assert b["ids"].untyped_storage().data_ptr() == slab  # the groups share one buffer
@@ -522,7 +523,7 @@ def test_stack_without_a_thread_copies_only_the_groups(tabular):
 
 def test_a_replaced_iterator_says_so_and_leaves_the_state_alone(ds):
     for group in (1, 4):
-        with TorchLoader(ds, device="cpu", copy_batches=group, **OPTS) as tl:
+        with TorchLoader(Loader(ds, **OPTS), device="cpu", copy_batches=group) as tl:
             old = iter(tl)
             for _ in range(5):
                 next(old)
@@ -553,7 +554,7 @@ def test_buffers_go_with_a_handled_error_without_the_cycle_collector(ds, monkeyp
         for group in (1, 4):
             slabs.clear()
             hooks = DebugHooks(fail_unit=("a.parquet", 1), fail_exc=OSError("disk on fire"))
-            with TorchLoader(Loader(ds, _debug=hooks, **OPTS), device="cpu", copy_batches=group) as tl:
+            with TorchLoader(hooked(Loader, ds, debug=hooks, **OPTS), device="cpu", copy_batches=group) as tl:
                 tl.pin_memory = True
                 try:
                     for b in tl:
@@ -567,7 +568,7 @@ def test_buffers_go_with_a_handled_error_without_the_cycle_collector(ds, monkeyp
 
 def test_refused_set_epoch_and_state_leave_the_iteration_running(ds):
     want = reference(ds)
-    with TorchLoader(ds, device="cpu", copy_batches=2, **OPTS) as tl:
+    with TorchLoader(Loader(ds, **OPTS), device="cpu", copy_batches=2) as tl:
         it = iter(tl)
         got = [hash_batch(back_to_numpy(next(it)))[0] for _ in range(3)]
         wait_until(lambda: tl._queue is not None and tl._queue.full(), 10.0)  # the feeder ran ahead
@@ -592,7 +593,7 @@ def _feeder_waiting_in_a_stalled_read(ds: str) -> Iterator[tuple[TorchLoader, It
         fi, rg = int(probe._unit_files[u]), int(probe._unit_rgs[u])
         rel = probe.dataset.files[fi].path
     hooks = DebugHooks(stall_unit=(rel, rg), stall_seconds=12.0, stall_epoch=0)
-    with TorchLoader(Loader(ds, _debug=hooks, **OPTS), device="cpu") as tl:
+    with TorchLoader(hooked(Loader, ds, debug=hooks, **OPTS), device="cpu") as tl:
         it = iter(tl)
         for _ in range(second.first_step):
             next(it)
@@ -637,7 +638,7 @@ def test_an_interrupt_while_stopping_strands_no_feeder(ds, monkeypatch):
 
 
 def test_an_iterator_never_started_starts_no_thread(ds):
-    with TorchLoader(ds, device="cpu", **OPTS) as tl:
+    with TorchLoader(Loader(ds, **OPTS), device="cpu") as tl:
         it = iter(tl)
         time.sleep(0.1)
         assert not feeders()
@@ -648,10 +649,10 @@ def test_an_iterator_never_started_starts_no_thread(ds):
 @pytest.mark.parametrize("device", ["mps", "meta", "gpu", 1.5, -1])
 def test_device_must_be_the_cpu_or_cuda(ds, device):
     with pytest.raises(OptionError, match=r"device must be None, 'cpu', 'cuda', 'cuda:N' or a CUDA index, got"):
-        TorchLoader(ds, device=device, **OPTS)
+        TorchLoader(Loader(ds, **OPTS), device=device)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
 def test_a_cuda_index_is_a_cuda_device(ds):
     with pytest.raises(OptionError, match=r"device='cuda:0' but torch.cuda.is_available\(\) is False"):
-        TorchLoader(ds, device=0, **OPTS)
+        TorchLoader(Loader(ds, **OPTS), device=0)

@@ -5,6 +5,7 @@ Stages, in the order data flows (each module's docstring has the details):
     Loader (loader.py) -- plans a pass, hands its tasks to -->
     pool.py      starts, feeds, watches and stops the workers (threads or processes)
     worker.py    the worker loop: takes a `Task`, builds the block, hands it over
+      config.py  what a worker is configured with (plain picklable data)
       reader.py  one row group of one file as checked NumPy columns (through the cache)
       block.py   concatenates a block's units and applies its permutation
       heap.py    block memory of thread workers: reused heap slabs

@@ -27,6 +27,8 @@ from collections import deque
 
 import numpy as np
 
+from .memory import BufferWatch, address_of
+
 __all__ = ["BlockBuffers"]
 
 # Slabs are rounded up so that blocks of slightly different sizes (the last,
@@ -37,8 +39,9 @@ _ROUND = 1 << 20
 class BlockBuffers:
     """A thread-safe pool of byte slabs handed out as uint8 arrays."""
 
-    def __init__(self) -> None:
+    def __init__(self, watch: BufferWatch | None = None) -> None:
         self._lock = threading.Lock()
+        self.watch = watch if watch is not None else BufferWatch()
         self._idle: list[np.ndarray] = []
         # Slabs whose block died. A finalizer puts them here without the lock: it can run
         # inside get(), in a garbage collection an allocation under the lock started,
@@ -52,6 +55,7 @@ class BlockBuffers:
     def get(self, n: int) -> np.ndarray:
         """A writable uint8 array of ``n`` bytes whose slab returns here when the array is gone."""
         slab = None
+        gone = None
         with self._lock:
             self._take_returned()
             fits = [s for s in self._idle if s.nbytes >= n]
@@ -65,12 +69,16 @@ class BlockBuffers:
                 # block sizes vary (a file's last row group is short), and slabs sized to
                 # each block were made again and again, each a fresh page per 4 KiB.
                 if self._idle:
-                    smallest = min(self._idle, key=lambda s: s.nbytes)
-                    self._idle = [s for s in self._idle if s is not smallest]
+                    gone = min(self._idle, key=lambda s: s.nbytes)
+                    self._idle = [s for s in self._idle if s is not gone]
                 self._largest = size = max(-(-n // _ROUND) * _ROUND, 1, self._largest)
                 self.made += 1
+        if gone is not None:
+            self.watch.removed(gone.ctypes.data)
+            del gone
         if slab is None:
             slab = np.empty(size, dtype=np.uint8)
+            self.watch.added(*address_of(slab))
         # Not slab[:n]: NumPy would make views of that point at the slab itself.
         block = np.frombuffer(memoryview(slab)[:n], dtype=np.uint8)  # type: ignore[arg-type]
         weakref.finalize(block, self._give_back, slab)
@@ -80,7 +88,17 @@ class BlockBuffers:
         if not self._closed:
             self._returned.append(slab)  # deque.append is atomic; no lock (see __init__)
             if self._closed:  # close() ran meanwhile: nothing would take it in
-                self._returned.clear()
+                self._drop_returned()
+        else:
+            self.watch.removed(slab.ctypes.data)
+
+    def _drop_returned(self) -> None:
+        while True:
+            try:
+                slab = self._returned.popleft()
+            except IndexError:
+                return
+            self.watch.removed(slab.ctypes.data)
 
     def _take_returned(self) -> None:
         """Under the lock: returned slabs become idle (or are dropped once closed)."""
@@ -91,6 +109,8 @@ class BlockBuffers:
                 return
             if not self._closed:
                 self._idle.append(slab)
+            else:
+                self.watch.removed(slab.ctypes.data)
 
     @property
     def idle(self) -> int:
@@ -102,5 +122,7 @@ class BlockBuffers:
         """Free the idle slabs; slabs still in use are freed with their last array."""
         with self._lock:
             self._closed = True
-            self._idle.clear()
-            self._returned.clear()
+            idle, self._idle = self._idle, []
+        for slab in idle:
+            self.watch.removed(slab.ctypes.data)
+        self._drop_returned()

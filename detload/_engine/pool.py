@@ -50,6 +50,7 @@ from . import shm as _shm
 from . import spawn as _spawn
 from .config import WorkerConfig
 from .heap import BlockBuffers
+from .memory import BufferWatch
 from .messages import CREDIT, BlockReady, Poller, Task, Tasks, WorkerFailed
 from .passes import Passes
 from .worker import Status, ThreadLink, process_main, worker_loop
@@ -187,7 +188,8 @@ class _Sender:
 
 
 class WorkerPool:
-    def __init__(self, cfg_factory: Any, workers: int, kind: PoolKind, prefetch: int) -> None:
+    def __init__(self, cfg_factory: Any, workers: int, kind: PoolKind, prefetch: int,
+                 watch: BufferWatch | None = None) -> None:
         # A worker process importing a main module that has no guard gets here: refused
         # before anything starts (it becomes the worker's start-up error).
         _spawn.check_not_importing_main()
@@ -199,7 +201,9 @@ class WorkerPool:
         self.cfg: WorkerConfig = cfg_factory(self.shm_dir, self.shm_prefix)
         # Thread workers build blocks in reused heap slabs (see _engine/heap.py) and share
         # the cache entries they keep mapped (one mapping per entry in the process).
-        self.buffers = BlockBuffers() if kind == "thread" else None
+        # Who hears of the consumer-side buffers blocks live in (memory.py; a pinned hand-off).
+        self.watch = watch if watch is not None else BufferWatch()
+        self.buffers = BlockBuffers(self.watch) if kind == "thread" else None
         self.kept = (KeptMappings(self.cfg.cache.map_budget)
                      if kind == "thread" and self.cfg.cache is not None else None)
         if self.buffers is not None:
@@ -278,7 +282,7 @@ class WorkerPool:
                     target=process_main,
                     args=(data, i, in_r, out_w, credit_r, ints, ret_r, prefetch, main, names),
                     name=f"detload-worker-{i}", daemon=True))
-            self.segments = _shm.ConsumerSegments(self.shm_dir, returns)
+            self.segments = _shm.ConsumerSegments(self.shm_dir, returns, self.watch)
             self.outboxes = [_Outbox(out, credit, n) for (out, credit), n in zip(outs, sent)]
             with _spawn.starting():
                 self._sender = _Sender(self.inboxes)
@@ -433,6 +437,7 @@ class WorkerPool:
                 self.kept.close()
             if self.kind == "process":
                 self._close_processes(started)
+            self.watch.clear()  # every buffer still announced is withdrawn
             # Forget them all: what still refers to this pool must not keep them alive.
             self.inboxes, self.outboxes, self.handles = [], [], []
             self.segments, self._sender = None, None

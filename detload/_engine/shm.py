@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import SharedMemoryError
+from .memory import BufferWatch, address_of
 
 __all__ = ["SHM_DIR", "ConsumerSegments", "Segment", "WorkerSegments", "create", "discard", "sweep",
            "sweep_dead"]
@@ -376,8 +377,9 @@ class ConsumerSegments:
     ``returns[w]`` is the write end of worker ``w``'s return pipe (see `_Returns`).
     """
 
-    def __init__(self, directory: str, returns: Sequence[Any]) -> None:
+    def __init__(self, directory: str, returns: Sequence[Any], watch: BufferWatch | None = None) -> None:
         self.directory = directory
+        self.watch = watch if watch is not None else BufferWatch()
         self._returns = [_Returns(c) for c in returns]
         self._maps: dict[tuple[int, int], mmap.mmap] = {}
         self.made = 0    # segments mapped (tests and stats)
@@ -396,12 +398,21 @@ class ConsumerSegments:
         if returns.pending:
             returns.flush()
         for number in seg.dropped:
-            self._maps.pop((seg.worker, number), None)
+            mm = self._maps.pop((seg.worker, number), None)
+            if mm is not None:
+                self.watch.removed(address_of(mm)[0])
         for number, name, capacity in seg.made_ahead:
-            self._maps[(seg.worker, number)] = _map(self.directory, name, capacity)
+            self._add((seg.worker, number), _map(self.directory, name, capacity))
             self.made += 1
         if seg.name is not None:
-            self._maps[(seg.worker, seg.number)] = _map(self.directory, seg.name, seg.capacity)
+            self._add((seg.worker, seg.number), _map(self.directory, seg.name, seg.capacity))
+
+    def _add(self, key: tuple[int, int], mm: mmap.mmap) -> None:
+        old = self._maps.get(key)
+        if old is not None:
+            self.watch.removed(address_of(old)[0])
+        self._maps[key] = mm
+        self.watch.added(*address_of(mm))
 
     def attach(self, seg: Segment, nbytes: int) -> np.ndarray:
         """The block's bytes as a uint8 array; the segment goes back to its worker when it dies."""
@@ -441,6 +452,8 @@ class ConsumerSegments:
         with their last view."""
         maps, self._maps = self._maps, {}
         for mm in maps.values():
+            with contextlib.suppress(ValueError):  # already closed
+                self.watch.removed(address_of(mm)[0])
             try:
                 mm.close()
             except BufferError:  # a block someone keeps still views it

@@ -185,8 +185,9 @@ def run_one(spec: dict) -> dict:
                                    python=spec.get("petastorm_python"))
         return res or {"loader": "petastorm", "skipped": "petastorm venv missing"}
     if kind == "detload":
-        from detload import Loader
+        from detload import Loader, Pool
         from detload._engine.config import DebugHooks
+        from detload._hooks import Hooks, installed
 
         debug = DebugHooks(block_delay_max=spec["block_delay"], delay_seed=1) if spec.get("block_delay") else None
         state: dict = {}
@@ -196,9 +197,11 @@ def run_one(spec: dict) -> dict:
             manifest = None
             if spec.get("manifest"):
                 manifest = os.path.join(tempfile.mkdtemp(prefix="detload-bench-"), "manifest.jsonl")
-            ld = Loader(path, batch_size=BATCH, seed=1234, workers=spec["workers"], pool=spec["pool"],
-                        shuffle=True, shuffle_window=4, prefetch=2, _debug=debug, manifest=manifest,
-                        _benchmark_unordered=not spec.get("ordered", True))
+            # Benchmark hooks (never keywords): block delays and the unordered merge.
+            with installed(Hooks(debug=debug, unordered=not spec.get("ordered", True))):
+                ld = Loader(path, batch_size=BATCH, seed=1234, workers=spec["workers"],
+                            pool=Pool(kind=spec["pool"], prefetch=2), shuffle=True, shuffle_window=4,
+                            manifest=manifest)
             t0 = time.perf_counter()
             ld._ensure_pool()
             state["pool_start_s"] = time.perf_counter() - t0

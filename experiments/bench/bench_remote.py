@@ -39,7 +39,7 @@ def detload_epochs(source, *, workers: int, pool: str, cache_dir: str | None, ep
     from detload import Loader
 
     def open_loader():
-        return Loader(source, batch_size=BATCH, seed=1234, workers=workers, pool=pool, cache_dir=cache_dir)
+        return Loader(source, batch_size=BATCH, seed=1234, workers=workers, pool=pool, cache=cache_dir)
 
     def epoch_batches(loader, epoch):
         loader.set_epoch(epoch)

@@ -267,7 +267,7 @@ def child_detload(data: str, sl: Slice, *, workers: int, batch_size: int, use_fi
     if use_filter:
         schema = pq.read_schema(data_files(Path(data))[0])
         kwargs["filter"] = parse_filter(sl.text, schema).expression()
-        kwargs["cache_dir"] = cache_dir
+        kwargs["cache"] = cache_dir
     try:
         loader = detload.Loader(data, **kwargs)
     except TypeError as e:

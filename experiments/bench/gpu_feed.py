@@ -263,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from measure import rebatch
 
-    from detload import Loader
+    from detload import Loader, Pool
+    from detload._hooks import Hooks, installed
     from detload.torch import TorchLoader
 
     device = torch.device("cuda" if a.device == "cuda" or (a.device == "auto" and torch.cuda.is_available())
@@ -348,14 +349,16 @@ def main(argv: list[str] | None = None) -> int:
         _, pool, *how = feeder.split("-")
         how_s = how[0] if how else "stack"
         group = int(how_s[5:]) if how_s.startswith("stack") and how_s[5:] else 1
-        ld = Loader(a.data, batch_size=B, seed=0, workers=w, pool=pool, columns=cols, shuffle_window=4, prefetch=2)
+        ld = Loader(a.data, batch_size=B, seed=0, workers=w, pool=Pool(kind=pool, prefetch=2), columns=cols,
+                    shuffle_window=4)
         if how_s == "numpy":
             src, stage = ld, staging
         else:
             stacked = how_s.startswith("stack")
-            src = TorchLoader(ld, device=device, stack=stack if stacked else None,
-                              copy_batches=group)
-            src._slab = how_s != "columns"
+            # A benchmark hook (never a keyword): -columns measures the per-column path.
+            with installed(Hooks(torch_per_column=how_s == "columns")):
+                src = TorchLoader(ld, device=device, stack=stack if stacked else None,
+                                  copy_batches=group)
             stage = named if stacked else stacking
         epoch = [0]
 

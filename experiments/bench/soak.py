@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from datagen import make_text_list  # noqa: E402
 
+import detload
 from detload import Loader  # noqa: E402
 
 SHM = "/dev/shm"
@@ -96,8 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     rows_seen = []
     samples = []
     t_start = time.perf_counter()
-    with Loader(a.data, batch_size=a.batch_size, seed=1, workers=a.workers, pool="process",
-                trace=not a.no_trace) as loader:
+    with Loader(a.data, batch_size=a.batch_size, seed=1, workers=a.workers, pool=detload.Pool(kind="process", trace=not a.no_trace)) as loader:
         for epoch in range(a.epochs):
             loader.set_epoch(epoch)
             t = time.perf_counter()

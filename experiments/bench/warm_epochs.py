@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     cache = tempfile.mkdtemp(prefix="detload-warm-")
     try:
         with Loader(a.source, batch_size=a.batch_size, seed=1, workers=a.workers, pool=a.pool,
-                    cache_dir=cache) as loader:
+                    cache=cache) as loader:
             rates, cpu = [], []
             for epoch in range(a.epochs):
                 loader.set_epoch(epoch)

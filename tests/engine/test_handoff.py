@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from _perfdata import write_small
 
+import detload
 from detload import Loader, WorkerError, hash_batch
 from detload._engine.shm import SHM_DIR
 
@@ -26,7 +27,7 @@ def data(tmp_path_factory):
 
 def test_kept_batches_never_change(data):
     kept, digests = [], []
-    with Loader(data, batch_size=300, seed=1, workers=2, pool="process", prefetch=1) as ld:
+    with Loader(data, batch_size=300, seed=1, workers=2, pool=detload.Pool(kind="process", prefetch=1)) as ld:
         for epoch in range(3):  # later epochs allocate many more segments after the kept ones
             ld.set_epoch(epoch)
             for i, b in enumerate(ld):
@@ -64,7 +65,7 @@ def test_no_segment_left_after(data, how):
 
 
 def test_no_segment_left_after_a_killed_worker(data):
-    ld = Loader(data, batch_size=300, seed=1, workers=2, pool="process", prefetch=1)
+    ld = Loader(data, batch_size=300, seed=1, workers=2, pool=detload.Pool(kind="process", prefetch=1))
     with pytest.raises(WorkerError, match="killed by signal"):
         for i, _ in enumerate(ld):
             if i == 2:

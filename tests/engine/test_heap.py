@@ -16,6 +16,7 @@ from _perfdata import write_small
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import detload
 from detload import Loader, hash_batch
 from detload._engine.heap import BlockBuffers
 
@@ -83,7 +84,7 @@ def _kept_parts_never_change(data, keep, pool: str) -> None:
     wanted = dict(keep)
     kept: list[object] = []
     snapshots: list[object] = []
-    with Loader(data, batch_size=96, seed=3, workers=2, pool=pool, prefetch=1, shuffle_window=2) as ld:
+    with Loader(data, batch_size=96, seed=3, workers=2, pool=detload.Pool(kind=pool, prefetch=1), shuffle_window=2) as ld:
         for epoch in range(3):
             ld.set_epoch(epoch)
             for i, b in enumerate(ld):
@@ -153,8 +154,8 @@ def test_workers_reuse_the_memory_of_block_temporaries(tmp_path, pool):
         cols["query"] = pa.array(["q" * int(n) for n in rng.integers(5, 41, rows)])
         cols["hist"] = pa.ListArray.from_arrays(pa.array(offsets), values)
         pq.write_table(pa.table(cols), tmp_path / "d" / f"part{part}.parquet", row_group_size=16384)
-    with Loader(str(tmp_path / "d"), batch_size=4096, seed=0, workers=1, pool=pool, prefetch=1,
-                cache_dir=str(tmp_path / "c")) as ld:
+    with Loader(str(tmp_path / "d"), batch_size=4096, seed=0, workers=1, pool=detload.Pool(kind=pool, prefetch=1),
+                cache=str(tmp_path / "c")) as ld:
         for epoch in range(2):  # fills the cache, then a warm epoch
             ld.set_epoch(epoch)
             for _ in ld:

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from faultkit import check_batch, clean_hashes, first_step_needing, table_for, wait_until
 
+import detload
 from detload import DataError, DatasetError, Loader, WorkerError
 from detload.audit import hash_batch
 
@@ -123,7 +124,7 @@ def test_file_rewritten_with_the_same_layout_between_passes(fault_data, leaks, p
     their files) before the rewrite: the pass must still notice it."""
     data = fault_data()
     clean = clean_hashes(data.root, **OPTS)
-    with Loader(data.root, workers=2, pool=pool, prefetch=1, **OPTS) as loader:
+    with Loader(data.root, workers=2, pool=detload.Pool(kind=pool, prefetch=1), **OPTS) as loader:
         leaks.track(loader)
         # A file none of the blocks built ahead for the next pass reads.
         ahead = {loader._unit_files[u] for b in loader.plan(before).schedule[:2] for u in b.sources}
@@ -163,7 +164,7 @@ def test_file_cut_short_under_an_open_handle_mid_pass(fault_data, leaks, pool):
     is reported as the file having changed (DataError), not as an I/O failure."""
     data = fault_data(files=2, row_groups=12)
     rel = data.files[0]
-    with Loader(data.root, workers=1, pool=pool, prefetch=1, shuffle=False, **OPTS) as loader:
+    with Loader(data.root, workers=1, pool=detload.Pool(kind=pool, prefetch=1), shuffle=False, **OPTS) as loader:
         leaks.track(loader)
         it = iter(loader)
         first = next(it)  # the worker has file 0 open and is a few row groups ahead

@@ -11,6 +11,7 @@ import time
 
 import pytest
 from faultkit import FULL, check_batch, clean_hashes, first_step_needing, kill, wait_until
+from testhooks import hooked
 
 from detload import Loader, WorkerError
 from detload._engine.config import DebugHooks
@@ -36,7 +37,7 @@ def test_sigkill_mid_read_names_worker_and_unit(fault_data, leaks, workers):
     w, rel, rg = _victim(probe)
     # The victim's read of that unit blocks, so the kill lands while it is on it.
     hooks = DebugHooks(stall_unit=(rel, rg), stall_seconds=60)
-    with Loader(data.root, workers=workers, pool="process", _debug=hooks, **OPTS) as loader:
+    with hooked(Loader, data.root, workers=workers, pool="process", debug=hooks, **OPTS) as loader:
         first = first_step_needing(loader, rel, rg)
         got: list[str] = []
         it = iter(loader)
@@ -69,7 +70,7 @@ def test_worker_dying_on_a_unit(fault_data, leaks, workers):
     data = fault_data(files=3)
     clean = clean_hashes(data.root, **OPTS)
     rel, rg = data.units[5][0], data.units[5][1]
-    with Loader(data.root, workers=workers, pool="process", _debug=DebugHooks(die_unit=(rel, rg)), **OPTS) as loader:
+    with hooked(Loader, data.root, workers=workers, pool="process", debug=DebugHooks(die_unit=(rel, rg)), **OPTS) as loader:
         first = first_step_needing(loader, rel, rg)
         got: list[str] = []
         t0 = time.monotonic()
@@ -92,7 +93,7 @@ def test_dead_worker_is_reported_again_not_hung(fault_data, leaks):
     """Iterating again after a worker died raises again at once instead of waiting on it."""
     data = fault_data(files=2)
     rel, rg = data.units[0][0], data.units[0][1]
-    with Loader(data.root, workers=2, pool="process", _debug=DebugHooks(die_unit=(rel, rg)), **OPTS) as loader:
+    with hooked(Loader, data.root, workers=2, pool="process", debug=DebugHooks(die_unit=(rel, rg)), **OPTS) as loader:
         for _ in range(2):
             t0 = time.monotonic()
             with pytest.raises(WorkerError, match="killed by signal 9|exited"):
@@ -117,7 +118,7 @@ def test_sigkill_at_random_moments(fault_data, leaks, workers):
         at = rng.randrange(0, len(clean))
         got: list[str] = []
         killed_at = None
-        with Loader(data.root, workers=workers, pool="process", _debug=hooks, **OPTS) as loader:
+        with hooked(Loader, data.root, workers=workers, pool="process", debug=hooks, **OPTS) as loader:
             try:
                 for i, batch in enumerate(loader):
                     if i == 0:

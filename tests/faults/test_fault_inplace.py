@@ -11,6 +11,7 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
+import detload
 from detload import DataError, Loader
 
 OPTS = dict(batch_size=250, seed=3, shuffle=False, shuffle_window=4)  # step i = unit i
@@ -34,7 +35,7 @@ def _run_until_error(loader: Loader, rewrite: str) -> tuple[int, str]:
 def test_batches_from_the_changed_file_are_named(fault_data, leaks, pool):
     data = fault_data(files=2, row_groups=24)
     rel = data.files[0]  # steps 0-23 hold its rows; the worker is at most 3 blocks (12 units) ahead
-    with Loader(data.root, workers=1, pool=pool, prefetch=1, **OPTS) as loader:
+    with Loader(data.root, workers=1, pool=detload.Pool(kind=pool, prefetch=1), **OPTS) as loader:
         leaks.track(loader)
         delivered, msg = _run_until_error(loader, data.path(rel))
     assert delivered <= 24
@@ -51,7 +52,7 @@ def test_batches_from_the_changed_file_are_named(fault_data, leaks, pool):
 def test_a_changed_file_no_delivered_batch_came_from(fault_data, leaks):
     data = fault_data(files=2, row_groups=24)
     rel = data.files[1]  # steps 24-47: not opened yet when it is rewritten
-    with Loader(data.root, workers=1, prefetch=1, **OPTS) as loader:
+    with Loader(data.root, workers=1, pool=detload.Pool(prefetch=1), **OPTS) as loader:
         leaks.track(loader)
         delivered, msg = _run_until_error(loader, data.path(rel))
     assert delivered == 24

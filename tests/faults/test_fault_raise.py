@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from faultkit import PicklesOnlyAtHome, check_batch, clean_hashes, first_step_needing
+from testhooks import hooked
 
 from detload import DataError, Loader, WorkerError
 from detload._engine.config import DebugHooks
@@ -22,7 +23,7 @@ class ReadFailure(RuntimeError):
 
 def _run(root, hooks, workers, pool, leaks):
     got: list[str] = []
-    with Loader(root, workers=workers, pool=pool, _debug=hooks, **OPTS) as loader:
+    with hooked(Loader, root, workers=workers, pool=pool, debug=hooks, **OPTS) as loader:
         first = (first_step_needing(loader, *hooks.fail_unit)
                  if hooks.fail_unit else None)
         with pytest.raises(Exception) as ei:
@@ -82,7 +83,7 @@ def test_loader_usable_after_worker_error(fault_data, leaks, pool):
     clean = clean_hashes(data.root, **OPTS)
     rel, rg = data.units[1][0], data.units[1][1]
     hooks = DebugHooks(fail_unit=(rel, rg), fail_exc=ReadFailure("once"))
-    with Loader(data.root, workers=2, pool=pool, _debug=hooks, **OPTS) as loader:
+    with hooked(Loader, data.root, workers=2, pool=pool, debug=hooks, **OPTS) as loader:
         with pytest.raises(WorkerError):
             for _ in loader:
                 leaks.track(loader)

@@ -18,7 +18,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from faultkit import check_batch, clean_hashes, first_step_needing, shm_segments, wait_until
+from testhooks import hooked
 
+import detload
 from detload import Loader, WorkerStalledError
 from detload._engine.config import DebugHooks
 from detload.audit import hash_batch
@@ -29,9 +31,10 @@ SLACK = 48 * 2**20  # RSS noise: allocator pools, thread stacks, page tables
 
 
 def test_default_stall_timeout_is_on():
-    import inspect
+    from detload import Pool
 
-    assert inspect.signature(Loader).parameters["stall_timeout"].default == 300.0
+    assert Pool().stall_timeout == 300.0
+    assert Loader.__init__.__kwdefaults__["pool"] is None  # None: Pool()
 
 
 @pytest.mark.parametrize("pool,workers", [("thread", 2), ("process", 1), ("process", 3)])
@@ -42,7 +45,7 @@ def test_stalled_worker_reported(fault_data, leaks, pool, workers):
     # A thread cannot be interrupted: keep its stall short so it ends soon after the test.
     hooks = DebugHooks(stall_unit=(rel, rg), stall_seconds=3.0 if pool == "thread" else 600.0)
     got: list[str] = []
-    with Loader(data.root, workers=workers, pool=pool, stall_timeout=1.0, _debug=hooks, **OPTS) as loader:
+    with hooked(Loader, data.root, workers=workers, pool=detload.Pool(kind=pool, stall_timeout=1.0), debug=hooks, **OPTS) as loader:
         first = first_step_needing(loader, rel, rg)
         t0 = time.monotonic()
         with pytest.raises(WorkerStalledError) as ei:
@@ -73,7 +76,7 @@ def test_stall_in_a_block_built_ahead_for_another_pass_says_so(fault_data, leaks
         j = probe.plan(2).schedule[0].sources[0]
         rel, rg = files[probe._unit_files[j]], int(probe._unit_rgs[j])
     hooks = DebugHooks(stall_unit=(rel, rg), stall_epoch=2, stall_seconds=600.0)
-    with Loader(data.root, workers=1, pool="process", stall_timeout=1.0, _debug=hooks, **OPTS) as loader:
+    with hooked(Loader, data.root, workers=1, pool=detload.Pool(kind="process", stall_timeout=1.0), debug=hooks, **OPTS) as loader:
         leaks.track(loader)
         for epoch in (0, 1):
             loader.set_epoch(epoch)
@@ -98,7 +101,7 @@ def test_slow_but_progressing_worker_is_not_reported(fault_data, leaks, timeout)
     clean = clean_hashes(data.root, **OPTS)
     rel, rg = data.units[3][0], data.units[3][1]
     hooks = DebugHooks(stall_unit=(rel, rg), stall_seconds=1.5)
-    with Loader(data.root, workers=2, pool="process", stall_timeout=timeout, _debug=hooks, **OPTS) as loader:
+    with hooked(Loader, data.root, workers=2, pool=detload.Pool(kind="process", stall_timeout=timeout), debug=hooks, **OPTS) as loader:
         leaks.track(loader)
         assert [hash_batch(b)[0] for b in loader] == clean
 
@@ -172,7 +175,7 @@ def test_slow_consumer_thread_pool_rss_bound(tmp_path, leaks):
     unit_bytes = _write_wide(str(tmp_path / "wide"), units, rows)
     bound_blocks = workers * (prefetch + 1) + 2 + HANDED_OVER
     with Loader(str(tmp_path / "wide"), batch_size=batch, seed=1, shuffle_window=1, workers=workers,
-                pool="thread", prefetch=prefetch) as loader:
+                pool=detload.Pool(kind="thread", prefetch=prefetch)) as loader:
         for _ in loader:
             pass
         base = psutil.Process().memory_info().rss

@@ -1,0 +1,93 @@
+"""Who is told about block memory: the consumer-side buffers blocks live in.
+
+Blocks reach the consumer in buffers that are reused for many blocks: heap slabs
+(thread workers, heap.py) and shared-memory mappings (process workers, shm.py).
+A pinned hand-off to a GPU registers each such buffer once with the driver (e.g.
+``cudaHostRegister``) and then copies every batch in it without a staging copy;
+for that it must hear of each buffer when it appears and before it goes away.
+`BufferWatch` carries those two calls; `Loader.watch_block_memory` is the public end.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+__all__ = ["BufferWatch", "address_of"]
+
+Listener = Callable[[int, int], None]
+
+
+def address_of(buffer: object) -> tuple[int, int]:
+    """(address, bytes) of a buffer (an mmap or a uint8 array), holding no export of it afterwards."""
+    view = np.frombuffer(buffer, dtype=np.uint8)  # type: ignore[call-overload]
+    try:
+        return int(view.ctypes.data), int(view.nbytes)
+    finally:
+        del view
+
+
+class BufferWatch:
+    """The listeners of one pool's block memory and the buffers they were told of.
+
+    ``added(address, nbytes)`` is called once per buffer before any block in it is
+    handed to the consumer; ``removed(address, nbytes)`` once before it is freed or
+    unmapped. Either may run in any detload thread, or in a garbage collection that
+    drops the last view of a block after close(); a listener must not raise (what it
+    raises is reported once as a warning and the listener is dropped).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._listeners: list[tuple[Listener, Listener]] = []
+        self._live: dict[int, int] = {}  # address -> bytes, of the buffers listeners were told of
+
+    def watch(self, added: Listener, removed: Listener) -> None:
+        """Add a pair of listeners; they hear at once of every buffer that exists now."""
+        with self._lock:
+            self._listeners.append((added, removed))
+            live = list(self._live.items())
+        for address, nbytes in live:
+            self._call(added, removed, 0, address, nbytes)
+
+    def __bool__(self) -> bool:
+        return bool(self._listeners)
+
+    def added(self, address: int, nbytes: int) -> None:
+        with self._lock:
+            self._live[address] = nbytes
+            listeners = list(self._listeners)
+        for pair in listeners:
+            self._call(*pair, 0, address, nbytes)
+
+    def removed(self, address: int) -> None:
+        with self._lock:
+            nbytes = self._live.pop(address, None)
+            listeners = list(self._listeners)
+        if nbytes is None:
+            return
+        for pair in listeners:
+            self._call(*pair, 1, address, nbytes)
+
+    def clear(self) -> None:
+        """The pool closes: every buffer still announced is withdrawn (a batch kept past
+        close() still reads its memory; it is only no longer the pool's to reuse)."""
+        with self._lock:
+            live, self._live = self._live, {}
+            listeners = list(self._listeners)
+        for address, nbytes in live.items():
+            for pair in listeners:
+                self._call(*pair, 1, address, nbytes)
+
+    def _call(self, added: Listener, removed: Listener, which: int, address: int, nbytes: int) -> None:
+        try:
+            (added, removed)[which](address, nbytes)
+        except Exception as exc:  # a listener's bug must not break a training run
+            import warnings
+
+            with self._lock:
+                self._listeners = [p for p in self._listeners if p != (added, removed)]
+            warnings.warn(f"a block-memory listener raised {type(exc).__name__}: {exc}; it is no longer called",
+                          RuntimeWarning, stacklevel=2)

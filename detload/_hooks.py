@@ -1,0 +1,55 @@
+"""Test and benchmark hooks, kept out of every public signature: fault injection, a cache write
+failure, the benchmark's unordered merge and the torch adapter's per-column copy path.
+
+A `Loader` or `TorchLoader` takes the hooks in force when it is built (``with installed(Hooks(...)):``);
+production code never sets them. tests/testhooks.py wraps this for the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from ._engine.config import DebugHooks
+
+__all__ = ["NO_HOOKS", "Hooks", "current", "installed"]
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What a test or benchmark changes in a loader built while these are installed.
+
+    - ``debug``: worker delays and injected failures (`DebugHooks`), handed to every worker.
+    - ``cache_fail_after_bytes``: each worker's cache writes fail as if the disk filled up
+      after this many bytes.
+    - ``unordered``: the merger takes blocks in completion order, so batches depend on
+      timing (the determinism-tax measurement); refused with a manifest.
+    - ``torch_per_column``: `TorchLoader` pins and copies column by column (the path
+      before the one-slab copy), to measure the slab against it.
+    """
+
+    debug: DebugHooks | None = None
+    cache_fail_after_bytes: int | None = None
+    unordered: bool = False
+    torch_per_column: bool = False
+
+
+NO_HOOKS = Hooks()
+_current: ContextVar[Hooks] = ContextVar("detload_hooks", default=NO_HOOKS)
+
+
+def current() -> Hooks:
+    """The hooks in force here (`NO_HOOKS` outside any `installed`)."""
+    return _current.get()
+
+
+@contextmanager
+def installed(hooks: Hooks) -> Iterator[Hooks]:
+    """Loaders built inside this block take ``hooks``."""
+    token = _current.set(hooks)
+    try:
+        yield hooks
+    finally:
+        _current.reset(token)

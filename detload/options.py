@@ -1,0 +1,362 @@
+"""Option groups of `Loader`: the settings that never change a byte of any batch.
+
+`Pool`, `Cache`, `Distributed` and `Storage` are frozen dataclasses checked when
+they are made, each with a plain shorthand (``pool="process"``, ``cache="/nvme/c"``,
+``distributed=(rank, world_size)``, ``storage=<filesystem>``). The options that
+decide the batches stay flat keywords of `Loader`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+from ._check import check_int, check_seconds
+from .errors import OptionError
+
+__all__ = ["Cache", "Distributed", "Pool", "Storage"]
+
+PoolKind = Literal["thread", "process"]
+#: Blocks queued per worker at most: each holds shuffle_window row groups, so more
+#: only holds memory (and a process queue's semaphore cannot count past 2**31 - 1).
+MAX_PREFETCH = 1024
+#: Seconds; longer waits are asked for with stall_timeout=None.
+MAX_STALL_TIMEOUT = 1e9
+
+# Each group checks its fields under the names a message should show: the field's own
+# ("Pool.prefetch") when the group is built, the old keyword's ("prefetch") when a
+# deprecated flat keyword is, so that those keep today's messages word for word.
+
+
+def _check_pool(kind: Any, prefetch: Any, stall_timeout: Any, trace: Any, names: Mapping[str, str]) -> tuple[Any, ...]:
+    if kind not in ("thread", "process"):
+        raise OptionError(f"{names['kind']} must be 'thread' or 'process', got {kind!r}")
+    prefetch = check_int(names["prefetch"], prefetch, 1, MAX_PREFETCH, what="blocks queued per worker")
+    stall_timeout = check_seconds(names["stall_timeout"], stall_timeout, most=MAX_STALL_TIMEOUT,
+                                  none_means="wait forever")
+    if not isinstance(trace, bool):
+        raise OptionError(f"{names['trace']} must be True or False, got {type(trace).__name__} {trace!r}")
+    return kind, prefetch, stall_timeout, trace
+
+
+@dataclass(frozen=True)
+class Pool:
+    """How blocks are computed; never what they contain.
+
+    - ``kind``: ``"thread"`` (default) or ``"process"``. Threads share memory and need
+      no ``/dev/shm``; processes avoid the GIL for conversion and hand blocks over
+      through shared memory.
+    - ``prefetch``: blocks each worker may have finished and queued ahead of the
+      merger, an int in [1, 1024] (default 2).
+    - ``stall_timeout``: seconds (at most 1e9) a worker may make no progress while the
+      merger waits on it before ``WorkerStalledError``; ``None`` waits forever (default 300).
+    - ``trace``: record stage timings for ``stats()`` and the trace file (default True).
+    - ``block_memory``: the block size (bytes, or a size such as ``"1GiB"``, the
+      default) above which planning warns once (``BlockMemoryWarning``) that a
+      block of the plan would hold more; ``None``: no warning. Changes no batch.
+
+    Shorthand: ``pool="process"`` is ``Pool(kind="process")``.
+    """
+
+    kind: PoolKind = "thread"
+    prefetch: int = 2
+    stall_timeout: float | None = 300.0
+    trace: bool = True
+    block_memory: int | str | None = "1GiB"
+
+    def __post_init__(self) -> None:
+        from ._cache import parse_size
+
+        _set(self, zip(("kind", "prefetch", "stall_timeout", "trace"),
+                       _check_pool(self.kind, self.prefetch, self.stall_timeout, self.trace, _names(Pool))))
+        parse_size(self.block_memory, "Pool.block_memory")  # refused now, not at the first plan
+
+    @property
+    def block_memory_bytes(self) -> int | None:
+        """``block_memory`` in bytes (None: no warning)."""
+        from ._cache import parse_size
+
+        return parse_size(self.block_memory, "Pool.block_memory")
+
+
+def _check_cache(dir: Any, limit: Any, map_limit: Any, names: Mapping[str, str]) -> tuple[Any, ...]:
+    _check_sizes(limit, map_limit, names)
+    if isinstance(dir, bytes) or not isinstance(dir, (str, os.PathLike)):
+        raise OptionError(f"{names['dir']} must be a path (str or os.PathLike), got {dir!r}")
+    text = os.fspath(dir)
+    if not isinstance(text, str) or not text.strip():
+        # "" would make the current directory the cache (an unset $CACHE_DIR in a script).
+        raise OptionError(f"{names['dir']} must name a folder, got {dir!r}")
+    return text, limit, map_limit
+
+
+def _check_sizes(limit: Any, map_limit: Any, names: Mapping[str, str]) -> None:
+    from ._cache import parse_size
+
+    parse_size(limit, names["limit"])
+    if not (map_limit is None or _is_auto(map_limit)):
+        parse_size(map_limit, names["map_limit"], zero=True, also="; 'auto' (the default) is also accepted")
+
+
+def _is_auto(value: Any) -> bool:
+    return isinstance(value, str) and value.strip().lower() == "auto"
+
+
+@dataclass(frozen=True)
+class Cache:
+    """The local row-group cache of converted NumPy arrays; cold, warm and uncached runs yield the same batches.
+
+    - ``dir``: the cache folder (a local SSD; ``~`` is expanded, ``""`` is refused). Required.
+    - ``limit``: size cap, bytes or a string such as ``"500GB"``; when full, what was
+      cached first stays and new row groups go uncached (default None: no cap).
+    - ``map_limit``: bytes of cache entries kept memory-mapped from one epoch to the
+      next (``"auto"``, the default: a quarter of the memory available; ``0``: map each
+      entry anew on every read; ``None``: no byte limit).
+
+    Shorthand: ``cache="/nvme/c"`` (a str or os.PathLike) is ``Cache(dir="/nvme/c")``.
+    """
+
+    dir: str
+    limit: int | str | None = None
+    map_limit: int | str | None = "auto"
+
+    def __post_init__(self) -> None:
+        _set(self, zip(("dir", "limit", "map_limit"),
+                       _check_cache(self.dir, self.limit, self.map_limit, _names(Cache))))
+
+
+def _check_distributed(rank: Any, world_size: Any, names: Mapping[str, str]) -> tuple[int, int]:
+    world_size = check_int(names["world_size"], world_size, 1)
+    return check_int(names["rank"], rank, 0, below=world_size), world_size
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """This process's place in a distributed job; ``batch_size`` stays per rank.
+
+    - ``rank``: this process's rank, ``0 <= rank < world_size``.
+    - ``world_size``: the number of ranks (an int >= 1).
+
+    Both are required. Left out (``distributed=None``), they come from an initialised
+    ``torch.distributed``, else the ``RANK`` and ``WORLD_SIZE`` environment variables,
+    else (0, 1). Shorthand: ``distributed=(rank, world_size)``.
+    """
+
+    rank: int
+    world_size: int
+
+    def __post_init__(self) -> None:
+        _set(self, zip(("rank", "world_size"), _check_distributed(self.rank, self.world_size, _names(Distributed))))
+
+
+def _check_storage(filesystem: Any, partition_types: Any, names: Mapping[str, str]) -> tuple[Any, ...]:
+    if filesystem is not None and not _is_filesystem(filesystem):
+        raise OptionError(f"{names['filesystem']} must be a pyarrow.fs.FileSystem or an fsspec filesystem, "
+                          f"got {type(filesystem).__name__}")
+    if partition_types is not None:
+        if not isinstance(partition_types, Mapping):
+            raise OptionError(f"{names['partition_types']} must be a dict {{key: 'int64' | 'string'}} or None, "
+                              f"got {type(partition_types).__name__} {partition_types!r}")
+        for k, t in partition_types.items():
+            if t not in ("int64", "string"):
+                raise OptionError(f"{names['partition_types']}[{k!r}] must be 'int64' or 'string', got {t!r}")
+        partition_types = dict(partition_types)  # a copy: the group is frozen, the caller's dict is not
+    return filesystem, partition_types
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Where the files are read from, and how Hive folder names are typed.
+
+    - ``filesystem``: a ``pyarrow.fs.FileSystem`` or an fsspec filesystem; ``None``
+      (default): local paths, or the filesystem a URI names.
+    - ``partition_types``: ``{key: "int64" | "string"}`` for Hive partition keys
+      (``key=value`` folders); ``None`` (default) infers them from the folder names.
+      Types enter the dataset fingerprint. (Not to be confused with ``partitions``,
+      the canonical shards of the plan.)
+
+    Shorthand: ``storage=<filesystem>`` is ``Storage(filesystem=<filesystem>)``.
+    """
+
+    filesystem: Any = None
+    partition_types: Mapping[str, str] | None = field(default=None, hash=False)
+
+    def __post_init__(self) -> None:
+        _set(self, zip(("filesystem", "partition_types"),
+                       _check_storage(self.filesystem, self.partition_types, _names(Storage))))
+
+
+def _is_filesystem(value: Any) -> bool:
+    import pyarrow.fs as pafs
+
+    if isinstance(value, pafs.FileSystem):
+        return True
+    fsspec = sys.modules.get("fsspec")  # an fsspec filesystem implies fsspec is imported
+    return fsspec is not None and isinstance(value, fsspec.AbstractFileSystem)
+
+
+def _set(obj: Any, values: Any) -> None:
+    for name, value in values:
+        object.__setattr__(obj, name, value)  # frozen: the checked (normalised) value
+
+
+def _names(cls: type) -> dict[str, str]:
+    return {f.name: f"{cls.__name__}.{f.name}" for f in fields(cls)}
+
+
+# -- shorthands -----------------------------------------------------------------------
+
+def as_pool(value: Any) -> Pool:
+    """``pool=``: None, ``"thread"``/``"process"`` or a `Pool`."""
+    if value is None:
+        return Pool()
+    if isinstance(value, Pool):
+        return value
+    if isinstance(value, str):
+        _check_pool(value, 2, None, True, {**_names(Pool), "kind": "pool"})
+        return Pool(kind=value)  # type: ignore[arg-type]  # checked just above
+    raise OptionError(f"pool must be a detload.Pool, 'thread' or 'process', or None, "
+                      f"got {type(value).__name__} {value!r}")
+
+
+def as_cache(value: Any) -> Cache | None:
+    """``cache=``: None (no cache), a folder (str or os.PathLike) or a `Cache`."""
+    if value is None or isinstance(value, Cache):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        _check_cache(value, None, "auto", {**_names(Cache), "dir": "cache"})
+        return Cache(dir=value)  # type: ignore[arg-type]  # a PathLike is made a str
+    raise OptionError(f"cache must be a detload.Cache, a folder (str or os.PathLike), or None, "
+                      f"got {type(value).__name__} {value!r}")
+
+
+def as_distributed(value: Any) -> Distributed | None:
+    """``distributed=``: None (detected), ``(rank, world_size)`` or a `Distributed`."""
+    if value is None or isinstance(value, Distributed):
+        return value
+    if isinstance(value, tuple) and len(value) == 2:
+        return Distributed(*value)
+    raise OptionError(f"distributed must be a detload.Distributed, a (rank, world_size) tuple, or None, "
+                      f"got {type(value).__name__} {value!r}")
+
+
+def as_storage(value: Any) -> Storage:
+    """``storage=``: None, a filesystem (pyarrow or fsspec) or a `Storage`."""
+    if value is None:
+        return Storage()
+    if isinstance(value, Storage):
+        return value
+    if _is_filesystem(value):
+        return Storage(filesystem=value)
+    raise OptionError(f"storage must be a detload.Storage, a pyarrow.fs.FileSystem or fsspec filesystem, "
+                      f"or None, got {type(value).__name__} {value!r}")
+
+
+# -- the flat keywords of earlier releases ---------------------------------------------
+
+#: Old keyword -> (its group's keyword, the field it became).
+DEPRECATED: dict[str, tuple[str, str]] = {
+    "prefetch": ("pool", "prefetch"),
+    "stall_timeout": ("pool", "stall_timeout"),
+    "trace": ("pool", "trace"),
+    "cache_dir": ("cache", "dir"),
+    "cache_limit": ("cache", "limit"),
+    "cache_map_limit": ("cache", "map_limit"),
+    "rank": ("distributed", "rank"),
+    "world_size": ("distributed", "world_size"),
+    "filesystem": ("storage", "filesystem"),
+    "partitioning": ("storage", "partition_types"),
+}
+_GROUP_CLASS = {"pool": "Pool", "cache": "Cache", "distributed": "Distributed", "storage": "Storage"}
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def deprecation(old: str) -> str:
+    """The warning for flat keyword ``old``, naming its new spelling."""
+    group, name = DEPRECATED[old]
+    return f"{old}= is deprecated: use {group}=detload.{_GROUP_CLASS[group]}({name}=...)"
+
+
+def warn_deprecated(message: str) -> None:
+    """One DeprecationWarning attributed to the first caller outside detload (so Python shows it
+    where the old spelling is written, also when `TorchLoader` builds the `Loader`)."""
+    level, frame = 2, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE + os.sep):
+        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    warnings.warn(message, DeprecationWarning, stacklevel=level)
+
+
+def unexpected_keyword(owner: str, name: str) -> TypeError:
+    """What Python says for an unknown keyword argument."""
+    return TypeError(f"{owner}() got an unexpected keyword argument {name!r}")
+
+
+def resolve_groups(pool: Any, cache: Any, distributed: Any, storage: Any,
+                   old: Mapping[str, Any], owner: str = "Loader.__init__") -> tuple[Pool, Cache | None, Any, Storage]:
+    """The four groups from the new keywords and any deprecated flat ones (each warned about once).
+
+    The third value is a `Distributed`, or ``(rank, world_size)`` with either part None
+    (to be detected) when it came from the old keywords, or None.
+    """
+    for name in old:
+        if name not in DEPRECATED:
+            raise unexpected_keyword(owner, name)
+    given = {"pool": pool, "cache": cache, "distributed": distributed, "storage": storage}
+    for name in old:
+        group = DEPRECATED[name][0]
+        # pool="thread"/"process" was the old keyword too: it goes with the old prefetch= etc.
+        if given[group] is not None and not (group == "pool" and isinstance(pool, str)):
+            raise OptionError(f"{name}= (deprecated) and {group}= both set it: pass only "
+                              f"{group}=detload.{_GROUP_CLASS[group]}(..., {DEPRECATED[name][1]}=...)")
+        warn_deprecated(deprecation(name))
+    p, c, dist, s = from_flat(pool, old)
+    return (p, as_cache(cache) if c is None and not _any(old, CACHE_KEYS) else c,
+            dist if dist is not None else as_distributed(distributed),
+            s if _any(old, ("filesystem", "partitioning")) else as_storage(storage))
+
+
+CACHE_KEYS = ("cache_dir", "cache_limit", "cache_map_limit")
+
+
+def _any(old: Mapping[str, Any], keys: tuple[str, ...]) -> bool:
+    return any(k in old for k in keys)
+
+
+def from_flat(pool: Any, old: Mapping[str, Any]) -> tuple[Pool, Cache | None, tuple[Any, Any] | None, Storage]:
+    """The groups from flat keywords (those of `DEPRECATED` given in ``old``; `pool` a kind or None),
+    checked with the flat keywords' own messages; no warning (the command line uses this).
+
+    The third value is ``(rank, world_size)`` (either may be None: detected) when either was
+    given, else None; ``rank`` is checked once the world size is known.
+    """
+    if any(k in old for k in ("prefetch", "stall_timeout", "trace")):
+        kind = pool if pool is not None else "thread"
+        values = _check_pool(kind, old.get("prefetch", 2), old.get("stall_timeout", 300.0), old.get("trace", True),
+                             {"kind": "pool", "prefetch": "prefetch", "stall_timeout": "stall_timeout",
+                              "trace": "trace"})
+        p = Pool(*values)
+    else:
+        p = as_pool(pool)
+
+    c: Cache | None = None
+    if _any(old, CACHE_KEYS):
+        d, lim, ml = old.get("cache_dir"), old.get("cache_limit"), old.get("cache_map_limit", "auto")
+        flat = {"dir": "cache_dir", "limit": "cache_limit", "map_limit": "cache_map_limit"}
+        _check_sizes(lim, ml, flat)  # first, as before
+        if d is None:
+            # The old keywords could say this; the group cannot (its dir is required).
+            if lim is not None:
+                raise OptionError("cache_limit needs cache_dir")
+            if not _is_auto(ml):
+                raise OptionError("cache_map_limit needs cache_dir")  # None included: it was set
+            c = None
+        else:
+            c = Cache(*_check_cache(d, lim, ml, flat))
+    dist = (old.get("rank"), old.get("world_size")) if _any(old, ("rank", "world_size")) else None
+    s = Storage(*_check_storage(old.get("filesystem"), old.get("partitioning"),
+                                {"filesystem": "filesystem", "partition_types": "partitioning"}))
+    return p, c, dist, s
