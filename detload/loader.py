@@ -158,7 +158,8 @@ class Loader:
 
     - ``pool``: a `Pool` (``kind`` "thread" or "process", ``prefetch`` blocks queued per
       worker, ``stall_timeout`` seconds before WorkerStalledError or None, ``trace``
-      stage timings for ``stats()``), or ``"thread"``/``"process"``. Default: ``Pool()``.
+      stage timings for ``stats()``, ``block_memory`` the block size above which planning
+      warns), or ``"thread"``/``"process"``. Default: ``Pool()``.
     - ``cache``: a `Cache` (``dir`` the row-group cache folder, ``limit`` its size cap,
       ``map_limit`` bytes kept memory-mapped between epochs), or a folder. Default: no cache.
     - ``distributed``: a `Distributed` (``rank``, ``world_size``) or a ``(rank, world_size)``
