@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 
 # Where each public name lives. `from detload import Loader` imports detload.loader then.
 _EXPORTS = {
+    "BlockMemoryWarning": "loader",
     "Cache": "options",
     "CacheWarning": "_cache",
     "ColumnSpec": "_types",
@@ -52,6 +53,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "BlockMemoryWarning",
     "Cache",
     "CacheWarning",
     "ColumnSpec",
@@ -117,7 +119,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         WorkerError,
         WorkerStalledError,
     )
-    from .loader import Loader
+    from .loader import BlockMemoryWarning, Loader
     from .options import Cache, Distributed, Pool, Storage
     from .plan import OrderOptions, Plan, make_plan
     from .starvation import StarvationReport, starvation_check

@@ -605,9 +605,17 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     print(f"  {d['units']:,} units, {d['rows']:,} rows -> {plan.steps:,} steps of {opts.batch_size:,} rows, "
           f"{plan.dropped_rows:,} dropped; partitions {opts.partitions}, rows per partition "
           f"[{', '.join(f'{n:,}' for n in plan.partition_rows)}]")
+    print(f"  redundant reads: {plan.redundant_reads} (row groups that a partition boundary cuts, "
+          "read by both partitions)")
     print("  unit order: " + " ".join(str(u) for u in plan.unit_order[:32]) + (" ..." if d["units"] > 32 else ""))
+
+    def show(rng: list[int]) -> str:
+        f, g, first, rows = rng
+        whole = first == 0 and rows == ds.files[f].row_groups[g]
+        return f"{ds.files[f].path}#{g}" + ("" if whole else f"[{first:,}:{first + rows:,}]")
+
     for blk in d["blocks"]:
-        units = ", ".join(names[u] for u in blk["units"])
+        units = ", ".join("+".join(show(r) for r in u["ranges"]) for u in blk["units"])
         print(f"  block k={blk['k']:<4} partition {blk['partition']} #{blk['number']:<3} worker {blk['worker']:<3} "
               f"rows {blk['rows']:<7,} steps {blk['steps'][0]}-{blk['steps'][1]}  [{units}]")
     for w, sched in enumerate(plan.worker_schedules(workers)):

@@ -41,10 +41,22 @@ from ._types import INT96_UNIT, SCALED, Column, ColumnSpec, normalize_cast, type
 from .audit import MANIFEST_FORMAT, MANIFEST_VERSION, ManifestWriter
 from .errors import DataError, DetloadError, OptionError, StateError
 from .options import Cache, Distributed, Pool, PoolKind, Storage, resolve_groups
-from .plan import PLAN_FORMAT_VERSION, OrderOptions, Plan, make_plan
+from .plan import (
+    PLAN_FORMAT_V2,
+    OrderOptions,
+    PlanV2,
+    UnitList,
+    block_memory_warning,
+    make_plan_v2,
+)
 from .stats import Stats, _cores, summarize
 
-__all__ = ["STATE_FORMAT_VERSION", "Loader", "compare_ranks", "resolve_workers"]
+__all__ = ["STATE_FORMAT_VERSION", "BlockMemoryWarning", "Loader", "compare_ranks", "resolve_workers"]
+
+
+class BlockMemoryWarning(UserWarning):
+    """The plan's largest block would hold more than the block memory budget (``block_memory``)."""
+
 
 STATE_FORMAT_VERSION = 1
 _MAX_WORKERS = 256
@@ -146,7 +158,8 @@ class Loader:
 
     - ``pool``: a `Pool` (``kind`` "thread" or "process", ``prefetch`` blocks queued per
       worker, ``stall_timeout`` seconds before WorkerStalledError or None, ``trace``
-      stage timings for ``stats()``), or ``"thread"``/``"process"``. Default: ``Pool()``.
+      stage timings for ``stats()``, ``block_memory`` the block size above which planning
+      warns), or ``"thread"``/``"process"``. Default: ``Pool()``.
     - ``cache``: a `Cache` (``dir`` the row-group cache folder, ``limit`` its size cap,
       ``map_limit`` bytes kept memory-mapped between epochs), or a folder. Default: no cache.
     - ``distributed``: a `Distributed` (``rank``, ``world_size``) or a ``(rank, world_size)``
@@ -229,6 +242,8 @@ class Loader:
             if spec.name in self.null_fill:
                 _check_fill(spec, self.dataset, self.null_fill[spec.name])
         self._unit_files, self._unit_rgs, self._unit_rows = self.dataset.units()
+        # Format 2's units, built once: every epoch's plan cuts and deals the same list.
+        self._units = UnitList.from_row_groups(self._unit_files, self._unit_rgs, self._unit_rows)
         # Cache state never enters `order`: cold, warm and uncached runs yield the same bytes.
         fs = self.dataset.filesystem
         self._cache_keys = [object_key(fs, f.location, f.size, f.mtime_ns, f.etag) for f in self.dataset.files]
@@ -242,12 +257,18 @@ class Loader:
             "null_fill": {k: _jsonable(v) for k, v in sorted(self.null_fill.items())},
             # 1 unless an INT96 column is loaded, so that other datasets keep their states.
             "type_mapping": type_mapping_version(self.specs),
-            "plan_format": PLAN_FORMAT_VERSION,
+            "plan_format": PLAN_FORMAT_V2,
             "dataset": self.dataset.fingerprint,
+            # The units the plan cuts into partitions; the fingerprint covers them through this.
+            "units_digest": self._units.digest,
         }
         if self.cast:  # only when given: loaders without a cast keep their fingerprints
             self.order["cast"] = dict(sorted(self.cast.items()))
         self.fingerprint = xxhash.xxh3_128_hexdigest(json.dumps(self.order, sort_keys=True).encode())
+        self._block_memory: int | None = pool_opts.block_memory_bytes
+        # Estimated now, with discovery: a variable-length column's estimate reads a footer,
+        # and once iteration starts a warm run must fetch nothing but the rows it needs.
+        self._row_bytes = self._bytes_per_row() if self._block_memory is not None else 0.0
         # Benchmark-only (the determinism-tax measurement): the merger takes blocks in
         # completion order, so batches depend on timing. Never for training runs.
         if self._hooks.unordered and manifest is not None:
@@ -255,7 +276,8 @@ class Loader:
         self._ordered = not self._hooks.unordered
         self._tracer = Tracer(enabled=trace)
         self._epoch = 0
-        self._plans: dict[int, Plan] = {}
+        self._plans: dict[int, PlanV2] = {}
+        self._memory_checked = False
         self._resume_step = 0
         self._position = 0  # batches of the current epoch already yielded
         self._gen = 0
@@ -284,6 +306,35 @@ class Loader:
         return self._held["writer"]
 
     # -- planning ------------------------------------------------------------
+    def _bytes_per_row(self) -> float:
+        """The converted NumPy bytes of one row, estimated from the column specs.
+
+        Fixed columns have their width; a variable-length column counts its int64
+        offset plus the Parquet metadata's uncompressed bytes per row of its chunks
+        in the first file (one footer, read only when such a column is loaded).
+        """
+        per = 0.0
+        ragged = []
+        for s in self.specs:
+            if s.kind == "fixed":
+                per += np.dtype(s.dtype).itemsize * int(np.prod(s.inner, dtype=np.int64))
+            else:
+                per += 8
+                if not s.partition:
+                    ragged.append(s.name)
+        if ragged and self.dataset.files:
+            per += _ragged_bytes_per_row(self.dataset, ragged)
+        return per
+
+    def _warn_block_memory(self, plan: PlanV2) -> None:
+        """Warn once per loader when the largest block would exceed the block memory budget."""
+        if self._block_memory is None:
+            return
+        text = block_memory_warning(plan, self._row_bytes, self._block_memory)
+        if text is not None:
+            warnings.warn(BlockMemoryWarning(text + " Pass Pool(block_memory=None) to silence this."),
+                          stacklevel=4)
+
     @property
     def epoch(self) -> int:
         return self._epoch
@@ -297,12 +348,15 @@ class Loader:
             self._resume_step = 0
             self._position = 0
 
-    def plan(self, epoch: int | None = None) -> Plan:
+    def plan(self, epoch: int | None = None) -> PlanV2:
         e = self._epoch if epoch is None else epoch
         p = self._plans.get(e)
         if p is None:
-            p = make_plan(self._unit_rows, self.options, epoch=e, rank=self.rank,
-                          dataset_fingerprint=self.fingerprint)
+            p = make_plan_v2(self._units, self.options, epoch=e, rank=self.rank,
+                             dataset_fingerprint=self.fingerprint)
+            if not self._memory_checked:
+                self._memory_checked = True
+                self._warn_block_memory(p)
             if len(self._plans) > 4:
                 self._plans.clear()
             self._plans[e] = p
@@ -345,6 +399,7 @@ class Loader:
             "detload_version": __version__,
             "order": self.order,
             "fingerprint": self.fingerprint,
+            "plan_format": PLAN_FORMAT_V2,
             "batch_size": self.options.batch_size,
             "rank": self.rank,
             "world_size": self.options.world_size,
@@ -424,7 +479,6 @@ class Loader:
                 # that did not come are stale and freed.
                 self._gen = pool.passes.fresh()
             run = Run(pool, plan, self.specs, gen=self._gen, start_step=start,
-                      unit_files=self._unit_files, unit_rgs=self._unit_rgs,
                       stall_timeout=self.stall_timeout,
                       # Hashes exist for the manifest; without one they would be work for nothing.
                       hash_batches=writer is not None, ordered=self._ordered,
@@ -455,7 +509,7 @@ class Loader:
         if nxt >= 2**32:
             return
         plan = self.plan(nxt)
-        tasks = make_tasks(plan, 0, pool.workers, self._unit_files, self._unit_rgs)
+        tasks = make_tasks(plan, 0, pool.workers)
         counts = [min(len(t), self.prefetch) for t in tasks]
         gen = pool.passes.ahead(self._gen)
         pool.submit(gen, [t[:n] for t, n in zip(tasks, counts)], ahead=True)
@@ -528,7 +582,7 @@ class Loader:
             mine = {u for u in range(len(self._unit_files)) if self._unit_files[u] == idx}
             for p in plan.owned_partitions:
                 for b in plan.blocks[p]:
-                    if mine.intersection(b.units):
+                    if mine.intersection(b.sources):
                         steps.update(range(max(b.first_step, first), min(b.last_step + 1, done)))
         if done <= first:
             which = f"none of this pass (epoch {plan.epoch}) was delivered yet"
@@ -567,6 +621,7 @@ class Loader:
         return {
             "format": STATE_FORMAT_VERSION,
             "fingerprint": self.fingerprint,
+            "plan_format": PLAN_FORMAT_V2,
             "epoch": self._epoch,
             "step": self._position,
             "order": dict(self.order),
@@ -599,6 +654,8 @@ class Loader:
         if not isinstance(theirs, Mapping):
             raise StateError("not a detload state: its 'order' is not a dict")
         diffs = [k for k in sorted(set(theirs) | set(self.order)) if theirs.get(k) != self.order.get(k)]
+        if "plan_format" in diffs:
+            diffs = ["plan_format"]  # the other differences (units_digest) follow from it
         if diffs:
             raise StateError("cannot resume: " + "; ".join(self._describe_diff(k, theirs.get(k)) for k in diffs))
         if state.get("fingerprint") != self.fingerprint:
@@ -618,6 +675,11 @@ class Loader:
         if key == "dataset":
             return (f"the dataset changed (fingerprint {theirs!r} in the state, {mine!r} here): "
                     "files, row groups or schema differ")
+        if key == "plan_format":
+            return (f"the plan format changed ({theirs!r} in the state, {mine!r} here): this detload plans with "
+                    f"format {mine} (row-range units, partitions balanced by rows), which orders the batches of "
+                    f"every epoch differently, so the state's step is not a position in this loader's epoch. "
+                    "Start a new run, or resume with the detload version that wrote the state")
         what = f"{key}: {theirs!r} in the state, {mine!r} here"
         if key == "type_mapping":
             int96 = [sp.name for sp in self.specs if sp.int96]
@@ -813,6 +875,30 @@ def _cast_target(spec: ColumnSpec, t: Any) -> Any:
         return None
     dt = np.dtype(spec.dtype)
     return pa.timestamp(np.datetime_data(dt)[0], tz=t.tz) if dt.kind == "M" else pa.from_numpy_dtype(dt)
+
+
+def _ragged_bytes_per_row(dataset: Dataset, names: Sequence[str]) -> float:
+    """Uncompressed Parquet bytes per row of the columns ``names`` in the dataset's first
+    non-empty file (0 when it cannot be read: the estimate only decides a warning)."""
+    import pyarrow.parquet as pq
+
+    f = next((f for f in dataset.files if sum(f.row_groups)), None)
+    if f is None:
+        return 0.0
+    try:
+        with dataset.filesystem.open_input_file(f.location) as fh:
+            meta = pq.ParquetFile(fh).metadata
+    except (OSError, ValueError):
+        return 0.0
+    wanted = set(names)
+    total = 0
+    for g in range(meta.num_row_groups):
+        rg = meta.row_group(g)
+        for c in range(rg.num_columns):
+            col = rg.column(c)
+            if col.path_in_schema.split(".")[0] in wanted:
+                total += col.total_uncompressed_size
+    return total / max(1, meta.num_rows)
 
 
 def _check_source(source: Any) -> None:

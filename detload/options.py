@@ -55,6 +55,9 @@ class Pool:
     - ``stall_timeout``: seconds (at most 1e9) a worker may make no progress while the
       merger waits on it before ``WorkerStalledError``; ``None`` waits forever (default 300).
     - ``trace``: record stage timings for ``stats()`` and the trace file (default True).
+    - ``block_memory``: the block size (bytes, or a size such as ``"1GiB"``, the
+      default) above which planning warns once (``BlockMemoryWarning``) that a
+      block of the plan would hold more; ``None``: no warning. Changes no batch.
 
     Shorthand: ``pool="process"`` is ``Pool(kind="process")``.
     """
@@ -63,10 +66,21 @@ class Pool:
     prefetch: int = 2
     stall_timeout: float | None = 300.0
     trace: bool = True
+    block_memory: int | str | None = "1GiB"
 
     def __post_init__(self) -> None:
+        from ._cache import parse_size
+
         _set(self, zip(("kind", "prefetch", "stall_timeout", "trace"),
                        _check_pool(self.kind, self.prefetch, self.stall_timeout, self.trace, _names(Pool))))
+        parse_size(self.block_memory, "Pool.block_memory")  # refused now, not at the first plan
+
+    @property
+    def block_memory_bytes(self) -> int | None:
+        """``block_memory`` in bytes (None: no warning)."""
+        from ._cache import parse_size
+
+        return parse_size(self.block_memory, "Pool.block_memory")
 
 
 def _check_cache(dir: Any, limit: Any, map_limit: Any, names: Mapping[str, str]) -> tuple[Any, ...]:

@@ -159,7 +159,7 @@ class VerifyResult:
     message: str
     epoch: int | None = None
     step: int | None = None
-    kind: str = "identical"  # identical | diverged | truncated | epochs
+    kind: str = "identical"  # identical | diverged | truncated | epochs | formats
     columns: list[str] = field(default_factory=list)
     partitions: list[int] = field(default_factory=list)
     option_diffs: dict[str, list[Any]] = field(default_factory=dict)
@@ -176,6 +176,12 @@ def _order(side: Run | Continued) -> dict[str, Any]:
         raise ManifestError(f"{side.path}: the header's 'order' is {type(order).__name__} {order!r}, not an "
                             "object of options: the file is not a detload manifest, or it was edited")
     return {**order, "fingerprint": side.header.get("fingerprint")}
+
+
+def _plan_format(side: Run | Continued) -> Any:
+    """The plan format a side was planned with (headers before format 2 only had it in ``order``)."""
+    h = side.header
+    return h.get("plan_format", _order(side).get("plan_format", 1))
 
 
 def verify(a_path: str | Sequence[str], b_path: str | Sequence[str]) -> VerifyResult:
@@ -211,6 +217,15 @@ def _compare(a: Run | Continued, b: Run | Continued) -> VerifyResult:
     info = {k: [a.header.get(k), b.header.get(k)] for k in sorted(NON_ORDER_FIELDS | {"batch_size"})
             if k in a.header or k in b.header}
     res = VerifyResult(True, "", option_diffs=option_diffs, info=info)
+    fa, fb = _plan_format(a), _plan_format(b)
+    if fa != fb:
+        # Another plan format orders every batch differently: a batch-by-batch comparison
+        # would only report a divergence at step 0, which says nothing about either run.
+        res.identical, res.kind = False, "formats"
+        res.message = (f"plan formats differ ({fa} vs {fb}): A was planned with plan format {fa} and B with "
+                       f"{fb}, which order batches differently, so their batches are not compared. Rerun the "
+                       "older side with this detload to compare them")
+        return res
     compared = 0
     for e in sorted(set(a.epochs()) | set(b.epochs())):
         na, nb = a.announced(e), b.announced(e)

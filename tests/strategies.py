@@ -195,22 +195,14 @@ def model_batches(
     world_size: int = 1,
     rank: int = 0,
 ) -> list[np.ndarray]:
-    """The ids of every batch rank ``rank`` should get, from the design's description alone."""
+    """The ids of every batch rank ``rank`` should get, from the design's description alone
+    (plan format 2: partitions are equal row ranges of the permuted unit stream)."""
     unit_ids = [ids for _, _, ids in info.units]
-    n = len(unit_ids)
-    lo, hi = seed & 0xFFFF_FFFF, seed >> 32
-    order = ref_permutation([TAG_UNITS, lo, hi, epoch], n) if shuffle else np.arange(n)
     m = batch_size * world_size // partitions
-    streams = []
-    for p in range(partitions):
-        units = order[p::partitions]
-        pieces = []
-        for number, start in enumerate(range(0, len(units), shuffle_window)):
-            block = np.concatenate([unit_ids[u] for u in units[start : start + shuffle_window]])
-            if shuffle:
-                block = block[ref_permutation([TAG_BLOCK, lo, hi, epoch, p, number], len(block))]
-            pieces.append(block)
-        streams.append(np.concatenate(pieces) if pieces else np.empty(0, np.int64))
+    all_ids = np.concatenate(unit_ids) if unit_ids else np.empty(0, np.int64)
+    streams = [all_ids[rows] for rows in model_partitions_v2(
+        [len(x) for x in unit_ids], seed=seed, epoch=epoch, shuffle=shuffle,
+        shuffle_window=shuffle_window, partitions=partitions)]
     if drop_last:
         steps = min(len(s) // m for s in streams)
     else:

@@ -105,8 +105,13 @@ def test_option_errors_are_value_errors(ds, no_workers):
 @pytest.mark.parametrize(
     ("kw", "match"),
     [
-        ({"drop_last": True, "batch_size": 5000}, r"drops every row.*smallest partition holds 1211 rows"),
-        ({"partitions": 7, "batch_size": 7}, r"partitions=7 exceeds the 6 non-empty row groups"),
+        ({"drop_last": True, "batch_size": 5000},
+         r"drops every row: the epoch holds 1211 rows.*fewer than one micro-batch of 5000 rows"),
+        # Format 2 has no "partitions exceeds the row groups" error; fewer rows than one
+        # global batch with drop_last=True is the planning error left, naming the sizes.
+        ({"drop_last": True, "partitions": 4, "batch_size": 1212},
+         r"the epoch holds 1211 rows, the smallest of the 4 partitions 302, fewer than one micro-batch "
+         r"of 303 rows \(global batch 1212 = 4 x 303\)"),
     ],
 )
 def test_plan_errors_come_before_any_worker(ds, no_workers, kw, match):

@@ -624,7 +624,7 @@ def test_kept_mappings_notice_deleted_replaced_and_damaged_entries(data, tmp_pat
             # Epoch 2's first block is being built ahead now. Damage only entries it does not
             # read, once it is built: a change made while a worker reads an entry can reach that
             # block (detload never changes an entry in place; this test does, on purpose).
-            first = {(loader._unit_files[u], loader._unit_rgs[u]) for u in loader.plan(2).schedule[0].units}
+            first = {(loader._unit_files[u], loader._unit_rgs[u]) for u in loader.plan(2).schedule[0].sources}
             busy = {os.path.join(cache, "v1", "objects", loader._cache_keys[f], f"rg{rg:06d}-") for f, rg in first}
             deadline = time.monotonic() + 30
             while loader._pool.outboxes[0].qsize() < 1 and time.monotonic() < deadline:
@@ -762,7 +762,7 @@ def test_an_entry_cut_short_in_place_while_kept_is_read_again(tmp_path):
         warnings.simplefilter("always")
         with Loader(src, cache=cache, manifest=str(tmp_path / "cut.jsonl"), pool=detload.Pool(kind="process", prefetch=1), workers=1, **opts) as loader:
             _passes(loader, range(2))
-            first = {(loader._unit_files[u], loader._unit_rgs[u]) for u in loader.plan(2).schedule[0].units}
+            first = {(loader._unit_files[u], loader._unit_rgs[u]) for u in loader.plan(2).schedule[0].sources}
             busy = {os.path.join(cache, "v1", "objects", loader._cache_keys[f], f"rg{rg:06d}-") for f, rg in first}
             deadline = time.monotonic() + 30
             while loader._pool.outboxes[0].qsize() < 1 and time.monotonic() < deadline:

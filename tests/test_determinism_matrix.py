@@ -16,6 +16,9 @@ CONFIGS = {
     "ordered-drop-last": dict(batch_size=50, seed=7, shuffle=False, drop_last=True, columns=["id", "s", "lf"]),
     "null-fill-and-cast": dict(batch_size=64, seed=3, shuffle_window=3, columns=["nf", "id", "ni"],
                                null_fill={"nf": -1.0}, cast={"nf": "float32", "ni": "int32"}),
+    # Plan format 2 with more partitions than the world sizes: boundaries cut row groups,
+    # and a cut row group is read by two partitions (and, at world size 2, two ranks).
+    "partitions-4": dict(batch_size=64, seed=5, shuffle_window=2, partitions=4),
 }
 
 

@@ -80,7 +80,7 @@ def test_int_nulls_without_fill_raise_at_the_first_batch_that_needs_them(tmp_pat
                 shuffle_window=1) as loader:
         plan = loader.plan()
         # the bad unit is b.parquet row group 1: unit 3 in canonical order
-        block = next(b for b in plan.blocks[0] if 3 in b.units)
+        block = next(b for b in plan.blocks[0] if 3 in b.sources)
         delivered = []
         with pytest.raises(DataError, match=r"column 'ni' in b\.parquet row group 1 holds 3 null") as info:
             for batch in loader:
@@ -358,7 +358,7 @@ def test_empty_batches_keep_the_types(typed_dataset):
     """Distributed, drop_last=False: a rank whose partitions ran out gets a 0-row batch of the same types."""
     shapes = {}
     for rank in (0, 1):
-        with Loader(str(typed_dataset), batch_size=10, seed=0, distributed=(rank, 2), partitions=2,
+        with Loader(str(typed_dataset), batch_size=5, seed=0, distributed=(rank, 2), partitions=2,
                     shuffle=False) as loader:
             batches = collect(loader)
         shapes[rank] = [len(b["id"]) for b in batches]
@@ -367,6 +367,7 @@ def test_empty_batches_keep_the_types(typed_dataset):
             if len(b["id"]) == 0:
                 assert b["emb"].shape == (0, 3)
                 assert b["s"].offsets.tolist() == [0] and len(b["s"]) == 0
-    # p1.parquet (3 units, 34 rows) -> partition 0 gets units 0 and 2 (33 rows); 1 gets 1 and 3 (18 rows)
-    assert shapes[0] == [10, 10, 10, 3]
-    assert shapes[1] == [10, 8, 0, 0]
+    # 51 rows -> partitions of 25 and 26 rows (plan format 2 balances them), so at the last
+    # step rank 1 has one row left and rank 0 none: an empty batch of the same types.
+    assert shapes[0] == [5, 5, 5, 5, 5, 0]
+    assert shapes[1] == [5, 5, 5, 5, 5, 1]

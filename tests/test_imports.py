@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The public API, as it stands: a change here is a change of the API, made on purpose.
 PUBLIC = [
-    "Cache", "CacheWarning", "ColumnSpec", "DataError", "DatasetError", "DetloadError", "Digest",
+    "BlockMemoryWarning", "Cache", "CacheWarning", "ColumnSpec", "DataError", "DatasetError", "DetloadError", "Digest",
     "DigestMismatchError", "Distributed", "EmptyDatasetError", "LayoutCheck", "LayoutReport", "Loader",
     "ManifestError", "OptionError", "OrderOptions", "Plan", "Pool", "Ragged", "SchemaMismatchError",
     "SharedMemoryError", "SkippedFilesWarning", "SourceError", "StageStats", "StarvationReport", "StateError",

@@ -69,7 +69,7 @@ def test_type_mapping_is_2_only_when_an_int96_column_is_loaded(tmp_path):
         assert loader.order["type_mapping"] == 1
         assert set(loader.order) == {"seed", "global_batch_size", "shuffle", "shuffle_window", "drop_last",
                                      "partitions", "columns", "null_fill", "type_mapping", "plan_format",
-                                     "dataset"}
+                                     "dataset", "units_digest"}
 
 
 def test_the_dataset_fingerprint_of_an_int96_file_is_unchanged(tmp_path):

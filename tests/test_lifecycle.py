@@ -96,7 +96,7 @@ def _victim(loader: Loader) -> tuple[int, str, int]:
     """(worker, file, row group) of a unit in the middle of the schedule."""
     sched = loader.plan().schedule
     k = len(sched) // 2
-    u = sched[k].units[0]
+    u = sched[k].sources[0]
     return k % loader.workers, loader.dataset.files[int(loader._unit_files[u])].path, int(loader._unit_rgs[u])
 
 
@@ -171,7 +171,7 @@ def test_iterating_again_after_a_worker_died_fails_at_once(root, leak_check, whe
     if when == "mid-pass":  # worker 1 is still on its last block when it dies
         with Loader(root, **opts) as probe:
             sched = probe.plan().schedule
-            u = sched[max(k for k in range(len(sched)) if k % 3 == 1)].units[0]
+            u = sched[max(k for k in range(len(sched)) if k % 3 == 1)].sources[0]
             hooks = DebugHooks(stall_unit=(probe.dataset.files[int(probe._unit_files[u])].path,
                                            int(probe._unit_rgs[u])), stall_seconds=600.0)
     with hooked(Loader, root, debug=hooks, **opts) as loader:

@@ -95,7 +95,7 @@ def test_resume_reads_nothing_for_skipped_steps(ds, unit_log):
     with Loader(ds, workers=2, **OPTS) as loader:
         loader.load_state_dict(state)
         assert len(list(loader)) == 3
-    needed = {names[u] for b in plan.schedule_from(step) for u in b.units}
+    needed = {names[u] for b in plan.schedule_from(step) for u in b.sources}
     assert sorted(log) == sorted(needed), "exactly the blocks the remaining steps need, once each"
     assert len(needed) < len(names) / 2
 

@@ -138,7 +138,7 @@ def _resume_matches(subject: Subject, ds: str, config: str, reference: Any, tmp:
                 if len(first) == k:
                     break
         state = json.loads(json.dumps(a.state_dict()))  # JSON round trip, as a checkpoint would
-    assert set(state) == {"format", "fingerprint", "epoch", "step", "order"}
+    assert set(state) == {"format", "fingerprint", "plan_format", "epoch", "step", "order"}
     with subject.make(ds, opts, workers=workers, pool=pool, manifest=manifest) as b:
         b.load_state_dict(state)
         rest = [subject.hash(batch) for batch in _batches(b)]

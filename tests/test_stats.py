@@ -74,7 +74,7 @@ def test_start_up_is_traced_apart_from_the_waits_of_the_run(data):
     from detload._engine.config import DebugHooks
 
     with Loader(data, batch_size=1000, seed=3, workers=2) as probe:
-        j = probe.plan(0).schedule[0].units[0]
+        j = probe.plan(0).schedule[0].sources[0]
         first_unit = (probe.dataset.files[probe._unit_files[j]].path, int(probe._unit_rgs[j]))
     hooks = DebugHooks(stall_unit=first_unit, stall_seconds=1.0, stall_epoch=0)
     with hooked(Loader, data, batch_size=1000, seed=3, workers=2, debug=hooks) as ld:

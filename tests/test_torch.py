@@ -589,7 +589,7 @@ def _feeder_waiting_in_a_stalled_read(ds: str) -> Iterator[tuple[TorchLoader, It
     feeder now waits inside the loader for the second block, whose first read stalls 12 s."""
     with Loader(ds, **OPTS) as probe:
         second = probe.plan(0).schedule[1]
-        u = second.units[0]
+        u = second.sources[0]
         fi, rg = int(probe._unit_files[u]), int(probe._unit_rgs[u])
         rel = probe.dataset.files[fi].path
     hooks = DebugHooks(stall_unit=(rel, rg), stall_seconds=12.0, stall_epoch=0)

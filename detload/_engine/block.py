@@ -32,7 +32,7 @@ from .._arrow import int64_array
 from .._types import Column, ColumnSpec, Ragged, RaggedKind
 from .._types import _np_dtype as _dtype
 
-__all__ = ["Layout", "assemble", "views"]
+__all__ = ["Layout", "assemble", "slice_rows", "views"]
 
 _ALIGN = 64
 
@@ -184,6 +184,15 @@ def _workspace(key: str, n: int, dtype: np.dtype | type) -> np.ndarray:
     if buf is None or buf.nbytes < nbytes:
         buf = spaces[key] = np.empty(max(nbytes, 1), dtype=np.uint8)
     return buf[:nbytes].view(dt)
+
+
+def slice_rows(col: Column, lo: int, hi: int) -> Column:
+    """Rows ``[lo, hi)`` of a column: a view (a Ragged's offsets are rebased, a small copy)."""
+    if isinstance(col, Ragged):
+        a, b = int(col.offsets[lo]), int(col.offsets[hi])
+        offs = col.offsets[lo : hi + 1]
+        return Ragged(col.values[a:b], offs - a if a else offs, col.kind)
+    return col[lo:hi]
 
 
 def _concat_ragged(name: str, parts: Sequence[Ragged]) -> Ragged:

@@ -26,8 +26,8 @@ from .._trace import MERGER, Tracer
 from .._types import Column, ColumnSpec, Ragged
 from ..audit import batch_line, hash_batch
 from ..errors import DetloadError, WorkerError
-from ..plan import Plan
-from .block import views
+from ..plan import PlanV2
+from .block import slice_rows, views
 from .messages import POLL, BlockReady, Task, WorkerFailed, put_until
 from .passes import concerns
 from .pool import WorkerPool
@@ -59,14 +59,6 @@ class _Cancelled(Exception):
     pass
 
 
-def _slice(col: Column, lo: int, hi: int) -> Column:
-    if isinstance(col, Ragged):
-        a, b = int(col.offsets[lo]), int(col.offsets[hi])
-        offs = col.offsets[lo : hi + 1]
-        return Ragged(col.values[a:b], offs - a if a else offs, col.kind)
-    return col[lo:hi]
-
-
 def _concat(parts: Sequence[Column]) -> Column:
     if len(parts) == 1:
         return parts[0]
@@ -82,14 +74,13 @@ def _concat(parts: Sequence[Column]) -> Column:
     return np.concatenate(parts, axis=0)  # type: ignore[arg-type]
 
 
-def make_tasks(plan: Plan, start_step: int, workers: int, unit_files: np.ndarray,
-               unit_rgs: np.ndarray) -> list[list[Task]]:
-    """Each worker's blocks of ``plan`` from ``start_step`` on, as dealt by `Plan.worker_schedules`
-    (block k to worker k mod W, so worker w's j-th block is k = j*W + w)."""
+def make_tasks(plan: PlanV2, start_step: int, workers: int) -> list[list[Task]]:
+    """Each worker's blocks of ``plan`` from ``start_step`` on, as dealt by `PlanV2.worker_schedules`
+    (block k to worker k mod W, so worker w's j-th block is k = j*W + w); a task lists
+    its block's row ranges (file, row group, first, rows)."""
     opts = plan.options
     return [
-        [Task(j * workers + w, b.partition, b.number,
-              tuple((int(unit_files[u]), int(unit_rgs[u])) for u in b.units),
+        [Task(j * workers + w, b.partition, b.number, b.ranges,
               b.rows, opts.seed, plan.epoch, opts.shuffle)
          for j, b in enumerate(blocks)]
         for w, blocks in enumerate(plan.worker_schedules(workers, start_step))
@@ -110,9 +101,8 @@ class Run:
     public option reaches it, and a loader with a manifest refuses it.
     """
 
-    def __init__(self, pool: WorkerPool, plan: Plan, specs: Sequence[ColumnSpec], *, gen: int,
-                 start_step: int, unit_files: np.ndarray, unit_rgs: np.ndarray,
-                 stall_timeout: float | None, ready_depth: int = 1, ordered: bool = True,
+    def __init__(self, pool: WorkerPool, plan: PlanV2, specs: Sequence[ColumnSpec], *, gen: int,
+                 start_step: int, stall_timeout: float | None, ready_depth: int = 1, ordered: bool = True,
                  hash_batches: bool = True, tracer: Tracer | None = None,
                  ahead: Sequence[int] | None = None) -> None:
         self.pool = pool
@@ -129,7 +119,7 @@ class Run:
         self._stop_lock = threading.Lock()
         self._merged = False  # the merger took every block of the pass (ordered merge only)
         self.schedule = plan.schedule_from(start_step)
-        self._tasks = make_tasks(plan, start_step, pool.workers, unit_files, unit_rgs)
+        self._tasks = make_tasks(plan, start_step, pool.workers)
         # Tasks each worker already has: submitted ahead, with this pass number, while
         # the previous pass was running (see Loader._build_ahead).
         self._ahead = list(ahead) if ahead is not None else [0] * pool.workers
@@ -385,7 +375,7 @@ class Run:
             if a < b:
                 i, j = a - start, b - start
                 # Arrays sliced in place: a call per column was a third of the merger's time.
-                pieces.append({k: c[i:j] if type(c) is np.ndarray else _slice(c, i, j) for k, c in cols.items()})
+                pieces.append({k: c[i:j] if type(c) is np.ndarray else slice_rows(c, i, j) for k, c in cols.items()})
         # Rows below hi are never needed again.
         while buf and buf[0][0] + len(next(iter(buf[0][1].values()))) <= hi:
             buf.popleft()

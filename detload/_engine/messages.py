@@ -15,7 +15,10 @@ import struct
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+if TYPE_CHECKING:
+    from ..plan import Range
 
 __all__ = ["CREDIT", "POLL", "STOP", "BlockReady", "PackedError", "Poller", "Task", "Tasks", "Timings", "WorkerFailed",
            "pack_exception", "put_until"]
@@ -148,7 +151,7 @@ class Task:
     k: int
     partition: int
     number: int
-    units: tuple[tuple[int, int], ...]  # (file index, row group)
+    units: tuple[Range, ...]  # (file index, row group, first row, rows): what the block reads
     rows: int
     seed: int
     epoch: int

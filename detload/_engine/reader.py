@@ -129,7 +129,7 @@ class UnitReader:
             if not self._still_listed(self.cfg.files[i]):
                 self._drop(i)
 
-    def read(self, file_idx: int, rg: int, t: Timings, *, defer: bool = False) -> dict[str, Column]:
+    def read(self, file_idx: int, rg: int, t: Timings, *, defer: bool = False) -> UnitColumns:
         """One row group's columns. With ``defer``, a cache hit's checksum is verified
         while the block reads it: call `settle` before using the block."""
         ref = self.cfg.files[file_idx]

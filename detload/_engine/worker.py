@@ -26,11 +26,11 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from .._types import Column
+from .._types import UnitColumns
 from ..plan import block_permutation
 from . import shm as _shm
 from . import spawn as _spawn
-from .block import Layout, assemble
+from .block import Layout, assemble, slice_rows
 from .config import WorkerConfig
 from .messages import (
     CREDIT,
@@ -56,7 +56,7 @@ def _debug_before_read(cfg: WorkerConfig, task: Task, file_idx: int, rg: int) ->
     if d is None:
         return
     unit = (cfg.files[file_idx].path, rg)
-    if d.block_delay_max > 0 and (file_idx, rg) == task.units[0]:
+    if d.block_delay_max > 0 and (file_idx, rg) == task.units[0][:2]:
         h = xxhash.xxh3_64_intdigest(f"{d.delay_seed}/{task.epoch}/{task.k}/{time.monotonic_ns()}".encode())
         time.sleep(d.block_delay_max * (h % 10_000) / 10_000)
     if d.delay_max > 0:
@@ -104,27 +104,48 @@ def _produce(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status
 def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: Status,
            segs: _shm.WorkerSegments | None, t: Timings, *, defer: bool) -> tuple[Any, Layout, bool]:
     """Build the block; False if a cache entry's deferred checksum failed (see _cache.PendingCheck)."""
-    units = []
-    for f, rg in task.units:
+    whole = []  # each range's row group as read (and cached): what `settle` checks
+    units = []  # each range's rows: the row group itself, or a view of its rows
+    for f, rg, first, rows in task.units:
         status.set(gen, task.k, f, rg)
         _debug_before_read(cfg, task, f, rg)
-        units.append(reader.read(f, rg, t, defer=defer))
+        # The whole row group, read and checked against its stored row count exactly as
+        # without cuts (the cache holds row groups, not ranges); a range is a view of it.
+        cols = reader.read(f, rg, t, defer=defer)
+        whole.append(cols)
+        units.append(_rows_of(cols, first, rows))
     t0 = time.perf_counter()
     try:
         payload, layout = _assemble(cfg, task, segs, units)
     except Exception:
         # A damaged header field (a row count, say) can break assembly before the
         # deferred checksums are finished: if one fails, rebuild; if none does, it is a bug.
-        if all([reader.settle(u, f, rg) for u, (f, rg) in zip(units, task.units)]):
+        if all([reader.settle(u, r[0], r[1]) for u, r in zip(whole, task.units)]):
             raise
         return None, None, False  # type: ignore[return-value]
-    intact = all([reader.settle(u, f, rg) for u, (f, rg) in zip(units, task.units)])
+    intact = all([reader.settle(u, r[0], r[1]) for u, r in zip(whole, task.units)])
     t.add("permute", t0, time.perf_counter())
     return payload, layout, intact
 
 
+def _rows_of(cols: UnitColumns, first: int, rows: int) -> UnitColumns:
+    """Rows ``[first, first + rows)`` of a row group's columns: the columns themselves
+    when the range is the whole row group (the common case), else views."""
+    n = len(next(iter(cols.values()))) if cols else rows
+    if first == 0 and rows == n:
+        return cols
+    if first + rows > n:
+        # The reader checked the decoded rows against the stored count, which planned the range.
+        raise AssertionError(f"range [{first}, {first + rows}) is past the row group's {n} rows")
+    out = UnitColumns({k: slice_rows(v, first, first + rows) for k, v in cols.items()})
+    # Runs of same-strided columns stay runs: the same rows of each (one 2-D view).
+    out.runs = {k: (run[:, first : first + rows], i, names) for k, (run, i, names) in cols.runs.items()}
+    out.check = cols.check  # the assembler verifies a cache entry's bytes before copying them
+    return out
+
+
 def _assemble(cfg: WorkerConfig, task: Task, segs: _shm.WorkerSegments | None,
-              units: list[dict[str, Column]]) -> tuple[Any, Layout]:
+              units: list[UnitColumns]) -> tuple[Any, Layout]:
     perm = (
         block_permutation(task.seed, task.epoch, task.partition, task.number, task.rows)
         if task.shuffle else None

@@ -86,7 +86,7 @@ def first_step_needing(loader: Loader, rel: str, rg: int) -> int:
     files = [f.path for f in loader.dataset.files]
     unit = next(j for j, (f, g) in enumerate(zip(loader._unit_files, loader._unit_rgs))
                 if files[f] == rel and g == rg)
-    return min(b.first_step for b in loader.plan().schedule if unit in b.units)
+    return min(b.first_step for b in loader.plan().schedule if unit in b.sources)
 
 
 def consume(loader: Iterable[dict[str, Any]], hashes: list[str]) -> None:

@@ -127,7 +127,7 @@ def test_file_rewritten_with_the_same_layout_between_passes(fault_data, leaks, p
     with Loader(data.root, workers=2, pool=detload.Pool(kind=pool, prefetch=1), **OPTS) as loader:
         leaks.track(loader)
         # A file none of the blocks built ahead for the next pass reads.
-        ahead = {loader._unit_files[u] for b in loader.plan(before).schedule[:2] for u in b.units}
+        ahead = {loader._unit_files[u] for b in loader.plan(before).schedule[:2] for u in b.sources}
         rel = next(f.path for i, f in enumerate(loader.dataset.files) if i not in ahead)
         path = data.path(rel)
         for epoch in range(before):

@@ -24,7 +24,7 @@ def _victim(loader: Loader) -> tuple[int, str, int]:
     """(worker, file, row group) of a unit in the middle of the epoch's schedule."""
     sched = loader.plan().schedule
     k = len(sched) // 2
-    u = sched[k].units[0]
+    u = sched[k].sources[0]
     f, g = int(loader._unit_files[u]), int(loader._unit_rgs[u])
     return k % loader.workers, loader.dataset.files[f].path, g
 

@@ -108,7 +108,9 @@ def root(tmp_path):
     (dict(stall_timeout=-5.0), r"stall_timeout must be a positive number"),
     (dict(partitions=3, world_size=2, rank=0), r"partitions=3 must be a multiple of the world size 2"),
     (dict(batch_size=3, partitions=2), r"must divide by partitions=2"),
-    (dict(partitions=5), r"partitions=5 exceeds the 4 non-empty row groups"),
+    # Plan format 2 cuts row groups: more partitions than row groups is fine, too few rows is not.
+    (dict(partitions=5, batch_size=205, drop_last=True),
+     r"the epoch holds 200 rows, the smallest of the 5 partitions 40, fewer than one micro-batch of 41 rows"),
     (dict(rank=2, world_size=2), r"rank must be an int in \[0, 2\), got 2"),
     (dict(columns="id"), r"columns must be a list of names, got the string 'id'"),
     (dict(columns=[]), r"columns=\[\] selects nothing"),
@@ -118,7 +120,7 @@ def root(tmp_path):
     (dict(null_fill={"zz": 0}), r"null_fill names \['zz'\], which are not among the loaded columns"),
     (dict(null_fill=[1]), r"null_fill must be a dict"),
     (dict(filesystem=42), r"filesystem must be a pyarrow.fs.FileSystem or an fsspec filesystem, got int"),
-    (dict(batch_size=1000, drop_last=True), r"drop_last=True with a global batch of 1000 rows drops every row"),
+    (dict(batch_size=1000, drop_last=True), r"drop_last=True drops every row: the epoch holds 200 rows.* micro-batch of 1000 rows"),
 ])
 def test_bad_option_messages(root, kw, match):
     args = {"batch_size": 10, "seed": 0, **kw}

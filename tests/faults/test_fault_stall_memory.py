@@ -73,7 +73,7 @@ def test_stall_in_a_block_built_ahead_for_another_pass_says_so(fault_data, leaks
     data = fault_data(files=2)
     with Loader(data.root, workers=1, pool="process", **OPTS) as probe:
         files = [f.path for f in probe.dataset.files]
-        j = probe.plan(2).schedule[0].units[0]
+        j = probe.plan(2).schedule[0].sources[0]
         rel, rg = files[probe._unit_files[j]], int(probe._unit_rgs[j])
     hooks = DebugHooks(stall_unit=(rel, rg), stall_epoch=2, stall_seconds=600.0)
     with hooked(Loader, data.root, workers=1, pool=detload.Pool(kind="process", stall_timeout=1.0), debug=hooks, **OPTS) as loader:
