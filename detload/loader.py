@@ -17,7 +17,6 @@ import threading
 import time
 import types
 import warnings
-import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +30,7 @@ from ._cache import object_key, open_cache
 from ._check import check_int, check_path, check_writable_file
 from ._discovery import Dataset, SkippedFilesWarning, describe_skipped, discover
 from ._engine.config import FileRef, WorkerConfig
-from ._engine.memory import BufferWatch, keeps_ctrl_c
+from ._engine.memory import BufferWatch, finalize
 from ._engine.merge import END, STOPPED, Failure, Run, make_tasks
 from ._engine.pool import WorkerPool
 from ._hooks import Hooks
@@ -295,7 +294,7 @@ class Loader:
         # closes whatever this holds when the loader is collected without close().
         self._held: dict[str, Any] = {"pool": None, "writer": None}
         self._memory_watch = BufferWatch()  # see watch_block_memory
-        self._finalizer = weakref.finalize(self, keeps_ctrl_c(Loader._cleanup), self._held)
+        self._finalizer = finalize(self, Loader._cleanup, self._held)
 
     @property
     def _pool(self) -> WorkerPool | None:

@@ -22,12 +22,11 @@ Idle slabs stay allocated until the loader is closed or collected.
 from __future__ import annotations
 
 import threading
-import weakref
 from collections import deque
 
 import numpy as np
 
-from .memory import BufferWatch, address_of, keeps_ctrl_c
+from .memory import BufferWatch, address_of, finalize
 
 __all__ = ["BlockBuffers"]
 
@@ -81,7 +80,7 @@ class BlockBuffers:
             self.watch.added(*address_of(slab))
         # Not slab[:n]: NumPy would make views of that point at the slab itself.
         block = np.frombuffer(memoryview(slab)[:n], dtype=np.uint8)  # type: ignore[arg-type]
-        weakref.finalize(block, keeps_ctrl_c(self._give_back), slab)
+        finalize(block, self._give_back, slab)
         return block
 
     def _give_back(self, slab: np.ndarray) -> None:

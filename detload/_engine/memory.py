@@ -11,36 +11,60 @@ for that it must hear of each buffer when it appears and before it goes away.
 from __future__ import annotations
 
 import _thread
+import sys
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["BufferWatch", "address_of", "keeps_ctrl_c"]
+__all__ = ["BufferWatch", "address_of", "finalize", "install_ctrl_c_hook"]
 
 Listener = Callable[[int, int], None]
 
 
-def keeps_ctrl_c(fn: Callable[..., None]) -> Callable[..., None]:
-    """``fn`` made fit to run as a finalizer without eating a Ctrl-C.
+class finalize(weakref.finalize):
+    """``weakref.finalize`` that makes sure the Ctrl-C hook below is in place.
 
     A block's finalizer runs wherever its last view dies, often in the consumer's
-    main thread. A SIGINT landing meanwhile raises KeyboardInterrupt inside it, and
-    ``weakref`` reports that as "Exception ignored" and drops it: the training loop
-    would go on as if Ctrl-C had never been pressed. Here the interrupt is raised
-    again in the main thread once the finalizer has returned.
+    main thread, and so do the weakref callbacks of the threads a pass starts and
+    stops. A SIGINT landing meanwhile raises KeyboardInterrupt inside such a
+    callback, at any bytecode of it, and Python reports that as "Exception ignored"
+    and drops it: the training loop would go on as if Ctrl-C had never been pressed.
+    `install_ctrl_c_hook` raises it again in the main thread instead.
     """
-    def call(*args: Any) -> None:
-        try:
-            fn(*args)
-        except KeyboardInterrupt:
-            # Not interrupt_main() here: the interrupt would fire at once, still inside
-            # this finalizer. A thread of its own needs the GIL first, which this thread
-            # gives up only after the finalizer has returned.
-            _thread.start_new_thread(_thread.interrupt_main, ())
 
-    return call
+    __slots__ = ()
+
+    def __init__(self, obj: Any, func: Callable[..., Any], /, *args: Any) -> None:
+        install_ctrl_c_hook()
+        super().__init__(obj, func, *args)
+
+
+def _redeliver(unraisable: Any, previous: Callable[[Any], Any]) -> None:
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        # Not interrupt_main() here: it would fire at once, still inside the finalizer.
+        # A thread of its own needs the GIL first, which this thread gives up only after
+        # the finalizer has returned.
+        _thread.start_new_thread(_thread.interrupt_main, ())
+        return
+    previous(unraisable)
+
+
+def install_ctrl_c_hook() -> None:
+    """Chain a ``sys.unraisablehook`` that raises a dropped KeyboardInterrupt again in the
+    main thread; every other unraisable exception goes to the hook that was there before.
+    Installed when a pool starts (docs/reliability.md, "Ctrl-C")."""
+    current = sys.unraisablehook
+    if getattr(current, "_detload", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        _redeliver(unraisable, current)
+
+    hook._detload = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
 
 
 def address_of(buffer: object) -> tuple[int, int]:

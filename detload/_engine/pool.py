@@ -50,7 +50,7 @@ from . import shm as _shm
 from . import spawn as _spawn
 from .config import WorkerConfig
 from .heap import BlockBuffers
-from .memory import BufferWatch
+from .memory import BufferWatch, install_ctrl_c_hook
 from .messages import CREDIT, BlockReady, Poller, Task, Tasks, WorkerFailed
 from .passes import Passes
 from .worker import Status, ThreadLink, process_main, worker_loop
@@ -193,6 +193,7 @@ class WorkerPool:
         # A worker process importing a main module that has no guard gets here: refused
         # before anything starts (it becomes the worker's start-up error).
         _spawn.check_not_importing_main()
+        install_ctrl_c_hook()  # a Ctrl-C that lands in a weakref callback is not lost
         self.kind = kind
         self.workers = workers
         self.token = uuid.uuid4().hex[:10]

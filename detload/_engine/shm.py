@@ -34,7 +34,6 @@ import re
 import select
 import struct
 import tempfile
-import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -42,7 +41,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import SharedMemoryError
-from .memory import BufferWatch, address_of, keeps_ctrl_c
+from .memory import BufferWatch, address_of, finalize
 
 __all__ = ["SHM_DIR", "ConsumerSegments", "Segment", "WorkerSegments", "create", "discard", "sweep",
            "sweep_dead"]
@@ -430,7 +429,7 @@ class ConsumerSegments:
         # Not a slice of an array over the whole mapping: NumPy would make views of
         # that point at it, and this block array could die while they live.
         block = np.frombuffer(memoryview(mm)[:nbytes], dtype=np.uint8)  # type: ignore[arg-type]
-        weakref.finalize(block, keeps_ctrl_c(self._returns[seg.worker].send), seg.number)
+        finalize(block, self._returns[seg.worker].send, seg.number)
         return block
 
     def release(self, seg: Segment) -> None:

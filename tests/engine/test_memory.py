@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import gc
 import mmap
+import sys
 import time
 import weakref
 
 import numpy as np
 import pytest
 
-from detload._engine.memory import address_of, keeps_ctrl_c
+from detload._engine.memory import address_of, finalize, install_ctrl_c_hook
 
 
 class _Thing:
@@ -21,9 +23,9 @@ def _interrupted() -> None:
 
 
 def test_a_ctrl_c_inside_a_finalizer_reaches_the_loop():
-    """Without the wrapper weakref prints "Exception ignored" and the interrupt is lost."""
+    """With a plain weakref.finalize Python prints "Exception ignored" and the interrupt is lost."""
     thing = _Thing()
-    weakref.finalize(thing, keeps_ctrl_c(_interrupted))
+    finalize(thing, _interrupted)
     with pytest.raises(KeyboardInterrupt):
         del thing
         deadline = time.monotonic() + 5  # the re-raised interrupt comes within moments
@@ -34,10 +36,40 @@ def test_a_ctrl_c_inside_a_finalizer_reaches_the_loop():
 def test_a_finalizer_that_runs_cleanly_raises_nothing():
     seen = []
     thing = _Thing()
-    weakref.finalize(thing, keeps_ctrl_c(seen.append), 1)
+    finalize(thing, seen.append, 1)
     del thing
     time.sleep(0)
     assert seen == [1]
+
+
+def test_other_unraisable_exceptions_still_reach_the_previous_hook(monkeypatch):
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u.exc_type))
+    thing = _Thing()
+    finalize(thing, _fails)
+    del thing
+    gc.collect()
+    assert seen == [ValueError]
+
+
+def _fails() -> None:
+    raise ValueError("boom")
+
+
+def test_a_ctrl_c_in_any_weakref_callback_is_redelivered_once_the_hook_is_in(monkeypatch):
+    """Python's own callbacks (WeakSet._remove of a finished thread) swallow it as well."""
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u.exc_type))
+    install_ctrl_c_hook()
+    install_ctrl_c_hook()  # once is enough: a second call does not chain twice
+    thing = _Thing()
+    keep = weakref.ref(thing, lambda ref: _interrupted())  # noqa: F841 (a dead ref calls nothing)
+    with pytest.raises(KeyboardInterrupt):
+        del thing
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            time.sleep(0.001)
+    assert seen == []
 
 
 def test_address_of_holds_no_export():
