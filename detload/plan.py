@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -294,7 +295,24 @@ def make_plan(
     within a partition, ``shuffle_window`` consecutive units form a block; the
     partition's stream is its blocks' rows in order and step i takes rows
     [i*m, (i+1)*m) of every partition (m = global batch / P).
+
+    Deprecated: this is plan format 1, which the loader no longer uses (its
+    partitions follow the writer's row-group sizes); `make_plan_v2` is format 2.
     """
+    warnings.warn("make_plan builds a format-1 plan, which Loader no longer uses; use make_plan_v2 "
+                  "(plan format 2: row-range units, partitions balanced by rows). make_plan goes in a "
+                  "later release", DeprecationWarning, stacklevel=2)
+    return _make_plan_v1(unit_rows, options, epoch=epoch, rank=rank, dataset_fingerprint=dataset_fingerprint)
+
+
+def _make_plan_v1(
+    unit_rows: Sequence[int] | np.ndarray,
+    options: OrderOptions,
+    *,
+    epoch: int,
+    rank: int = 0,
+    dataset_fingerprint: str = "",
+) -> Plan:
     check_int("epoch", epoch, 0, _U32, shown="[0, 2**32)")
     check_int("rank", rank, 0)
     if rank >= options.world_size:

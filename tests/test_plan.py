@@ -16,6 +16,9 @@ from strategies import TAG_BLOCK, TAG_UNITS, ref_permutation, unit_rows
 from detload import EmptyDatasetError, OptionError, OrderOptions, make_plan
 from detload.plan import _entropy, block_permutation, unit_permutation
 
+# Format 1 is deprecated (make_plan warns); its tests stay while it is public.
+pytestmark = pytest.mark.filterwarnings("ignore:make_plan builds a format-1 plan:DeprecationWarning")
+
 # Planner tests start nothing: afford ten times the profile's examples.
 PURE = settings(max_examples=10 * settings().max_examples)
 
@@ -393,3 +396,10 @@ def test_two_pass_argsort_of_a_strided_view():
     view = keys[::2]
     assert not view.flags.c_contiguous
     assert np.array_equal(_stable_argsort_u64(view), np.argsort(view, kind="stable"))
+
+
+@pytest.mark.filterwarnings("default")
+def test_make_plan_is_deprecated_and_names_its_successor():
+    with pytest.warns(DeprecationWarning, match=r"make_plan builds a format-1 plan, which Loader no longer uses; "
+                                                r"use make_plan_v2"):
+        make_plan([10, 10], OrderOptions(seed=0, batch_size=4), epoch=0)

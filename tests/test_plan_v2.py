@@ -30,6 +30,9 @@ from detload.plan import (
     row_group_entropy,
 )
 
+# Format 1 is deprecated (make_plan warns); its tests stay while it is public.
+pytestmark = pytest.mark.filterwarnings("ignore:make_plan builds a format-1 plan:DeprecationWarning")
+
 # Plans of up to a few hundred thousand rows are materialised per world size: a few
 # times the profile's examples, not the tenfold of the format-1 planner tests.
 PURE = settings(max_examples=3 * settings().max_examples)
