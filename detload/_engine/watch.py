@@ -62,7 +62,7 @@ class Watch:
             raise WorkerStalledError(
                 f"worker {w} made no progress for {self.stall_timeout:g} s on block {k} "
                 f"({self._where(st)}). A stalled read (network, disk)? Raise "
-                "stall_timeout, or pass stall_timeout=None to wait forever.",
+                "it with pool=detload.Pool(stall_timeout=...), or stall_timeout=None to wait forever.",
                 worker=w, unit=self._unit(st),
             ) from None
 

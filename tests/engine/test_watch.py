@@ -38,8 +38,8 @@ def test_a_worker_whose_status_does_not_change_stalls():
     with pytest.raises(WorkerStalledError) as ei:
         watch.progress(0, 0)
     assert str(ei.value) == ("worker 0 made no progress for 0.2 s on block 0 (reading b.parquet row group 2). "
-                             "A stalled read (network, disk)? Raise stall_timeout, or pass stall_timeout=None "
-                             "to wait forever.")
+                             "A stalled read (network, disk)? Raise it with pool=detload.Pool(stall_timeout=...), "
+                             "or stall_timeout=None to wait forever.")
     assert ei.value.unit == ("b.parquet", 2)
 
 
