@@ -87,20 +87,13 @@ class BlockBuffers:
         if not self._closed:
             self._returned.append(slab)  # deque.append is atomic; no lock (see __init__)
             if self._closed:  # close() ran meanwhile: nothing would take it in
-                self._drop_returned()
+                self._take_returned()
         else:
             self.watch.removed(slab.ctypes.data)
 
-    def _drop_returned(self) -> None:
-        while True:
-            try:
-                slab = self._returned.popleft()
-            except IndexError:
-                return
-            self.watch.removed(slab.ctypes.data)
-
     def _take_returned(self) -> None:
-        """Under the lock: returned slabs become idle (or are dropped once closed)."""
+        """Under the lock: returned slabs become idle. Once closed they are dropped (and
+        withdrawn from the watch), which needs no lock: nothing touches the idle list then."""
         while True:
             try:
                 slab = self._returned.popleft()
@@ -124,4 +117,4 @@ class BlockBuffers:
             idle, self._idle = self._idle, []
         for slab in idle:
             self.watch.removed(slab.ctypes.data)
-        self._drop_returned()
+        self._take_returned()
