@@ -200,3 +200,40 @@ def test_cli_run_takes_filter_text(root, tmp_path):
 @pytest.mark.slow
 def test_filtered_matrix(root, tmp_path):
     check_matrix(root, dict(batch_size=64, seed=7, shuffle_window=2, filter=FILTERS["or-not"]), str(tmp_path))
+
+
+def test_verify_names_a_differing_filter(root, tmp_path):
+    from detload.verify import verify
+
+    paths = []
+    for name in ("range", "isin"):
+        path = str(tmp_path / f"{name}.jsonl")
+        with Loader(root, batch_size=64, seed=3, filter=FILTERS[name], manifest=path) as loader:
+            for _ in loader:
+                pass
+        paths.append(path)
+    res = verify(paths[0], paths[1])
+    assert not res.identical
+    assert "filter" in res.option_diffs and "units_digest" in res.option_diffs
+
+
+def test_bloom_filters_prune_an_absent_value(tmp_path, monkeypatch):
+    root = str(tmp_path / "bloom")
+    os.makedirs(root)
+    ids = np.random.default_rng(0).permutation(np.arange(0, 4000, 2))  # even ids, unsorted: min/max never prune
+    pq.write_table(pa.table({"id": ids}), os.path.join(root, "a.parquet"), row_group_size=500,
+                   bloom_filter_options={"id": {"ndv": 500, "fpp": 0.01}})
+    planned: list[int] = []
+    real = pq.ParquetFile.read_row_group
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group",
+                        lambda self, i, *a, **kw: planned.append(i) or real(self, i, *a, **kw))
+    with Loader(root, batch_size=8, seed=0, filter=f("id").isin([1001, 1003, int(ids[7])])) as loader:
+        assert planned == [0]  # odd ids are absent: bloom filters rule out the other row groups
+        assert loader.filter_stats["pruned"]["bloom"] == 3
+        got = [x for b in loader for x in np.asarray(b["id"]).tolist()]
+    assert got == [int(ids[7])]
+
+
+def test_a_value_of_the_wrong_type_is_refused(root):
+    with pytest.raises(OptionError, match="does not fit column 'id' of type int64"):
+        Loader(root, batch_size=8, seed=0, filter=f("id") == "x")
