@@ -189,7 +189,7 @@ def _parser() -> argparse.ArgumentParser:
     _common_loader_args(p)
     p.add_argument("--filter", default=None, metavar="FILTER",
                    help="deliver only the rows a filter keeps: a JSON DNF ('[[\"market\", \"==\", \"US\"]]') "
-                        "or filter text ('market == \"US\" and day >= 20260101'); see docs/filters.md")
+                        "or filter text ('market == \"US\" and day >= 20260101'); see docs/filters.md (default: none, every row)")
     p.add_argument("--workers", type=_workers, default=1, help="worker count or 'auto' (one per core, at most 16)")
     p.add_argument("--pool", choices=["thread", "process"], default="thread", help="what the workers are")
     p.add_argument("--prefetch", type=int, default=2, help="blocks queued per worker")
