@@ -187,6 +187,9 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="iterate a dataset and write the manifest of every batch", formatter_class=fmt,
                        description="Iterate SOURCE for --epochs epochs as a training job would, writing the manifest.")
     _common_loader_args(p)
+    p.add_argument("--filter", default=None, metavar="FILTER",
+                   help="deliver only the rows a filter keeps: a JSON DNF ('[[\"market\", \"==\", \"US\"]]') "
+                        "or filter text ('market == \"US\" and day >= 20260101'); see docs/filters.md (default: none, every row)")
     p.add_argument("--workers", type=_workers, default=1, help="worker count or 'auto' (one per core, at most 16)")
     p.add_argument("--pool", choices=["thread", "process"], default="thread", help="what the workers are")
     p.add_argument("--prefetch", type=int, default=2, help="blocks queued per worker")
@@ -363,6 +366,8 @@ def _cmd_run(a: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     kwargs = {**_loader_kwargs(a), **_groups(a, pool=a.pool, prefetch=a.prefetch, cache_dir=a.cache_dir,
                                             cache_limit=a.cache_limit, cache_map_limit=a.cache_map_limit)}
+    if a.filter is not None:  # only when given: the Loader's keywords stay those of earlier runs
+        kwargs["filter"] = a.filter
     with interruptible(), Loader(a.source, workers=a.workers, manifest=a.manifest, **kwargs) as loader:
         _check_outside_dataset(loader, a.source, "--manifest", loader.manifest_path)
         _check_outside_dataset(loader, a.source, "--cache-dir", a.cache_dir)

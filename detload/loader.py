@@ -19,7 +19,7 @@ import types
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import xxhash
@@ -49,6 +49,10 @@ from .plan import (
     make_plan_v2,
 )
 from .stats import Stats, _cores, summarize
+
+if TYPE_CHECKING:  # imported when a filter is given: pyarrow.compute and .dataset cost import time
+    from ._filters.canonical import Filter
+    from ._filters.planning import FilterStats
 
 __all__ = ["STATE_FORMAT_VERSION", "BlockMemoryWarning", "Loader", "compare_ranks", "resolve_workers"]
 
@@ -151,6 +155,10 @@ class Loader:
     - ``partitions``: canonical partitions P (default: the world size); fix it to change
       the world size without changing the order.
     - ``manifest``: path of a manifest to write (a directory gets ``rank-NNNNN.jsonl``).
+    - ``filter``: deliver only the rows a filter keeps, exactly the rows pyarrow's own
+      filter keeps: a ``pyarrow.compute`` expression, a DNF list of ``(column, op, value)``
+      tuples, or a string (JSON DNF, or filter text such as ``'market == "US"'``); see
+      docs/filters.md. Row groups are pruned and the rows selected while the loader is built.
 
     The settings that never change a byte of any batch come in groups
     (``detload.options``), each with a shorthand:
@@ -193,6 +201,7 @@ class Loader:
         cache: Cache | str | os.PathLike[str] | None = None,
         distributed: Distributed | tuple[int, int] | None = None,
         storage: Storage | Any = None,
+        filter: Any = None,  # noqa: A002 - the option's public name
         **deprecated: Any,
     ) -> None:
         #: Test and benchmark hooks (never set in production): those in force when built.
@@ -241,8 +250,24 @@ class Loader:
             if spec.name in self.null_fill:
                 _check_fill(spec, self.dataset, self.null_fill[spec.name])
         self._unit_files, self._unit_rgs, self._unit_rows = self.dataset.units()
-        # Format 2's units, built once: every epoch's plan cuts and deals the same list.
-        self._units = UnitList.from_row_groups(self._unit_files, self._unit_rgs, self._unit_rows)
+        #: The parsed filter (None: every row), and what planning did with it.
+        self.filter: Filter | None = None
+        self._selections: dict[tuple[int, int], np.ndarray] | None = None
+        self._filter_stats: FilterStats | None = None
+        if filter is not None:
+            from ._filters.canonical import parse_filter
+            from ._filters.planning import filter_units
+
+            self.filter = parse_filter(filter, self.dataset.schema, dict(self.dataset.partition_types))
+            # Planning prunes row groups and runs the selection pass now, so that the plan is
+            # exact: len(), partitions and resume count the selected rows.
+            chosen = filter_units(self.dataset, self.filter)
+            self._units = UnitList(chosen.units)
+            self._selections = chosen.selections
+            self._filter_stats = chosen.stats
+        else:
+            # Format 2's units, built once: every epoch's plan cuts and deals the same list.
+            self._units = UnitList.from_row_groups(self._unit_files, self._unit_rgs, self._unit_rows)
         # Cache state never enters `order`: cold, warm and uncached runs yield the same bytes.
         fs = self.dataset.filesystem
         self._cache_keys = [object_key(fs, f.location, f.size, f.mtime_ns, f.etag) for f in self.dataset.files]
@@ -263,6 +288,10 @@ class Loader:
         }
         if self.cast:  # only when given: loaders without a cast keep their fingerprints
             self.order["cast"] = dict(sorted(self.cast.items()))
+        if self.filter is not None:  # likewise: unfiltered loaders keep their order and fingerprint
+            # A long isin list enters as its hash (the manifest header keeps it whole).
+            self.order["filter"] = json.dumps(self.filter.order_value(), sort_keys=True, separators=(",", ":"),
+                                              ensure_ascii=False)
         self.fingerprint = xxhash.xxh3_128_hexdigest(json.dumps(self.order, sort_keys=True).encode())
         self._block_memory: int | None = pool_opts.block_memory_bytes
         # Estimated now, with discovery: a variable-length column's estimate reads a footer,
@@ -295,6 +324,13 @@ class Loader:
         self._held: dict[str, Any] = {"pool": None, "writer": None}
         self._memory_watch = BufferWatch()  # see watch_block_memory
         self._finalizer = finalize(self, Loader._cleanup, self._held)
+
+    @property
+    def filter_stats(self) -> dict[str, Any] | None:
+        """What planning did with ``filter=`` (None without one): row groups in all, pruned by
+        partition values, statistics or bloom filters, read by the selection pass, found empty
+        there, and the rows selected out of the rows in all."""
+        return None if self._filter_stats is None else self._filter_stats.as_dict()
 
     @property
     def _pool(self) -> WorkerPool | None:
@@ -384,7 +420,8 @@ class Loader:
 
             def make_cfg(shm_dir: str | None, prefix: str) -> WorkerConfig:
                 return WorkerConfig(files, ds.filesystem, tuple(self.specs), self.null_fill, shm_dir,
-                                    prefix, os.getpid(), self._hooks.debug, cache=self.cache)
+                                    prefix, os.getpid(), self._hooks.debug, cache=self.cache,
+                                    selections=self._selections)
 
             self._held["pool"] = WorkerPool(make_cfg, self.workers, self.pool_kind, self.prefetch,
                                            self._memory_watch)
@@ -406,6 +443,7 @@ class Loader:
             "owned_partitions": list(self.plan().owned_partitions),
             "workers": self.workers,
             "pool": self.pool_kind,
+            **({"filter": self.filter.header_value()} if self.filter is not None else {}),
         }
 
     @property

@@ -32,7 +32,7 @@ from .._arrow import int64_array
 from .._types import Column, ColumnSpec, Ragged, RaggedKind
 from .._types import _np_dtype as _dtype
 
-__all__ = ["Layout", "assemble", "slice_rows", "views"]
+__all__ = ["Layout", "assemble", "slice_rows", "take_rows", "views"]
 
 _ALIGN = 64
 
@@ -193,6 +193,32 @@ def slice_rows(col: Column, lo: int, hi: int) -> Column:
         offs = col.offsets[lo : hi + 1]
         return Ragged(col.values[a:b], offs - a if a else offs, col.kind)
     return col[lo:hi]
+
+
+def take_rows(col: Column, idx: np.ndarray) -> Column:
+    """Rows ``idx`` of a column, in that order, as a new column (a Ragged's values gathered too)."""
+    if isinstance(col, Ragged):
+        n = int(idx.shape[0])
+        lengths = np.diff(col.offsets)[idx]
+        offsets = np.empty(n + 1, dtype=np.int64)
+        values = np.empty((int(lengths.sum()), *col.values.shape[1:]), dtype=col.values.dtype)
+        offsets[0] = 0
+        if not n:
+            return Ragged(values, offsets, col.kind)
+        if col.kind in ("utf8", "binary") and col.values.dtype == np.uint8 and col.values.shape[0]:
+            # Arrow's take copies each string whole (as _bytes_take, which takes a full permutation).
+            src = pa.Array.from_buffers(pa.large_binary(), len(col),
+                                        [None, pa.py_buffer(col.offsets), pa.py_buffer(col.values)])
+            taken = src.take(int64_array(idx))
+            bufs = taken.buffers()
+            offs = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1, offset=taken.offset * 8)
+            np.subtract(offs, offs[0], out=offsets)
+            if bufs[2] is not None and values.shape[0]:
+                values[:] = np.frombuffer(bufs[2], dtype=np.uint8)[offs[0] : offs[-1]]
+        else:
+            _ragged_take(col, idx, offsets, values)
+        return Ragged(values, offsets, col.kind)
+    return np.take(col, idx, axis=0)
 
 
 def _concat_ragged(name: str, parts: Sequence[Ragged]) -> Ragged:

@@ -30,7 +30,7 @@ from .._types import UnitColumns
 from ..plan import block_permutation
 from . import shm as _shm
 from . import spawn as _spawn
-from .block import Layout, assemble, slice_rows
+from .block import Layout, assemble, slice_rows, take_rows
 from .config import WorkerConfig
 from .messages import (
     CREDIT,
@@ -106,6 +106,7 @@ def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: 
     """Build the block; False if a cache entry's deferred checksum failed (see _cache.PendingCheck)."""
     whole = []  # each range's row group as read (and cached): what `settle` checks
     units = []  # each range's rows: the row group itself, or a view of its rows
+    selections = cfg.selections
     for f, rg, first, rows in task.units:
         status.set(gen, task.k, f, rg)
         _debug_before_read(cfg, task, f, rg)
@@ -113,6 +114,15 @@ def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: 
         # without cuts (the cache holds row groups, not ranges); a range is a view of it.
         cols = reader.read(f, rg, t, defer=defer)
         whole.append(cols)
+        picked = selections.get((f, rg)) if selections else None
+        if picked is not None:
+            # A filter's selection: its rows are gathered first, and the range counts in them.
+            # The gather reads the whole entry, so a cache entry's checksum is settled first.
+            if cols.check is not None and not reader.settle(cols, f, rg):
+                return None, None, False  # type: ignore[return-value]
+            t0 = time.perf_counter()
+            cols = _select(cols, picked)
+            t.add("convert", t0, time.perf_counter())  # the gather counts as conversion (no stage of its own yet)
         units.append(_rows_of(cols, first, rows))
     t0 = time.perf_counter()
     try:
@@ -126,6 +136,11 @@ def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: 
     intact = all([reader.settle(u, r[0], r[1]) for u, r in zip(whole, task.units)])
     t.add("permute", t0, time.perf_counter())
     return payload, layout, intact
+
+
+def _select(cols: UnitColumns, picked: np.ndarray) -> UnitColumns:
+    """The rows ``picked`` (sorted indices) of a row group's columns, as new arrays."""
+    return UnitColumns({k: take_rows(v, picked) for k, v in cols.items()})
 
 
 def _rows_of(cols: UnitColumns, first: int, rows: int) -> UnitColumns:

@@ -5,4 +5,5 @@
 - text.py       the command-line filter syntax, read with ``ast`` and never evaluated
 - prune.py      which row groups can hold a matching row, from footer statistics (true/false/unknown)
 - bloom.py      Parquet split-block bloom filters, probed for equality and ``in`` values
+- planning.py   the loader's use of a filter: prune, run the selection pass, build the plan's units
 """

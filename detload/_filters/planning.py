@@ -1,0 +1,144 @@
+"""A filter at planning time: prune row groups, run the selection pass, build the plan's units.
+
+`filter_units` opens each file's footer, asks `Filter.prune_source` about every
+non-empty row group (Hive partition values, then footer statistics, then bloom
+filters), and, for a row group that none of them settles, reads only the
+filter's stored columns of it and keeps the exact rows `Filter.select` keeps.
+The result is deterministic: the same dataset and filter give the same units,
+selections and digest whatever the thread count, because each file's answer is
+computed on its own and the answers are joined in canonical file order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import xxhash
+
+from ..errors import EmptyDatasetError
+from ..plan import Range, Unit
+from .bloom import BloomReader
+from .canonical import Filter
+from .prune import row_group_stats
+
+__all__ = ["FilterStats", "FilteredUnits", "filter_units"]
+
+
+@dataclass
+class FilterStats:
+    """What planning did with a filter: row groups pruned (by the evidence that settled them),
+    read by the selection pass, and rows kept. Plain data (``as_dict`` for printing)."""
+
+    row_groups: int = 0
+    pruned: dict[str, int] = field(default_factory=lambda: {"partition": 0, "statistics": 0, "bloom": 0})
+    all_rows: int = 0  # row groups whose every row matches (settled without reading)
+    selection_pass: int = 0  # row groups whose filter columns were read
+    selected_empty: int = 0  # of those, the ones where no row matched (dropped from the plan)
+    rows_total: int = 0
+    rows_selected: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "row_groups": self.row_groups,
+            "pruned": dict(self.pruned),
+            "pruned_total": sum(self.pruned.values()),
+            "all_rows": self.all_rows,
+            "selection_pass": self.selection_pass,
+            "selected_empty": self.selected_empty,
+            "rows_total": self.rows_total,
+            "rows_selected": self.rows_selected,
+        }
+
+
+@dataclass
+class FilteredUnits:
+    """The units of a filtered plan and, per (file index, row group) with a partial selection,
+    the sorted int64 indices of its stored rows that are delivered."""
+
+    units: list[Unit]
+    selections: dict[tuple[int, int], np.ndarray]
+    stats: FilterStats
+
+
+# One file's answer: per non-empty row group (rg, stored rows, verdict, source, indices or None).
+_Answer = list[tuple[int, int, str, str, "np.ndarray | None"]]
+
+
+def _selection_id(flt_digest: str, idx: np.ndarray) -> str:
+    # Names the selection by what it keeps, so the UnitList digest covers the rows exactly.
+    return f"{flt_digest[:16]}:{len(idx)}:{xxhash.xxh3_128_hexdigest(idx.astype('<i8', copy=False).tobytes())}"
+
+
+def _file_answer(dataset: Any, i: int, flt: Filter) -> _Answer:
+    f = dataset.files[i]
+    fs = dataset.filesystem
+    stored = list(flt.stored_columns)
+    pvals = dict(f.partition_values)
+    out: _Answer = []
+    if not any(n > 0 for n in f.row_groups):
+        return out
+    with fs.open_input_file(f.location) as handle:
+        pf = pq.ParquetFile(handle)
+        md = pf.metadata
+        schema = md.schema.to_arrow_schema()
+        bloom = BloomReader(handle, md) if stored else None
+        for g, n in enumerate(f.row_groups):
+            if n <= 0:
+                continue
+            stats = row_group_stats(md.row_group(g), schema, columns=stored) if stored else {}
+            verdict, source = flt.prune_source(stats, pvals, n, bloom=bloom.probe(g) if bloom else None)
+            idx: np.ndarray | None = None
+            if verdict == "some":
+                table = pf.read_row_group(g, columns=stored, use_threads=False)
+                idx = flt.select(table, pvals)
+            out.append((g, n, verdict, source, idx))
+    return out
+
+
+def filter_units(dataset: Any, flt: Filter, *, threads: int = 8) -> FilteredUnits:
+    """The units, selections and stats of ``dataset`` under ``flt`` (see the module docstring).
+
+    Raises `EmptyDatasetError` naming the filter when no row matches.
+    """
+    n_files = len(dataset.files)
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, n_files))) as ex:
+        answers: Sequence[_Answer] = list(ex.map(lambda i: _file_answer(dataset, i, flt), range(n_files)))
+    stats = FilterStats()
+    units: list[Unit] = []
+    selections: dict[tuple[int, int], np.ndarray] = {}
+    digest = flt.digest()
+    for i, answer in enumerate(answers):
+        for g, n, verdict, source, idx in answer:
+            stats.row_groups += 1
+            stats.rows_total += n
+            if verdict == "none":
+                stats.pruned[source] += 1
+                continue
+            if verdict == "all":
+                stats.all_rows += 1
+                stats.rows_selected += n
+                units.append(Unit((Range(i, g, 0, n),)))
+                continue
+            assert idx is not None
+            stats.selection_pass += 1
+            if len(idx) == 0:
+                stats.selected_empty += 1
+                continue
+            stats.rows_selected += len(idx)
+            if len(idx) == n:  # every row matched: delivered as stored, no selection to apply
+                units.append(Unit((Range(i, g, 0, n),)))
+                continue
+            selections[(i, g)] = idx
+            units.append(Unit((Range(i, g, 0, len(idx)),), (), _selection_id(digest, idx)))
+    if not units:
+        raise EmptyDatasetError(
+            f"filter {flt.canonical_json} selects no row of the dataset at {dataset.root!r}: of its "
+            f"{stats.row_groups} row group(s) ({stats.rows_total} rows), {sum(stats.pruned.values())} were "
+            f"pruned without reading and {stats.selected_empty} had no matching row"
+        )
+    return FilteredUnits(units, selections, stats)
