@@ -250,6 +250,13 @@ class Loader:
             if spec.name in self.null_fill:
                 _check_fill(spec, self.dataset, self.null_fill[spec.name])
         self._unit_files, self._unit_rgs, self._unit_rows = self.dataset.units()
+        # Cache state never enters `order`: cold, warm and uncached runs yield the same bytes.
+        fs = self.dataset.filesystem
+        self._cache_keys = [object_key(fs, f.location, f.size, f.mtime_ns, f.etag) for f in self.dataset.files]
+        self._uris = [object_uri(fs, f.location) for f in self.dataset.files]
+        self.cache = (open_cache(cache_opts.dir, cache_opts.limit, self._cache_keys,
+                                 cache_map_limit=cache_opts.map_limit, fail_after_bytes=self._hooks.cache_fail_after_bytes)
+                      if cache_opts is not None else None)
         #: The parsed filter (None: every row), and what planning did with it.
         self.filter: Filter | None = None
         self._selections: dict[tuple[int, int], np.ndarray] | None = None
@@ -261,20 +268,13 @@ class Loader:
             self.filter = parse_filter(filter, self.dataset.schema, dict(self.dataset.partition_types))
             # Planning prunes row groups and runs the selection pass now, so that the plan is
             # exact: len(), partitions and resume count the selected rows.
-            chosen = filter_units(self.dataset, self.filter)
+            chosen = filter_units(self.dataset, self.filter, cache=self.cache, cache_keys=self._cache_keys)
             self._units = UnitList(chosen.units)
             self._selections = chosen.selections
             self._filter_stats = chosen.stats
         else:
             # Format 2's units, built once: every epoch's plan cuts and deals the same list.
             self._units = UnitList.from_row_groups(self._unit_files, self._unit_rgs, self._unit_rows)
-        # Cache state never enters `order`: cold, warm and uncached runs yield the same bytes.
-        fs = self.dataset.filesystem
-        self._cache_keys = [object_key(fs, f.location, f.size, f.mtime_ns, f.etag) for f in self.dataset.files]
-        self._uris = [object_uri(fs, f.location) for f in self.dataset.files]
-        self.cache = (open_cache(cache_opts.dir, cache_opts.limit, self._cache_keys,
-                                 cache_map_limit=cache_opts.map_limit, fail_after_bytes=self._hooks.cache_fail_after_bytes)
-                      if cache_opts is not None else None)
         self.order = {
             **self.options.order_dict(),
             "columns": names,

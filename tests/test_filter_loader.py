@@ -112,7 +112,7 @@ def test_pruned_row_groups_are_never_read(tmp_path, unit_log, monkeypatch):
     assert got == list(range(250, 330))
     assert sorted({rg for _, rg in unit_log}) == [2, 3]
     assert stats == {"row_groups": 10, "pruned": {"partition": 0, "statistics": 8, "bloom": 0},
-                     "pruned_total": 8, "all_rows": 0, "selection_pass": 2, "selected_empty": 0,
+                     "pruned_total": 8, "all_rows": 0, "selection_pass": 2, "selection_cached": 0, "selected_empty": 0,
                      "rows_total": 1000, "rows_selected": 80}
 
 
@@ -237,3 +237,33 @@ def test_bloom_filters_prune_an_absent_value(tmp_path, monkeypatch):
 def test_a_value_of_the_wrong_type_is_refused(root):
     with pytest.raises(OptionError, match="does not fit column 'id' of type int64"):
         Loader(root, batch_size=8, seed=0, filter=f("id") == "x")
+
+
+def test_a_cached_selection_is_read_back_instead_of_the_filter_columns(root, tmp_path, monkeypatch):
+    """With cache=, each row group's selection is a derived entry (file version + filter):
+    the next loader with the same filter reads no filter column at planning and yields the
+    same batches; another filter misses."""
+    from detload.audit import hash_batch
+
+    expr = FILTERS["is_valid-and"]
+    cache = str(tmp_path / "cache")
+    with Loader(root, batch_size=64, seed=3, filter=expr, cache=cache) as cold:
+        cold_stats = cold.filter_stats
+        want = [hash_batch(b)[0] for b in cold]
+    assert cold_stats["selection_pass"] > 0 and cold_stats["selection_cached"] == 0
+    reads: list[int] = []
+    real = pq.ParquetFile.read_row_group
+
+    def read_row_group(self, i, *a, **kw):
+        reads.append(i)
+        return real(self, i, *a, **kw)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", read_row_group)
+    with Loader(root, batch_size=64, seed=3, filter=expr, cache=cache) as warm:
+        assert reads == []  # planning took every selection from the cache
+        stats = warm.filter_stats
+        assert stats["selection_cached"] == cold_stats["selection_pass"] and stats["selection_pass"] == 0
+        assert warm.order == cold.order
+        assert [hash_batch(b)[0] for b in warm] == want
+    with Loader(root, batch_size=64, seed=3, filter=FILTERS["or-not"], cache=cache) as other:
+        assert other.filter_stats["selection_cached"] == 0 and other.filter_stats["selection_pass"] > 0

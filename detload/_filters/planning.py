@@ -11,6 +11,7 @@ computed on its own and the answers are joined in canonical file order.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ class FilterStats:
     pruned: dict[str, int] = field(default_factory=lambda: {"partition": 0, "statistics": 0, "bloom": 0})
     all_rows: int = 0  # row groups whose every row matches (settled without reading)
     selection_pass: int = 0  # row groups whose filter columns were read
+    selection_cached: int = 0  # row groups whose selection came from the cache instead
     selected_empty: int = 0  # of those, the ones where no row matched (dropped from the plan)
     rows_total: int = 0
     rows_selected: int = 0
@@ -49,6 +51,7 @@ class FilterStats:
             "pruned_total": sum(self.pruned.values()),
             "all_rows": self.all_rows,
             "selection_pass": self.selection_pass,
+            "selection_cached": self.selection_cached,
             "selected_empty": self.selected_empty,
             "rows_total": self.rows_total,
             "rows_selected": self.rows_selected,
@@ -74,7 +77,15 @@ def _selection_id(flt_digest: str, idx: np.ndarray) -> str:
     return f"{flt_digest[:16]}:{len(idx)}:{xxhash.xxh3_128_hexdigest(idx.astype('<i8', copy=False).tobytes())}"
 
 
-def _file_answer(dataset: Any, i: int, flt: Filter) -> _Answer:
+def _selection_identity(flt: Filter, dataset: Any) -> str:
+    # What decides a row group's selection besides the file's version: the filter and how
+    # partition values are typed (they are compared as typed values).
+    types = json.dumps(sorted(dict(dataset.partition_types).items()))
+    return f"selection/1/{flt.digest()}/{types}"
+
+
+def _file_answer(dataset: Any, i: int, flt: Filter, store: Any = None, key: str = "",
+                 identity: str = "") -> _Answer:
     f = dataset.files[i]
     fs = dataset.filesystem
     stored = list(flt.stored_columns)
@@ -94,20 +105,40 @@ def _file_answer(dataset: Any, i: int, flt: Filter) -> _Answer:
             verdict, source = flt.prune_source(stats, pvals, n, bloom=bloom.probe(g) if bloom else None)
             idx: np.ndarray | None = None
             if verdict == "some":
-                table = pf.read_row_group(g, columns=stored, use_threads=False)
-                idx = flt.select(table, pvals)
+                cached = store.get(key, g, identity) if store is not None else None
+                rows = cached.get("rows") if cached is not None else None
+                if isinstance(rows, np.ndarray) and rows.dtype == np.int64 and rows.ndim == 1 and (
+                        rows.size == 0 or (rows[0] >= 0 and rows[-1] < n and rows.size <= n)):
+                    idx, source = rows, "cache"
+                else:
+                    table = pf.read_row_group(g, columns=stored, use_threads=False)
+                    idx = flt.select(table, pvals)
+                    if store is not None:
+                        store.put(key, g, identity, {"rows": np.ascontiguousarray(idx, dtype=np.int64)})
             out.append((g, n, verdict, source, idx))
     return out
 
 
-def filter_units(dataset: Any, flt: Filter, *, threads: int = 8) -> FilteredUnits:
+def filter_units(dataset: Any, flt: Filter, *, threads: int = 8, cache: Any = None,
+                 cache_keys: Sequence[str] = ()) -> FilteredUnits:
     """The units, selections and stats of ``dataset`` under ``flt`` (see the module docstring).
+
+    With ``cache`` (a `CacheConfig`) each row group's selection is kept as a derived cache
+    entry keyed by the file's version (``cache_keys[i]``) and the filter, and read back
+    instead of the filter's columns by the next loader with the same filter.
 
     Raises `EmptyDatasetError` naming the filter when no row matches.
     """
     n_files = len(dataset.files)
     with ThreadPoolExecutor(max_workers=max(1, min(threads, n_files))) as ex:
-        answers: Sequence[_Answer] = list(ex.map(lambda i: _file_answer(dataset, i, flt), range(n_files)))
+        if cache is not None:
+            from .._cache.derived import DerivedStore
+
+            store, identity = DerivedStore(cache), _selection_identity(flt, dataset)
+            answers: Sequence[_Answer] = list(ex.map(
+                lambda i: _file_answer(dataset, i, flt, store, cache_keys[i], identity), range(n_files)))
+        else:
+            answers = list(ex.map(lambda i: _file_answer(dataset, i, flt), range(n_files)))
     stats = FilterStats()
     units: list[Unit] = []
     selections: dict[tuple[int, int], np.ndarray] = {}
@@ -125,7 +156,10 @@ def filter_units(dataset: Any, flt: Filter, *, threads: int = 8) -> FilteredUnit
                 units.append(Unit((Range(i, g, 0, n),)))
                 continue
             assert idx is not None
-            stats.selection_pass += 1
+            if source == "cache":
+                stats.selection_cached += 1
+            else:
+                stats.selection_pass += 1
             if len(idx) == 0:
                 stats.selected_empty += 1
                 continue
