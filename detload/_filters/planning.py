@@ -102,7 +102,8 @@ def _file_answer(dataset: Any, i: int, flt: Filter, store: Any = None, key: str 
             if n <= 0:
                 continue
             stats = row_group_stats(md.row_group(g), schema, columns=stored) if stored else {}
-            verdict, source = flt.prune_source(stats, pvals, n, bloom=bloom.probe(g) if bloom else None)
+            verdict, settled_by = flt.prune_source(stats, pvals, n, bloom=bloom.probe(g) if bloom else None)
+            source: str = settled_by  # or "cache": the selection was read back, not computed
             idx: np.ndarray | None = None
             if verdict == "some":
                 cached = store.get(key, g, identity) if store is not None else None
