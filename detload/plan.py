@@ -280,6 +280,20 @@ def order_fingerprint(dataset_fingerprint: str, options: OrderOptions) -> str:
     return xxhash.xxh3_128_hexdigest(payload.encode())
 
 
+def _steps(part_rows: Sequence[int], m: int, drop_last: bool) -> int:
+    """Steps every rank takes: each partition gives one micro-batch of ``m`` rows per step, so
+    the shortest partition's full micro-batches (drop_last) or the longest one's, last short."""
+    return min(r // m for r in part_rows) if drop_last else max(-(-r // m) for r in part_rows)
+
+
+def _rank_schedule(blocks: Sequence[Sequence[Any]], options: OrderOptions, rank: int, steps: int) -> tuple[Any, ...]:
+    """The blocks of ``rank``'s partitions that the epoch's ``steps`` reach, in the order the
+    merger needs them (by first step, then partition, then number)."""
+    per = options.partitions // options.world_size
+    needed = [b for q in range(rank * per, (rank + 1) * per) for b in blocks[q] if b.first_step < steps]
+    return tuple(sorted(needed, key=lambda b: (b.first_step, b.partition, b.number)))
+
+
 def make_plan(
     unit_rows: Sequence[int] | np.ndarray,
     options: OrderOptions,
@@ -345,22 +359,15 @@ def _make_plan_v1(
         blocks.append(tuple(bs))
         part_rows.append(start)
     total = int(rows.sum())
-    if options.drop_last:
-        steps = min(r // m for r in part_rows)
-        if steps == 0:
-            raise OptionError(
-                f"drop_last=True with a global batch of {options.global_batch_size} rows drops "
-                f"every row: the smallest partition holds {min(part_rows)} rows. "
-                "Use a smaller batch_size or drop_last=False."
-            )
-        dropped = total - steps * m * P
-    else:
-        steps = max(-(-r // m) for r in part_rows)
-        dropped = 0
-    per = P // options.world_size
-    owned = range(rank * per, (rank + 1) * per)
-    needed = [b for p in owned for b in blocks[p] if b.first_step < steps]
-    schedule = tuple(sorted(needed, key=lambda b: (b.first_step, b.partition, b.number)))
+    steps = _steps(part_rows, m, options.drop_last)
+    if options.drop_last and steps == 0:
+        raise OptionError(
+            f"drop_last=True with a global batch of {options.global_batch_size} rows drops "
+            f"every row: the smallest partition holds {min(part_rows)} rows. "
+            "Use a smaller batch_size or drop_last=False."
+        )
+    dropped = total - steps * m * P if options.drop_last else 0
+    schedule = _rank_schedule(blocks, options, rank, steps)
     return Plan(
         options=options,
         epoch=epoch,
@@ -759,22 +766,15 @@ def make_plan_v2(
         blocks.append(tuple(bs))
     part_rows = tuple(bounds[p + 1] - bounds[p] for p in range(P))
 
-    if options.drop_last:
-        steps = min(r // m for r in part_rows)
-        if steps == 0:
-            raise OptionError(
-                f"drop_last=True drops every row: the epoch holds {total} rows, the smallest of the "
-                f"{P} partitions {min(part_rows)}, fewer than one micro-batch of {m} rows (global batch "
-                f"{options.global_batch_size} = {P} x {m}). Use a smaller batch_size or drop_last=False."
-            )
-        dropped = total - steps * m * P
-    else:
-        steps = max(-(-r // m) for r in part_rows)
-        dropped = 0
-    per = P // options.world_size
-    owned = range(rank * per, (rank + 1) * per)
-    needed = [b for q in owned for b in blocks[q] if b.first_step < steps]
-    schedule = tuple(sorted(needed, key=lambda b: (b.first_step, b.partition, b.number)))
+    steps = _steps(part_rows, m, options.drop_last)
+    if options.drop_last and steps == 0:
+        raise OptionError(
+            f"drop_last=True drops every row: the epoch holds {total} rows, the smallest of the "
+            f"{P} partitions {min(part_rows)}, fewer than one micro-batch of {m} rows (global batch "
+            f"{options.global_batch_size} = {P} x {m}). Use a smaller batch_size or drop_last=False."
+        )
+    dropped = total - steps * m * P if options.drop_last else 0
+    schedule = _rank_schedule(blocks, options, rank, steps)
     return PlanV2(
         options=options,
         epoch=epoch,
