@@ -368,6 +368,26 @@ def _int96_columns(md: pq.FileMetaData, schema: pa.Schema) -> tuple[str, ...]:
     return tuple(a.name for a, b in zip(written, schema) if not a.type.equals(b.type))
 
 
+def leaf_columns(md: pq.FileMetaData, names: Sequence[str]) -> list[int]:
+    """The column-chunk indices of the top-level columns ``names``: a nested column has
+    several leaves (``a.list.element``); a name matches its own path and those below it."""
+    wanted = set(names)
+    out = []
+    pschema = md.schema
+    for j in range(len(pschema)):
+        path = pschema.column(j).path
+        if path in wanted or any(path.startswith(n + ".") for n in wanted):
+            out.append(j)
+    return out
+
+
+def chunk_bytes(md: pq.FileMetaData, rg: int, leaves: Sequence[int]) -> int:
+    """The stored (compressed) bytes of row group ``rg``'s column chunks ``leaves``, from the
+    footer: what a read of those columns fetches, page headers and dictionaries included."""
+    group = md.row_group(rg)
+    return sum(group.column(j).total_compressed_size for j in leaves)
+
+
 def _ends_with_magic(fs: pafs.FileSystem, location: str) -> bool:
     """A complete Parquet file ends with PAR1 (after a footer length): tells truncated from damaged."""
     try:

@@ -272,6 +272,7 @@ class Loader:
             self._units = UnitList(chosen.units)
             self._selections = chosen.selections
             self._filter_stats = chosen.stats
+            self._select_spans = chosen.spans
         else:
             # Format 2's units, built once: every epoch's plan cuts and deals the same list.
             self._units = UnitList.from_row_groups(self._unit_files, self._unit_rgs, self._unit_rows)
@@ -303,6 +304,8 @@ class Loader:
             raise OptionError("the unordered merge is a benchmark-only hook and cannot write a manifest")
         self._ordered = not self._hooks.unordered
         self._tracer = Tracer(enabled=trace)
+        if self._filter_stats is not None:  # the selection pass ran above: traced as "select"
+            self._tracer.planned(self._select_spans, self._filter_stats.as_dict())
         self._epoch = 0
         self._plans: dict[int, PlanV2] = {}
         self._memory_checked = False
@@ -589,8 +592,7 @@ class Loader:
                     if writer is not None:
                         writer.write_batch(epoch, step, line)
                     self._position = step + 1
-                    tr.batches += 1
-                    tr.rows += rows
+                    tr.delivered(epoch, rows)
                     t_give = clock()
                     yield batch
                     # Not kept by this frame, which an exception raised here later would keep

@@ -122,7 +122,7 @@ def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: 
                 return None, None, False  # type: ignore[return-value]
             t0 = time.perf_counter()
             cols = _select(cols, picked)
-            t.add("convert", t0, time.perf_counter())  # the gather counts as conversion (no stage of its own yet)
+            t.add("select", t0, time.perf_counter())  # the filter's stage, as planning's selection pass
         units.append(_rows_of(cols, first, rows))
     t0 = time.perf_counter()
     try:

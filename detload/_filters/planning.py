@@ -11,16 +11,20 @@ computed on its own and the answers are joined in canonical file order.
 
 from __future__ import annotations
 
+import itertools
 import json
+import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow.parquet as pq
 import xxhash
 
+from .._discovery import chunk_bytes, leaf_columns
 from ..errors import EmptyDatasetError
 from ..plan import Range, Unit
 from .bloom import BloomReader
@@ -28,6 +32,10 @@ from .canonical import Filter
 from .prune import row_group_stats
 
 __all__ = ["FilterStats", "FilteredUnits", "filter_units"]
+
+
+#: How many row groups `FilterStats.examples` names per verdict.
+EXAMPLES = 5
 
 
 @dataclass
@@ -43,6 +51,23 @@ class FilterStats:
     selected_empty: int = 0  # of those, the ones where no row matched (dropped from the plan)
     rows_total: int = 0
     rows_selected: int = 0
+    #: Column-chunk bytes (compressed, from the footers) of the filter columns the selection pass read.
+    bytes_read: int = 0
+    seconds: float = 0.0  # wall time of the pruning and selection pass
+    #: Per verdict ("partition", "statistics", "bloom", "all_rows", "selection_pass",
+    #: "selection_cached", "selected_empty"), the first `EXAMPLES` row groups it settled, in
+    #: canonical order: (file path, row group, stored rows, rows selected).
+    examples: dict[str, list[tuple[str, int, int, int]]] = field(default_factory=dict)
+
+    @property
+    def row_groups_skipped(self) -> int:
+        """Row groups no epoch reads: pruned, or without a selected row."""
+        return sum(self.pruned.values()) + self.selected_empty
+
+    def note(self, verdict: str, path: str, rg: int, rows: int, selected: int) -> None:
+        got = self.examples.setdefault(verdict, [])
+        if len(got) < EXAMPLES:
+            got.append((path, rg, rows, selected))
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -53,8 +78,12 @@ class FilterStats:
             "selection_pass": self.selection_pass,
             "selection_cached": self.selection_cached,
             "selected_empty": self.selected_empty,
+            "row_groups_skipped": self.row_groups_skipped,
             "rows_total": self.rows_total,
             "rows_selected": self.rows_selected,
+            "bytes_read": self.bytes_read,
+            "seconds": self.seconds,
+            "examples": {k: [list(e) for e in v] for k, v in self.examples.items()},
         }
 
 
@@ -66,10 +95,22 @@ class FilteredUnits:
     units: list[Unit]
     selections: dict[tuple[int, int], np.ndarray]
     stats: FilterStats
+    #: (planning thread, start, end) of each row group's selection pass (`time.perf_counter`),
+    #: for the trace's "select" stage.
+    spans: list[tuple[int, float, float]] = field(default_factory=list)
 
 
-# One file's answer: per non-empty row group (rg, stored rows, verdict, source, indices or None).
-_Answer = list[tuple[int, int, str, str, "np.ndarray | None"]]
+class _Answer(NamedTuple):
+    """One file's answer: per non-empty row group (rg, stored rows, verdict, source, indices or
+    None); the selection pass's spans (thread, start, end) and the column-chunk bytes it read."""
+
+    groups: list[tuple[int, int, str, str, np.ndarray | None]]
+    spans: list[tuple[int, float, float]]
+    bytes_read: int
+
+
+# Which planning thread a span ran on: a small number per thread, for the trace's tracks.
+_lane = threading.local()
 
 
 def _selection_id(flt_digest: str, idx: np.ndarray) -> str:
@@ -90,14 +131,17 @@ def _file_answer(dataset: Any, i: int, flt: Filter, store: Any = None, key: str 
     fs = dataset.filesystem
     stored = list(flt.stored_columns)
     pvals = dict(f.partition_values)
-    out: _Answer = []
+    out = _Answer([], [], 0)
     if not any(n > 0 for n in f.row_groups):
         return out
+    lane = getattr(_lane, "n", 0)
     with fs.open_input_file(f.location) as handle:
         pf = pq.ParquetFile(handle)
         md = pf.metadata
         schema = md.schema.to_arrow_schema()
         bloom = BloomReader(handle, md) if stored else None
+        leaves: list[int] | None = None
+        read = 0
         for g, n in enumerate(f.row_groups):
             if n <= 0:
                 continue
@@ -106,6 +150,7 @@ def _file_answer(dataset: Any, i: int, flt: Filter, store: Any = None, key: str 
             source: str = settled_by  # or "cache": the selection was read back, not computed
             idx: np.ndarray | None = None
             if verdict == "some":
+                t0 = time.perf_counter()
                 cached = store.get(key, g, identity) if store is not None else None
                 rows = cached.get("rows") if cached is not None else None
                 if isinstance(rows, np.ndarray) and rows.dtype == np.int64 and rows.ndim == 1 and (
@@ -113,11 +158,19 @@ def _file_answer(dataset: Any, i: int, flt: Filter, store: Any = None, key: str 
                     idx, source = rows, "cache"
                 else:
                     table = pf.read_row_group(g, columns=stored, use_threads=False)
+                    if leaves is None:
+                        leaves = leaf_columns(md, stored)
+                    read += chunk_bytes(md, g, leaves)
                     idx = flt.select(table, pvals)
                     if store is not None:
                         store.put(key, g, identity, {"rows": np.ascontiguousarray(idx, dtype=np.int64)})
-            out.append((g, n, verdict, source, idx))
-    return out
+                out.spans.append((lane, t0, time.perf_counter()))
+            out.groups.append((g, n, verdict, source, idx))
+    return out._replace(bytes_read=read)
+
+
+def _name_lanes(counter: Any) -> None:
+    _lane.n = next(counter)
 
 
 def filter_units(dataset: Any, flt: Filter, *, threads: int = 8, cache: Any = None,
@@ -130,8 +183,10 @@ def filter_units(dataset: Any, flt: Filter, *, threads: int = 8, cache: Any = No
 
     Raises `EmptyDatasetError` naming the filter when no row matches.
     """
+    t_start = time.perf_counter()
     n_files = len(dataset.files)
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, n_files))) as ex:
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, n_files)), initializer=_name_lanes,
+                            initargs=(itertools.count(),)) as ex:
         if cache is not None:
             from .._cache.derived import DerivedStore
 
@@ -144,16 +199,22 @@ def filter_units(dataset: Any, flt: Filter, *, threads: int = 8, cache: Any = No
     units: list[Unit] = []
     selections: dict[tuple[int, int], np.ndarray] = {}
     digest = flt.digest()
+    spans: list[tuple[int, float, float]] = []
     for i, answer in enumerate(answers):
-        for g, n, verdict, source, idx in answer:
+        path = dataset.files[i].path
+        stats.bytes_read += answer.bytes_read
+        spans.extend(answer.spans)
+        for g, n, verdict, source, idx in answer.groups:
             stats.row_groups += 1
             stats.rows_total += n
             if verdict == "none":
                 stats.pruned[source] += 1
+                stats.note(source, path, g, n, 0)
                 continue
             if verdict == "all":
                 stats.all_rows += 1
                 stats.rows_selected += n
+                stats.note("all_rows", path, g, n, n)
                 units.append(Unit((Range(i, g, 0, n),)))
                 continue
             assert idx is not None
@@ -161,8 +222,10 @@ def filter_units(dataset: Any, flt: Filter, *, threads: int = 8, cache: Any = No
                 stats.selection_cached += 1
             else:
                 stats.selection_pass += 1
+            stats.note("selection_cached" if source == "cache" else "selection_pass", path, g, n, len(idx))
             if len(idx) == 0:
                 stats.selected_empty += 1
+                stats.note("selected_empty", path, g, n, 0)
                 continue
             stats.rows_selected += len(idx)
             if len(idx) == n:  # every row matched: delivered as stored, no selection to apply
@@ -176,4 +239,5 @@ def filter_units(dataset: Any, flt: Filter, *, threads: int = 8, cache: Any = No
             f"{stats.row_groups} row group(s) ({stats.rows_total} rows), {sum(stats.pruned.values())} were "
             f"pruned without reading and {stats.selected_empty} had no matching row"
         )
-    return FilteredUnits(units, selections, stats)
+    stats.seconds = time.perf_counter() - t_start
+    return FilteredUnits(units, selections, stats, spans)
