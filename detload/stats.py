@@ -68,20 +68,28 @@ class Reads:
     planning: dict[str, Any] = field(default_factory=dict)
 
     def line(self) -> str:
-        mb = self.bytes_read / 1e6
-        out = (f"read {self.row_groups_read:,} row group(s) from the source ({mb:,.1f} MB of column chunks), "
+        out = (f"read {self.row_groups_read:,} row group(s) from the source ({size_text(self.bytes_read)} of "
+               "column chunks), "
                f"{self.row_groups_cached:,} from the cache; {self.rows_selected:,} rows selected")
         if self.planning:
             p = self.planning
             out += (f"; filter: {self.row_groups_skipped:,} of {p.get('row_groups', 0):,} row groups skipped "
                     f"per epoch, selection pass {p.get('selection_pass', 0):,} row group(s) "
-                    f"({p.get('bytes_read', 0) / 1e6:,.1f} MB) in {p.get('seconds', 0.0):.2f} s at planning, "
+                    f"({size_text(p.get('bytes_read', 0))}) in {p.get('seconds', 0.0):.2f} s at planning, "
                     f"{p.get('selection_cached', 0):,} from the cache")
         if len(self.epochs) > 1:
             out += "; per epoch: " + ", ".join(
-                f"{e.epoch}: {e.row_groups_read:,} read ({e.bytes_read / 1e6:,.1f} MB), {e.row_groups_cached:,} "
+                f"{e.epoch}: {e.row_groups_read:,} read ({size_text(e.bytes_read)}), {e.row_groups_cached:,} "
                 f"cached, {e.rows_selected:,} rows" for e in self.epochs)
         return out
+
+
+def size_text(n: float) -> str:
+    """``1.2 MB``: bytes in decimal units, three significant digits or so."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{int(n):,} B"
 
 
 def reads_of(tr: Tracer) -> Reads:
