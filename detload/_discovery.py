@@ -438,11 +438,15 @@ def discover(
     filesystem: Any = None,
     partitioning: Mapping[str, str] | None = None,
     footer_threads: int = 16,
+    footers: list[pq.FileMetaData] | None = None,
 ) -> Dataset:
     """List a source's data files and read their footers.
 
     ``partitioning`` fixes Hive partition column types ({"key": "int64" | "string"});
     without it a key is int64 when every value found is an integer, else string.
+    ``footers``, a list, receives each file's footer (in the order of ``files``), so that
+    planning a filter need not read them again; the Dataset keeps none (footers of many
+    files take much memory).
     """
     skipped: list[str] = []
     fs, root, listed = _list_source(source, _to_filesystem(filesystem), skipped)
@@ -456,6 +460,8 @@ def discover(
     files: list[FileInfo] = []
     schemas: list[pa.Schema] = []
     int96: set[str] = set()
+    if footers is not None:
+        footers.extend(m.metadata for m in metas)
     for (rel, loc, size, mt), foot in zip(rels, metas):
         md, s = foot.metadata, foot.schema
         # Files written alike share one schema object: drift checks then cost nothing.

@@ -233,8 +233,10 @@ class Loader:
             raise OptionError(f"cast must be a dict {{column: dtype}}, got {cast!r}")
         #: Each cast column's dtype in one spelling ("f4" -> "float32"), as `order` records it.
         self.cast: dict[str, str] = {str(k): normalize_cast(str(k), v) for k, v in (cast or {}).items()}
+        # A filter's planning reads the footers discovery read: kept until then, not longer.
+        footers: list[Any] | None = [] if filter is not None else None
         self.dataset: Dataset = discover(source, filesystem=storage_opts.filesystem,
-                                         partitioning=storage_opts.partition_types)
+                                         partitioning=storage_opts.partition_types, footers=footers)
         if self.dataset.skipped:
             warnings.warn(SkippedFilesWarning(
                 f"{describe_skipped(self.dataset.skipped)} in {self.dataset.root}: they are not Parquet "
@@ -268,7 +270,9 @@ class Loader:
             self.filter = parse_filter(filter, self.dataset.schema, dict(self.dataset.partition_types))
             # Planning prunes row groups and runs the selection pass now, so that the plan is
             # exact: len(), partitions and resume count the selected rows.
-            chosen = filter_units(self.dataset, self.filter, cache=self.cache, cache_keys=self._cache_keys)
+            chosen = filter_units(self.dataset, self.filter, cache=self.cache, cache_keys=self._cache_keys,
+                                  footers=footers)
+            footers = None
             self._units = UnitList(chosen.units)
             self._selections = chosen.selections
             self._filter_stats = chosen.stats

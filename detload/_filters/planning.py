@@ -11,6 +11,7 @@ computed on its own and the answers are joined in canonical file order.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import threading
@@ -126,7 +127,7 @@ def _selection_identity(flt: Filter, dataset: Any) -> str:
 
 
 def _file_answer(dataset: Any, i: int, flt: Filter, store: Any = None, key: str = "",
-                 identity: str = "") -> _Answer:
+                 identity: str = "", footer: pq.FileMetaData | None = None) -> _Answer:
     f = dataset.files[i]
     fs = dataset.filesystem
     stored = list(flt.stored_columns)
@@ -135,11 +136,16 @@ def _file_answer(dataset: Any, i: int, flt: Filter, store: Any = None, key: str 
     if not any(n > 0 for n in f.row_groups):
         return out
     lane = getattr(_lane, "n", 0)
-    with fs.open_input_file(f.location) as handle:
-        pf = pq.ParquetFile(handle)
-        md = pf.metadata
+    with contextlib.ExitStack() as opened:
+        # The file is opened only to read from it (discovery's footer, when given, has the rest):
+        # a filter that statistics settle opens no file at all.
+        pf: pq.ParquetFile | None = None
+        if footer is None:
+            pf = pq.ParquetFile(opened.enter_context(fs.open_input_file(f.location)))
+            footer = pf.metadata
+        md = footer
         schema = md.schema.to_arrow_schema()
-        bloom = BloomReader(handle, md) if stored else None
+        bloom = opened.enter_context(BloomReader(f.location, md, filesystem=fs)) if stored else None
         leaves: list[int] | None = None
         read = 0
         for g, n in enumerate(f.row_groups):
@@ -157,6 +163,8 @@ def _file_answer(dataset: Any, i: int, flt: Filter, store: Any = None, key: str 
                         rows.size == 0 or (rows[0] >= 0 and rows[-1] < n and rows.size <= n)):
                     idx, source = rows, "cache"
                 else:
+                    if pf is None:
+                        pf = pq.ParquetFile(opened.enter_context(fs.open_input_file(f.location)), metadata=md)
                     table = pf.read_row_group(g, columns=stored, use_threads=False)
                     if leaves is None:
                         leaves = leaf_columns(md, stored)
@@ -174,17 +182,26 @@ def _name_lanes(counter: Any) -> None:
 
 
 def filter_units(dataset: Any, flt: Filter, *, threads: int = 8, cache: Any = None,
-                 cache_keys: Sequence[str] = ()) -> FilteredUnits:
+                 cache_keys: Sequence[str] = (), footers: Sequence[pq.FileMetaData] | None = None) -> FilteredUnits:
     """The units, selections and stats of ``dataset`` under ``flt`` (see the module docstring).
 
     With ``cache`` (a `CacheConfig`) each row group's selection is kept as a derived cache
     entry keyed by the file's version (``cache_keys[i]``) and the filter, and read back
     instead of the filter's columns by the next loader with the same filter.
 
+    ``footers`` are the files' footers as discovery read them (``discover(footers=[])``):
+    given, planning reads no footer again and opens only files it reads rows from.
+
     Raises `EmptyDatasetError` naming the filter when no row matches.
     """
     t_start = time.perf_counter()
     n_files = len(dataset.files)
+    if footers is not None and len(footers) != n_files:
+        raise ValueError(f"{len(footers)} footers for {n_files} files")  # a caller's bug
+
+    def footer(i: int) -> pq.FileMetaData | None:
+        return footers[i] if footers is not None else None
+
     with ThreadPoolExecutor(max_workers=max(1, min(threads, n_files)), initializer=_name_lanes,
                             initargs=(itertools.count(),)) as ex:
         if cache is not None:
@@ -192,9 +209,9 @@ def filter_units(dataset: Any, flt: Filter, *, threads: int = 8, cache: Any = No
 
             store, identity = DerivedStore(cache), _selection_identity(flt, dataset)
             answers: Sequence[_Answer] = list(ex.map(
-                lambda i: _file_answer(dataset, i, flt, store, cache_keys[i], identity), range(n_files)))
+                lambda i: _file_answer(dataset, i, flt, store, cache_keys[i], identity, footer(i)), range(n_files)))
         else:
-            answers = list(ex.map(lambda i: _file_answer(dataset, i, flt), range(n_files)))
+            answers = list(ex.map(lambda i: _file_answer(dataset, i, flt, footer=footer(i)), range(n_files)))
     stats = FilterStats()
     units: list[Unit] = []
     selections: dict[tuple[int, int], np.ndarray] = {}
