@@ -53,6 +53,7 @@ from .stats import Stats, _cores, summarize
 if TYPE_CHECKING:  # imported when a filter is given: pyarrow.compute and .dataset cost import time
     from ._filters.canonical import Filter
     from ._filters.planning import FilterStats
+    from ._filters.selection import Selection
 
 __all__ = ["STATE_FORMAT_VERSION", "BlockMemoryWarning", "Loader", "compare_ranks", "resolve_workers"]
 
@@ -261,7 +262,7 @@ class Loader:
                       if cache_opts is not None else None)
         #: The parsed filter (None: every row), and what planning did with it.
         self.filter: Filter | None = None
-        self._selections: dict[tuple[int, int], np.ndarray] | None = None
+        self._selections: dict[tuple[int, int], Selection] | None = None
         self._filter_stats: FilterStats | None = None
         if filter is not None:
             from ._filters.canonical import parse_filter

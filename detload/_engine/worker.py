@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
+from .._filters.selection import Selection
 from .._types import UnitColumns
 from ..plan import block_permutation
 from . import shm as _shm
@@ -138,9 +139,13 @@ def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: 
     return payload, layout, intact
 
 
-def _select(cols: UnitColumns, picked: np.ndarray) -> UnitColumns:
-    """The rows ``picked`` (sorted indices) of a row group's columns, as new arrays."""
-    return UnitColumns({k: take_rows(v, picked) for k, v in cols.items()})
+def _select(cols: UnitColumns, picked: Selection) -> UnitColumns:
+    """The rows ``picked`` of a row group's columns: views of one run, else new arrays."""
+    run = picked.single_run()
+    if run is not None:
+        return UnitColumns({k: slice_rows(v, *run) for k, v in cols.items()})
+    idx = picked.indices()
+    return UnitColumns({k: take_rows(v, idx) for k, v in cols.items()})
 
 
 def _rows_of(cols: UnitColumns, first: int, rows: int) -> UnitColumns:

@@ -31,6 +31,7 @@ from ..plan import Range, Unit
 from .bloom import BloomReader
 from .canonical import Filter
 from .prune import row_group_stats
+from .selection import Selection
 
 __all__ = ["FilterStats", "FilteredUnits", "filter_units"]
 
@@ -91,10 +92,10 @@ class FilterStats:
 @dataclass
 class FilteredUnits:
     """The units of a filtered plan and, per (file index, row group) with a partial selection,
-    the sorted int64 indices of its stored rows that are delivered."""
+    the stored rows that are delivered (a compact `Selection`)."""
 
     units: list[Unit]
-    selections: dict[tuple[int, int], np.ndarray]
+    selections: dict[tuple[int, int], Selection]
     stats: FilterStats
     #: (planning thread, start, end) of each row group's selection pass (`time.perf_counter`),
     #: for the trace's "select" stage.
@@ -214,7 +215,7 @@ def filter_units(dataset: Any, flt: Filter, *, threads: int = 8, cache: Any = No
             answers = list(ex.map(lambda i: _file_answer(dataset, i, flt, footer=footer(i)), range(n_files)))
     stats = FilterStats()
     units: list[Unit] = []
-    selections: dict[tuple[int, int], np.ndarray] = {}
+    selections: dict[tuple[int, int], Selection] = {}
     digest = flt.digest()
     spans: list[tuple[int, float, float]] = []
     for i, answer in enumerate(answers):
@@ -248,7 +249,7 @@ def filter_units(dataset: Any, flt: Filter, *, threads: int = 8, cache: Any = No
             if len(idx) == n:  # every row matched: delivered as stored, no selection to apply
                 units.append(Unit((Range(i, g, 0, n),)))
                 continue
-            selections[(i, g)] = idx
+            selections[(i, g)] = Selection.of(idx, n)
             units.append(Unit((Range(i, g, 0, len(idx)),), (), _selection_id(digest, idx)))
     if not units:
         raise EmptyDatasetError(
