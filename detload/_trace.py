@@ -243,7 +243,8 @@ class Tracer:
             meta.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": label}})
         # The trace format's free-form "otherData": the reads per epoch and what planning did.
         reads = {str(e): {"row_groups_read": r[0], "bytes_read": r[1], "row_groups_cached": r[2],
-                          "rows_selected": self.epoch_rows.get(e, 0)}
+                          "rows_selected": self.epoch_rows.get(e, 0),
+                          "row_groups_skipped": int(self.planning.get("row_groups_skipped", 0))}
                  for e, r in sorted(self.reads.items())}
         other = {"reads_per_epoch": reads, "planning": self.planning}
         return {"traceEvents": meta + out, "displayTimeUnit": "ms", "otherData": other}

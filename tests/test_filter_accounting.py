@@ -94,7 +94,9 @@ def test_a_filtered_loader_counts_planning_and_skipped_row_groups(root, tmp_path
     names = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
     assert any(n.startswith("planning thread") for n in names)
     assert any(e["name"] == "select" for e in trace["traceEvents"] if e["ph"] == "X")
-    assert trace["otherData"]["reads_per_epoch"]["0"]["bytes_read"] == epoch.bytes_read
+    assert trace["otherData"]["reads_per_epoch"]["0"] == {
+        "row_groups_read": epoch.row_groups_read, "bytes_read": epoch.bytes_read, "row_groups_cached": 0,
+        "rows_selected": expected, "row_groups_skipped": reads.row_groups_skipped}
     assert trace["otherData"]["planning"]["bytes_read"] == fs["bytes_read"]
     assert any(e["name"].startswith("read from the source") for e in trace["traceEvents"] if e["ph"] == "C")
     assert "row group(s) from the source" in st.table() and "skipped per epoch" in st.table()
