@@ -27,11 +27,11 @@ import pyarrow as pa
 import xxhash
 
 from .._types import UnitColumns
-from ..plan import block_permutation
 from . import shm as _shm
 from . import spawn as _spawn
-from .block import Layout, assemble, slice_rows, take_rows
+from .block import Layout, assemble, slice_rows, take_rows, views
 from .config import WorkerConfig
+from .groups import block_order, check_constant
 from .messages import (
     CREDIT,
     POLL,
@@ -161,13 +161,12 @@ def _rows_of(cols: UnitColumns, first: int, rows: int) -> UnitColumns:
 
 def _assemble(cfg: WorkerConfig, task: Task, segs: _shm.WorkerSegments | None,
               units: list[UnitColumns]) -> tuple[Any, Layout]:
-    perm = (
-        block_permutation(task.seed, task.epoch, task.partition, task.number, task.rows)
-        if task.shuffle else None
-    )
+    perm = block_order(task)  # whole groups when the task has groups (group_by)
     if segs is None:
         alloc = cfg.buffers.get if cfg.buffers is not None else (lambda n: np.empty(n, dtype=np.uint8))
         buf, layout = assemble(cfg.specs, units, perm, alloc)
+        if task.groups:
+            check_constant(cfg, task, views(buf, layout), perm)
         return buf, layout
     got: list[_shm.Segment] = []
 
@@ -178,6 +177,8 @@ def _assemble(cfg: WorkerConfig, task: Task, segs: _shm.WorkerSegments | None,
 
     try:
         buf, layout = assemble(cfg.specs, units, perm, alloc_shm)
+        if task.groups:
+            check_constant(cfg, task, views(buf, layout), perm)
     except BaseException:
         for seg in got:
             segs.unsent(seg)
