@@ -143,7 +143,8 @@ def _key_text(v: Any) -> str:
 
 def group_units(dataset: Any, key: str, units: Sequence[Unit], *,
                 selections: Mapping[tuple[int, int], np.ndarray] | None = None,
-                micro_batch: int, batch_size: int, max_group_items: int | None = None,
+                micro_batch: int, batch_size: int, world_size: int = 1, partitions: int = 1,
+                max_group_items: int | None = None,
                 cache: Any = None, cache_keys: Sequence[str] = (), threads: int = 8) -> GroupedUnits:
     """``units`` (one whole row group each, in canonical order, maybe with a selection) with
     their groups: row groups a group runs across joined into one unit of several ranges.
@@ -234,16 +235,16 @@ def group_units(dataset: Any, key: str, units: Sequence[Unit], *,
     _check_unique(dataset, key, code, gfile, grg, grow, dictionary)
     stats.groups = len(code)
     stats.largest = int(gsize.max())
-    if stats.largest > micro_batch:
-        if max_group_items is None:
-            big = int(np.argmax(gsize))
-            raise DatasetError(
-                f"group {key}={_key_text(dictionary[int(code[big])])} ({dataset.files[int(gfile[big])].path} row "
-                f"group {int(grg[big])}) holds {int(gsize[big])} items, more than a micro-batch of {micro_batch} "
-                f"items (batch_size {batch_size} per rank; the global batch over the partitions): a group is "
-                "never split across batches. Pass a larger batch_size, or max_group_items=N (N <= the "
-                "micro-batch) to split large groups into chunks of N items")
+    if max_group_items is not None:
         out = [_chunked(u, max_group_items) for u in out]
+    elif stats.largest > micro_batch:
+        big = int(np.argmax(gsize))
+        raise DatasetError(
+            f"group {key}={_key_text(dictionary[int(code[big])])} ({dataset.files[int(gfile[big])].path} row "
+            f"group {int(grg[big])}) holds {int(gsize[big])} items, more than a micro-batch of {micro_batch} "
+            f"items (the global batch, batch_size {batch_size} x world size {world_size}, over {partitions} "
+            "partition(s)): a group is never split across batches. Pass a larger batch_size, or "
+            "max_group_items=N (N <= the micro-batch) to split large groups into chunks of N items")
     stats.chunks = sum(len(u.groups) for u in out)
     return GroupedUnits(out, stats)
 

@@ -362,6 +362,7 @@ class Loader:
             self.dataset, names, group_by, group_columns, max_group_items, m)
         grouped = group_units(self.dataset, self.group_by, self._units.units, selections=self._selections,
                               micro_batch=m, batch_size=self.options.batch_size,
+                              world_size=self.options.world_size, partitions=self.options.partitions,
                               max_group_items=self.max_group_items, cache=self.cache,
                               cache_keys=self._cache_keys)
         self._units = UnitList(grouped.units)

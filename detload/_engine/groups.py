@@ -68,9 +68,10 @@ def _first_change(col: Column, is_start: np.ndarray) -> int | None:
             inner = ~is_start[row]
             inner[inner] &= lengths[row[inner]] == lengths[row[inner] - 1]
             kk = k[inner]
-            diff = (vb[kk] != vb[kk - lengths[row[kk]]]).reshape(len(kk), -1).any(axis=1)
-            if diff.any():
-                bad[row[kk[np.flatnonzero(diff)]] - 1] = True
+            if kk.size:
+                diff = (vb[kk] != vb[kk - lengths[row[kk]]]).any(axis=1)
+                if diff.any():
+                    bad[row[kk[np.flatnonzero(diff)]] - 1] = True
         hits = np.flatnonzero(bad)
         return int(hits[0]) + 1 if hits.size else None
     b = _row_bytes(col)
