@@ -318,6 +318,9 @@ def check_group_options(dataset: Any, names: Sequence[str], group_by: Any, group
             raise OptionError(f"group_columns names {c!r}, {where}: group columns are a subset of "
                               f"columns={list(names)}")
     wanted = {group_by, *group_columns}
+    if all(n in wanted for n in names):
+        raise OptionError(f"every loaded column is a group column ({list(names)}): a packed batch needs at least "
+                          "one item column (a column of columns= outside group_columns)")
     if max_group_items is not None:
         max_group_items = check_int("max_group_items", max_group_items, 1)
         if max_group_items > micro_batch:

@@ -379,6 +379,13 @@ def test_a_nan_group_column_is_constant(tmp_path):
         assert sum(b.n_items for b in L) == 4
 
 
+def test_error_no_item_column(tmp_path):
+    _write(str(tmp_path / "d" / "a.parquet"), [1, 1, 2])
+    with pytest.raises(OptionError, match=r"every loaded column is a group column \(\['q', 'qf'\]\): a packed batch "
+                                          r"needs at least one item column"):
+        Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="q", group_columns=["qf"], columns=["q", "qf"])
+
+
 def test_error_non_contiguous_groups(tmp_path):
     _write(str(tmp_path / "d" / "a.parquet"), [1, 1, 2, 2, 3, 1, 1], rg=3)
     with pytest.raises(DatasetError, match=r"group_by='q': key 1 is not contiguous in a.parquet: it occurs at row "
@@ -410,6 +417,31 @@ def test_error_a_group_larger_than_the_micro_batch(tmp_path):
 
 def test_error_null_keys(tmp_path):
     os.makedirs(tmp_path / "d")
-    pq.write_table(pa.table({"q": pa.array([1, None, 2], pa.int64())}), str(tmp_path / "d" / "a.parquet"))
+    pq.write_table(pa.table({"q": pa.array([1, None, 2], pa.int64()), "x": [1, 2, 3]}), str(tmp_path / "d" / "a.parquet"))
     with pytest.raises(DatasetError, match=r"group_by column 'q' holds nulls in a.parquet row group 0"):
         Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="q")
+
+
+@pytest.mark.parametrize(("column", "values", "rg", "bad_rg"), [
+    ("text", ["a", "a", "bb", "bc", "bb", "c"], 100, 0),     # same length, another value
+    ("text", ["a", "a", "bb", "bb", "b", "c"], 100, 0),      # another length
+    ("text", ["a", "a", "bb", "bb", "bx", "c"], 4, 1),       # changes where the group runs into the next row group
+    ("emb", [[1, 1], [1, 1], [2, 2], [2, 2], [2, 3], [3, 3]], 4, 1),
+    ("emb", [[1, 1], [1, 1], [2, 2], [2, 2], [2, 2], [3, 3]], 4, None),
+    ("text", ["a", "a", "bb", "bb", "bb", "c"], 3, None),
+])
+def test_group_columns_are_compared_bitwise_across_row_groups(tmp_path, column, values, rg, bad_rg):
+    os.makedirs(tmp_path / "d")
+    q = [1, 1, 2, 2, 2, 3]
+    text = values if column == "text" else ["t"] * 6
+    emb = values if column == "emb" else [[0, 0]] * 6
+    pq.write_table(pa.table({"q": q, "text": text, "emb": pa.array(emb, pa.list_(pa.float32(), 2)),
+                             "item": range(6)}), str(tmp_path / "d" / "a.parquet"), row_group_size=rg)
+    with Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="q", group_columns=["text", "emb"]) as L:
+        if bad_rg is None:
+            got = [b.unpack() for b in L]
+            assert sorted(i for b in got for i in b["item"].tolist()) == list(range(6))
+        else:
+            with pytest.raises(DataError, match=rf"group column '{column}' is not constant within group q=2: it "
+                                                rf"changes in a.parquet row group {bad_rg} "):
+                list(L)

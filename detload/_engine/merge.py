@@ -29,7 +29,7 @@ from ..errors import DetloadError, WorkerError
 from ..packed import Packed
 from ..plan import PlanV2
 from .block import slice_rows, views
-from .groups import pack, pack_parts
+from .groups import block_piece, pack
 from .messages import POLL, BlockReady, Task, WorkerFailed, put_until
 from .passes import concerns
 from .pool import WorkerPool
@@ -426,15 +426,14 @@ class Run:
         items: list[dict[str, Column]] = []
         groups: list[dict[str, Column]] = []
         for start, cols in buf:
-            n = len(next(iter(cols.values())))
+            n = len(next(iter(cols.values())))  # an item column: grouped blocks list them first
             a, b = max(lo, start), min(hi, start + n)
             if a < b:
-                # Blocks begin and end at group starts, so a piece holds whole groups.
-                i, j = int(np.searchsorted(gb, a)), int(np.searchsorted(gb, b))
-                offs = gb[i : j + 1] - a
-                piece = {k: c[a - start : b - start] if type(c) is np.ndarray else slice_rows(c, a - start, b - start)
-                         for k, c in cols.items()}
-                it, gr = pack_parts(piece, offs, gcols)
+                # Blocks begin and end at group starts, so a piece holds whole groups; a block's
+                # group columns hold one row per group (see groups.build_grouped).
+                g0 = int(np.searchsorted(gb, start))
+                it, gr = block_piece(cols, a - start, b - start, int(np.searchsorted(gb, a)) - g0,
+                                     int(np.searchsorted(gb, b)) - g0, gcols)
                 items.append(it)
                 groups.append(gr)
         while buf and buf[0][0] + len(next(iter(buf[0][1].values()))) <= hi:

@@ -29,9 +29,9 @@ import xxhash
 from .._types import UnitColumns
 from . import shm as _shm
 from . import spawn as _spawn
-from .block import Layout, assemble, slice_rows, take_rows, views
+from .block import Layout, assemble, slice_rows, take_rows
 from .config import WorkerConfig
-from .groups import block_order, check_constant
+from .groups import block_order, build_grouped, check_constant
 from .messages import (
     CREDIT,
     POLL,
@@ -164,10 +164,10 @@ def _assemble(cfg: WorkerConfig, task: Task, segs: _shm.WorkerSegments | None,
     perm = block_order(task)  # whole groups when the task has groups (group_by)
     if segs is None:
         alloc = cfg.buffers.get if cfg.buffers is not None else (lambda n: np.empty(n, dtype=np.uint8))
-        buf, layout = assemble(cfg.specs, units, perm, alloc)
-        if task.groups:
-            check_constant(cfg, task, views(buf, layout), perm)
-        return buf, layout
+        if task.groups:  # group_by: group columns once per group, after checking they are
+            check_constant(cfg, task, units)
+            return build_grouped(cfg, task, units, perm, alloc)
+        return assemble(cfg.specs, units, perm, alloc)
     got: list[_shm.Segment] = []
 
     def alloc_shm(n: int) -> np.ndarray:
@@ -176,9 +176,11 @@ def _assemble(cfg: WorkerConfig, task: Task, segs: _shm.WorkerSegments | None,
         return arr
 
     try:
-        buf, layout = assemble(cfg.specs, units, perm, alloc_shm)
         if task.groups:
-            check_constant(cfg, task, views(buf, layout), perm)
+            check_constant(cfg, task, units)
+            buf, layout = build_grouped(cfg, task, units, perm, alloc_shm)
+        else:
+            buf, layout = assemble(cfg.specs, units, perm, alloc_shm)
     except BaseException:
         for seg in got:
             segs.unsent(seg)
