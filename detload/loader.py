@@ -54,6 +54,7 @@ if TYPE_CHECKING:  # imported when a filter is given: pyarrow.compute and .datas
     from ._filters.canonical import Filter
     from ._filters.planning import FilterStats
     from ._filters.selection import Selection
+    from ._grouping import GroupStats
 
 __all__ = ["STATE_FORMAT_VERSION", "BlockMemoryWarning", "Loader", "compare_ranks", "resolve_workers"]
 
@@ -203,6 +204,9 @@ class Loader:
         distributed: Distributed | tuple[int, int] | None = None,
         storage: Storage | Any = None,
         filter: Any = None,  # noqa: A002 - the option's public name
+        group_by: str | None = None,
+        group_columns: Sequence[str] | None = None,
+        max_group_items: int | None = None,
         **deprecated: Any,
     ) -> None:
         #: Test and benchmark hooks (never set in production): those in force when built.
@@ -281,6 +285,15 @@ class Loader:
         else:
             # Format 2's units, built once: every epoch's plan cuts and deals the same list.
             self._units = UnitList.from_row_groups(self._unit_files, self._unit_rgs, self._unit_rows)
+        #: group_by: the key, the group columns (the key among them) and max_group_items.
+        self.group_by: str | None = None
+        self.group_columns: tuple[str, ...] = ()
+        self.max_group_items: int | None = None
+        self._group_stats: GroupStats | None = None
+        if group_by is not None:
+            self._plan_groups(names, group_by, group_columns, max_group_items)
+        elif group_columns is not None or max_group_items is not None:
+            raise OptionError("group_columns and max_group_items apply with group_by=, which is not set")
         self.order = {
             **self.options.order_dict(),
             "columns": names,
@@ -298,6 +311,11 @@ class Loader:
             # A long isin list enters as its hash (the manifest header keeps it whole).
             self.order["filter"] = json.dumps(self.filter.order_value(), sort_keys=True, separators=(",", ":"),
                                               ensure_ascii=False)
+        if self.group_by is not None:  # likewise: ungrouped loaders keep their order and fingerprint
+            self.order["group_by"] = self.group_by
+            self.order["group_columns"] = list(self.group_columns)
+            if self.max_group_items is not None:
+                self.order["max_group_items"] = self.max_group_items
         self.fingerprint = xxhash.xxh3_128_hexdigest(json.dumps(self.order, sort_keys=True).encode())
         self._block_memory: int | None = pool_opts.block_memory_bytes
         # Estimated now, with discovery: a variable-length column's estimate reads a footer,
@@ -339,6 +357,31 @@ class Loader:
         partition values, statistics or bloom filters, read by the selection pass, found empty
         there, and the rows selected out of the rows in all."""
         return None if self._filter_stats is None else self._filter_stats.as_dict()
+
+    def _plan_groups(self, names: Sequence[str], group_by: Any, group_columns: Any, max_group_items: Any) -> None:
+        """group_by: check the options, run the cached pass over the key column, and give every
+        unit its groups (docs/packing.md); batches are then filled with whole groups."""
+        import dataclasses
+
+        from ._grouping import check_group_options, group_units
+
+        m = self.options.micro_batch
+        self.group_by, self.group_columns, self.max_group_items = check_group_options(
+            self.dataset, names, group_by, group_columns, max_group_items, m)
+        grouped = group_units(self.dataset, self.group_by, self._units.units, selections=self._selections,
+                              micro_batch=m, batch_size=self.options.batch_size,
+                              world_size=self.options.world_size, partitions=self.options.partitions,
+                              max_group_items=self.max_group_items, cache=self.cache,
+                              cache_keys=self._cache_keys)
+        self._units = UnitList(grouped.units)
+        self._group_stats = grouped.stats
+        self.options = dataclasses.replace(self.options, group_batches=True)
+
+    @property
+    def group_stats(self) -> dict[str, int] | None:
+        """What planning found with ``group_by=`` (None without it): groups, chunks (groups
+        after max_group_items split them), the largest group, row groups scanned or cached."""
+        return None if self._group_stats is None else self._group_stats.as_dict()
 
     @property
     def _pool(self) -> WorkerPool | None:
@@ -429,7 +472,8 @@ class Loader:
             def make_cfg(shm_dir: str | None, prefix: str) -> WorkerConfig:
                 return WorkerConfig(files, ds.filesystem, tuple(self.specs), self.null_fill, shm_dir,
                                     prefix, os.getpid(), self._hooks.debug, cache=self.cache,
-                                    selections=self._selections)
+                                    selections=self._selections, group_by=self.group_by,
+                                    group_columns=self.group_columns)
 
             self._held["pool"] = WorkerPool(make_cfg, self.workers, self.pool_kind, self.prefetch,
                                            self._memory_watch)
@@ -527,7 +571,8 @@ class Loader:
                       stall_timeout=self.stall_timeout,
                       # Hashes exist for the manifest; without one they would be work for nothing.
                       hash_batches=writer is not None, ordered=self._ordered,
-                      tracer=self._tracer, ahead=counts)
+                      tracer=self._tracer, ahead=counts,
+                      group_columns=self.group_columns if self.group_by is not None else None)
             self._run = run
             self._tracer.run_started(self.workers, self.pool_kind)
             if writer is not None:

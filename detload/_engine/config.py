@@ -70,3 +70,7 @@ class WorkerConfig:
     #: A filter's selection: (file index, row group) -> the stored rows it delivers (compact);
     #: a row group not in it delivers every stored row. Fixed for the loader's life.
     selections: Mapping[tuple[int, int], Selection] | None = None
+    #: group_by: the key column and the group columns (the key among them), checked to be
+    #: constant within every group of each block built.
+    group_by: str | None = None
+    group_columns: tuple[str, ...] = ()

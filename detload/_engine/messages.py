@@ -156,6 +156,8 @@ class Task:
     seed: int
     epoch: int
     shuffle: bool
+    #: group_by: each group's first row in the block before its permutation (empty: no groups).
+    groups: tuple[int, ...] = ()
 
 
 @dataclass

@@ -28,11 +28,11 @@ import xxhash
 
 from .._filters.selection import Selection
 from .._types import UnitColumns
-from ..plan import block_permutation
 from . import shm as _shm
 from . import spawn as _spawn
 from .block import Layout, assemble, slice_rows, take_rows
 from .config import WorkerConfig
+from .groups import block_order, build_grouped, check_constant
 from .messages import (
     CREDIT,
     POLL,
@@ -166,14 +166,13 @@ def _rows_of(cols: UnitColumns, first: int, rows: int) -> UnitColumns:
 
 def _assemble(cfg: WorkerConfig, task: Task, segs: _shm.WorkerSegments | None,
               units: list[UnitColumns]) -> tuple[Any, Layout]:
-    perm = (
-        block_permutation(task.seed, task.epoch, task.partition, task.number, task.rows)
-        if task.shuffle else None
-    )
+    perm = block_order(task)  # whole groups when the task has groups (group_by)
     if segs is None:
         alloc = cfg.buffers.get if cfg.buffers is not None else (lambda n: np.empty(n, dtype=np.uint8))
-        buf, layout = assemble(cfg.specs, units, perm, alloc)
-        return buf, layout
+        if task.groups:  # group_by: group columns once per group, after checking they are
+            check_constant(cfg, task, units)
+            return build_grouped(cfg, task, units, perm, alloc)
+        return assemble(cfg.specs, units, perm, alloc)
     got: list[_shm.Segment] = []
 
     def alloc_shm(n: int) -> np.ndarray:
@@ -182,7 +181,11 @@ def _assemble(cfg: WorkerConfig, task: Task, segs: _shm.WorkerSegments | None,
         return arr
 
     try:
-        buf, layout = assemble(cfg.specs, units, perm, alloc_shm)
+        if task.groups:
+            check_constant(cfg, task, units)
+            buf, layout = build_grouped(cfg, task, units, perm, alloc_shm)
+        else:
+            buf, layout = assemble(cfg.specs, units, perm, alloc_shm)
     except BaseException:
         for seg in got:
             segs.unsent(seg)
