@@ -21,6 +21,7 @@ STAGES: dict[str, str] = {
     "cache_read": "worker",         # a row group served by the local row-group cache
     "read": "worker",               # pyarrow read_row_group: file I/O and Parquet decoding
     "convert": "worker",            # Arrow -> NumPy
+    "transform": "worker",          # the loader's transform= on a row group (not when its output is cached)
     "cache_write": "worker",        # storing a converted row group in the cache
     "permute": "worker",            # assembling the block into its buffer in permuted row order
     "worker_queue_wait": "worker",  # blocked on the worker's own full queue (the merger is behind)

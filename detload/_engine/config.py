@@ -70,3 +70,11 @@ class WorkerConfig:
     #: A filter's selection: (file index, row group) -> sorted indices of the stored rows it
     #: delivers; a row group not in it delivers every stored row. Fixed for the loader's life.
     selections: Mapping[tuple[int, int], np.ndarray] | None = None
+    #: A transform (_xform.TransformPlan): run on each row group after the selection; its
+    #: output schema (``transform.specs``) is what blocks hold. None: columns as read.
+    transform: Any = None
+
+    @property
+    def block_specs(self) -> tuple[ColumnSpec, ...]:
+        """The columns a block holds: the transform's output, else the columns read."""
+        return self.transform.specs if self.transform is not None else self.specs

@@ -22,6 +22,7 @@ from .._cache import RowGroupCache
 from .._discovery import _etag, _int96_columns
 from .._storage import describe_attempts
 from .._types import INT96_UNIT, Column, ColumnSpec, Ragged, UnitColumns, column_spec, convert_column
+from .._xform import TransformRunner
 from ..errors import DataError, DetloadError
 from .config import FileRef, WorkerConfig
 from .messages import (
@@ -43,9 +44,14 @@ class UnitReader:
         # per open file, a reader at milliseconds and the columns that are INT96 there.
         self._int96 = [s.name for s in self._file_specs if s.int96]
         self._int96_ms: dict[int, tuple[pq.ParquetFile, list[str]]] = {}
-        # Nothing to cache when only Hive partition columns (constants) are asked for.
+        # Nothing to cache when only Hive partition columns (constants) are asked for, nor when
+        # a transform's output is cached instead (a warm epoch reads that, never these).
+        xf = cfg.transform
         self._cache = (RowGroupCache(cfg.cache, cfg.specs, cfg.null_fill, cfg.kept)
-                       if cfg.cache is not None and self._file_cols else None)
+                       if cfg.cache is not None and self._file_cols and not (xf is not None and xf.cached)
+                       else None)
+        #: The transform run on each row group after the selection (_xform.TransformRunner), or None.
+        self.transform = TransformRunner(xf, cfg.cache) if xf is not None else None
         # Remote reads: fetch the requested column chunks in a few coalesced ranged requests.
         self._pre_buffer = cfg.filesystem.type_name != "local"
 

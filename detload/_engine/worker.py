@@ -107,9 +107,15 @@ def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: 
     whole = []  # each range's row group as read (and cached): what `settle` checks
     units = []  # each range's rows: the row group itself, or a view of its rows
     selections = cfg.selections
+    xf = reader.transform
     for f, rg, first, rows in task.units:
         status.set(gen, task.k, f, rg)
         _debug_before_read(cfg, task, f, rg)
+        done = xf.cached(cfg, f, rg, t) if xf is not None else None
+        if done is not None:  # a transform's cached output: nothing to read, convert or transform
+            whole.append(done)
+            units.append(_rows_of(done, first, rows))
+            continue
         # The whole row group, read and checked against its stored row count exactly as
         # without cuts (the cache holds row groups, not ranges); a range is a view of it.
         cols = reader.read(f, rg, t, defer=defer)
@@ -123,6 +129,12 @@ def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: 
             t0 = time.perf_counter()
             cols = _select(cols, picked)
             t.add("convert", t0, time.perf_counter())  # the gather counts as conversion (no stage of its own yet)
+        if xf is not None:
+            # On the whole (selected) row group, before the range is taken; it reads every
+            # column, so a cache entry's deferred checksum is settled first.
+            if cols.check is not None and not reader.settle(cols, f, rg):
+                return None, None, False  # type: ignore[return-value]
+            cols = xf.apply(cfg, cols, f, rg, picked, task.seed, task.epoch, t)
         units.append(_rows_of(cols, first, rows))
     t0 = time.perf_counter()
     try:
@@ -167,7 +179,7 @@ def _assemble(cfg: WorkerConfig, task: Task, segs: _shm.WorkerSegments | None,
     )
     if segs is None:
         alloc = cfg.buffers.get if cfg.buffers is not None else (lambda n: np.empty(n, dtype=np.uint8))
-        buf, layout = assemble(cfg.specs, units, perm, alloc)
+        buf, layout = assemble(cfg.block_specs, units, perm, alloc)
         return buf, layout
     got: list[_shm.Segment] = []
 
@@ -177,7 +189,7 @@ def _assemble(cfg: WorkerConfig, task: Task, segs: _shm.WorkerSegments | None,
         return arr
 
     try:
-        buf, layout = assemble(cfg.specs, units, perm, alloc_shm)
+        buf, layout = assemble(cfg.block_specs, units, perm, alloc_shm)
     except BaseException:
         for seg in got:
             segs.unsent(seg)
