@@ -257,16 +257,20 @@ class TransformRunner:
         tf = self.plan.transform
         n = len(next(iter(out.values())))
         if tf.rows == "same":
-            if rows_in is not None and n != rows_in:
-                raise DataError(f"transform {tf.name!r} returned {n:,} rows for {where}, which it was given "
-                                f"{rows_in:,} rows of: declare rows='changes' for a transform that filters or "
-                                "adds rows")
+            if rows_in is not None:
+                _same_rows(tf, n, rows_in, where)
         elif self.plan.counts is not None:
             planned = self.plan.counts.get((f, rg))
             if planned is not None and n != planned:
                 raise DataError(f"transform {tf.name!r} returned {n:,} rows for {where}, but {planned:,} when the "
                                 "loader planned the epoch: a transform with rows='changes' must be deterministic "
                                 "(the same rows for the same input)")
+
+
+def _same_rows(t: Transform, n: int, rows_in: int, where: str) -> None:
+    if n != rows_in:
+        raise DataError(f"transform {t.name!r} returned {n:,} rows for {where}, which it was given {rows_in:,} "
+                        "rows of: declare rows='changes' for a transform that filters or adds rows")
 
 
 # -- planning ---------------------------------------------------------------------------
@@ -336,7 +340,10 @@ def plan_transform(t: Transform, cfg: Any, units: Sequence[Unit],
             ctx = TransformContext(file=ref.path, file_index=r.file, row_group=r.row_group,
                                    rows=len(next(iter(cols.values()))), selected=picked, seed=seed, epoch=0,
                                    random=t.random)
-            return check_output(t, call(t, cols, ctx, where), where, specs)
+            out = check_output(t, call(t, cols, ctx, where), where, specs)
+            if t.rows == "same":
+                _same_rows(t, len(next(iter(out.values()))), ctx.rows, where)
+            return out
 
         # The first row group decides the schema (from the cache when a warm loader has it there).
         hit = runner.store.get(cfg.files[first.file].cache_key, first.row_group,
@@ -369,6 +376,11 @@ def plan_transform(t: Transform, cfg: Any, units: Sequence[Unit],
         for u in units:
             r = u.ranges[0]
             got = filled.cached(cfg, r.file, r.row_group, tm)
+            if got is None and r == first and hit is None:
+                got = out0  # run (twice) above
+                if filled.store is not None:
+                    filled.store.put(cfg.files[r.file].cache_key, r.row_group,
+                                     plan.cache_identity(r.file, r.row_group), out0)
             if got is None:
                 got = filled.apply(cfg, read(r), r.file, r.row_group,
                                    selections.get((r.file, r.row_group)) if selections else None, seed, 0, tm)
