@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pickle
 import time
 from collections.abc import Mapping, Sequence
@@ -19,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from ._cache.keys import _derived_name
+from ._cache.rowgroups import RowGroupCache
 from ._types import Column, ColumnSpec, Ragged, UnitColumns
 from .errors import DataError, OptionError
 from .plan import Range, Unit
@@ -204,35 +207,81 @@ def call(t: Transform, cols: Mapping[str, Column], ctx: TransformContext, where:
         raise TransformFailed(f"transform {t.name!r} raised {type(exc).__name__}: {exc}{hint}, on {where}") from exc
 
 
+class _OutputCache(RowGroupCache):
+    """A cached transform's outputs, kept as row-group entries of the output schema: memory-mapped,
+    kept mapped between epochs and checksummed like the row groups themselves.
+
+    An entry is named by the row group and the hash of the full cache identity (transform,
+    input specs, selection; `TransformPlan.cache_identity`), and the full identity is in
+    its header key, compared on every read: two identities are never each other's hit.
+    """
+
+    def __init__(self, cfg: Any, plan: TransformPlan, files: Sequence[Any], kept: Any) -> None:
+        super().__init__(cfg, plan.specs, {}, kept)
+        # Entries are looked up by file version (its cache key) and row group.
+        self._idents = {(ref.cache_key, rg): plan.cache_identity(f, rg)
+                        for f, ref in enumerate(files) for rg in range(len(ref.row_groups or ()))}
+
+    def _ident(self, obj: str, rg: int) -> str:
+        return self._idents.get((obj, rg), "")
+
+    def _path(self, obj: str, rg: int) -> str:
+        return os.path.join(self.store.objects, obj, _derived_name(rg, self._ident(obj, rg).encode()))
+
+    def _key(self, obj: str, rg: int) -> str:
+        return f"{obj}/{os.path.basename(self._path(obj, rg))}/{self._ident(obj, rg)}"
+
+
 class TransformRunner:
-    """One worker's transform: cached output first, else run it on the row group and check it."""
+    """One worker's transform: cached output first, else run it on the row group and check it.
 
-    def __init__(self, plan: TransformPlan, cache: Any = None) -> None:
+    ``cfg`` is the worker's configuration: its files, cache and (thread workers) kept mappings.
+    """
+
+    def __init__(self, plan: TransformPlan, cfg: Any) -> None:
         self.plan = plan
-        self.store = None
-        if plan.cached and cache is not None:
-            from ._cache.derived import DerivedStore
+        self.files = cfg.files
+        self.store = (_OutputCache(cfg.cache, plan, cfg.files, cfg.kept)
+                      if plan.cached and cfg.cache is not None else None)
 
-            self.store = DerivedStore(cache)
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
 
-    def cached(self, cfg: Any, f: int, rg: int, t: Any) -> UnitColumns | None:
-        """The cached output of row group ``rg`` of file ``f``, or None (a miss, or no cache)."""
-        ref = cfg.files[f]
+    def new_pass(self) -> None:
+        if self.store is not None:
+            self.store.new_pass()
+
+    def lookup(self, f: int, rg: int) -> UnitColumns | None:
+        """The cached output of row group ``rg`` of file ``f`` as stored (unchecked), or None."""
+        ref = self.files[f]
         if self.store is None or not ref.cache_key:
             return None
+        got = self.store.get(ref.cache_key, rg, ref.uri)  # verified whole: nothing settles it later
+        return got if isinstance(got, UnitColumns) else None
+
+    def keep(self, f: int, rg: int, out: Mapping[str, Column]) -> None:
+        ref = self.files[f]
+        if self.store is not None and ref.cache_key:
+            self.store.put(ref.cache_key, rg, out, ref.uri)
+
+    def cached(self, cfg: Any, f: int, rg: int, t: Any) -> UnitColumns | None:
+        """The cached output of row group ``rg`` of file ``f``, checked, or None (a miss, or no cache)."""
+        if self.store is None:
+            return None
         t0 = time.perf_counter()
-        got = self.store.get(ref.cache_key, rg, self.plan.cache_identity(f, rg))
+        got = self.lookup(f, rg)
         if got is None:
             return None
-        where = _where(ref.path, rg)
+        where = _where(self.files[f].path, rg)
         try:
-            cols = check_output(self.plan.transform, got, where, self.plan.specs)
-            self._check_rows(cols, f, rg, None, where)
+            check_output(self.plan.transform, got, where, self.plan.specs)
+            self._check_rows(got, f, rg, None, where)
         except DataError:
             return None  # not what this plan expects (never seen: the identity names the version): recompute
         t.add("cache_read", t0, time.perf_counter())
         t.extra["transform_cache_hits"] = t.extra.get("transform_cache_hits", 0.0) + 1
-        return cols
+        return got
 
     def apply(self, cfg: Any, cols: UnitColumns, f: int, rg: int, selected: np.ndarray | None, seed: int,
               epoch: int, t: Any) -> UnitColumns:
@@ -247,9 +296,9 @@ class TransformRunner:
         out = check_output(tf, call(tf, cols, ctx, where), where, self.plan.specs)
         self._check_rows(out, f, rg, rows_in, where)
         t.add("transform", t0, time.perf_counter())
-        if self.store is not None and ref.cache_key:
+        if self.store is not None:
             t1 = time.perf_counter()
-            self.store.put(ref.cache_key, rg, self.plan.cache_identity(f, rg), out)
+            self.keep(f, rg, out)
             t.add("cache_write", t1, time.perf_counter())
         return out
 
@@ -320,8 +369,7 @@ def plan_transform(t: Transform, cfg: Any, units: Sequence[Unit],
     tm = _Timings()
     try:
         first = units[0].ranges[0]
-        probe = TransformPlan(t, (), identity, cached, None, sel_ids)
-        runner = TransformRunner(probe, cfg.cache)
+        probe = TransformRunner(TransformPlan(t, (), identity, cached, None, sel_ids), cfg)
 
         def read(r: Range) -> UnitColumns:
             cols = reader.read(r.file, r.row_group, tm)  # type: ignore[arg-type]
@@ -346,11 +394,13 @@ def plan_transform(t: Transform, cfg: Any, units: Sequence[Unit],
             return out
 
         # The first row group decides the schema (from the cache when a warm loader has it there).
-        hit = runner.store.get(cfg.files[first.file].cache_key, first.row_group,
-                               probe.cache_identity(first.file, first.row_group)) if runner.store else None
-        if hit is not None:
-            out0 = check_output(t, hit, _where(cfg.files[first.file].path, first.row_group), None)
-        else:
+        try:
+            hit = probe.lookup(first.file, first.row_group)
+            out0 = None if hit is None else check_output(t, hit, _where(cfg.files[first.file].path,
+                                                                        first.row_group), None)
+        finally:
+            probe.close()
+        if out0 is None:
             out0 = run(first, None)
             if not t.random:
                 again = run(first, None)
@@ -363,31 +413,27 @@ def plan_transform(t: Transform, cfg: Any, units: Sequence[Unit],
                         "file, row group); a deterministic transform must give the same output for the same input")
         specs = output_specs(out0)
         plan = TransformPlan(t, specs, identity, cached, None, sel_ids)
-        if t.rows == "same":
-            if hit is None and t.cached and runner.store is not None:
-                ref = cfg.files[first.file]
-                runner.store.put(ref.cache_key, first.row_group, plan.cache_identity(first.file, first.row_group),
-                                 out0)
-            return PlannedTransform(plan, None)
-        # rows="changes": count every row group's output; the workers' runs are checked against it.
-        filled = TransformRunner(plan, cfg.cache)
-        counts: dict[tuple[int, int], int] = {}
-        new_units: list[Unit] = []
-        for u in units:
-            r = u.ranges[0]
-            got = filled.cached(cfg, r.file, r.row_group, tm)
-            if got is None and r == first and hit is None:
-                got = out0  # run (twice) above
-                if filled.store is not None:
-                    filled.store.put(cfg.files[r.file].cache_key, r.row_group,
-                                     plan.cache_identity(r.file, r.row_group), out0)
-            if got is None:
-                got = filled.apply(cfg, read(r), r.file, r.row_group,
-                                   selections.get((r.file, r.row_group)) if selections else None, seed, 0, tm)
-            n = len(next(iter(got.values())))
-            counts[(r.file, r.row_group)] = n
-            if n:
-                new_units.append(Unit((Range(r.file, r.row_group, 0, n),), (), u.selection))
+        filled = TransformRunner(plan, cfg)
+        try:
+            if hit is None:
+                filled.keep(first.file, first.row_group, out0)
+            if t.rows == "same":
+                return PlannedTransform(plan, None)
+            # rows="changes": count every row group's output; the workers' runs are checked against it.
+            counts: dict[tuple[int, int], int] = {}
+            new_units: list[Unit] = []
+            for u in units:
+                r = u.ranges[0]
+                got = out0 if r == first else filled.cached(cfg, r.file, r.row_group, tm)
+                if got is None:
+                    got = filled.apply(cfg, read(r), r.file, r.row_group,
+                                       selections.get((r.file, r.row_group)) if selections else None, seed, 0, tm)
+                n = len(next(iter(got.values())))
+                counts[(r.file, r.row_group)] = n
+                if n:
+                    new_units.append(Unit((Range(r.file, r.row_group, 0, n),), (), u.selection))
+        finally:
+            filled.close()
         if not new_units:
             from .errors import EmptyDatasetError
 

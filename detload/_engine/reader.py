@@ -51,7 +51,7 @@ class UnitReader:
                        if cfg.cache is not None and self._file_cols and not (xf is not None and xf.cached)
                        else None)
         #: The transform run on each row group after the selection (_xform.TransformRunner), or None.
-        self.transform = TransformRunner(xf, cfg.cache) if xf is not None else None
+        self.transform = TransformRunner(xf, cfg) if xf is not None else None
         # Remote reads: fetch the requested column chunks in a few coalesced ranged requests.
         self._pre_buffer = cfg.filesystem.type_name != "local"
 
@@ -105,6 +105,8 @@ class UnitReader:
         self._close_files()
         if self._cache is not None:
             self._cache.close()
+        if self.transform is not None:
+            self.transform.close()
 
     def _still_listed(self, ref: FileRef) -> bool:
         """False if a local file's size or mtime differs from the plan's (True when unknown)."""
@@ -127,6 +129,8 @@ class UnitReader:
         would be a request anyway, are simply reopened."""
         if self._cache is not None:
             self._cache.new_pass()
+        if self.transform is not None:
+            self.transform.new_pass()
         fs = self.cfg.filesystem
         if fs.type_name != "local":
             self._close_files()
