@@ -492,3 +492,53 @@ def test_docs_page_is_linked():
     for page in ("README.md", "docs/README.md"):
         with open(os.path.join(ROOT, page), encoding="utf-8") as f:
             assert "transforms.md)" in f.read(), page
+
+
+def test_a_changing_count_that_differs_from_planning_is_a_data_error(root, tmp_path):
+    t = Transform(X.FewerOnRerun(str(tmp_path / "seen")), name="flaky", rows="changes")
+    with Loader(root, batch_size=64, seed=1, shuffle=False, columns=["id"], transform=t) as ld, \
+            pytest.raises(DataError, match=r"transform 'flaky' returned 199 rows for a.parquet row group 1, but 200 "
+                                           r"when the loader planned the epoch: a transform with rows='changes' must be "
+                                           r"deterministic"):
+        list(ld)
+
+
+_T = Transform(X.hashed, name="t")
+_SPECS = (detload.ColumnSpec("id", "transform", "fixed", "<i8"),)
+
+
+@pytest.mark.parametrize("out, specs, message", [
+    ({}, None, "transform 't' returned no column for W"),
+    ({1: np.zeros(3)}, None, r"transform 't' returned a column named 1 \(int\) for W; column names must be str"),
+    ({"a": np.zeros(3, dtype=object)}, None, "returned column 'a' for W as an array of dtype object; detload delivers"),
+    ({"a": np.array(["x", "y"])}, None, "returned column 'a' for W as an array of dtype <U1"),
+    ({"a": np.float64(1.0)}, None, "returned column 'a' for W as float64; every column must be a NumPy array"),
+    ({"a": np.zeros(())}, None, "returned column 'a' for W as a 0-d array"),
+    ({"a": detload.Ragged(np.zeros(3, np.uint8), np.array([0, 2, 1], dtype=np.int64))}, None,
+     "returned column 'a' for W as a Ragged with bad offsets: they must be 1-D int64, start at 0, never decrease"),
+    ({"a": detload.Ragged(np.zeros(3, np.uint8), np.array([1, 3], dtype=np.int64))}, None, "with bad offsets"),
+    ({"a": detload.Ragged(np.zeros(3, np.uint8), np.array([0, 2], dtype=np.int32))}, None, "with bad offsets"),
+    ({"a": detload.Ragged([1, 2], np.array([0, 2], dtype=np.int64))}, None,
+     "returned column 'a' for W as a Ragged whose values and offsets are not NumPy arrays of numbers"),
+    ({"x": np.zeros(3, np.int64)}, _SPECS, r"returned the columns \['x'\] for W, but \['id'\] for the first row group"),
+    ({"id": np.zeros((3, 2), np.int64)}, _SPECS,
+     r"returned column 'id' of W as int64 \(rows x 2\), but the first row group's was ndarray <i8 \(rows\)"),
+    ({"id": detload.Ragged(np.zeros(3, np.int64), np.array([0, 3], dtype=np.int64))}, _SPECS,
+     r"returned column 'id' of W as Ragged\[list\] of int64, but the first row group's was ndarray <i8"),
+])
+def test_every_output_check_names_what_is_wrong(out, specs, message):
+    from detload._xform import check_output
+
+    with pytest.raises(DataError, match=message):
+        check_output(_T, out, "W", specs)
+
+
+def test_torch_loader_delivers_the_transform_output(root):
+    pytest.importorskip("torch")
+    from detload.torch import TorchLoader
+
+    with Loader(root, batch_size=64, seed=1, columns=["id", "f32", "s"], transform=X.HASHED) as ld:
+        want = next(iter(ld))
+    with TorchLoader(Loader(root, batch_size=64, seed=1, columns=["id", "f32", "s"], transform=X.HASHED)) as tl:
+        got = next(iter(tl))
+    assert np.array_equal(got["bucket"].numpy(), want["bucket"]) and tuple(got["cross"].shape) == (64, 2)
