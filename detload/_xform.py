@@ -218,12 +218,12 @@ class _OutputCache(RowGroupCache):
 
     def __init__(self, cfg: Any, plan: TransformPlan, files: Sequence[Any], kept: Any) -> None:
         super().__init__(cfg, plan.specs, {}, kept)
+        self._plan = plan
         # Entries are looked up by file version (its cache key) and row group.
-        self._idents = {(ref.cache_key, rg): plan.cache_identity(f, rg)
-                        for f, ref in enumerate(files) for rg in range(len(ref.row_groups or ()))}
+        self._file_of = {ref.cache_key: f for f, ref in enumerate(files)}
 
     def _ident(self, obj: str, rg: int) -> str:
-        return self._idents.get((obj, rg), "")
+        return self._plan.cache_identity(self._file_of[obj], rg)
 
     def _path(self, obj: str, rg: int) -> str:
         return os.path.join(self.store.objects, obj, _derived_name(rg, self._ident(obj, rg).encode()))
