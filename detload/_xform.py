@@ -380,8 +380,8 @@ def plan_transform(t: Transform, cfg: Any, units: Sequence[Unit],
                 cols = _select(cols, picked)
             return cols
 
-        def run(r: Range, specs: Sequence[ColumnSpec] | None) -> UnitColumns:
-            cols = read(r)
+        def run(r: Range, specs: Sequence[ColumnSpec] | None, cols: UnitColumns | None = None) -> UnitColumns:
+            cols = read(r) if cols is None else cols
             picked = selections.get((r.file, r.row_group)) if selections else None
             ref = cfg.files[r.file]
             where = _where(ref.path, r.row_group)
@@ -401,9 +401,10 @@ def plan_transform(t: Transform, cfg: Any, units: Sequence[Unit],
         finally:
             probe.close()
         if out0 is None:
-            out0 = run(first, None)
+            cols0 = read(first)
+            out0 = run(first, None, cols0)
             if not t.random:
-                again = run(first, None)
+                again = run(first, None, cols0)  # the same input: fn saw read-only views of it
                 diff = _same(out0, again)
                 if diff is not None:
                     raise OptionError(

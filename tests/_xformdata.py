@@ -143,3 +143,10 @@ class FewerOnRerun:
             f.write(key)
         cut = 1 if seen and (ctx.file_index, ctx.row_group) != (0, 0) else 0
         return {"id": ids[: len(ids) - cut]}
+
+
+def where_from(cols, ctx):
+    """Each delivered row's index among its row group's stored rows (ctx.selected, else 0..rows)."""
+    stored = ctx.selected if ctx.selected is not None else np.arange(ctx.rows)
+    return {"id": np.array(cols["id"]), "stored": np.asarray(stored, dtype=np.int64),
+            "rg": np.full(ctx.rows, ctx.file_index * 100 + ctx.row_group, dtype=np.int64)}

@@ -542,3 +542,36 @@ def test_torch_loader_delivers_the_transform_output(root):
     with TorchLoader(Loader(root, batch_size=64, seed=1, columns=["id", "f32", "s"], transform=X.HASHED)) as tl:
         got = next(iter(tl))
     assert np.array_equal(got["bucket"].numpy(), want["bucket"]) and tuple(got["cross"].shape) == (64, 2)
+
+
+def test_ctx_names_the_row_group_and_the_selected_rows(root):
+    import pyarrow.parquet as pq
+
+    from detload._discovery import discover
+
+    files = [f.path for f in discover(root).files]
+    with Loader(root, batch_size=100, seed=1, columns=["id"], filter=[("id", "<", 1400)],
+                transform=Transform(X.where_from, name="where")) as ld:
+        got = {k: np.concatenate(v) for k, v in _collect(ld).items()}
+    assert len(got["id"]) == int((got["id"] < 1400).sum()) > 0
+    for i in range(0, len(got["id"]), 37):
+        f, g = divmod(int(got["rg"][i]), 100)
+        stored = pq.ParquetFile(os.path.join(root, files[f])).read_row_group(g, columns=["id"]).column(0).to_numpy()
+        assert stored[got["stored"][i]] == got["id"][i]
+
+
+def test_a_damaged_output_entry_is_discarded_and_computed_again(root, tmp_path, counter):
+    cache = tmp_path / "c"
+    opts = dict(batch_size=64, seed=1, columns=["id", "f32", "s"], cache=cache,
+                transform=_counted(counter, X.hashed, name="hash", version="1"))
+    with Loader(root, **opts) as ld:
+        want = _hashes(ld)
+    entries = sorted(os.path.join(d, n) for d, _, fs in os.walk(cache) for n in fs if n.endswith(".dlc"))
+    assert len(entries) == 9  # one output entry per row group, no input entries
+    with open(entries[3], "r+b") as f:
+        f.seek(-8, os.SEEK_END)
+        f.write(b"\xff" * 8)
+    before = X.calls(counter)
+    with pytest.warns(detload.CacheWarning, match="is damaged"), Loader(root, **opts) as ld:
+        assert _hashes(ld) == want
+    assert X.calls(counter) == before + 1
