@@ -23,6 +23,7 @@ STAGES: dict[str, str] = {
     "read": "worker",               # pyarrow read_row_group: file I/O and Parquet decoding
     "convert": "worker",            # Arrow -> NumPy
     "select": "worker",             # a filter: planning's selection pass, and the workers' gather of its rows
+    "transform": "worker",          # the loader's transform= on a row group (not when its output is cached)
     "cache_write": "worker",        # storing a converted row group in the cache
     "permute": "worker",            # assembling the block into its buffer in permuted row order
     "worker_queue_wait": "worker",  # blocked on the worker's own full queue (the merger is behind)

@@ -18,6 +18,8 @@ from .errors import OptionError
 
 __all__ = ["EpochReads", "Reads", "StageStats", "Stats", "summarize"]
 
+# The worker stages that do a block's work (the verdict names the largest).
+_WORKER_WORK = ("read", "convert", "select", "transform", "permute")
 # Below this share of wall time spent waiting for data, the loader is keeping up.
 FED_WAIT_FRACTION = 0.05
 
@@ -217,13 +219,13 @@ def _bottleneck(st: dict[str, StageStats], consumer_wait: float, workers: int,
         return "consumer_step", (
             f"the training loop's own work: it waited for data only {consumer_wait:.1%} of the time, "
             "so the loader keeps up and a faster loader would not help")
-    worker_busy = sum(st[s].busy for s in ("read", "convert", "select", "permute"))
+    worker_busy = sum(st[s].busy for s in _WORKER_WORK)
     merger_busy = st["stitch"].busy + st["hash"].busy
     cores = _cores()
     if worker_busy >= merger_busy:
         # Which worker stage: by its time after each worker's first block, which carries the
         # one-time costs (imports, first use of a code path) that would otherwise decide a short run.
-        totals = {s: st[s].total_s for s in ("read", "convert", "select", "permute")}
+        totals = {s: st[s].total_s for s in _WORKER_WORK}
         steady = {s: t - (warm or {}).get(s, 0.0) for s, t in totals.items()}
         if sum(steady.values()) > 0:
             totals = steady

@@ -74,3 +74,11 @@ class WorkerConfig:
     #: constant within every group of each block built.
     group_by: str | None = None
     group_columns: tuple[str, ...] = ()
+    #: A transform (_xform.TransformPlan): run on each row group after the selection; its
+    #: output schema (``transform.specs``) is what blocks hold. None: columns as read.
+    transform: Any = None
+
+    @property
+    def block_specs(self) -> tuple[ColumnSpec, ...]:
+        """The columns a block holds: the transform's output, else the columns read."""
+        return self.transform.specs if self.transform is not None else self.specs

@@ -90,6 +90,32 @@ def _first_change(col: Column, is_start: np.ndarray) -> int | None:
     return None
 
 
+def check_key_kept(cfg: WorkerConfig, before: Mapping[str, Column], after: Mapping[str, Column],
+                   file: int, row_group: int) -> None:
+    """DataError unless a transform kept the group key of a row group bitwise (group_by: the
+    groups were planned from the stored key, so a transform may not move, add or drop rows)."""
+    key = cfg.group_by
+    if key is None:
+        return
+    a, b = before[key], after.get(key)
+
+    def same(x: Column, y: Column | None) -> bool:
+        if isinstance(x, Ragged) or isinstance(y, Ragged):
+            return (isinstance(x, Ragged) and isinstance(y, Ragged) and np.array_equal(x.offsets, y.offsets)
+                    and _bits(x.values) == _bits(y.values))
+        return y is not None and x.shape == y.shape and x.dtype == y.dtype and _bits(x) == _bits(y)
+
+    if not same(a, b):
+        raise DataError(
+            f"the transform changed the group key {key!r} of {cfg.files[file].path} row group {row_group}: "
+            "under group_by= a transform must keep the key column and every row, in order "
+            "(groups are planned from the stored key)")
+
+
+def _bits(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a).view(np.uint8).tobytes()
+
+
 def check_constant(cfg: WorkerConfig, task: Task, units: Sequence[Mapping[str, Column]]) -> None:
     """DataError if a group column changes inside a group of the block's ranges ``units``
     (its rows before the permutation: a group may run from one range into the next)."""
@@ -130,8 +156,8 @@ def build_grouped(cfg: WorkerConfig, task: Task, units: Sequence[UnitColumns], p
     block is one allocation, as every block is.
     """
     gset = set(cfg.group_columns)
-    item_specs = tuple(s for s in cfg.specs if s.name not in gset)
-    group_specs = tuple(s for s in cfg.specs if s.name in gset)
+    item_specs = tuple(s for s in cfg.block_specs if s.name not in gset)
+    group_specs = tuple(s for s in cfg.block_specs if s.name in gset)
     starts = np.asarray(task.groups, dtype=np.int64)
     order = (group_permutation(task.seed, task.epoch, task.partition, task.number, len(starts))
              if task.shuffle else None)

@@ -22,6 +22,7 @@ from .._cache import RowGroupCache
 from .._discovery import _etag, _int96_columns, chunk_bytes, leaf_columns
 from .._storage import describe_attempts
 from .._types import INT96_UNIT, Column, ColumnSpec, Ragged, UnitColumns, column_spec, convert_column
+from .._xform import TransformRunner
 from ..errors import DataError, DetloadError
 from .config import FileRef, WorkerConfig
 from .messages import (
@@ -45,9 +46,14 @@ class UnitReader:
         self._int96_ms: dict[int, tuple[pq.ParquetFile, list[str]]] = {}
         # Per open file, the column chunks the requested columns are stored in (for the bytes read).
         self._leaves: dict[int, list[int]] = {}
-        # Nothing to cache when only Hive partition columns (constants) are asked for.
+        # Nothing to cache when only Hive partition columns (constants) are asked for, nor when
+        # a transform's output is cached instead (a warm epoch reads that, never these).
+        xf = cfg.transform
         self._cache = (RowGroupCache(cfg.cache, cfg.specs, cfg.null_fill, cfg.kept)
-                       if cfg.cache is not None and self._file_cols else None)
+                       if cfg.cache is not None and self._file_cols and not (xf is not None and xf.cached)
+                       else None)
+        #: The transform run on each row group after the selection (_xform.TransformRunner), or None.
+        self.transform = TransformRunner(xf, cfg) if xf is not None else None
         # Remote reads: fetch the requested column chunks in a few coalesced ranged requests.
         self._pre_buffer = cfg.filesystem.type_name != "local"
 
@@ -102,6 +108,8 @@ class UnitReader:
         self._close_files()
         if self._cache is not None:
             self._cache.close()
+        if self.transform is not None:
+            self.transform.close()
 
     def _still_listed(self, ref: FileRef) -> bool:
         """False if a local file's size or mtime differs from the plan's (True when unknown)."""
@@ -124,6 +132,8 @@ class UnitReader:
         would be a request anyway, are simply reopened."""
         if self._cache is not None:
             self._cache.new_pass()
+        if self.transform is not None:
+            self.transform.new_pass()
         fs = self.cfg.filesystem
         if fs.type_name != "local":
             self._close_files()

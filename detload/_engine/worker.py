@@ -32,7 +32,7 @@ from . import shm as _shm
 from . import spawn as _spawn
 from .block import Layout, assemble, slice_rows, take_rows
 from .config import WorkerConfig
-from .groups import block_order, build_grouped, check_constant
+from .groups import block_order, build_grouped, check_constant, check_key_kept
 from .messages import (
     CREDIT,
     POLL,
@@ -108,9 +108,15 @@ def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: 
     whole = []  # each range's row group as read (and cached): what `settle` checks
     units = []  # each range's rows: the row group itself, or a view of its rows
     selections = cfg.selections
+    xf = reader.transform
     for f, rg, first, rows in task.units:
         status.set(gen, task.k, f, rg)
         _debug_before_read(cfg, task, f, rg)
+        done = xf.cached(cfg, f, rg, t) if xf is not None else None
+        if done is not None:  # a transform's cached output: nothing to read, convert or transform
+            whole.append(done)
+            units.append(_rows_of(done, first, rows))
+            continue
         # The whole row group, read and checked against its stored row count exactly as
         # without cuts (the cache holds row groups, not ranges); a range is a view of it.
         cols = reader.read(f, rg, t, defer=defer)
@@ -124,6 +130,15 @@ def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: 
             t0 = time.perf_counter()
             cols = _select(cols, picked)
             t.add("select", t0, time.perf_counter())  # the filter's stage, as planning's selection pass
+        if xf is not None:
+            # On the whole (selected) row group, before the range is taken; it reads every
+            # column, so a cache entry's deferred checksum is settled first.
+            if cols.check is not None and not reader.settle(cols, f, rg):
+                return None, None, False  # type: ignore[return-value]
+            before = cols
+            cols = xf.apply(cfg, cols, f, rg, picked, task.seed, task.epoch, t)
+            if cfg.group_by is not None:
+                check_key_kept(cfg, before, cols, f, rg)
         units.append(_rows_of(cols, first, rows))
     t0 = time.perf_counter()
     try:
@@ -172,7 +187,7 @@ def _assemble(cfg: WorkerConfig, task: Task, segs: _shm.WorkerSegments | None,
         if task.groups:  # group_by: group columns once per group, after checking they are
             check_constant(cfg, task, units)
             return build_grouped(cfg, task, units, perm, alloc)
-        return assemble(cfg.specs, units, perm, alloc)
+        return assemble(cfg.block_specs, units, perm, alloc)
     got: list[_shm.Segment] = []
 
     def alloc_shm(n: int) -> np.ndarray:
@@ -185,7 +200,7 @@ def _assemble(cfg: WorkerConfig, task: Task, segs: _shm.WorkerSegments | None,
             check_constant(cfg, task, units)
             buf, layout = build_grouped(cfg, task, units, perm, alloc_shm)
         else:
-            buf, layout = assemble(cfg.specs, units, perm, alloc_shm)
+            buf, layout = assemble(cfg.block_specs, units, perm, alloc_shm)
     except BaseException:
         for seg in got:
             segs.unsent(seg)
