@@ -45,12 +45,14 @@ class HandoffStats(dict[str, int]):
       staging buffer per batch);
     - ``block_copies`` / ``block_bytes``: host-to-device copies of whole blocks straight from
       their registered segments;
+    - ``strided_groups``: ``stack`` groups made as one strided view of a block (their columns lie
+      evenly spaced in it) rather than a stack of per-column views;
     - ``registrations`` / ``unregistrations`` / ``registration_failures`` / ``registered_now``:
       the registry's bookkeeping (a failed registration leaves that segment to the copy path).
     """
 
     KEYS = ("batches", "direct_batches", "stitched_batches", "rebased_offsets", "copied_arrays",
-            "copied_bytes", "block_copies", "block_bytes", "registrations", "unregistrations",
+            "copied_bytes", "block_copies", "block_bytes", "strided_groups", "registrations", "unregistrations",
             "registration_failures", "registered_now")
 
     def __init__(self) -> None:
@@ -186,7 +188,7 @@ class _Block:
             whole = self.typed[tdt] = self.dev[: self.nbytes - self.nbytes % size].view(tdt)
         if off % size:  # not aligned for a typed view of the whole block: slice the bytes instead
             return self.dev[off : off + a.nbytes].view(tdt).view(a.shape).data
-        strides = tuple(s // size for s in a.strides)
+        strides = (1,) if a.ndim == 1 else tuple(s // size for s in a.strides)
         # .data: a tensor of its own for autograd (views of one base share a version counter).
         return whole.as_strided(a.shape, strides, off // size).data
 
@@ -210,6 +212,7 @@ class RegisteredHandoff:
         self.new_event = new_event
         self.stack = tuple(stack)
         self.stacked = {c for _, cols in self.stack for c in cols}
+        self._group_of = {c: g for g, cols in self.stack for c in cols}
         self.host_dtype = host_dtype
         self.torch_dtype = torch_dtype
         self.pin = pin
@@ -270,8 +273,11 @@ class RegisteredHandoff:
             self._release_done()
         issued = False  # an operation this batch needs, beyond a block copy (which records its own event)
         bases: list[torch.Tensor] = []
+        grouped = self._strided_groups(batch) if self.stack else {}
         arrays: list[tuple[str, str | None, np.ndarray, bool]] = []  # (name, ragged kind, array, is offsets)
         for name, col in batch.items():
+            if name in self.stacked and self._group_of[name] in grouped:
+                continue  # its group is one strided view of the block (below)
             if isinstance(col, Ragged):
                 arrays.append((name, col.kind, col.values, False))
                 arrays.append((name, col.kind, col.offsets, True))
@@ -313,10 +319,14 @@ class RegisteredHandoff:
         if self.stack:
             ordered = {k: v for k, v in out.items() if k not in self.stacked}
             for group, cols in self.stack:
-                # One stack kernel on the device, on the copy's stream (the columns are views there).
-                t = torch.stack([out[c] for c in cols], dim=1)
+                # One kernel on the device, on the copy's stream: a copy of the group's strided view
+                # of the block, or a stack of its columns' views where they are not evenly spaced.
+                view = grouped.get(group)
+                t = view.contiguous() if view is not None else torch.stack([out[c] for c in cols], dim=1)
                 ordered[group] = t
                 bases.append(t)
+                if view is not None and not any(b is view for b in bases):
+                    bases.append(view)
             out = ordered
             issued = True
         if issued:
@@ -327,6 +337,42 @@ class RegisteredHandoff:
         elif not fresh:
             self.stats["direct_batches"] += 1
         return out, self._event, tuple(bases)
+
+    def _strided_groups(self, batch: Mapping[str, Column]) -> dict[str, torch.Tensor]:
+        """Each ``stack`` group whose columns lie in one registered block, one after the other at
+        a constant distance (a block stores column after column): the group as one ``(rows, k)``
+        strided view of the block's device copy, so the training process makes one view and one
+        copy kernel instead of ``k`` views and a stack."""
+        out: dict[str, torch.Tensor] = {}
+        for group, cols in self.stack:
+            arrays = [batch[c] for c in cols]
+            first = arrays[0]
+            if not isinstance(first, np.ndarray) or first.ndim != 1 or not first.flags.c_contiguous:
+                continue
+            blk = self._block_of(first)
+            if blk is None:
+                continue
+            dt = self.host_dtype(cols[0], first)
+            size = dt.itemsize
+            p0 = _ptr(first)
+            step = _ptr(arrays[1]) - p0 if len(arrays) > 1 else size
+            n = first.shape[0]
+            ok = len(arrays) == 1 or (step % size == 0 and step >= n * size)  # torch strides are >= 0
+            for j, a in enumerate(arrays):
+                if not ok:
+                    break
+                # Same block (by its array), same dtype, same rows, in place in the progression.
+                ok = (isinstance(a, np.ndarray) and a.base is blk.host and a.dtype == first.dtype
+                      and a.shape == first.shape and a.strides == first.strides and _ptr(a) == p0 + j * step)
+            if not ok or (p0 - blk.ptr) % size:
+                continue
+            tdt = self.torch_dtype(dt)
+            whole = blk.typed.get(tdt)
+            if whole is None:
+                whole = blk.typed[tdt] = blk.dev[: blk.nbytes - blk.nbytes % size].view(tdt)
+            out[group] = whole.as_strided((n, len(arrays)), (1, step // size), (p0 - blk.ptr) // size)
+            self.stats["strided_groups"] += 1
+        return out
 
     def _copy_fresh(self, arrays: list[tuple[str, np.ndarray]]) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """(name, array) pairs outside every registered block, copied into one pinned buffer and

@@ -256,6 +256,9 @@ def test_stack_and_every_column_kind_match_the_staged_path(tabular):
         got = [back_to_numpy(b) for b in tl]
         stats = tl.handoff_stats()
     assert len(got) == len(want) and stats["direct_batches"] > 0
+    # "ids" (i, j) lie one after the other in a block: one strided view; "dense" (c, a, b) is not
+    # in block order: per-column views and a stack. Both give the staged path's matrices.
+    assert 0 < stats["strided_groups"] < 2 * stats["batches"]
     for g, w in zip(got, want, strict=True):
         assert list(g) == list(w)  # same columns in the same order: unstacked first, then the groups
         for k in w:
