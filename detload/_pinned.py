@@ -355,7 +355,10 @@ class RegisteredHandoff:
             dt = self.host_dtype(cols[0], first)
             size = dt.itemsize
             p0 = _ptr(first)
-            step = _ptr(arrays[1]) - p0 if len(arrays) > 1 else size
+            second = arrays[1] if len(arrays) > 1 else first
+            if not isinstance(second, np.ndarray):
+                continue
+            step = _ptr(second) - p0 if len(arrays) > 1 else size
             n = first.shape[0]
             ok = len(arrays) == 1 or (step % size == 0 and step >= n * size)  # torch strides are >= 0
             for j, a in enumerate(arrays):
