@@ -445,3 +445,32 @@ def test_group_columns_are_compared_bitwise_across_row_groups(tmp_path, column, 
             with pytest.raises(DataError, match=rf"group column '{column}' is not constant within group q=2: it "
                                                 rf"changes in a.parquet row group {bad_rg} "):
                 list(L)
+
+
+def test_a_range_found_constant_is_not_compared_again(tmp_path, monkeypatch):
+    """The verdict is kept per row group (file version, columns, group starts): in this process,
+    and with a cache as a derived entry, so a warm loader in a fresh process skips the comparison."""
+    import detload._engine.groups as groups
+
+    root = str(tmp_path / "q")
+    table = write_queries(root, [[6, 4, 9], [3, 5]], 5)
+    calls: list[int] = []
+    real = groups._first_change
+    monkeypatch.setattr(groups, "_first_change", lambda col, s: calls.append(1) or real(col, s))
+    kw = dict(batch_size=16, seed=2, group_by="q", group_columns=["qf", "qtext"], cache=str(tmp_path / "c"))
+    groups._Verdicts._memo.clear()
+    with Loader(root, **kw) as loader:
+        _check_epoch(loader, table)
+        first = len(calls)
+        assert first > 0
+        loader.set_epoch(1)
+        _check_epoch(loader, table)
+        assert len(calls) == first  # epoch 1 compared nothing again
+    groups._Verdicts._memo.clear()  # as a new process would start
+    with Loader(root, **kw) as loader:
+        _check_epoch(loader, table)
+    assert len(calls) == first  # the cache's verdicts
+    groups._Verdicts._memo.clear()
+    with Loader(root, **dict(kw, group_columns=["qf"])) as loader:  # other columns: another verdict
+        _check_epoch(loader, table)
+    assert len(calls) > first
