@@ -160,6 +160,11 @@ class Loader:
       filter keeps: a ``pyarrow.compute`` expression, a DNF list of ``(column, op, value)``
       tuples, or a string (JSON DNF, or filter text such as ``'market == "US"'``); see
       docs/filters.md. Row groups are pruned and the rows selected while the loader is built.
+    - ``group_by``: the key column of query-item data; every batch is then a `detload.Packed`
+      of whole groups, filled greedily up to the micro-batch in items (docs/packing.md).
+    - ``group_columns``: the query-level columns (a subset of ``columns``, the key among them),
+      delivered once per group and checked to be constant in each.
+    - ``max_group_items``: split groups longer than N items into chunks of at most N.
 
     The settings that never change a byte of any batch come in groups
     (``detload.options``), each with a shorthand:

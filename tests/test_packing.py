@@ -474,3 +474,39 @@ def test_a_range_found_constant_is_not_compared_again(tmp_path, monkeypatch):
     with Loader(root, **dict(kw, group_columns=["qf"])) as loader:  # other columns: another verdict
         _check_epoch(loader, table)
     assert len(calls) > first
+
+
+def test_layout_group_by_makes_an_interleaved_table_loadable(tmp_path):
+    pytest.importorskip("duckdb")
+    src = tmp_path / "src"
+    os.makedirs(src)
+    rng = np.random.default_rng(3)
+    q = np.repeat(np.arange(40), rng.integers(1, 20, 40))
+    rng.shuffle(q)  # every query's rows scattered
+    pq.write_table(pa.table({"q": q, "qf": (q * 0.25).astype(np.float32), "item": np.arange(len(q))}),
+                   str(src / "a.parquet"), row_group_size=50)
+    with pytest.raises(DatasetError, match=r"is not contiguous in a.parquet.*detload layout SRC DST --group-by q"):
+        Loader(str(src), batch_size=64, seed=0, group_by="q")
+    dst = tmp_path / "dst"
+    detload.layout(str(src), str(dst), group_by="q", row_group_rows=64, files=2)
+    with Loader(str(dst), batch_size=64, seed=0, group_by="q", group_columns=["qf"]) as loader:
+        items = []
+        for b in loader:
+            flat = b.unpack()
+            assert (flat["qf"] == flat["q"] * np.float32(0.25)).all()
+            items += flat["item"].tolist()
+        assert sorted(items) == list(range(len(q)))
+        # layout ends row groups where groups end, so few units join row groups
+        assert sum(len(u.ranges) > 1 for u in loader.plan().units.units) <= 2
+
+
+def test_the_printed_plan_shows_the_micro_batch_starts(tmp_path):
+    import json
+
+    root = str(tmp_path / "q")
+    write_queries(root, [[5, 3, 7, 2]], 100)
+    with Loader(root, batch_size=8, seed=0, shuffle=False, group_by="q") as loader:
+        d = json.loads(json.dumps(loader.plan().to_dict()))
+        assert d["micro_batch_starts"] == [[0, 8, 15, 17]]
+    with Loader(root, batch_size=8, seed=0) as plain:
+        assert "micro_batch_starts" not in plain.plan().to_dict()
