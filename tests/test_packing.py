@@ -510,3 +510,15 @@ def test_the_printed_plan_shows_the_micro_batch_starts(tmp_path):
         assert d["micro_batch_starts"] == [[0, 8, 15, 17]]
     with Loader(root, batch_size=8, seed=0) as plain:
         assert "micro_batch_starts" not in plain.plan().to_dict()
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_eight_workers_give_the_batches_of_one(tmp_path, pool):
+    root = str(tmp_path / "q")
+    write_queries(root, [[5, 3, 7], [2, 4, 6, 1], [9, 1], [8, 3], [2, 6, 4], [4, 4], [12], [3, 3, 3], [5, 5]], 100)
+    kw = dict(batch_size=16, seed=9, shuffle_window=1, group_by="q", group_columns=["qf", "emb", "qtext"])
+    with Loader(root, **kw) as one:
+        want = [hash_batch(b)[0] for b in one]
+    with Loader(root, **kw, workers=8, pool=pool) as eight:
+        assert len(eight.plan().schedule) >= 8  # every worker builds blocks
+        assert [hash_batch(b)[0] for b in eight] == want
