@@ -2,8 +2,10 @@
 
 A grouped block's rows are laid out group by group (`block_order`), so the merger can cut
 micro-batches at group starts the plan knows (`PlanV2.group_bounds`). The worker checks
-that each group column is constant within every group, bitwise, on the block it built
-(`check_constant`), and the merger turns a flat micro-batch into a `Packed` (`pack`).
+that each group column is constant within every group, bitwise, on the block's ranges
+before the permutation (`check_constant`), then builds the item columns for every row and
+the group columns once per group (`build_grouped`); the merger cuts pieces of such blocks
+(`block_piece`) and makes each micro-batch a `Packed` (`pack`).
 """
 
 from __future__ import annotations
