@@ -522,3 +522,10 @@ def test_eight_workers_give_the_batches_of_one(tmp_path, pool):
     with Loader(root, **kw, workers=8, pool=pool) as eight:
         assert len(eight.plan().schedule) >= 8  # every worker builds blocks
         assert [hash_batch(b)[0] for b in eight] == want
+
+
+def test_filtered_chunked_packed_batches_are_the_same_in_every_cell_of_the_matrix(tmp_path):
+    root = str(tmp_path / "q")
+    write_queries(root, [[5, 3, 17, 2, 4, 6, 1, 9], [1, 8, 3, 2, 26], [4, 4, 4]], 7)
+    check_matrix(root, dict(batch_size=24, seed=12, shuffle_window=2, group_by="q", group_columns=["qf", "qtext"],
+                            max_group_items=5, filter="price < 0.7"), str(tmp_path / "m"))
