@@ -166,6 +166,11 @@ class Loader:
     - ``transform``: a `detload.Transform` (or a plain picklable callable) run in the workers
       on each whole row group after the filter's selection; its output is what batches hold.
       Its identity is an order option; see docs/transforms.md.
+    - ``group_by``: the key column of query-item data; every batch is then a `detload.Packed`
+      of whole groups, filled greedily up to the micro-batch in items (docs/packing.md).
+    - ``group_columns``: the query-level columns (a subset of ``columns``, the key among them),
+      delivered once per group and checked to be constant in each.
+    - ``max_group_items``: split groups longer than N items into chunks of at most N.
 
     The settings that never change a byte of any batch come in groups
     (``detload.options``), each with a shorthand:

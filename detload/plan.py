@@ -730,6 +730,7 @@ class PlanV2(_Steps):
             "partition_rows": list(self.partition_rows),
             "boundaries": list(self.boundaries),
             "redundant_reads": self.redundant_reads,
+            **({"micro_batch_starts": [s.tolist() for s in self.step_starts]} if self.step_starts is not None else {}),
             "unit_order": self.unit_order.tolist(),
             "blocks": [
                 {

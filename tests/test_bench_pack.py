@@ -43,7 +43,7 @@ def test_the_generated_table_holds_whole_queries_per_file(tmp_path):
 
 def test_tiny_run_prints_the_table_and_the_targets(tmp_path, capsys):
     pytest.importorskip("torch")
-    assert bp.main(["--tiny", "--workers", "1", "--model-on-cpu", "--data", str(tmp_path / "b"),
+    assert bp.main(["--tiny", "--workers", "1", "--repeats", "1", "--model-on-cpu", "--data", str(tmp_path / "b"),
                     "--json", str(tmp_path / "r.json")]) == 0
     out = capsys.readouterr().out
     assert "| flat |" in out and "| packed |" in out and "| packed+unpack |" in out

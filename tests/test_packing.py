@@ -445,3 +445,87 @@ def test_group_columns_are_compared_bitwise_across_row_groups(tmp_path, column, 
             with pytest.raises(DataError, match=rf"group column '{column}' is not constant within group q=2: it "
                                                 rf"changes in a.parquet row group {bad_rg} "):
                 list(L)
+
+
+def test_a_range_found_constant_is_not_compared_again(tmp_path, monkeypatch):
+    """The verdict is kept per row group (file version, columns, group starts): in this process,
+    and with a cache as a derived entry, so a warm loader in a fresh process skips the comparison."""
+    import detload._engine.groups as groups
+
+    root = str(tmp_path / "q")
+    table = write_queries(root, [[6, 4, 9], [3, 5]], 5)
+    calls: list[int] = []
+    real = groups._first_change
+    monkeypatch.setattr(groups, "_first_change", lambda col, s: calls.append(1) or real(col, s))
+    kw = dict(batch_size=16, seed=2, group_by="q", group_columns=["qf", "qtext"], cache=str(tmp_path / "c"))
+    groups._Verdicts._memo.clear()
+    with Loader(root, **kw) as loader:
+        _check_epoch(loader, table)
+        first = len(calls)
+        assert first > 0
+        loader.set_epoch(1)
+        _check_epoch(loader, table)
+        assert len(calls) == first  # epoch 1 compared nothing again
+    groups._Verdicts._memo.clear()  # as a new process would start
+    with Loader(root, **kw) as loader:
+        _check_epoch(loader, table)
+    assert len(calls) == first  # the cache's verdicts
+    groups._Verdicts._memo.clear()
+    with Loader(root, **dict(kw, group_columns=["qf"])) as loader:  # other columns: another verdict
+        _check_epoch(loader, table)
+    assert len(calls) > first
+
+
+def test_layout_group_by_makes_an_interleaved_table_loadable(tmp_path):
+    pytest.importorskip("duckdb")
+    src = tmp_path / "src"
+    os.makedirs(src)
+    rng = np.random.default_rng(3)
+    q = np.repeat(np.arange(40), rng.integers(1, 20, 40))
+    rng.shuffle(q)  # every query's rows scattered
+    pq.write_table(pa.table({"q": q, "qf": (q * 0.25).astype(np.float32), "item": np.arange(len(q))}),
+                   str(src / "a.parquet"), row_group_size=50)
+    with pytest.raises(DatasetError, match=r"is not contiguous in a.parquet.*detload layout SRC DST --group-by q"):
+        Loader(str(src), batch_size=64, seed=0, group_by="q")
+    dst = tmp_path / "dst"
+    detload.layout(str(src), str(dst), group_by="q", row_group_rows=64, files=2)
+    with Loader(str(dst), batch_size=64, seed=0, group_by="q", group_columns=["qf"]) as loader:
+        items = []
+        for b in loader:
+            flat = b.unpack()
+            assert (flat["qf"] == flat["q"] * np.float32(0.25)).all()
+            items += flat["item"].tolist()
+        assert sorted(items) == list(range(len(q)))
+        # layout ends row groups where groups end, so few units join row groups
+        assert sum(len(u.ranges) > 1 for u in loader.plan().units.units) <= 2
+
+
+def test_the_printed_plan_shows_the_micro_batch_starts(tmp_path):
+    import json
+
+    root = str(tmp_path / "q")
+    write_queries(root, [[5, 3, 7, 2]], 100)
+    with Loader(root, batch_size=8, seed=0, shuffle=False, group_by="q") as loader:
+        d = json.loads(json.dumps(loader.plan().to_dict()))
+        assert d["micro_batch_starts"] == [[0, 8, 15, 17]]
+    with Loader(root, batch_size=8, seed=0) as plain:
+        assert "micro_batch_starts" not in plain.plan().to_dict()
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_eight_workers_give_the_batches_of_one(tmp_path, pool):
+    root = str(tmp_path / "q")
+    write_queries(root, [[5, 3, 7], [2, 4, 6, 1], [9, 1], [8, 3], [2, 6, 4], [4, 4], [12], [3, 3, 3], [5, 5]], 100)
+    kw = dict(batch_size=16, seed=9, shuffle_window=1, group_by="q", group_columns=["qf", "emb", "qtext"])
+    with Loader(root, **kw) as one:
+        want = [hash_batch(b)[0] for b in one]
+    with Loader(root, **kw, workers=8, pool=pool) as eight:
+        assert len(eight.plan().schedule) >= 8  # every worker builds blocks
+        assert [hash_batch(b)[0] for b in eight] == want
+
+
+def test_filtered_chunked_packed_batches_are_the_same_in_every_cell_of_the_matrix(tmp_path):
+    root = str(tmp_path / "q")
+    write_queries(root, [[5, 3, 17, 2, 4, 6, 1, 9], [1, 8, 3, 2, 26], [4, 4, 4]], 7)
+    check_matrix(root, dict(batch_size=24, seed=12, shuffle_window=2, group_by="q", group_columns=["qf", "qtext"],
+                            max_group_items=5, filter="price < 0.7"), str(tmp_path / "m"))

@@ -2,8 +2,10 @@
 
 A grouped block's rows are laid out group by group (`block_order`), so the merger can cut
 micro-batches at group starts the plan knows (`PlanV2.group_bounds`). The worker checks
-that each group column is constant within every group, bitwise, on the block it built
-(`check_constant`), and the merger turns a flat micro-batch into a `Packed` (`pack`).
+that each group column is constant within every group, bitwise, on the block's ranges
+before the permutation (`check_constant`), then builds the item columns for every row and
+the group columns once per group (`build_grouped`); the merger cuts pieces of such blocks
+(`block_piece`) and makes each micro-batch a `Packed` (`pack`).
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+import xxhash
 
+from .._cache.derived import DerivedStore
 from .._types import Column, ColumnSpec, Ragged, UnitColumns
 from ..errors import DataError
 from ..packed import Packed
-from ..plan import block_permutation, group_permutation, group_row_order
+from ..plan import Range, block_permutation, group_permutation, group_row_order
 from .block import ColumnSlot, Layout, assemble, slice_rows, take_rows
 from .block import _aligned as aligned
 from .config import WorkerConfig
@@ -126,11 +130,13 @@ def check_constant(cfg: WorkerConfig, task: Task, units: Sequence[Mapping[str, C
     prev = units[0]
     for u, rng in zip(units, task.units):
         n = rng.rows
+        local = starts[(starts >= pos) & (starts < pos + n)] - pos
         is_start = np.zeros(n, dtype=bool)
-        is_start[starts[(starts >= pos) & (starts < pos + n)] - pos] = True
+        is_start[local] = True
+        seen = _Verdicts.of(cfg, rng, local)
         for name in cfg.group_columns:
             col = u[name]
-            r = _first_change(col, is_start)
+            r = None if seen.ok else _first_change(col, is_start)
             if r is None and pos and not is_start[0] and _row_value(col, 0) != _row_value(prev[name], _rows(prev[name]) - 1):
                 r = 0  # the group runs on from the range before, with another value
             if r is not None:
@@ -143,8 +149,67 @@ def check_constant(cfg: WorkerConfig, task: Task, units: Sequence[Mapping[str, C
                     f"group column {name!r} is not constant within group {cfg.group_by}={value!r}: it changes in "
                     f"{cfg.files[rng.file].path} row group {rng.row_group} (compared bitwise, so NaN equals NaN). "
                     f"Group columns must hold one value per group; leave {name!r} out of group_columns")
+        seen.passed()
         prev = u
         pos += n
+
+
+class _Verdicts:
+    """Ranges whose group columns were found constant, so later epochs need not compare them again.
+
+    The verdict is a pure function of the row group's bytes (its file version), the key and
+    group columns, and the group starts inside the range, which together name it. It is kept
+    in this process (every epoch after the first) and, with a cache, as a derived entry, so
+    that a warm loader in a new process skips the comparison too.
+    """
+
+    _memo: set[tuple[str, int, str]] = set()
+    _stores: dict[str, DerivedStore] = {}
+    _MAX = 1 << 20
+
+    def __init__(self, cfg: WorkerConfig, key: tuple[str, int, str], ok: bool, cached: bool = False) -> None:
+        self.cfg, self.key, self.ok, self.cached = cfg, key, ok, cached
+
+    @classmethod
+    def of(cls, cfg: WorkerConfig, rng: Range, local: np.ndarray) -> _Verdicts:
+        ref = cfg.files[rng.file]
+        sel = cfg.selections.get((rng.file, rng.row_group)) if cfg.selections else None
+        h = xxhash.xxh3_128()
+        h.update(f"{cfg.group_by}\x00{chr(0).join(cfg.group_columns)}\x00{rng.first}\x00{rng.rows}\x00".encode())
+        h.update(np.ascontiguousarray(local, dtype="<i8").tobytes())
+        if sel is not None:
+            h.update(np.ascontiguousarray(sel, dtype="<i8").tobytes())
+        key = (ref.cache_key or ref.path, rng.row_group, "groupcheck/1/" + h.hexdigest())
+        if key in cls._memo:
+            return cls(cfg, key, True)
+        store = cls._store(cfg)
+        if store is not None and ref.cache_key and store.get_bytes(ref.cache_key, rng.row_group, key[2]) == b"ok":
+            cls._remember(key)
+            return cls(cfg, key, True)
+        return cls(cfg, key, False, bool(ref.cache_key))
+
+    @classmethod
+    def _store(cls, cfg: WorkerConfig) -> DerivedStore | None:
+        if cfg.cache is None:
+            return None
+        store = cls._stores.get(cfg.cache.root)
+        if store is None:
+            store = cls._stores[cfg.cache.root] = DerivedStore(cfg.cache)
+        return store
+
+    @classmethod
+    def _remember(cls, key: tuple[str, int, str]) -> None:
+        if len(cls._memo) >= cls._MAX:
+            cls._memo.clear()
+        cls._memo.add(key)
+
+    def passed(self) -> None:
+        if self.ok:
+            return
+        self._remember(self.key)
+        store = self._store(self.cfg)
+        if store is not None and self.cached:
+            store.put_bytes(self.key[0], self.key[1], self.key[2], b"ok")
 
 
 def build_grouped(cfg: WorkerConfig, task: Task, units: Sequence[UnitColumns], perm: np.ndarray | None,

@@ -4,7 +4,7 @@ The table: generated query-item data, one row per (query, item) with the query's
 repeated as training logs store them: ``qid``, 64 float32 query features, a 128-float query
 embedding, 16 float32 item features and a label; 50-2,000 items per query, skewed (most
 queries near 50, a long tail). Measured, each form with the same loader settings on a warm
-cache (epoch 0 fills it, epoch 1 is timed): host bytes per batch, host-to-device bytes per
+cache (epoch 0 fills it, then warm epochs, the forms taking turns; the median): host bytes per batch, host-to-device bytes per
 batch (what `TorchLoader` copies: items, group columns once per group, group index,
 offsets), and CPU-side items/s; with a GPU, steps/s and feed efficiency of a two-tower model
 fed packed (query tower once per query), unpacked on the device, unpacked on the host, and
@@ -98,28 +98,51 @@ def batch_bytes(b: Any) -> tuple[int, int]:
     return len(b["label"]), sum(_nbytes(c) for c in b.values())
 
 
-def cpu_side(root: Path, cache: Path, form: str, *, batch_size: int, workers: int, pool: str) -> dict[str, Any]:
-    """One form through the loader: epoch 0 fills the cache, epoch 1 (warm) is timed."""
+def _loader(root: Path, cache: Path, form: str, *, batch_size: int, workers: int, pool: str) -> Loader:
     kw: dict[str, Any] = dict(batch_size=batch_size, seed=7, workers=workers, pool=pool,
                               cache=detload.Cache(str(cache / form.split("+")[0])))
     if form.startswith("packed"):
         kw.update(group_by="qid", group_columns=GROUP_COLUMNS)
-    out: dict[str, Any] = {"form": form}
-    with Loader(str(root), **kw) as loader:
-        for e in range(2):
-            loader.set_epoch(e)
-            items = nbytes = batches = 0
-            t0 = time.perf_counter()
-            for b in loader:
-                if form == "packed+unpack":
-                    b = b.unpack()  # what TorchLoader(unpack="host") does before the copy
-                n, nb = batch_bytes(b)
-                items += n
-                nbytes += nb
-                batches += 1
-            dt = time.perf_counter() - t0
-        out.update(items=items, batches=batches, seconds=dt, items_per_s=items / dt,
-                   bytes_per_batch=nbytes / batches, bytes_per_item=nbytes / items)
+    return Loader(str(root), **kw)
+
+
+def _epoch(loader: Loader, form: str, epoch: int) -> dict[str, Any]:
+    loader.set_epoch(epoch)
+    items = nbytes = batches = 0
+    t0 = time.perf_counter()
+    for b in loader:
+        if form == "packed+unpack":
+            b = b.unpack()  # what TorchLoader(unpack="host") does before the copy
+        n, nb = batch_bytes(b)
+        items += n
+        nbytes += nb
+        batches += 1
+    dt = time.perf_counter() - t0
+    return dict(items=items, batches=batches, seconds=dt, items_per_s=items / dt,
+                bytes_per_batch=nbytes / batches, bytes_per_item=nbytes / items)
+
+
+def cpu_side(root: Path, cache: Path, forms: list[str], *, batch_size: int, workers: int, pool: str,
+             repeats: int) -> list[dict[str, Any]]:
+    """Every form through its own loader: epoch 0 fills the cache, then ``repeats`` warm epochs,
+    the forms taking turns (so that a noisy neighbour slows all of them alike); the median."""
+    loaders = {f: _loader(root, cache, f, batch_size=batch_size, workers=workers, pool=pool) for f in forms}
+    try:
+        runs: dict[str, list[dict[str, Any]]] = {f: [] for f in forms}
+        for e in range(1 + repeats):
+            for f in forms:
+                r = _epoch(loaders[f], f, e)
+                if e:
+                    runs[f].append(r)
+    finally:
+        for loader in loaders.values():
+            loader.close()
+    out = []
+    for f in forms:
+        rs = sorted(runs[f], key=lambda r: r["items_per_s"])
+        med = dict(rs[len(rs) // 2])
+        med.update(form=f, warm_items_per_s=[round(r["items_per_s"]) for r in runs[f]])
+        out.append(med)
     return out
 
 
@@ -217,7 +240,7 @@ def _torch_dataloader(root: Path, batch_size: int, workers: int, dev: Any, qname
 
 def table(rows: list[dict[str, Any]]) -> str:
     flat = next(r for r in rows if r["form"] == "flat")
-    lines = ["| form | items/s (warm) | vs flat | host bytes / batch | H2D bytes / batch | H2D bytes / item | vs flat |",
+    lines = ["| form | items/s (warm, median) | vs flat | host bytes / batch | H2D bytes / batch | H2D bytes / item | vs flat |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         h2d = r["bytes_per_batch"]
@@ -236,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--pool", default="thread", choices=["thread", "process"])
     ap.add_argument("--data", type=Path, default=Path(DEFAULT_ROOT))
+    ap.add_argument("--repeats", type=int, default=3, help="warm epochs per form, taking turns (median)")
     ap.add_argument("--gpu-steps", type=int, default=200)
     ap.add_argument("--model-on-cpu", action="store_true", help="run the model comparison on the CPU (a check "
                     "of the code path; its numbers say nothing about a GPU)")
@@ -253,11 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"table: {queries:,} queries, {info['items']:,} items ({info['mean_items']:.0f} per query on average, "
           f"at most {info['max_items']:,}), {N_QF} float32 query features + a {EMB}-float query embedding, "
           f"{N_IF} float32 item features + a label; {files} files, row groups of {rg:,} rows. "
-          f"batch_size={batch} items, workers={args.workers}, pool={args.pool}, warm cache (epoch 1 of 2).\n")
+          f"batch_size={batch} items, workers={args.workers}, pool={args.pool}; the median of {args.repeats} warm "
+          "epochs per form (epoch 0 fills the cache), the forms taking turns.\n")
     cache = args.data / "cache"
     shutil.rmtree(cache, ignore_errors=True)
-    rows = [cpu_side(root, cache, form, batch_size=batch, workers=args.workers, pool=args.pool)
-            for form in ("flat", "packed", "packed+unpack")]
+    rows = cpu_side(root, cache, ["flat", "packed", "packed+unpack"], batch_size=batch, workers=args.workers,
+                    pool=args.pool, repeats=args.repeats)
     print(table(rows))
     flat, packed = rows[0], rows[1]
     cut = 1 - packed["bytes_per_item"] / flat["bytes_per_item"]
