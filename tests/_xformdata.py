@@ -150,3 +150,10 @@ def where_from(cols, ctx):
     stored = ctx.selected if ctx.selected is not None else np.arange(ctx.rows)
     return {"id": np.array(cols["id"]), "stored": np.asarray(stored, dtype=np.int64),
             "rg": np.full(ctx.rows, ctx.file_index * 100 + ctx.row_group, dtype=np.int64)}
+
+
+def writes_input_late(cols, ctx):
+    """Writes into its input, but only on the second file's row groups (so in a worker, not at planning)."""
+    if ctx.file_index == 1:
+        cols["f32"][:] = 0
+    return {"id": np.array(cols["id"]), "f32": np.array(cols["f32"])}

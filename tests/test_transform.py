@@ -575,3 +575,17 @@ def test_a_damaged_output_entry_is_discarded_and_computed_again(root, tmp_path, 
     with pytest.warns(detload.CacheWarning, match="is damaged"), Loader(root, **opts) as ld:
         assert _hashes(ld) == want
     assert X.calls(counter) == before + 1
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_writing_to_an_input_in_a_worker_fails_cleanly(root, tmp_path, pool):
+    opts = dict(batch_size=64, seed=1, columns=["id", "f32"], cache=tmp_path / "c", pool=pool)
+    with Loader(root, **opts) as ld:
+        before = _hashes(ld)  # the next loader's inputs are mappings of these cache entries
+    with Loader(root, **opts, transform=Transform(X.writes_input_late, name="late-writer")) as ld, \
+            pytest.raises(WorkerError, match=r"failed on b.parquet row group \d: TransformFailed: transform "
+                                             r"'late-writer' raised ValueError: assignment destination is read-only "
+                                             r"\(its input columns are read-only views"):
+        list(ld)
+    with Loader(root, **opts) as ld:
+        assert _hashes(ld) == before
