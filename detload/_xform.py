@@ -295,6 +295,8 @@ class TransformRunner:
                                seed=seed, epoch=epoch, random=tf.random)
         out = check_output(tf, call(tf, cols, ctx, where), where, self.plan.specs)
         self._check_rows(out, f, rg, rows_in, where)
+        # group_by (packing) is not part of this version: when it is, this is where each row
+        # group's output must pass check_keeps_key(tf, cols, out, key, where).
         t.add("transform", t0, time.perf_counter())
         if self.store is not None:
             t1 = time.perf_counter()
