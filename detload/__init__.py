@@ -27,6 +27,7 @@ _EXPORTS = {
     "Loader": "loader",
     "ManifestError": "errors",
     "OptionError": "errors",
+    "Packed": "packed",
     "OrderOptions": "plan",
     "Plan": "plan",
     "Pool": "options",
@@ -72,6 +73,7 @@ __all__ = [
     "ManifestError",
     "OptionError",
     "OrderOptions",
+    "Packed",
     "Plan",
     "Pool",
     "Ragged",
@@ -125,6 +127,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     )
     from .loader import BlockMemoryWarning, Loader
     from .options import Cache, Distributed, Pool, Storage
+    from .packed import Packed
     from .plan import OrderOptions, Plan, make_plan
     from .starvation import StarvationReport, starvation_check
     from .stats import StageStats, Stats

@@ -22,6 +22,7 @@ import numpy as np
 
 from ._cache.keys import _derived_name
 from ._cache.rowgroups import RowGroupCache
+from ._filters.selection import Selection
 from ._types import Column, ColumnSpec, Ragged, UnitColumns
 from .errors import DataError, OptionError
 from .plan import Range, Unit
@@ -283,7 +284,7 @@ class TransformRunner:
         t.extra["transform_cache_hits"] = t.extra.get("transform_cache_hits", 0.0) + 1
         return got
 
-    def apply(self, cfg: Any, cols: UnitColumns, f: int, rg: int, selected: np.ndarray | None, seed: int,
+    def apply(self, cfg: Any, cols: UnitColumns, f: int, rg: int, selected: Selection | None, seed: int,
               epoch: int, t: Any) -> UnitColumns:
         """The transform's checked output for one row group's (selected) columns; stored when cached."""
         tf = self.plan.transform
@@ -291,7 +292,8 @@ class TransformRunner:
         where = _where(ref.path, rg)
         rows_in = len(next(iter(cols.values()))) if cols else 0
         t0 = time.perf_counter()
-        ctx = TransformContext(file=ref.path, file_index=f, row_group=rg, rows=rows_in, selected=selected,
+        ctx = TransformContext(file=ref.path, file_index=f, row_group=rg, rows=rows_in,
+                               selected=selected.indices() if selected is not None else None,
                                seed=seed, epoch=epoch, random=tf.random)
         out = check_output(tf, call(tf, cols, ctx, where), where, self.plan.specs)
         self._check_rows(out, f, rg, rows_in, where)
@@ -338,6 +340,8 @@ class _Timings:
     def __init__(self) -> None:
         self.extra: dict[str, float] = {}
         self.units = 0
+        self.source_reads = 0
+        self.source_bytes = 0
 
     def add(self, stage: str, t0: float, t1: float) -> None:
         pass
@@ -351,7 +355,7 @@ def _identity(t: Transform, specs_key: str, partition_specs: Sequence[ColumnSpec
 
 
 def plan_transform(t: Transform, cfg: Any, units: Sequence[Unit],
-                   selections: Mapping[tuple[int, int], np.ndarray] | None, seed: int) -> PlannedTransform:
+                   selections: Mapping[tuple[int, int], Selection] | None, seed: int) -> PlannedTransform:
     """Plan ``t`` over ``units`` (one whole row group each), reading through a worker's reader
     with ``cfg`` (a thread `WorkerConfig` without the transform).
 
@@ -388,7 +392,8 @@ def plan_transform(t: Transform, cfg: Any, units: Sequence[Unit],
             ref = cfg.files[r.file]
             where = _where(ref.path, r.row_group)
             ctx = TransformContext(file=ref.path, file_index=r.file, row_group=r.row_group,
-                                   rows=len(next(iter(cols.values()))), selected=picked, seed=seed, epoch=0,
+                                   rows=len(next(iter(cols.values()))),
+                                   selected=picked.indices() if picked is not None else None, seed=seed, epoch=0,
                                    random=t.random)
             out = check_output(t, call(t, cols, ctx, where), where, specs)
             if t.rows == "same":

@@ -20,6 +20,7 @@ import xxhash
 
 from ._types import Column, Ragged
 from .errors import ManifestError
+from .packed import Packed
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -35,6 +36,9 @@ __all__ = [
 MANIFEST_FORMAT = "detload-manifest"
 MANIFEST_VERSION = 1
 _BATCH_TAG = b"detload-batch-v1\x00"
+_PACKED_TAG = b"detload-packed-v1\x00"
+#: The name the group offsets of a packed batch are hashed under.
+PACKED_OFFSETS = "[offsets]"
 
 
 def _update_array(h: xxhash.xxh3_128, a: np.ndarray) -> None:
@@ -64,8 +68,19 @@ def batch_digest(column_digests: list[bytes]) -> bytes:
     return xxhash.xxh3_128_digest(_BATCH_TAG + b"".join(column_digests))
 
 
-def hash_batch(batch: Mapping[str, Column]) -> tuple[str, dict[str, str]]:
-    """(batch hash, {column: hash}) as hex strings, columns in batch order."""
+def hash_batch(batch: Mapping[str, Column] | Packed) -> tuple[str, dict[str, str]]:
+    """(batch hash, {column: hash}) as hex strings, columns in batch order.
+
+    A `Packed` batch is hashed in its packed canonical form (docs/packing.md): its item
+    columns, then its group columns (one row per group), then ``[offsets]``, the int64
+    group offsets, under a tag of its own; ``group_index`` follows from the offsets.
+    """
+    if isinstance(batch, Packed):
+        digests = {name: column_digest(name, col) for name, col in batch.items.items()}
+        digests.update((name, column_digest(name, col)) for name, col in batch.groups.items())
+        digests[PACKED_OFFSETS] = column_digest(PACKED_OFFSETS, np.asarray(batch.offsets, dtype="<i8"))
+        whole = xxhash.xxh3_128_digest(_PACKED_TAG + b"".join(digests.values()))
+        return whole.hex(), {k: v.hex() for k, v in digests.items()}
     digests = {name: column_digest(name, col) for name, col in batch.items()}
     return batch_digest(list(digests.values())).hex(), {k: v.hex() for k, v in digests.items()}
 

@@ -53,6 +53,8 @@ from .stats import Stats, _cores, summarize
 if TYPE_CHECKING:  # imported when a filter is given: pyarrow.compute and .dataset cost import time
     from ._filters.canonical import Filter
     from ._filters.planning import FilterStats
+    from ._filters.selection import Selection
+    from ._grouping import GroupStats
     from ._xform import TransformPlan
     from .transform import Transform
 
@@ -207,6 +209,9 @@ class Loader:
         distributed: Distributed | tuple[int, int] | None = None,
         storage: Storage | Any = None,
         filter: Any = None,  # noqa: A002 - the option's public name
+        group_by: str | None = None,
+        group_columns: Sequence[str] | None = None,
+        max_group_items: int | None = None,
         transform: Any = None,
         **deprecated: Any,
     ) -> None:
@@ -239,8 +244,10 @@ class Loader:
             raise OptionError(f"cast must be a dict {{column: dtype}}, got {cast!r}")
         #: Each cast column's dtype in one spelling ("f4" -> "float32"), as `order` records it.
         self.cast: dict[str, str] = {str(k): normalize_cast(str(k), v) for k, v in (cast or {}).items()}
+        # A filter's planning reads the footers discovery read: kept until then, not longer.
+        footers: list[Any] | None = [] if filter is not None else None
         self.dataset: Dataset = discover(source, filesystem=storage_opts.filesystem,
-                                         partitioning=storage_opts.partition_types)
+                                         partitioning=storage_opts.partition_types, footers=footers)
         if self.dataset.skipped:
             warnings.warn(SkippedFilesWarning(
                 f"{describe_skipped(self.dataset.skipped)} in {self.dataset.root}: they are not Parquet "
@@ -265,7 +272,7 @@ class Loader:
                       if cache_opts is not None else None)
         #: The parsed filter (None: every row), and what planning did with it.
         self.filter: Filter | None = None
-        self._selections: dict[tuple[int, int], np.ndarray] | None = None
+        self._selections: dict[tuple[int, int], Selection] | None = None
         self._filter_stats: FilterStats | None = None
         if filter is not None:
             from ._filters.canonical import parse_filter
@@ -274,13 +281,25 @@ class Loader:
             self.filter = parse_filter(filter, self.dataset.schema, dict(self.dataset.partition_types))
             # Planning prunes row groups and runs the selection pass now, so that the plan is
             # exact: len(), partitions and resume count the selected rows.
-            chosen = filter_units(self.dataset, self.filter, cache=self.cache, cache_keys=self._cache_keys)
+            chosen = filter_units(self.dataset, self.filter, cache=self.cache, cache_keys=self._cache_keys,
+                                  footers=footers)
+            footers = None
             self._units = UnitList(chosen.units)
             self._selections = chosen.selections
             self._filter_stats = chosen.stats
+            self._select_spans = chosen.spans
         else:
             # Format 2's units, built once: every epoch's plan cuts and deals the same list.
             self._units = UnitList.from_row_groups(self._unit_files, self._unit_rgs, self._unit_rows)
+        #: group_by: the key, the group columns (the key among them) and max_group_items.
+        self.group_by: str | None = None
+        self.group_columns: tuple[str, ...] = ()
+        self.max_group_items: int | None = None
+        self._group_stats: GroupStats | None = None
+        if group_by is not None:
+            self._plan_groups(names, group_by, group_columns, max_group_items)
+        elif group_columns is not None or max_group_items is not None:
+            raise OptionError("group_columns and max_group_items apply with group_by=, which is not set")
         #: The transform (None: the columns as read), and what planning made of it.
         self.transform = _transform_option(transform)
         self._xform: TransformPlan | None = None
@@ -303,6 +322,11 @@ class Loader:
             # A long isin list enters as its hash (the manifest header keeps it whole).
             self.order["filter"] = json.dumps(self.filter.order_value(), sort_keys=True, separators=(",", ":"),
                                               ensure_ascii=False)
+        if self.group_by is not None:  # likewise: ungrouped loaders keep their order and fingerprint
+            self.order["group_by"] = self.group_by
+            self.order["group_columns"] = list(self.group_columns)
+            if self.max_group_items is not None:
+                self.order["max_group_items"] = self.max_group_items
         if self.transform is not None:  # likewise: loaders without a transform keep their fingerprints
             self.order["transform"] = self.transform.identity
         self.fingerprint = xxhash.xxh3_128_hexdigest(json.dumps(self.order, sort_keys=True).encode())
@@ -316,6 +340,8 @@ class Loader:
             raise OptionError("the unordered merge is a benchmark-only hook and cannot write a manifest")
         self._ordered = not self._hooks.unordered
         self._tracer = Tracer(enabled=trace)
+        if self._filter_stats is not None:  # the selection pass ran above: traced as "select"
+            self._tracer.planned(self._select_spans, self._filter_stats.as_dict())
         self._epoch = 0
         self._plans: dict[int, PlanV2] = {}
         self._memory_checked = False
@@ -345,12 +371,42 @@ class Loader:
         there, and the rows selected out of the rows in all."""
         return None if self._filter_stats is None else self._filter_stats.as_dict()
 
+    def _plan_groups(self, names: Sequence[str], group_by: Any, group_columns: Any, max_group_items: Any) -> None:
+        """group_by: check the options, run the cached pass over the key column, and give every
+        unit its groups (docs/packing.md); batches are then filled with whole groups."""
+        import dataclasses
+
+        from ._grouping import check_group_options, group_units
+
+        m = self.options.micro_batch
+        self.group_by, self.group_columns, self.max_group_items = check_group_options(
+            self.dataset, names, group_by, group_columns, max_group_items, m)
+        grouped = group_units(self.dataset, self.group_by, self._units.units, selections=self._selections,
+                              micro_batch=m, batch_size=self.options.batch_size,
+                              world_size=self.options.world_size, partitions=self.options.partitions,
+                              max_group_items=self.max_group_items, cache=self.cache,
+                              cache_keys=self._cache_keys)
+        self._units = UnitList(grouped.units)
+        self._group_stats = grouped.stats
+        self.options = dataclasses.replace(self.options, group_batches=True)
+
+    @property
+    def group_stats(self) -> dict[str, int] | None:
+        """What planning found with ``group_by=`` (None without it): groups, chunks (groups
+        after max_group_items split them), the largest group, row groups scanned or cached."""
+        return None if self._group_stats is None else self._group_stats.as_dict()
+
     def _plan_transform(self) -> None:
         """Refuse what worker processes could not receive, then plan the transform: its output
         schema and, for rows="changes", the units with its row counts."""
         from ._xform import TransformFailed, check_for_processes, plan_transform
 
         assert self.transform is not None
+        if self.group_by is not None and self.transform.rows == "changes":
+            raise OptionError(
+                f"transform {self.transform.name!r} has rows='changes', which group_by= does not allow: the "
+                f"groups of {self.group_by!r} are planned from the stored rows, so a transform under "
+                "group_by must keep every row and the key (use rows='same')")
         if self.pool_kind == "process":
             check_for_processes(self.transform)
         try:
@@ -379,7 +435,8 @@ class Loader:
                       for f, key, uri in zip(ds.files, self._cache_keys, self._uris))
         return WorkerConfig(files, ds.filesystem, tuple(self.specs), self.null_fill, shm_dir,
                             prefix, os.getpid(), None if planning else self._hooks.debug,
-                            cache=self.cache, selections=self._selections, transform=self._xform)
+                            cache=self.cache, selections=self._selections, group_by=self.group_by,
+                            group_columns=self.group_columns, transform=self._xform)
 
     @property
     def _pool(self) -> WorkerPool | None:
@@ -559,7 +616,8 @@ class Loader:
                       stall_timeout=self.stall_timeout,
                       # Hashes exist for the manifest; without one they would be work for nothing.
                       hash_batches=writer is not None, ordered=self._ordered,
-                      tracer=self._tracer, ahead=counts)
+                      tracer=self._tracer, ahead=counts,
+                      group_columns=self.group_columns if self.group_by is not None else None)
             self._run = run
             self._tracer.run_started(self.workers, self.pool_kind)
             if writer is not None:
@@ -629,8 +687,7 @@ class Loader:
                     if writer is not None:
                         writer.write_batch(epoch, step, line)
                     self._position = step + 1
-                    tr.batches += 1
-                    tr.rows += rows
+                    tr.delivered(epoch, rows)
                     t_give = clock()
                     yield batch
                     # Not kept by this frame, which an exception raised here later would keep

@@ -34,6 +34,9 @@ __all__ = [
     "UnitList",
     "block_memory_warning",
     "block_permutation",
+    "greedy_steps",
+    "group_permutation",
+    "group_row_order",
     "make_plan",
     "make_plan_v2",
     "row_group_entropy",
@@ -47,6 +50,7 @@ PLAN_FORMAT_VERSION = 1
 # of different purposes never coincide even when the other words do.
 TAG_UNITS = 0x554E_4954  # "UNIT"
 TAG_BLOCK = 0x424C_4B52  # "BLKR"
+TAG_GROUPS = 0x4752_5053  # "GRPS": the order of a block's groups (group_batches)
 
 _U32 = 0xFFFF_FFFF
 _MAX_SEED = 2**64 - 1
@@ -101,6 +105,46 @@ def block_permutation(seed: int, epoch: int, partition: int, block: int, n: int)
     return _stream_permutation(_entropy(TAG_BLOCK, seed, epoch, partition, block), n)
 
 
+def group_permutation(seed: int, epoch: int, partition: int, block: int, n: int) -> np.ndarray:
+    """The order of the ``n`` groups of one block when shuffling with ``group_batches``.
+
+    Its own purpose tag, so a block of n groups and a block of n rows never share a stream.
+    """
+    return _stream_permutation(_entropy(TAG_GROUPS, seed, epoch, partition, block), n)
+
+
+def group_row_order(starts: np.ndarray, rows: int, order: np.ndarray) -> np.ndarray:
+    """The row permutation that lays a block's groups out in ``order``, rows in stored order.
+
+    ``starts`` are the groups' first rows (increasing, the first 0), ``rows`` the block's
+    rows; row ``i`` of the result is the stored row that lands at position ``i``.
+    """
+    starts = np.asarray(starts, dtype=np.int64)
+    sizes = np.diff(np.append(starts, rows))
+    s_sizes = sizes[order]
+    # Position i inside permuted group g (which begins at out_start[g]) takes stored row
+    # starts[g] + (i - out_start[g]).
+    out_start = np.cumsum(s_sizes) - s_sizes
+    return np.repeat(starts[order] - out_start, s_sizes) + np.arange(rows, dtype=np.int64)
+
+
+def greedy_steps(bounds: np.ndarray, m: int) -> np.ndarray:
+    """Micro-batch starts of a stream of whole groups (``bounds``: their first rows and the end).
+
+    Each micro-batch takes consecutive groups, as many as fit in ``m`` rows; every group
+    holds at most ``m`` rows, so each takes at least one. Returns the first row of every
+    micro-batch and the stream's end (docs/packing.md states this rule).
+    """
+    out = [0]
+    i, n = 0, len(bounds) - 1
+    while i < n:
+        j = int(np.searchsorted(bounds, bounds[i] + m, side="right")) - 1
+        assert j > i, "a group larger than the micro-batch reached the planner"
+        out.append(int(bounds[j]))
+        i = j
+    return np.asarray(out, dtype=np.int64)
+
+
 @dataclass(frozen=True)
 class OrderOptions:
     """Every option that decides which rows a step yields (and nothing else).
@@ -116,6 +160,9 @@ class OrderOptions:
     drop_last: bool = False
     partitions: int = 1
     world_size: int = 1
+    #: Batches are filled greedily with whole groups (the units' ``groups``), up to a
+    #: micro-batch of items, and shuffling permutes whole groups (docs/packing.md).
+    group_batches: bool = False
 
     def __post_init__(self) -> None:
         # check_int returns a plain int: a NumPy integer would break the JSON of the fingerprint.
@@ -123,7 +170,7 @@ class OrderOptions:
         set_(self, "seed", check_int("seed", self.seed, 0, _MAX_SEED, shown="[0, 2**64)"))
         for name in ("batch_size", "shuffle_window", "partitions", "world_size"):
             set_(self, name, check_int(name, getattr(self, name), 1))
-        for name in ("shuffle", "drop_last"):
+        for name in ("shuffle", "drop_last", "group_batches"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.partitions % self.world_size:
@@ -149,7 +196,7 @@ class OrderOptions:
 
     def order_dict(self) -> dict[str, object]:
         """The options that decide the global order; the world size only splits it."""
-        return {
+        d: dict[str, object] = {
             "seed": self.seed,
             "global_batch_size": self.global_batch_size,
             "shuffle": self.shuffle,
@@ -157,6 +204,9 @@ class OrderOptions:
             "drop_last": self.drop_last,
             "partitions": self.partitions,
         }
+        if self.group_batches:  # only when set: ungrouped plans keep their fingerprints
+            d["group_batches"] = True
+        return d
 
 
 @dataclass(frozen=True)
@@ -190,6 +240,9 @@ class _Steps:
     rank: int
     partition_rows: tuple[int, ...]
     schedule: tuple[Any, ...]
+    #: Grouped plans (``group_batches``): per partition, the first row of each of its
+    #: micro-batches and its end (len = the partition's own step count + 1); None otherwise.
+    step_starts: tuple[np.ndarray, ...] | None = None
 
     @property
     def owned_partitions(self) -> range:
@@ -198,8 +251,13 @@ class _Steps:
 
     def micro_range(self, partition: int, step: int) -> tuple[int, int]:
         """Rows [lo, hi) of ``partition``'s stream that ``step`` yields (maybe empty)."""
-        m = self.options.micro_batch
         n = self.partition_rows[partition]
+        if self.step_starts is not None:
+            s = self.step_starts[partition]
+            if step + 1 < len(s):
+                return int(s[step]), int(s[step + 1])
+            return n, n  # the partition ran out: an empty micro-batch (docs/packing.md)
+        m = self.options.micro_batch
         return min(step * m, n), min(step * m + m, n)
 
     def step_rows(self, step: int) -> int:
@@ -210,8 +268,9 @@ class _Steps:
         """The blocks still needed when the epoch starts (or resumes) at ``step``."""
         if step == 0:
             return self.schedule
-        m = self.options.micro_batch
-        return tuple(b for b in self.schedule if b.end > step * m)
+        # A block is still needed if its last micro-batch is at or after ``step``
+        # (without groups: its end lies past row step * m).
+        return tuple(b for b in self.schedule if b.last_step >= step)
 
     def worker_schedules(self, workers: int, start_step: int = 0) -> list[list[Any]]:
         """Block k of the schedule goes to worker k mod ``workers``."""
@@ -596,6 +655,16 @@ class BlockV2:
         """What a worker reads, in order: the rows of the block before its permutation."""
         return tuple(r for u in self.units for r in u.ranges)
 
+    @property
+    def group_starts(self) -> tuple[int, ...]:
+        """The first row (in the block before its permutation) of each of its units' groups."""
+        out: list[int] = []
+        pos = 0
+        for u in self.units:
+            out += [pos + g for g in u.groups]
+            pos += u.rows
+        return tuple(out)
+
 
 @dataclass(frozen=True)
 class PlanV2(_Steps):
@@ -619,6 +688,11 @@ class PlanV2(_Steps):
     dropped_rows: int
     fingerprint: str
     schedule: tuple[BlockV2, ...] = field(repr=False)
+    #: With ``group_batches``: per partition, the first row of each micro-batch and the end.
+    step_starts: tuple[np.ndarray, ...] | None = field(default=None, repr=False)
+    #: With ``group_batches``: per partition, the first row of each group in its stream
+    #: (groups in permuted order) and the end, so a batch's group offsets are known from the plan.
+    group_bounds: tuple[np.ndarray, ...] | None = field(default=None, repr=False)
 
     plan_format = PLAN_FORMAT_V2
 
@@ -766,14 +840,24 @@ def make_plan_v2(
         blocks.append(tuple(bs))
     part_rows = tuple(bounds[p + 1] - bounds[p] for p in range(P))
 
-    steps = _steps(part_rows, m, options.drop_last)
+    step_starts: tuple[np.ndarray, ...] | None = None
+    group_bounds: tuple[np.ndarray, ...] | None = None
+    if options.group_batches:
+        blocks, step_starts, group_bounds = _group_steps(blocks, options, epoch)
+        counts = [len(s) - 1 for s in step_starts]
+        steps = min(counts) if options.drop_last else max(counts)
+    else:
+        steps = _steps(part_rows, m, options.drop_last)
     if options.drop_last and steps == 0:
         raise OptionError(
             f"drop_last=True drops every row: the epoch holds {total} rows, the smallest of the "
             f"{P} partitions {min(part_rows)}, fewer than one micro-batch of {m} rows (global batch "
             f"{options.global_batch_size} = {P} x {m}). Use a smaller batch_size or drop_last=False."
         )
-    dropped = total - steps * m * P if options.drop_last else 0
+    if step_starts is not None:
+        dropped = total - sum(int(s[steps]) for s in step_starts) if options.drop_last else 0
+    else:
+        dropped = total - steps * m * P if options.drop_last else 0
     schedule = _rank_schedule(blocks, options, rank, steps)
     return PlanV2(
         options=options,
@@ -789,7 +873,49 @@ def make_plan_v2(
         dropped_rows=dropped,
         fingerprint=order_fingerprint_v2(dataset_fingerprint, units.digest, options),
         schedule=schedule,
+        step_starts=step_starts,
+        group_bounds=group_bounds,
     )
+
+
+def _group_steps(blocks: list[tuple[BlockV2, ...]], options: OrderOptions, epoch: int
+                 ) -> tuple[list[tuple[BlockV2, ...]], tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+    """``group_batches``: each partition's groups in stream order (blocks in order, each
+    block's groups permuted by its groups stream), the greedy micro-batch starts, and the
+    blocks with their first and last steps counted in those micro-batches."""
+    m = options.micro_batch
+    out_blocks: list[tuple[BlockV2, ...]] = []
+    starts: list[np.ndarray] = []
+    gbounds: list[np.ndarray] = []
+    for p, bs in enumerate(blocks):
+        sizes: list[np.ndarray] = []
+        for b in bs:
+            for u in b.units:
+                if not u.groups:
+                    raise OptionError("group_batches needs every unit to carry its groups (Unit.groups)")
+            g = np.asarray(b.group_starts, dtype=np.int64)
+            sz = np.diff(np.append(g, b.rows))
+            big = int(sz.max())
+            if big > m:
+                raise OptionError(
+                    f"a group of {big} rows (partition {p}, block {b.number}) is larger than the micro-batch "
+                    f"of {m} rows (global batch {options.global_batch_size} / {options.partitions} partitions): "
+                    "a group is never split across batches")
+            if options.shuffle:
+                sz = sz[group_permutation(options.seed, epoch, p, b.number, len(sz))]
+            sizes.append(sz)
+        all_sizes = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
+        gb = np.concatenate([[0], np.cumsum(all_sizes)]).astype(np.int64)
+        st = greedy_steps(gb, m)
+        starts.append(st)
+        gbounds.append(gb)
+        # A block's steps: those whose rows it holds (block boundaries are group boundaries).
+        out_blocks.append(tuple(
+            BlockV2(b.partition, b.number, b.units, b.sources, b.rows, b.start,
+                    int(np.searchsorted(st, b.start, side="right")) - 1,
+                    int(np.searchsorted(st, b.end - 1, side="right")) - 1)
+            for b in bs))
+    return out_blocks, tuple(starts), tuple(gbounds)
 
 
 def block_memory_warning(plan: Plan | PlanV2, bytes_per_row: float,

@@ -6,13 +6,14 @@ torch). See docs/distributed.md for DDP, resume and PyTorch Lightning.
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import queue
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -32,14 +33,16 @@ except ModuleNotFoundError as exc:
 from . import _hooks
 from ._engine.messages import POLL, put_until
 from ._hooks import Hooks
+from ._pinned import HandoffStats, HostRegistry, RegisteredHandoff, cuda_registrar
 from ._trace import StatsMark
 from ._types import Column, Ragged
 from .errors import DetloadError, OptionError
 from .loader import Loader, check_epoch, refuse_pickling, refuse_torch_workers
 from .options import warn_deprecated
+from .packed import Packed
 from .stats import Stats
 
-__all__ = ["RaggedTensor", "TorchLoader", "to_torch"]
+__all__ = ["PackedTensors", "RaggedTensor", "TorchLoader", "to_torch"]
 
 
 class RaggedTensor(NamedTuple):
@@ -108,6 +111,96 @@ def to_torch(batch: Mapping[str, Column]) -> TorchBatch:
     return out
 
 
+# Names the group index and offsets of a packed batch travel under, beside its columns
+# (column names come from Parquet and never start with a NUL).
+_GROUP_INDEX = "\x00group_index"
+_OFFSETS = "\x00offsets"
+
+Unpack = Literal["device", "host"] | None
+
+
+def _expand(col: TorchColumn, index: torch.Tensor) -> TorchColumn:
+    """Rows ``index`` of a column (a group column expanded to its items), on the column's device."""
+    if not isinstance(col, RaggedTensor):
+        return col.index_select(0, index)
+    lengths = (col.offsets[1:] - col.offsets[:-1]).index_select(0, index)
+    offsets = torch.zeros(len(index) + 1, dtype=col.offsets.dtype, device=col.offsets.device)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    total = int(offsets[-1]) if len(index) else 0
+    # Value k of the output is value (first value of its source row) + (k - its row's start).
+    src = torch.repeat_interleave(col.offsets[:-1].index_select(0, index) - offsets[:-1], lengths,
+                                  output_size=total)
+    src += torch.arange(total, dtype=src.dtype, device=src.device)
+    return RaggedTensor(col.values.index_select(0, src), offsets, col.kind)
+
+
+class PackedTensors(NamedTuple):
+    """A `detload.Packed` batch as tensors (``TorchLoader(..., unpack=None)``).
+
+    ``items``: the item columns (``n_items`` rows); ``groups``: the group columns, one row
+    per group (a query tower can run once per query); ``group_index``: int64, the row of
+    each item's group in ``groups``; ``offsets``: int64, ``n_groups + 1`` values;
+    ``columns``: the flat column order. A NamedTuple, so helpers that walk tuples and dicts
+    (Lightning's ``move_data_to_device``) move every tensor.
+    """
+
+    items: TorchBatch
+    groups: TorchBatch
+    group_index: torch.Tensor
+    offsets: torch.Tensor
+    columns: tuple[str, ...]
+
+    @property
+    def n_items(self) -> int:
+        return int(self.group_index.shape[0])
+
+    @property
+    def n_groups(self) -> int:
+        return int(self.offsets.shape[0]) - 1
+
+    def unpack(self) -> TorchBatch:
+        """The flat batch: each group column expanded by ``group_index`` with one ``index_select``
+        (on the tensors' device), columns in ``columns`` order (stacked groups last)."""
+        out: TorchBatch = {}
+        for name in self.columns:
+            col = self.items.get(name)
+            out[name] = col if col is not None else _expand(self.groups[name], self.group_index)
+        for name, col in self.items.items():
+            out.setdefault(name, col)
+        for name, col in self.groups.items():
+            if name not in out:
+                out[name] = _expand(col, self.group_index)
+        return out
+
+    def to(self, *args: Any, **kwargs: Any) -> PackedTensors:
+        move = functools.partial(_move, args=args, kwargs=kwargs)
+        return PackedTensors(_apply(self.items, move), _apply(self.groups, move), move(self.group_index),
+                             move(self.offsets), self.columns)
+
+    def pin_memory(self) -> PackedTensors:
+        pin = torch.Tensor.pin_memory
+        return PackedTensors(_apply(self.items, pin), _apply(self.groups, pin), pin(self.group_index),
+                             pin(self.offsets), self.columns)
+
+
+def _move(x: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+    return x.to(*args, **kwargs)
+
+
+def _wire(batch: Packed) -> dict[str, Column]:
+    """A packed batch as one flat mapping of its arrays (what a slab carries)."""
+    return {**batch.items, **batch.groups, _GROUP_INDEX: batch.group_index, _OFFSETS: batch.offsets}
+
+
+def _from_wire(t: TorchBatch, group_names: frozenset[str], columns: tuple[str, ...]) -> PackedTensors:
+    """The `PackedTensors` of a batch that travelled as `_wire` made it (stacks included)."""
+    gi, offs = t[_GROUP_INDEX], t[_OFFSETS]
+    assert isinstance(gi, torch.Tensor) and isinstance(offs, torch.Tensor)
+    items = {k: v for k, v in t.items() if k not in group_names and k not in (_GROUP_INDEX, _OFFSETS)}
+    groups = {k: v for k, v in t.items() if k in group_names}
+    return PackedTensors(items, groups, gi, offs, columns)
+
+
 def _apply(batch: TorchBatch, fn: Callable[[torch.Tensor], torch.Tensor]) -> TorchBatch:
     return {k: RaggedTensor(fn(v.values), fn(v.offsets), v.kind) if isinstance(v, RaggedTensor) else fn(v)
             for k, v in batch.items()}
@@ -120,6 +213,16 @@ def _each(batch: TorchBatch, fn: Callable[[torch.Tensor], Any]) -> None:
             fn(v.offsets)
         else:
             fn(v)
+
+
+def _each_any(batch: TorchBatch | PackedTensors, fn: Callable[[torch.Tensor], Any]) -> None:
+    if isinstance(batch, PackedTensors):
+        _each(batch.items, fn)
+        _each(batch.groups, fn)
+        fn(batch.group_index)
+        fn(batch.offsets)
+    else:
+        _each(batch, fn)
 
 
 def _record(x: torch.Tensor, stream: Any) -> None:
@@ -270,6 +373,25 @@ class TorchLoader:
       ``prefetch`` batches ahead of the step that runs; the consumer's stream
       waits for the copy before the batch is used. ``device="cpu"`` uses the
       same thread (and copies only for ``stack`` or ``copy_batches > 1``).
+    - ``device="cuda"`` with ``pool="process"`` workers: no batch is packed or
+      pinned in this process. Each worker shared-memory segment is registered once
+      as pinned memory (``cudaHostRegister``, kept while the segment lives,
+      unregistered before it is unmapped); each block goes to the device in one
+      asynchronous copy straight from its segment, and its batches are views of
+      that copy (``stack`` groups: one stack kernel on the device; ``copy_batches``
+      has no effect). Host copies remain only for batches stitched across two
+      blocks and for rebased offsets of variable-length columns; `handoff_stats`
+      counts them. Without CUDA's runtime bindings it falls back to the pinned buffer.
+
+    - ``unpack=`` (a Loader with ``group_by``, whose batches are `detload.Packed`): the
+      group columns are copied once per group, with the items, their ``group_index``
+      and offsets. ``"device"`` (the default with a CUDA device) expands them on the
+      device, one ``index_select`` per group column on the copy stream ahead of the
+      step, and yields the flat dict; ``"host"`` (the default otherwise, and what
+      ``"device"`` means with ``device="cpu"``) expands them on the CPU before the copy;
+      ``None`` yields `PackedTensors` (items, groups, group_index, offsets), so that a
+      query tower can run once per query. ``stack`` groups are item columns or group
+      columns, never both.
 
     Tensors share memory with more than themselves: without a copy, a worker's
     block (several batches); with ``pin_memory``, a CUDA ``device`` or
@@ -293,6 +415,7 @@ class TorchLoader:
         stack: Mapping[str, Any] | None = None,
         copy_batches: int = 1,
         check_ranks: bool = True,
+        unpack: Unpack | str = "auto",
         **loader_options: Any,
     ) -> None:
         if isinstance(loader, Loader):
@@ -331,6 +454,12 @@ class TorchLoader:
             if dev is None:
                 copy_batches = 1
         self.device = dev
+        self.unpack: Unpack = _check_unpack(unpack, self.loader, dev)
+        # group_by: the names that travel one row per group (group columns and their stacks).
+        groups = set(self.loader.group_columns)
+        self._group_names = frozenset(groups | {n for n, cols in self.stack if cols[0] in groups})
+        self._columns = tuple(s.name for s in self.loader.column_specs
+                              if s.name not in {c for _, cols in self.stack for c in cols})
         self.pin_memory = bool(pin_memory)
         self._threaded = self.pin_memory or dev is not None
         if copy_batches > 1 and not wants_thread:
@@ -339,12 +468,44 @@ class TorchLoader:
         self.copy_batches = copy_batches
         #: Test and benchmark hooks in force when built (``torch_per_column``: the path before the slab).
         self._hooks: Hooks = _hooks.current()
+        #: The registered hand-off's counters (see `handoff_stats`), over this adapter's life.
+        self._handoff_stats = HandoffStats()
+        self._handoff: RegisteredHandoff | None = None  # the current iteration's
+        self._registry = self._register_block_memory()
         self._pos: int | None = None  # batches of this epoch handed to the training loop
         # The latest iter()'s token: an iteration starts only if it is still the latest.
         self._latest: object | None = None
         self._stop: threading.Event | None = None
         self._thread: threading.Thread | None = None
         self._queue: queue.Queue[Any] | None = None
+
+    def _register_block_memory(self) -> HostRegistry | None:
+        """With ``device="cuda"`` and process workers: register every shared-memory segment the
+        loader's batches lie in as pinned memory, once, through `Loader.watch_block_memory`.
+        None where that does not apply (no CUDA runtime, thread workers, a benchmark switch)."""
+        hooks, dev = self._hooks, self.device
+        if hooks.torch_staged or hooks.torch_per_column or dev is None or self.loader.pool_kind != "process":
+            return None
+        pair = hooks.torch_registrar
+        if pair is None and dev.type == "cuda":
+            pair = cuda_registrar(dev)
+        if pair is None:
+            return None
+        registry = HostRegistry(pair[0], pair[1], self._handoff_stats, before_unregister=self._drain_copies)
+        self.loader.watch_block_memory(registry.added, registry.removed)
+        return registry
+
+    def _drain_copies(self) -> None:
+        handoff = self._handoff
+        if handoff is not None:
+            handoff.drain()
+
+    def handoff_stats(self) -> dict[str, int]:
+        """What the registered hand-off did (``device="cuda"`` with process workers): batches
+        handed over as views of blocks copied straight from registered shared memory, and the
+        host copies that remain (batches stitched across blocks, rebased offsets of
+        variable-length columns), by count and bytes; all zero where it is not used."""
+        return dict(self._handoff_stats)
 
     # -- pass-through ------------------------------------------------------------
     def __len__(self) -> int:
@@ -439,6 +600,9 @@ class TorchLoader:
         try:
             for batch in it:
                 self._pos = loader.position
+                if isinstance(batch, Packed):
+                    yield self._finish(self._direct_packed(batch))
+                    continue
                 if stack:
                     # Only the groups are copied; the other columns share the batch's memory as usual.
                     out = to_torch({k: v for k, v in batch.items() if k not in stacked})
@@ -452,15 +616,38 @@ class TorchLoader:
             if close is not None:
                 close()
 
+    def _direct_packed(self, batch: Packed) -> TorchBatch:
+        """A packed batch as tensors sharing its memory (stacks copied), unpacked on the host if asked."""
+        flat: Mapping[str, Column] = batch.unpack() if self.unpack == "host" else _wire(batch)
+        stack = self.stack
+        if not stack:
+            return to_torch(flat)
+        stacked = {c for _, cols in stack for c in cols}
+        out = to_torch({k: v for k, v in flat.items() if k not in stacked})
+        slab, layout = _pack([{c: flat[c] for c in stacked}], pin=False, stack=stack)
+        out.update(_unpack(slab, layout[0], {}))
+        return out
+
+    def _finish(self, t: TorchBatch) -> TorchBatch | PackedTensors:
+        """What the training loop receives of a packed batch that arrived as ``t``."""
+        if self.unpack == "host":
+            return t
+        packed = _from_wire(t, self._group_names, self._columns)
+        return packed if self.unpack is None else packed.unpack()
+
     def _feed(self, it: Iterator[dict[str, Column]], q: queue.Queue[Any], stop: threading.Event) -> None:
         """Background thread: convert, pin, start the device copy; ``prefetch`` batches ahead."""
         dev = self.device
         cuda = dev is not None and dev.type == "cuda"
         packed = bool(self.stack) or (not self._hooks.torch_per_column and (self.pin_memory or self.copy_batches > 1))
         group = self.copy_batches if packed else 1
+        handoff = self._new_handoff(cuda)
+        if handoff is not None:
+            group = 1  # a copy per block already serves all of its batches
         slab: torch.Tensor | None = None
         t: TorchBatch | None = None
         batches: list[dict[str, Column]] = []
+        grouped = False  # the loader yields Packed batches (group_by)
         try:
             stream = torch.cuda.Stream(dev) if cuda else None
             ended = False
@@ -472,7 +659,12 @@ class TorchLoader:
                     if stop.is_set():
                         return  # the loop has left: read no further
                     try:
-                        batches.append(next(it))
+                        got: Any = next(it)
+                        if isinstance(got, Packed):
+                            # Group columns travel once per group; unpacked here only when asked.
+                            got = got.unpack() if self.unpack == "host" else _wire(got)
+                            grouped = True
+                        batches.append(got)
                     except StopIteration:
                         ended = True
                         break
@@ -485,23 +677,50 @@ class TorchLoader:
                 if not batches or stop.is_set():
                     break
                 event = None
+                if handoff is not None:
+                    if cuda:
+                        with torch.cuda.device(dev), torch.cuda.stream(stream):
+                            t, event, bases = handoff.convert(batches[0])
+                    else:
+                        t, event, bases = handoff.convert(batches[0])
+                    batches = []
+                    if not _put(q, (t, positions[0], event, bases), stop):
+                        return
+                    continue
                 if packed:
                     # The copy into the slab also lets the workers' shared memory go at once.
                     slab, layout = _pack(batches, pin=self.pin_memory, stack=self.stack)
                     del batches
+                    typed: dict[torch.dtype, torch.Tensor] = {}
+                    outs: list[Any] | None
                     if cuda:
                         with torch.cuda.device(dev), torch.cuda.stream(stream):
                             slab = slab.to(dev, non_blocking=True)
+                            # unpack="device": the expansion runs on this stream too, ahead of the step.
+                            outs = [self._finish(_unpack(slab, parts, typed)) if grouped
+                                    else _unpack(slab, parts, typed) for parts in layout]
                             event = torch.cuda.Event()
                             event.record(stream)
-                    elif dev is not None:
-                        slab = slab.to(dev)
-                    typed: dict[torch.dtype, torch.Tensor] = {}
-                    for parts, pos in zip(layout, positions, strict=True):
-                        if not _put(q, (_unpack(slab, parts, typed), pos, event, slab), stop):
+                    else:
+                        if dev is not None:
+                            slab = slab.to(dev)
+                        outs = [self._finish(_unpack(slab, parts, typed)) if grouped
+                                else _unpack(slab, parts, typed) for parts in layout]
+                    # Expanded group columns are new tensors outside the slab: each is waited for.
+                    held = None if grouped and self.unpack == "device" else slab
+                    for out, pos in zip(outs, positions, strict=True):
+                        if not _put(q, (out, pos, event, held), stop):
                             return
+                    out = outs = held = None  # this frame must not keep the slab past its batches
                     continue
                 t = to_torch(batches.pop())
+                if grouped:  # per-column copies (a test hook): the packed structure after them
+                    t = _apply(t, lambda x: x.pin_memory()) if self.pin_memory else t
+                    if dev is not None:
+                        t = _apply(t, lambda x: x.to(dev))
+                    if not _put(q, (self._finish(t), positions[0], None, None), stop):
+                        return
+                    continue
                 if self.pin_memory:
                     t = _apply(t, lambda x: x.pin_memory())
                 if cuda:
@@ -523,17 +742,46 @@ class TorchLoader:
         except BaseException as exc:  # noqa: BLE001 - carried to the training loop
             # The error's traceback holds this frame: let go of its buffers before handing it on,
             # or they live as long as the error (and until the cyclic collector runs).
-            slab = t = None
+            slab = t = out = outs = held = got = None
             batches = []
             _put(q, _Failed(exc), stop)
         finally:
+            if handoff is not None:
+                handoff.drain()  # no copy reads a segment once its block goes back to its worker
             close = getattr(it, "close", None)
             if close is not None:
                 close()  # stops the loader's run: workers drop the rest, shared memory is freed
 
+    def _new_handoff(self, cuda: bool) -> RegisteredHandoff | None:
+        if self._registry is None:
+            return None
+        dev = self.device
+        assert dev is not None
+        if cuda:
+            def to_device(t: torch.Tensor) -> torch.Tensor:
+                return t.to(dev, non_blocking=True)
+
+            def new_event() -> Any:
+                event = torch.cuda.Event()
+                event.record()  # on the current (the feeder's) stream
+                return event
+        else:  # the CPU stand-in (a test hook): a synchronous copy
+            def to_device(t: torch.Tensor) -> torch.Tensor:
+                return t.clone()
+
+            def new_event() -> Any:
+                return None
+        handoff = RegisteredHandoff(self._registry, to_device, new_event, self.stack, _host_dtype, _torch_dtype,
+                                    pin=self.pin_memory, stats=self._handoff_stats)
+        self._handoff = handoff
+        return handoff
+
     def _consume(self, q: queue.Queue[Any], stop: threading.Event, th: threading.Thread) -> Iterator[TorchBatch]:
         dev = self.device
         seen: tuple[Any, Any] = (None, None)  # (slab, stream) already waited for and recorded
+        # The registered hand-off: (event, stream) last waited for, (buffer, stream) pairs recorded.
+        waited: tuple[Any, Any] = (None, None)
+        recorded: collections.deque[tuple[torch.Tensor, Any]] = collections.deque(maxlen=8)
         try:
             if self._stop is stop:
                 th.start()
@@ -552,7 +800,8 @@ class TorchLoader:
                 if isinstance(item, _Failed):
                     err = item.error
                     item = t = slab = None
-                    seen = (None, None)
+                    seen = waited = (None, None)
+                    recorded.clear()
                     try:
                         raise err
                     finally:
@@ -560,11 +809,20 @@ class TorchLoader:
                 t, pos, event, slab = item
                 if event is not None:
                     current = torch.cuda.current_stream(dev)
-                    if slab is None:
+                    if isinstance(slab, tuple):
+                        # The registered hand-off: batches of one block share its event and buffer.
+                        if event is not waited[0] or current != waited[1]:
+                            current.wait_event(event)
+                            waited = (event, current)
+                        for buf in slab:
+                            if not any(b is buf and s == current for b, s in recorded):
+                                buf.record_stream(current)
+                                recorded.append((buf, current))
+                    elif slab is None:
                         current.wait_event(event)
                         # The memory was allocated on the side stream; tell the allocator
                         # the training stream uses it, so it is not reused too early.
-                        _each(t, functools.partial(_record, stream=current))
+                        _each_any(t, functools.partial(_record, stream=current))
                     elif slab is not seen[0] or current != seen[1]:
                         # Once per slab and stream: every column of its batches lies in its memory.
                         current.wait_event(event)
@@ -659,11 +917,36 @@ def _check_stack(stack: Mapping[str, Any] | None, loader: Loader) -> Stack:
         if len(dtypes) > 1:
             mixed = " and ".join(f"{d} ({c})" for d, c in dtypes.items())
             raise OptionError(f"stack[{name!r}] mixes dtypes {mixed}; stack columns of one dtype")
+        kinds = {c in loader.group_columns for c in cols}
+        if len(kinds) > 1:
+            g = [c for c in cols if c in loader.group_columns]
+            raise OptionError(f"stack[{name!r}] mixes group columns {g} with item columns: a group column has one "
+                              "row per group, an item column one per item; stack them in separate matrices")
         out.append((name, tuple(cols)))
     for name, _ in out:
         if name in specs and name not in seen:
             raise OptionError(f"stack name {name!r} is also a column that is not stacked; pick another name")
     return tuple(out)
+
+
+def _check_unpack(unpack: Any, loader: Loader, dev: torch.device | None) -> Unpack:
+    """``unpack=`` checked: "auto" is "device" with a CUDA device, else "host"; "device"
+    with the CPU is "host" (the same expansion); the option needs a grouped loader."""
+    if unpack == "auto":
+        return "device" if dev is not None and dev.type == "cuda" else "host"
+    if loader.group_by is None:
+        raise OptionError(f"unpack={unpack!r} applies to a Loader with group_by=, which this one has not: "
+                          "its batches are flat already")
+    if unpack not in ("device", "host", None):
+        raise OptionError(f"unpack must be 'device', 'host' or None, got {unpack!r}")
+    if unpack == "device":
+        if dev is None:
+            raise OptionError("unpack='device' needs device= (e.g. device='cuda'): the batch is expanded on the "
+                              "device it is copied to. Pass unpack='host' to expand it on the CPU, or "
+                              "unpack=None for the packed tensors")
+        if dev.type == "cpu":
+            return "host"
+    return unpack  # type: ignore[no-any-return]
 
 
 def _put(q: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:

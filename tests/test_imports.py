@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PUBLIC = [
     "BlockMemoryWarning", "Cache", "CacheWarning", "ColumnSpec", "DataError", "DatasetError", "DetloadError", "Digest",
     "DigestMismatchError", "Distributed", "EmptyDatasetError", "LayoutCheck", "LayoutReport", "Loader",
-    "ManifestError", "OptionError", "OrderOptions", "Plan", "Pool", "Ragged", "SchemaMismatchError",
+    "ManifestError", "OptionError", "OrderOptions", "Packed", "Plan", "Pool", "Ragged", "SchemaMismatchError",
     "SharedMemoryError", "SkippedFilesWarning", "SourceError", "StageStats", "StarvationReport", "StateError",
     "Stats", "Storage", "Transform", "TransformContext", "UnsupportedTypeError", "WorkerError",
     "WorkerStalledError", "__version__", "check_layout", "digest", "hash_batch", "layout", "make_plan",

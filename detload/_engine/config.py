@@ -6,10 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow.fs as pafs
 
 from .._cache import CacheConfig, KeptMappings
+from .._filters.selection import Selection
 from .._types import ColumnSpec
 from .heap import BlockBuffers
 
@@ -67,9 +67,13 @@ class WorkerConfig:
     cache: CacheConfig | None = None
     buffers: BlockBuffers | None = None  # thread workers: reused block buffers (never pickled)
     kept: KeptMappings | None = None  # thread workers: cache entries kept mapped (never pickled)
-    #: A filter's selection: (file index, row group) -> sorted indices of the stored rows it
-    #: delivers; a row group not in it delivers every stored row. Fixed for the loader's life.
-    selections: Mapping[tuple[int, int], np.ndarray] | None = None
+    #: A filter's selection: (file index, row group) -> the stored rows it delivers (compact);
+    #: a row group not in it delivers every stored row. Fixed for the loader's life.
+    selections: Mapping[tuple[int, int], Selection] | None = None
+    #: group_by: the key column and the group columns (the key among them), checked to be
+    #: constant within every group of each block built.
+    group_by: str | None = None
+    group_columns: tuple[str, ...] = ()
     #: A transform (_xform.TransformPlan): run on each row group after the selection; its
     #: output schema (``transform.specs``) is what blocks hold. None: columns as read.
     transform: Any = None

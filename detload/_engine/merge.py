@@ -26,8 +26,10 @@ from .._trace import MERGER, Tracer
 from .._types import Column, ColumnSpec, Ragged
 from ..audit import batch_line, hash_batch
 from ..errors import DetloadError, WorkerError
+from ..packed import Packed
 from ..plan import PlanV2
 from .block import slice_rows, views
+from .groups import block_piece, pack
 from .messages import POLL, BlockReady, Task, WorkerFailed, put_until
 from .passes import concerns
 from .pool import WorkerPool
@@ -79,12 +81,22 @@ def make_tasks(plan: PlanV2, start_step: int, workers: int) -> list[list[Task]]:
     (block k to worker k mod W, so worker w's j-th block is k = j*W + w); a task lists
     its block's row ranges (file, row group, first, rows)."""
     opts = plan.options
+    grouped = plan.group_bounds is not None
     return [
         [Task(j * workers + w, b.partition, b.number, b.ranges,
-              b.rows, opts.seed, plan.epoch, opts.shuffle)
+              b.rows, opts.seed, plan.epoch, opts.shuffle, b.group_starts if grouped else ())
          for j, b in enumerate(blocks)]
         for w, blocks in enumerate(plan.worker_schedules(workers, start_step))
     ]
+
+
+def _join(pieces: list[dict[str, Column]], specs: Sequence[ColumnSpec]) -> dict[str, Column]:
+    """Pieces' columns concatenated (the piece itself when there is one; empty columns for none)."""
+    if not pieces:
+        return {s.name: _empty(s) for s in specs}
+    if len(pieces) == 1:
+        return pieces[0]
+    return {s.name: _concat([pc[s.name] for pc in pieces]) for s in specs}
 
 
 def _empty(spec: ColumnSpec) -> Column:
@@ -104,10 +116,12 @@ class Run:
     def __init__(self, pool: WorkerPool, plan: PlanV2, specs: Sequence[ColumnSpec], *, gen: int,
                  start_step: int, stall_timeout: float | None, ready_depth: int = 1, ordered: bool = True,
                  hash_batches: bool = True, tracer: Tracer | None = None,
-                 ahead: Sequence[int] | None = None) -> None:
+                 ahead: Sequence[int] | None = None, group_columns: Sequence[str] | None = None) -> None:
         self.pool = pool
         self.plan = plan
         self.specs = list(specs)
+        #: group_by: the group columns; every batch is then a `Packed` (see _engine/groups.py).
+        self.group_columns = tuple(group_columns) if group_columns is not None else None
         self.gen = gen
         self.start_step = start_step
         self.stall_timeout = stall_timeout
@@ -253,6 +267,8 @@ class Run:
         tr = self.tracer
         tr.span("merge_wait", MERGER, t0, t1)
         tr.worker_spans(w, timings.spans, timings.pid)
+        tr.block_reads(self.plan.epoch, timings.source_reads, timings.source_bytes,
+                       int(timings.extra.get("cache_hits", 0)))
         for category, message in timings.warnings:
             # A process worker's warning, raised again here so that the user's filters see it.
             warnings.warn(message, _WARNING_CLASSES.get(category, UserWarning), stacklevel=2)
@@ -393,7 +409,7 @@ class Run:
         side) cost more than cutting the batch; the consumer thread now takes a
         few at a time and its per-batch work is a list step.
         """
-        items: list[tuple[dict[str, Column], int, str | None, int]] = []
+        items: list[tuple[dict[str, Column] | Packed, int, str | None, int]] = []
         for step in range(first, last):
             items.append(self._cut_step(step, owned, buffers))
             if len(items) == self.steps_per_item:
@@ -402,8 +418,67 @@ class Run:
         if items:
             self._emit(items)
 
+    def _micro_packed(self, p: int, step: int, buf: deque[tuple[int, dict[str, Column]]]) -> Packed:
+        """Partition ``p``'s micro-batch at ``step`` as a `Packed`: item columns sliced from the
+        blocks, group columns taken at each group's first row (the plan knows where they are)."""
+        lo, hi = self.plan.micro_range(p, step)
+        assert self.plan.group_bounds is not None and self.group_columns is not None
+        gb = self.plan.group_bounds[p]
+        gcols = self.group_columns
+        items: list[dict[str, Column]] = []
+        groups: list[dict[str, Column]] = []
+        for start, cols in buf:
+            n = len(next(iter(cols.values())))  # an item column: grouped blocks list them first
+            a, b = max(lo, start), min(hi, start + n)
+            if a < b:
+                # Blocks begin and end at group starts, so a piece holds whole groups; a block's
+                # group columns hold one row per group (see groups.build_grouped).
+                g0 = int(np.searchsorted(gb, start))
+                it, gr = block_piece(cols, a - start, b - start, int(np.searchsorted(gb, a)) - g0,
+                                     int(np.searchsorted(gb, b)) - g0, gcols)
+                items.append(it)
+                groups.append(gr)
+        while buf and buf[0][0] + len(next(iter(buf[0][1].values()))) <= hi:
+            buf.popleft()
+        i, j = int(np.searchsorted(gb, lo)), int(np.searchsorted(gb, hi))
+        offsets = gb[i : j + 1] - lo
+        gset = set(gcols)
+        names = [s.name for s in self.specs]
+        item_specs = [s for s in self.specs if s.name not in gset]
+        group_specs = [s for s in self.specs if s.name in gset]
+        return pack(_join(items, item_specs), _join(groups, group_specs), offsets if len(offsets) else
+                    np.zeros(1, dtype=np.int64), names)
+
+    def _cut_packed(self, step: int, owned: list[int], buffers: dict[int, deque[tuple[int, dict[str, Column]]]]
+                    ) -> tuple[Packed, int, str | None, int]:
+        t0 = time.perf_counter()
+        micros = [self._micro_packed(p, step, buffers[p]) for p in owned]
+        if len(micros) == 1:
+            batch = micros[0]
+        else:
+            offs, base = [np.zeros(1, dtype=np.int64)], 0
+            for mp in micros:
+                offs.append(mp.offsets[1:] + base)
+                base += mp.n_items
+            batch = pack({k: _concat([mp.items[k] for mp in micros]) for k in micros[0].items},
+                         {k: _concat([mp.groups[k] for mp in micros]) for k in micros[0].groups},
+                         np.concatenate(offs), micros[0].columns)
+        rows = batch.n_items
+        t1 = time.perf_counter()
+        tr = self.tracer
+        tr.span("stitch", MERGER, t0, t1)
+        line = None
+        if self.hash_batches:
+            parts = [hash_batch(mp) for mp in micros]
+            digest, cols = parts[0] if len(micros) == 1 else hash_batch(batch)
+            line = batch_line(self.plan.epoch, step, rows, digest, cols, [p[0] for p in parts])
+            tr.span("hash", MERGER, t1, time.perf_counter())
+        return batch, step, line, rows
+
     def _cut_step(self, step: int, owned: list[int], buffers: dict[int, deque[tuple[int, dict[str, Column]]]]
-                  ) -> tuple[dict[str, Column], int, str | None, int]:
+                  ) -> tuple[dict[str, Column] | Packed, int, str | None, int]:
+        if self.group_columns is not None:
+            return self._cut_packed(step, owned, buffers)
         t0 = time.perf_counter()
         micros = [self._micro(p, step, buffers[p]) for p in owned]
         if len(micros) == 1:

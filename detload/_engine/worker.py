@@ -26,12 +26,13 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
+from .._filters.selection import Selection
 from .._types import UnitColumns
-from ..plan import block_permutation
 from . import shm as _shm
 from . import spawn as _spawn
 from .block import Layout, assemble, slice_rows, take_rows
 from .config import WorkerConfig
+from .groups import block_order, build_grouped, check_constant, check_key_kept
 from .messages import (
     CREDIT,
     POLL,
@@ -128,13 +129,16 @@ def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: 
                 return None, None, False  # type: ignore[return-value]
             t0 = time.perf_counter()
             cols = _select(cols, picked)
-            t.add("convert", t0, time.perf_counter())  # the gather counts as conversion (no stage of its own yet)
+            t.add("select", t0, time.perf_counter())  # the filter's stage, as planning's selection pass
         if xf is not None:
             # On the whole (selected) row group, before the range is taken; it reads every
             # column, so a cache entry's deferred checksum is settled first.
             if cols.check is not None and not reader.settle(cols, f, rg):
                 return None, None, False  # type: ignore[return-value]
+            before = cols
             cols = xf.apply(cfg, cols, f, rg, picked, task.seed, task.epoch, t)
+            if cfg.group_by is not None:
+                check_key_kept(cfg, before, cols, f, rg)
         units.append(_rows_of(cols, first, rows))
     t0 = time.perf_counter()
     try:
@@ -150,9 +154,13 @@ def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: 
     return payload, layout, intact
 
 
-def _select(cols: UnitColumns, picked: np.ndarray) -> UnitColumns:
-    """The rows ``picked`` (sorted indices) of a row group's columns, as new arrays."""
-    return UnitColumns({k: take_rows(v, picked) for k, v in cols.items()})
+def _select(cols: UnitColumns, picked: Selection) -> UnitColumns:
+    """The rows ``picked`` of a row group's columns: views of one run, else new arrays."""
+    run = picked.single_run()
+    if run is not None:
+        return UnitColumns({k: slice_rows(v, *run) for k, v in cols.items()})
+    idx = picked.indices()
+    return UnitColumns({k: take_rows(v, idx) for k, v in cols.items()})
 
 
 def _rows_of(cols: UnitColumns, first: int, rows: int) -> UnitColumns:
@@ -173,14 +181,13 @@ def _rows_of(cols: UnitColumns, first: int, rows: int) -> UnitColumns:
 
 def _assemble(cfg: WorkerConfig, task: Task, segs: _shm.WorkerSegments | None,
               units: list[UnitColumns]) -> tuple[Any, Layout]:
-    perm = (
-        block_permutation(task.seed, task.epoch, task.partition, task.number, task.rows)
-        if task.shuffle else None
-    )
+    perm = block_order(task)  # whole groups when the task has groups (group_by)
     if segs is None:
         alloc = cfg.buffers.get if cfg.buffers is not None else (lambda n: np.empty(n, dtype=np.uint8))
-        buf, layout = assemble(cfg.block_specs, units, perm, alloc)
-        return buf, layout
+        if task.groups:  # group_by: group columns once per group, after checking they are
+            check_constant(cfg, task, units)
+            return build_grouped(cfg, task, units, perm, alloc)
+        return assemble(cfg.block_specs, units, perm, alloc)
     got: list[_shm.Segment] = []
 
     def alloc_shm(n: int) -> np.ndarray:
@@ -189,7 +196,11 @@ def _assemble(cfg: WorkerConfig, task: Task, segs: _shm.WorkerSegments | None,
         return arr
 
     try:
-        buf, layout = assemble(cfg.block_specs, units, perm, alloc_shm)
+        if task.groups:
+            check_constant(cfg, task, units)
+            buf, layout = build_grouped(cfg, task, units, perm, alloc_shm)
+        else:
+            buf, layout = assemble(cfg.block_specs, units, perm, alloc_shm)
     except BaseException:
         for seg in got:
             segs.unsent(seg)

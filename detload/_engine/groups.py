@@ -1,0 +1,216 @@
+"""``group_by`` in the workers and the merger: a block's group order, the group-column check, packed batches.
+
+A grouped block's rows are laid out group by group (`block_order`), so the merger can cut
+micro-batches at group starts the plan knows (`PlanV2.group_bounds`). The worker checks
+that each group column is constant within every group, bitwise, on the block it built
+(`check_constant`), and the merger turns a flat micro-batch into a `Packed` (`pack`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from .._types import Column, ColumnSpec, Ragged, UnitColumns
+from ..errors import DataError
+from ..packed import Packed
+from ..plan import block_permutation, group_permutation, group_row_order
+from .block import ColumnSlot, Layout, assemble, slice_rows, take_rows
+from .block import _aligned as aligned
+from .config import WorkerConfig
+from .messages import Task
+
+__all__ = ["block_order", "block_piece", "build_grouped", "check_constant", "pack"]
+
+# Rows compared at once: bounds the check's temporaries (rows x row bytes of one column).
+_CHUNK = 8192
+
+
+def block_order(task: Task) -> np.ndarray | None:
+    """The block's row permutation: whole groups in the groups stream's order when the task
+    has groups, else the rows stream's; None without shuffling (the stored order)."""
+    if not task.shuffle:
+        return None
+    if not task.groups:
+        return block_permutation(task.seed, task.epoch, task.partition, task.number, task.rows)
+    starts = np.asarray(task.groups, dtype=np.int64)
+    order = group_permutation(task.seed, task.epoch, task.partition, task.number, len(starts))
+    return group_row_order(starts, task.rows, order)
+
+
+def _row_bytes(a: np.ndarray) -> np.ndarray:
+    """Each row of ``a`` as a row of unsigned words, so that comparing them is bitwise (NaN
+    equals NaN); the widest word that divides a row, so a wide row is few comparisons."""
+    a = np.ascontiguousarray(a)
+    width = a.dtype.itemsize * (a.size // len(a) if len(a) else 0)
+    word = next((w for w in (8, 4, 2) if width % w == 0), 1) if width else 1
+    return a.reshape(len(a), -1).view(f"u{word}") if width else a.reshape(len(a), 0).view(np.uint8)
+
+
+def _rows(col: Column) -> int:
+    return len(col.offsets) - 1 if isinstance(col, Ragged) else len(col)
+
+
+def _row_value(col: Column, r: int) -> bytes:
+    if isinstance(col, Ragged):
+        vals = col.values.reshape(len(col.values), -1).view(np.uint8)
+        return vals[int(col.offsets[r]) : int(col.offsets[r + 1])].tobytes()
+    return np.ascontiguousarray(col[r : r + 1]).view(np.uint8).tobytes()
+
+
+def _first_change(col: Column, is_start: np.ndarray) -> int | None:
+    """The first row that differs from the row before it inside one group, or None."""
+    n = len(is_start)
+    if isinstance(col, Ragged):
+        offs = col.offsets.astype(np.int64)  # into ``values`` as they are
+        lengths = np.diff(offs)
+        bad = (lengths[1:] != lengths[:-1]) & ~is_start[1:]
+        vals = col.values
+        if vals.size:
+            vb = vals.reshape(len(vals), -1).view(np.uint8)
+            row = np.repeat(np.arange(n, dtype=np.int64), lengths)
+            k = np.arange(len(row), dtype=np.int64) + int(offs[0])
+            inner = ~is_start[row] & (row > 0)  # row 0 has no row before it here
+            inner[inner] &= lengths[row[inner]] == lengths[row[inner] - 1]
+            kk = k[inner]
+            if kk.size:
+                diff = (vb[kk] != vb[kk - lengths[row[kk]]]).any(axis=1)
+                if diff.any():
+                    bad[row[kk[np.flatnonzero(diff)]] - 1] = True
+        hits = np.flatnonzero(bad)
+        return int(hits[0]) + 1 if hits.size else None
+    b = _row_bytes(col)
+    for lo in range(1, n, _CHUNK):
+        hi = min(n, lo + _CHUNK)
+        neq = (b[lo:hi] != b[lo - 1 : hi - 1]).any(axis=1) & ~is_start[lo:hi]
+        hits = np.flatnonzero(neq)
+        if hits.size:
+            return lo + int(hits[0])
+    return None
+
+
+def check_key_kept(cfg: WorkerConfig, before: Mapping[str, Column], after: Mapping[str, Column],
+                   file: int, row_group: int) -> None:
+    """DataError unless a transform kept the group key of a row group bitwise (group_by: the
+    groups were planned from the stored key, so a transform may not move, add or drop rows)."""
+    key = cfg.group_by
+    if key is None:
+        return
+    a, b = before[key], after.get(key)
+
+    def same(x: Column, y: Column | None) -> bool:
+        if isinstance(x, Ragged) or isinstance(y, Ragged):
+            return (isinstance(x, Ragged) and isinstance(y, Ragged) and np.array_equal(x.offsets, y.offsets)
+                    and _bits(x.values) == _bits(y.values))
+        return y is not None and x.shape == y.shape and x.dtype == y.dtype and _bits(x) == _bits(y)
+
+    if not same(a, b):
+        raise DataError(
+            f"the transform changed the group key {key!r} of {cfg.files[file].path} row group {row_group}: "
+            "under group_by= a transform must keep the key column and every row, in order "
+            "(groups are planned from the stored key)")
+
+
+def _bits(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a).view(np.uint8).tobytes()
+
+
+def check_constant(cfg: WorkerConfig, task: Task, units: Sequence[Mapping[str, Column]]) -> None:
+    """DataError if a group column changes inside a group of the block's ranges ``units``
+    (its rows before the permutation: a group may run from one range into the next)."""
+    if not task.groups or not cfg.group_columns or cfg.group_by is None:
+        return
+    starts = np.asarray(task.groups, dtype=np.int64)
+    pos = 0
+    prev = units[0]
+    for u, rng in zip(units, task.units):
+        n = rng.rows
+        is_start = np.zeros(n, dtype=bool)
+        is_start[starts[(starts >= pos) & (starts < pos + n)] - pos] = True
+        for name in cfg.group_columns:
+            col = u[name]
+            r = _first_change(col, is_start)
+            if r is None and pos and not is_start[0] and _row_value(col, 0) != _row_value(prev[name], _rows(prev[name]) - 1):
+                r = 0  # the group runs on from the range before, with another value
+            if r is not None:
+                key = u[cfg.group_by]
+                value = _row_value(key, r) if isinstance(key, Ragged) else key[r]
+                value = value.item() if isinstance(value, np.generic) else value
+                if isinstance(key, Ragged) and key.kind == "utf8":
+                    value = value.decode("utf-8", "replace")
+                raise DataError(
+                    f"group column {name!r} is not constant within group {cfg.group_by}={value!r}: it changes in "
+                    f"{cfg.files[rng.file].path} row group {rng.row_group} (compared bitwise, so NaN equals NaN). "
+                    f"Group columns must hold one value per group; leave {name!r} out of group_columns")
+        prev = u
+        pos += n
+
+
+def build_grouped(cfg: WorkerConfig, task: Task, units: Sequence[UnitColumns], perm: np.ndarray | None,
+                  allocate: Callable[[int], np.ndarray]) -> tuple[np.ndarray, Layout]:
+    """A grouped block in one buffer: the item columns for every row (in ``perm`` order), then
+    the group columns once per group (each group's first row, groups in the permuted order).
+
+    The group part is assembled first (it is small) and copied in behind the items, so the
+    block is one allocation, as every block is.
+    """
+    gset = set(cfg.group_columns)
+    item_specs = tuple(s for s in cfg.block_specs if s.name not in gset)
+    group_specs = tuple(s for s in cfg.block_specs if s.name in gset)
+    starts = np.asarray(task.groups, dtype=np.int64)
+    order = (group_permutation(task.seed, task.epoch, task.partition, task.number, len(starts))
+             if task.shuffle else None)
+    firsts: list[UnitColumns] = []
+    pos = 0
+    for u, rng in zip(units, task.units):
+        local = starts[(starts >= pos) & (starts < pos + rng.rows)] - pos
+        firsts.append(UnitColumns({s.name: take_rows(u[s.name], local) for s in group_specs}))
+        pos += rng.rows
+    gbuf, glayout = assemble(_specs_key(group_specs), firsts, order, lambda n: np.empty(n, dtype=np.uint8))
+    held: list[np.ndarray] = []
+
+    def alloc_items(n: int) -> np.ndarray:
+        whole = allocate(aligned(n) + glayout.nbytes)
+        held.append(whole)
+        return whole[:n]
+
+    _, ilayout = assemble(_specs_key(item_specs), units, perm, alloc_items)
+    (whole,) = held
+    at = aligned(ilayout.nbytes)
+    whole[at : at + glayout.nbytes] = gbuf
+    cols = ilayout.columns + tuple(_shifted(c, at) for c in glayout.columns)
+    return whole, Layout(task.rows, at + glayout.nbytes, cols)
+
+
+# The same tuple object for the same specs: the assembler caches layouts by its identity.
+_SPECS: dict[tuple[ColumnSpec, ...], tuple[ColumnSpec, ...]] = {}
+
+
+def _specs_key(specs: tuple[ColumnSpec, ...]) -> tuple[ColumnSpec, ...]:
+    return _SPECS.setdefault(specs, specs)
+
+
+def _shifted(c: ColumnSlot, by: int) -> ColumnSlot:
+    return c._replace(data=c.data._replace(offset=c.data.offset + by),
+                      offsets=c.offsets._replace(offset=c.offsets.offset + by) if c.offsets is not None else None)
+
+
+def block_piece(cols: Mapping[str, Column], lo: int, hi: int, g_lo: int, g_hi: int, group_columns: Sequence[str]
+                ) -> tuple[dict[str, Column], dict[str, Column]]:
+    """Rows ``[lo, hi)`` of a grouped block (built by `build_grouped`): its item columns' rows
+    and its group columns' groups ``[g_lo, g_hi)``, all views."""
+    gset = set(group_columns)
+    items = {k: (c[lo:hi] if type(c) is np.ndarray else slice_rows(c, lo, hi)) for k, c in cols.items() if k not in gset}
+    groups = {k: slice_rows(cols[k], g_lo, g_hi) for k in group_columns}
+    return items, groups
+
+
+def pack(items: dict[str, Column], groups: dict[str, Column], offsets: np.ndarray,
+         order: Sequence[str]) -> Packed:
+    """The `Packed` of item columns, group columns and group offsets; ``order``: the flat
+    column order `Packed.unpack` gives back."""
+    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+    counts = np.diff(offsets)
+    index = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    return Packed(items, groups, index, offsets, tuple(order))
