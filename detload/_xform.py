@@ -28,8 +28,8 @@ from .errors import DataError, OptionError
 from .plan import Range, Unit
 from .transform import Transform, TransformContext
 
-__all__ = ["TransformFailed", "TransformPlan", "TransformRunner", "check_for_processes", "check_keeps_key",
-           "output_specs", "plan_transform"]
+__all__ = ["TransformFailed", "TransformPlan", "TransformRunner", "check_for_processes", "output_specs",
+           "plan_transform"]
 
 #: Bumped when what a cached transform output holds changes for the same identity.
 OUTPUT_FORMAT = 1
@@ -141,27 +141,6 @@ def check_output(t: Transform, out: Any, where: str, specs: Sequence[ColumnSpec]
 def output_specs(cols: Mapping[str, Column]) -> tuple[ColumnSpec, ...]:
     """The delivered columns' specs, from a checked output."""
     return tuple(_spec_of(k, c) for k, c in cols.items())
-
-
-def check_keeps_key(t: Transform, before: Mapping[str, Column], after: Mapping[str, Column], key: str,
-                    where: str) -> None:
-    """Under ``group_by``: the transform must keep every row and the group key column as it was.
-
-    (The check point for packing: call it on each row group's input and output.)
-    """
-    if t.rows != "same":
-        raise OptionError(f"transform {t.name!r} changes row counts (rows='changes'), which group_by does not "
-                          "allow: a group's rows must stay together and countable before the epoch")
-    if key not in after:
-        raise DataError(f"transform {t.name!r} dropped the group_by key column {key!r} for {where}; return it "
-                        "unchanged")
-    a, b = before[key], after[key]
-    same = (a == b) if isinstance(a, Ragged) and isinstance(b, Ragged) else (
-        isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
-        and a.shape == b.shape and bool(np.array_equal(a, b)))
-    if not same:
-        raise DataError(f"transform {t.name!r} changed the group_by key column {key!r} for {where}; return it "
-                        "unchanged")
 
 
 def _readonly(c: Column) -> Column:

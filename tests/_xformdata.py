@@ -150,3 +150,30 @@ def where_from(cols, ctx):
     stored = ctx.selected if ctx.selected is not None else np.arange(ctx.rows)
     return {"id": np.array(cols["id"]), "stored": np.asarray(stored, dtype=np.int64),
             "rg": np.full(ctx.rows, ctx.file_index * 100 + ctx.row_group, dtype=np.int64)}
+
+
+def writes_input_late(cols, ctx):
+    """Writes into its input, but only on the second file's row groups (so in a worker, not at planning)."""
+    if ctx.file_index == 1:
+        cols["f32"][:] = 0
+    return {"id": np.array(cols["id"]), "f32": np.array(cols["f32"])}
+
+
+def doubled_price(cols, ctx):
+    """Under group_by: keeps the key (and every row), adds a column."""
+    return {"q": cols["q"], "item": np.array(cols["item"]), "price2": cols["price"] * np.float32(2)}
+
+
+def moved_key(cols, ctx):
+    return {"q": cols["q"][::-1].copy(), "item": np.array(cols["item"])}
+
+
+class evens_of:  # noqa: N801 - used like a function
+    """rows='changes': keep the rows whose column ``name`` is even."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, cols, ctx):
+        keep = cols[self.name] % 2 == 0
+        return {k: np.asarray(v)[keep] for k, v in cols.items()}

@@ -31,7 +31,6 @@ from detload import (
     TransformContext,
     WorkerError,
 )
-from detload._xform import check_keeps_key
 from detload.audit import hash_batch
 from detload.plan import row_group_entropy
 from detload.verify import verify
@@ -454,18 +453,41 @@ def test_a_transform_from_a_stdin_script_travels_by_value_with_cloudpickle(root)
     assert out.split() == ["rows", str(total), "sum", str(want)], out
 
 
-# -- group_by's check point -------------------------------------------------------------
+# -- under group_by ---------------------------------------------------------------------
 
-def test_group_by_check_point():
-    keep = Transform(X.hashed, name="k")
-    ids = np.arange(5)
-    check_keeps_key(keep, {"id": ids}, {"id": ids.copy(), "x": ids}, "id", "f row group 0")
-    with pytest.raises(DataError, match="transform 'k' changed the group_by key column 'id' for f row group 0"):
-        check_keeps_key(keep, {"id": ids}, {"id": ids[::-1]}, "id", "f row group 0")
-    with pytest.raises(DataError, match="transform 'k' dropped the group_by key column 'id'"):
-        check_keeps_key(keep, {"id": ids}, {"x": ids}, "id", "f row group 0")
-    with pytest.raises(OptionError, match=r"transform 'e' changes row counts \(rows='changes'\), which group_by"):
-        check_keeps_key(X.EVENS.__class__(X.evens, name="e", rows="changes"), {"id": ids}, {"id": ids}, "id", "f")
+@pytest.fixture(scope="module")
+def queries(tmp_path_factory) -> str:
+    from _groupdata import write_queries
+
+    root = str(tmp_path_factory.mktemp("queries"))
+    write_queries(root, [[3, 5, 2, 7], [4, 4, 1]], row_group_size=8)
+    return root
+
+
+def _rows(batch):
+    return batch.unpack() if isinstance(batch, detload.Packed) else batch
+
+
+def test_under_group_by_a_transform_that_keeps_the_key_delivers_whole_groups(queries):
+    t = Transform(X.doubled_price, name="p2", version="1")
+    with Loader(queries, batch_size=16, seed=1, group_by="q", transform=t) as ld, \
+            Loader(queries, batch_size=16, seed=1, group_by="q") as plain:
+        got = [_rows(b) for b in ld]
+        want = [_rows(b) for b in plain]
+    assert len(got) == len(want)
+    for g, w in zip(got, want):  # the same groups in the same order, the new column beside them
+        assert np.array_equal(g["item"], w["item"]) and np.array_equal(g["q"], w["q"])
+        assert np.array_equal(g["price2"], w["price"] * np.float32(2))
+
+
+def test_under_group_by_a_transform_must_keep_the_key_and_every_row(queries):
+    with pytest.raises(DataError, match=r"the transform changed the group key 'q' of part-00\d.parquet row group \d: "
+                                        r"under group_by= a transform must keep the key column and every row"), \
+            Loader(queries, batch_size=16, seed=1, group_by="q", transform=Transform(X.moved_key, name="m")) as ld:
+        list(ld)
+    with pytest.raises(OptionError, match=r"transform 'evens' has rows='changes', which group_by= does not allow"):
+        Loader(queries, batch_size=16, seed=1, group_by="q", columns=["q", "item"],
+               transform=Transform(X.evens_of("item"), name="evens", version="1", rows="changes"))
 
 
 # -- tracing ---------------------------------------------------------------------------
@@ -575,3 +597,17 @@ def test_a_damaged_output_entry_is_discarded_and_computed_again(root, tmp_path, 
     with pytest.warns(detload.CacheWarning, match="is damaged"), Loader(root, **opts) as ld:
         assert _hashes(ld) == want
     assert X.calls(counter) == before + 1
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_writing_to_an_input_in_a_worker_fails_cleanly(root, tmp_path, pool):
+    opts = dict(batch_size=64, seed=1, columns=["id", "f32"], cache=tmp_path / "c", pool=pool)
+    with Loader(root, **opts) as ld:
+        before = _hashes(ld)  # the next loader's inputs are mappings of these cache entries
+    with Loader(root, **opts, transform=Transform(X.writes_input_late, name="late-writer")) as ld, \
+            pytest.raises(WorkerError, match=r"failed on b.parquet row group \d: TransformFailed: transform "
+                                             r"'late-writer' raised ValueError: assignment destination is read-only "
+                                             r"\(its input columns are read-only views"):
+        list(ld)
+    with Loader(root, **opts) as ld:
+        assert _hashes(ld) == before
