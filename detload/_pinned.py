@@ -39,6 +39,8 @@ class HandoffStats(dict[str, int]):
       (no host copy at all);
     - ``stitched_batches``: batches with a column outside every registered segment (a batch cut
       across two blocks is stitched into fresh memory by the merger): those columns are copied;
+    - ``unregistered_batches``: batches in a block whose segment could not be registered
+      (``registration_failures``): copied like stitched ones;
     - ``rebased_offsets``: offset arrays of variable-length columns copied (the merger rebases
       them to start at 0, so they are fresh memory too);
     - ``copied_arrays`` / ``copied_bytes``: every host copy of the two kinds above (into one pinned
@@ -51,7 +53,7 @@ class HandoffStats(dict[str, int]):
       the registry's bookkeeping (a failed registration leaves that segment to the copy path).
     """
 
-    KEYS = ("batches", "direct_batches", "stitched_batches", "rebased_offsets", "copied_arrays",
+    KEYS = ("batches", "direct_batches", "stitched_batches", "unregistered_batches", "rebased_offsets", "copied_arrays",
             "copied_bytes", "block_copies", "block_bytes", "strided_groups", "registrations", "unregistrations",
             "registration_failures", "registered_now")
 
@@ -158,6 +160,12 @@ def cuda_registrar(device: torch.device) -> tuple[Register, Unregister] | None:
 
 def _ptr(a: np.ndarray) -> int:
     return int(a.__array_interface__["data"][0])
+
+
+def _is_block_view(a: np.ndarray) -> bool:
+    """Whether ``a`` is a view of a block buffer (a 1-D uint8 array), not fresh memory."""
+    base = a.base
+    return isinstance(base, np.ndarray) and base.dtype == np.uint8 and base.ndim == 1
 
 
 def _host_tensor(a: np.ndarray) -> torch.Tensor:
@@ -285,7 +293,7 @@ class RegisteredHandoff:
                 arrays.append((name, None, col, False))
         placed: list[torch.Tensor | None] = []
         fresh: list[int] = []
-        stitched = False
+        stitched = unregistered = False
         for i, (name, _, a, is_offsets) in enumerate(arrays):
             blk = self._block_of(a) if a.nbytes and a.flags.c_contiguous else None
             if blk is None:
@@ -293,6 +301,8 @@ class RegisteredHandoff:
                 fresh.append(i)
                 if is_offsets:
                     self.stats["rebased_offsets"] += 1
+                elif _is_block_view(a):
+                    unregistered = True  # in a block whose segment is not registered (it failed)
                 else:
                     stitched = True
                 continue
@@ -334,6 +344,8 @@ class RegisteredHandoff:
         self.stats["batches"] += 1
         if stitched:
             self.stats["stitched_batches"] += 1
+        elif unregistered:
+            self.stats["unregistered_batches"] += 1
         elif not fresh:
             self.stats["direct_batches"] += 1
         return out, self._event, tuple(bases)

@@ -37,6 +37,7 @@ def test_rows_are_rated_against_the_decode_limit_and_petastorm_best_of_their_own
         bench.petastorm_label(2, convert_early=True): [_res(20.0, 2), _res(10.0, 2)],
         bench.petastorm_label(2, convert_early=True, cache=True): [_res(40.0, 2), _res(50.0, 2)],
         "detload process W=2": [_res(160.0, 2), _res(200.0, 2)],
+        "detload process W=2, cache (warm)": [_res(100.0, 2), _res(150.0, 2)],
     }
     refs = bench.references(per, 2)
     assert refs["decode"] == pytest.approx([100.0, 200.0])
@@ -49,6 +50,9 @@ def test_rows_are_rated_against_the_decode_limit_and_petastorm_best_of_their_own
     # Median of 0.8 and 0.5 is 0.65: reported as measured and not met.
     assert "detload process W=2 vs the decode limit (2 x one thread): 0.650x" in lines[0]
     assert lines[0].endswith("threshold >= 0.8x: NOT met")
+    assert lines[1].endswith("threshold >= 2.5x: met")  # 8.0 and 6.7 against the cold Petastorm rows
+    # The warm target rates detload's warm row: 100/40 and 150/50 -> median 2.75.
+    assert lines[2].startswith("- target: detload process W=2, cache (warm) vs Petastorm best, warm: 2.750x")
     assert lines[2].endswith("threshold >= 2.5x: met")
 
 
@@ -72,4 +76,5 @@ def test_tiny_run_end_to_end(bench, tmp_path, capsys):
     assert "| x decode limit (W x one thread) | x petastorm best cold | x petastorm best warm |" in out
     assert f"| {bench.DECODE} |" in out and "| detload process W=2 |" in out
     assert "target: detload process W=2 vs the decode limit (2 x one thread):" in out
+    assert "| detload process W=2, cache (warm) |" in out
     assert "Decode limit: one thread decodes" in out

@@ -199,6 +199,9 @@ def test_a_failed_registration_still_delivers_the_same_batches(ds):
         stats = tl.handoff_stats()
     assert got == reference(ds)
     assert stats["registration_failures"] > 0 and fake.live == {}
+    # Batches in a segment that failed to register are copied, and said to be so.
+    assert stats["unregistered_batches"] > 0
+    assert stats["direct_batches"] + stats["stitched_batches"] + stats["unregistered_batches"] <= stats["batches"]
 
 
 def test_kept_batches_stay_correct_after_their_blocks_went_back(ds):

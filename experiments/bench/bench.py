@@ -217,11 +217,15 @@ def run_one(spec: dict) -> dict:
             manifest = None
             if spec.get("manifest"):
                 manifest = os.path.join(tempfile.mkdtemp(prefix="detload-bench-"), "manifest.jsonl")
+            # The warm rows: detload's converted cache in a fresh directory, filled by the first
+            # epoch (as Petastorm's local-disk cache is); the measured epochs read from it.
+            if spec.get("cache"):
+                state["cache_dir"] = tempfile.mkdtemp(prefix="detload-bench-cache-")
             # Benchmark hooks (never keywords): block delays and the unordered merge.
             with installed(Hooks(debug=debug, unordered=not spec.get("ordered", True))):
                 ld = Loader(path, batch_size=BATCH, seed=1234, workers=spec["workers"],
                             pool=Pool(kind=spec["pool"], prefetch=2), shuffle=True, shuffle_window=4,
-                            manifest=manifest)
+                            manifest=manifest, cache=state.get("cache_dir"))
             t0 = time.perf_counter()
             ld._ensure_pool()
             state["pool_start_s"] = time.perf_counter() - t0
@@ -238,12 +242,18 @@ def run_one(spec: dict) -> dict:
 
         def close(ld):
             state["stats"] = ld.stats()
-            state["bound"] = rss_bound(ld, state["baseline"])
+            # The bound models blocks, not cache entries kept mapped (map_limit): none for warm rows.
+            state["bound"] = {} if spec.get("cache") else rss_bound(ld, state["baseline"])
             ld.close()
+            if state.get("cache_dir"):
+                import shutil
+
+                shutil.rmtree(state["cache_dir"], ignore_errors=True)
 
         with sampler:
             res = measure_epochs(
-                loader=f"detload_{spec['pool']}" + ("" if spec.get("ordered", True) else "_unordered"),
+                loader=f"detload_{spec['pool']}" + ("" if spec.get("ordered", True) else "_unordered")
+                + ("_cache" if spec.get("cache") else ""),
                 workers=spec["workers"], epochs=epochs, open_loader=open_loader,
                 epoch_batches=epoch_batches, close_loader=close, expected_rows=dataset_rows(path))
         st = state["stats"]
@@ -306,6 +316,10 @@ def specs_for(path: str, epochs: int, petastorm_python: str | None, shape: str) 
         # The audit's cost: every batch hashed and its manifest line written.
         out.append((f"detload {pool} W=2 + manifest", {"kind": "detload", "pool": pool, "workers": 2,
                                                        "manifest": True}))
+        if shape == "ctr":
+            # Warm, against Petastorm's warm rows: detload's cache filled by the first epoch.
+            out.append((f"detload {pool} W=2, cache (warm)", {"kind": "detload", "pool": pool, "workers": 2,
+                                                              "cache": True}))
     for _, s in out:
         s.update(path=path, epochs=epochs)
     return out
@@ -453,21 +467,25 @@ TARGETS = (("decode", 0.8), ("petastorm_cold", 2.5), ("petastorm_warm", 2.5))
 
 
 def target_lines(per: dict[str, list[dict]], refs: dict[str, list[float | None]]) -> list[str]:
-    """Each detload W=2 row (cold: no cache, shuffle on, no manifest) against each target,
-    met or not, with the median of the per-run ratios as measured (not rounded toward it)."""
+    """Each detload W=2 row against each target, met or not, with the median of the per-run
+    ratios as measured (not rounded toward it): the cold row (no cache, shuffle on, no
+    manifest) against the decode limit and Petastorm's best cold row; the warm row (its cache
+    filled by the first epoch) against Petastorm's best warm row."""
     lines = []
     for pool in ("thread", "process"):
-        runs = per.get(f"detload {pool} W=2")
-        if not runs:
-            continue
         for which, threshold in TARGETS:
+            # Cold targets rate the uncached row; the warm one detload's warm row (its cache).
+            label = f"detload {pool} W=2" + (", cache (warm)" if which == "petastorm_warm" else "")
+            runs = per.get(label)
+            if not runs:
+                continue
             rs = per_run_ratios(runs, refs, which)
             if not rs:
                 continue
             m = median(rs)
             what = {"decode": "the decode limit (2 x one thread)", "petastorm_cold": "Petastorm best, cold",
                     "petastorm_warm": "Petastorm best, warm"}[which]
-            lines.append(f"- target: detload {pool} W=2 vs {what}: {m:.3f}x (runs: "
+            lines.append(f"- target: {label} vs {what}: {m:.3f}x (runs: "
                          f"{', '.join(f'{x:.3f}' for x in rs)}); threshold >= {threshold}x: "
                          f"{'met' if m >= threshold else 'NOT met'}")
     return lines
@@ -531,6 +549,11 @@ def report(results, tax, a, started, load, load_after) -> str:
         for label, runs in per.items():
             if label.startswith("detload") and _ok(runs[-1]) and "bottleneck" in runs[-1]:
                 r = runs[-1]
+                if "bound_bytes" not in r:
+                    lines.append(f"- {label}: bound by `{r['bottleneck']}` -- {r['verdict']}. Memory: peak "
+                                 f"{r['peak_rss'] / 2**20:.0f} MiB (cache entries kept mapped count; no bound "
+                                 "is documented for them)")
+                    continue
                 held = all(x["peak_rss"] <= x["bound_bytes"] for x in runs if _ok(x))
                 heavy = r.get("worker_imports") or []
                 note = (f"; its worker processes import {', '.join(heavy)} (they re-import the main module, "

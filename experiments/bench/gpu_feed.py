@@ -547,7 +547,9 @@ def summary(results: list[dict], hidden: list[int]) -> list[str]:
                          f"{hs.get('direct_batches', 0)} of {hs.get('batches', 0)} batches without a host copy, "
                          f"{hs.get('stitched_batches', 0)} stitched, {hs.get('rebased_offsets', 0)} rebased "
                          f"offsets, {hs.get('block_copies', 0)} block copies, "
-                         f"{hs.get('registrations', 0)} registrations")
+                         f"{hs.get('registrations', 0)} registrations, "
+                         f"{hs.get('registration_failures', 0)} failed ({hs.get('unregistered_batches', 0)} "
+                         "batches copied for it)")
     light = min(hidden)
     rows = [r for r in results if r["hidden"] == light and r["workers"] >= 4]
     det = [r for r in rows if r["feeder"].startswith("detload")]
