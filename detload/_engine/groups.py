@@ -178,7 +178,15 @@ class _Verdicts:
         h.update(f"{cfg.group_by}\x00{chr(0).join(cfg.group_columns)}\x00{rng.first}\x00{rng.rows}\x00".encode())
         h.update(np.ascontiguousarray(local, dtype="<i8").tobytes())
         if sel is not None:
-            h.update(np.ascontiguousarray(sel, dtype="<i8").tobytes())
+            h.update(np.ascontiguousarray(sel.indices(), dtype="<i8").tobytes())
+        xf = cfg.transform
+        if xf is not None:
+            # The columns checked are the transform's output: a verdict holds for its identity
+            # only, and never for a random or unversioned one (its output may differ next time).
+            if xf.transform.random or xf.transform.bare:
+                key = (ref.cache_key or ref.path, rng.row_group, "")
+                return cls(cfg, key, False, False)
+            h.update(f"\x00{xf.identity}".encode())
         key = (ref.cache_key or ref.path, rng.row_group, "groupcheck/1/" + h.hexdigest())
         if key in cls._memo:
             return cls(cfg, key, True)
@@ -204,7 +212,7 @@ class _Verdicts:
         cls._memo.add(key)
 
     def passed(self) -> None:
-        if self.ok:
+        if self.ok or not self.key[2]:  # no identity: nothing to remember
             return
         self._remember(self.key)
         store = self._store(self.cfg)
