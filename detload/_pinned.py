@@ -17,6 +17,7 @@ import bisect
 import collections
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -79,6 +80,9 @@ class HostRegistry:
         self._unregister = unregister
         self._before = before_unregister
         self.stats = stats
+        #: The hand-offs copying from these buffers (one per iteration): their copies in flight
+        #: are waited for before any buffer is unregistered.
+        self.handoffs: weakref.WeakSet[RegisteredHandoff] = weakref.WeakSet()
         self._lock = threading.RLock()  # a removal may come from a collection inside another call
         self._live: dict[int, int] = {}
         self._starts: list[int] = []  # sorted addresses of _live, for find()
@@ -105,6 +109,8 @@ class HostRegistry:
             self.stats["registered_now"] = len(self._live)
 
     def _drop(self, address: int) -> None:
+        for handoff in list(self.handoffs):
+            handoff.drain()
         if self._before is not None:
             self._before()
         del self._live[address]

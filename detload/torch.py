@@ -468,9 +468,8 @@ class TorchLoader:
         self.copy_batches = copy_batches
         #: Test and benchmark hooks in force when built (``torch_per_column``: the path before the slab).
         self._hooks: Hooks = _hooks.current()
-        #: The registered hand-off's counters (see `handoff_stats`), over this adapter's life.
+        #: The registered hand-off's counters (see `handoff_stats`), over the Loader's life.
         self._handoff_stats = HandoffStats()
-        self._handoff: RegisteredHandoff | None = None  # the current iteration's
         self._registry = self._register_block_memory()
         self._pos: int | None = None  # batches of this epoch handed to the training loop
         # The latest iter()'s token: an iteration starts only if it is still the latest.
@@ -486,25 +485,29 @@ class TorchLoader:
         hooks, dev = self._hooks, self.device
         if hooks.torch_staged or hooks.torch_per_column or dev is None or self.loader.pool_kind != "process":
             return None
+        # One registry per Loader and device: a second TorchLoader over the same Loader (a new one
+        # each epoch, say) reuses it, since a buffer cannot be registered twice.
+        registries: dict[Any, HostRegistry] = self.loader.__dict__.setdefault("_pinned_registries", {})
+        key = (str(dev), hooks.torch_registrar)
+        registry = registries.get(key)
+        if registry is not None:
+            self._handoff_stats = registry.stats
+            return registry
         pair = hooks.torch_registrar
         if pair is None and dev.type == "cuda":
             pair = cuda_registrar(dev)
         if pair is None:
             return None
-        registry = HostRegistry(pair[0], pair[1], self._handoff_stats, before_unregister=self._drain_copies)
+        registry = registries[key] = HostRegistry(pair[0], pair[1], self._handoff_stats)
         self.loader.watch_block_memory(registry.added, registry.removed)
         return registry
 
-    def _drain_copies(self) -> None:
-        handoff = self._handoff
-        if handoff is not None:
-            handoff.drain()
-
     def handoff_stats(self) -> dict[str, int]:
-        """What the registered hand-off did (``device="cuda"`` with process workers): batches
-        handed over as views of blocks copied straight from registered shared memory, and the
-        host copies that remain (batches stitched across blocks, rebased offsets of
-        variable-length columns), by count and bytes; all zero where it is not used."""
+        """What the registered hand-off did (``device="cuda"`` with process workers), over the
+        wrapped Loader's life (every TorchLoader over it): batches handed over as views of blocks
+        copied straight from registered shared memory, and the host copies that remain (batches
+        stitched across blocks, rebased offsets of variable-length columns), by count and bytes;
+        all zero where it is not used."""
         return dict(self._handoff_stats)
 
     # -- pass-through ------------------------------------------------------------
@@ -773,7 +776,7 @@ class TorchLoader:
                 return None
         handoff = RegisteredHandoff(self._registry, to_device, new_event, self.stack, _host_dtype, _torch_dtype,
                                     pin=self.pin_memory, stats=self._handoff_stats)
-        self._handoff = handoff
+        self._registry.handoffs.add(handoff)
         return handoff
 
     def _consume(self, q: queue.Queue[Any], stop: threading.Event, th: threading.Thread) -> Iterator[TorchBatch]:

@@ -270,3 +270,24 @@ def test_stack_and_every_column_kind_match_the_staged_path(tabular):
             else:
                 assert g[k].dtype == w[k].dtype and np.array_equal(g[k], w[k]), k
     assert fake.live == {}
+
+
+def test_a_new_torch_loader_over_the_same_loader_reuses_its_registrations(ds):
+    # A training script may wrap the same Loader anew each epoch: its segments are registered
+    # once (a buffer cannot be registered twice), and the counters cover both.
+    fake = FakeRegistrar()
+    loader = Loader(ds, workers=2, pool="process", **OPTS)
+    with installed(Hooks(torch_registrar=fake.pair)):
+        first = TorchLoader(loader, device="cpu")
+    got0 = [hash_batch(back_to_numpy(b))[0] for b in first]
+    registered = fake.log.count(fake.log[0])
+    with installed(Hooks(torch_registrar=fake.pair)):
+        second = TorchLoader(loader, device="cpu")
+    second.set_epoch(1)
+    got1 = [hash_batch(back_to_numpy(b))[0] for b in second]
+    assert second._registry is first._registry and registered == 1
+    assert got0 == reference(ds, 0) and got1 == reference(ds, 1)
+    stats = second.handoff_stats()
+    assert stats["batches"] == len(got0) + len(got1) and stats["registration_failures"] == 0
+    second.close()
+    assert fake.live == {}
