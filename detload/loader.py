@@ -466,11 +466,18 @@ class Loader:
                                   f.size, f.etag, f.mtime_ns)
                           for f, key, uri in zip(ds.files, self._cache_keys, self._uris))
 
+            specs: tuple[ColumnSpec, ...] = tuple(self.specs)
+            group_specs: tuple[ColumnSpec, ...] = ()
+            if self.group_by is not None and self.cache is not None:
+                # The cache keeps the group columns once per group, apart from the items' entries.
+                group_specs = tuple(s for s in self.specs if s.name in self.group_columns)
+                specs = tuple(s for s in self.specs if s.name not in self.group_columns)
+
             def make_cfg(shm_dir: str | None, prefix: str) -> WorkerConfig:
-                return WorkerConfig(files, ds.filesystem, tuple(self.specs), self.null_fill, shm_dir,
+                return WorkerConfig(files, ds.filesystem, specs, self.null_fill, shm_dir,
                                     prefix, os.getpid(), self._hooks.debug, cache=self.cache,
                                     selections=self._selections, group_by=self.group_by,
-                                    group_columns=self.group_columns)
+                                    group_columns=self.group_columns, group_specs=group_specs)
 
             self._held["pool"] = WorkerPool(make_cfg, self.workers, self.pool_kind, self.prefetch,
                                            self._memory_watch)
