@@ -567,3 +567,34 @@ def test_the_cache_keeps_group_columns_once_per_group(tmp_path):
         _check_epoch(p, table)  # warm: items from the row-group entries, group rows from the derived ones
     # Flat entries hold q, qf, emb and qtext for each of the 2,450 items; packed ones once per query.
     assert size(str(tmp_path / "packed")) < 0.7 * size(str(tmp_path / "flat"))
+
+
+def test_detload_run_group_by_writes_the_manifest_a_loader_writes(tmp_path):
+    from detload.cli import main as cli_main
+    from detload.verify import verify
+
+    root = str(tmp_path / "q")
+    write_queries(root, [[5, 3, 7, 2, 4, 6, 1], [1, 8, 3, 2]], 6)
+    a, b = str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")
+    assert cli_main(["run", root, "--batch-size", "16", "--seed", "4", "--group-by", "q", "--group-columns",
+                     "qf,emb", "--max-group-items", "6", "--workers", "2", "--manifest", a]) == 0
+    with Loader(root, batch_size=16, seed=4, group_by="q", group_columns=["qf", "emb"], max_group_items=6,
+                manifest=b) as loader:
+        for _ in loader:
+            pass
+    res = verify(a, b)
+    assert res.identical, res.message
+    assert detload.read_manifest(a).header["order"]["group_by"] == "q"
+
+
+def test_starvation_check_counts_the_items_of_packed_batches(tmp_path):
+    root = str(tmp_path / "q")
+    table = write_queries(root, [[5, 3, 7, 2, 4, 6, 1], [1, 8, 3, 2]], 6)
+    with Loader(root, batch_size=16, seed=4, group_by="q") as loader:
+        from detload.starvation import _rows
+
+        b = next(iter(loader))
+        assert _rows(b) == b.n_items > 0
+        report = detload.starvation_check(loader, lambda batch: None, steps=3, warmup=1)
+        assert report is not None
+    assert len(table) > 0
