@@ -41,6 +41,8 @@ _EXPORTS = {
     "StateError": "errors",
     "Stats": "stats",
     "Storage": "options",
+    "Transform": "transform",
+    "TransformContext": "transform",
     "UnsupportedTypeError": "errors",
     "WorkerError": "errors",
     "WorkerStalledError": "errors",
@@ -84,6 +86,8 @@ __all__ = [
     "StateError",
     "Stats",
     "Storage",
+    "Transform",
+    "TransformContext",
     "UnsupportedTypeError",
     "WorkerError",
     "WorkerStalledError",
@@ -127,6 +131,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from .plan import OrderOptions, Plan, make_plan
     from .starvation import StarvationReport, starvation_check
     from .stats import StageStats, Stats
+    from .transform import Transform, TransformContext
 
 
 def __getattr__(name: str) -> object:

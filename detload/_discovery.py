@@ -368,6 +368,26 @@ def _int96_columns(md: pq.FileMetaData, schema: pa.Schema) -> tuple[str, ...]:
     return tuple(a.name for a, b in zip(written, schema) if not a.type.equals(b.type))
 
 
+def leaf_columns(md: pq.FileMetaData, names: Sequence[str]) -> list[int]:
+    """The column-chunk indices of the top-level columns ``names``: a nested column has
+    several leaves (``a.list.element``); a name matches its own path and those below it."""
+    wanted = set(names)
+    out = []
+    pschema = md.schema
+    for j in range(len(pschema)):
+        path = pschema.column(j).path
+        if path in wanted or any(path.startswith(n + ".") for n in wanted):
+            out.append(j)
+    return out
+
+
+def chunk_bytes(md: pq.FileMetaData, rg: int, leaves: Sequence[int]) -> int:
+    """The stored (compressed) bytes of row group ``rg``'s column chunks ``leaves``, from the
+    footer: what a read of those columns fetches, page headers and dictionaries included."""
+    group = md.row_group(rg)
+    return sum(group.column(j).total_compressed_size for j in leaves)
+
+
 def _ends_with_magic(fs: pafs.FileSystem, location: str) -> bool:
     """A complete Parquet file ends with PAR1 (after a footer length): tells truncated from damaged."""
     try:
@@ -418,11 +438,15 @@ def discover(
     filesystem: Any = None,
     partitioning: Mapping[str, str] | None = None,
     footer_threads: int = 16,
+    footers: list[pq.FileMetaData] | None = None,
 ) -> Dataset:
     """List a source's data files and read their footers.
 
     ``partitioning`` fixes Hive partition column types ({"key": "int64" | "string"});
     without it a key is int64 when every value found is an integer, else string.
+    ``footers``, a list, receives each file's footer (in the order of ``files``), so that
+    planning a filter need not read them again; the Dataset keeps none (footers of many
+    files take much memory).
     """
     skipped: list[str] = []
     fs, root, listed = _list_source(source, _to_filesystem(filesystem), skipped)
@@ -436,6 +460,8 @@ def discover(
     files: list[FileInfo] = []
     schemas: list[pa.Schema] = []
     int96: set[str] = set()
+    if footers is not None:
+        footers.extend(m.metadata for m in metas)
     for (rel, loc, size, mt), foot in zip(rels, metas):
         md, s = foot.metadata, foot.schema
         # Files written alike share one schema object: drift checks then cost nothing.

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ._filters.selection import Selection
 from .errors import DatasetError, OptionError
 from .plan import Range, Unit
 
@@ -93,7 +94,7 @@ _RgRuns = tuple[int, int, np.ndarray, pa.Array]
 
 
 def _file_runs(dataset: Any, i: int, rgs: Sequence[tuple[int, int]], key: str,
-               selections: Mapping[tuple[int, int], np.ndarray], store: Any, cache_key: str,
+               selections: Mapping[tuple[int, int], Selection], store: Any, cache_key: str,
                stats: list[int]) -> list[_RgRuns]:
     """The runs of the planned row groups ``rgs`` ((row group, delivered rows)) of file ``i``."""
     f = dataset.files[i]
@@ -122,7 +123,8 @@ def _file_runs(dataset: Any, i: int, rgs: Sequence[tuple[int, int]], key: str,
                 stats[0] += 1
                 if store is not None:
                     store.put_bytes(cache_key, g, _IDENTITY + key, _encode(starts, keys))
-            sel = selections.get((i, g))
+            picked = selections.get((i, g))
+            sel = picked.indices() if picked is not None else None
             if sel is not None:
                 # Selection first: the runs of the delivered rows, in delivered positions.
                 run = np.searchsorted(starts, sel, side="right") - 1
@@ -142,7 +144,7 @@ def _key_text(v: Any) -> str:
 
 
 def group_units(dataset: Any, key: str, units: Sequence[Unit], *,
-                selections: Mapping[tuple[int, int], np.ndarray] | None = None,
+                selections: Mapping[tuple[int, int], Selection] | None = None,
                 micro_batch: int, batch_size: int, world_size: int = 1, partitions: int = 1,
                 max_group_items: int | None = None,
                 cache: Any = None, cache_keys: Sequence[str] = (), threads: int = 8) -> GroupedUnits:

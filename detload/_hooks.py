@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 from ._engine.config import DebugHooks
 
@@ -28,12 +29,21 @@ class Hooks:
       timing (the determinism-tax measurement); refused with a manifest.
     - ``torch_per_column``: `TorchLoader` pins and copies column by column (the path
       before the one-slab copy), to measure the slab against it.
+    - ``torch_staged``: `TorchLoader` with ``device="cuda"`` and process workers packs every
+      batch into a pinned buffer in its feeder thread (the path before the registered hand-off
+      of detload/_pinned.py), so one benchmark run measures both.
+    - ``torch_registrar``: a ``(register(address, nbytes) -> bool, unregister(address))`` pair
+      standing in for ``cudaHostRegister``: `TorchLoader` then takes the registered hand-off on
+      the CPU too (``device="cpu"``, process workers; the "device copy" is a clone), so tests and
+      the GPU script's CPU run exercise it.
     """
 
     debug: DebugHooks | None = None
     cache_fail_after_bytes: int | None = None
     unordered: bool = False
     torch_per_column: bool = False
+    torch_staged: bool = False
+    torch_registrar: Any = None
 
 
 NO_HOOKS = Hooks()

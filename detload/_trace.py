@@ -13,7 +13,8 @@ import time
 from collections import deque
 from typing import Any
 
-__all__ = ["CONSUMER", "MAX_DEPTHS", "MAX_EVENTS", "MAX_SAMPLES", "MERGER", "STAGES", "StatsMark", "Tracer"]
+__all__ = ["CONSUMER", "MAX_DEPTHS", "MAX_EVENTS", "MAX_SAMPLES", "MERGER", "PLANNING", "STAGES", "StatsMark",
+           "Tracer"]
 
 # Where each stage runs, in pipeline order.
 STAGES: dict[str, str] = {
@@ -21,6 +22,8 @@ STAGES: dict[str, str] = {
     "cache_read": "worker",         # a row group served by the local row-group cache
     "read": "worker",               # pyarrow read_row_group: file I/O and Parquet decoding
     "convert": "worker",            # Arrow -> NumPy
+    "select": "worker",             # a filter: planning's selection pass, and the workers' gather of its rows
+    "transform": "worker",          # the loader's transform= on a row group (not when its output is cached)
     "cache_write": "worker",        # storing a converted row group in the cache
     "permute": "worker",            # assembling the block into its buffer in permuted row order
     "worker_queue_wait": "worker",  # blocked on the worker's own full queue (the merger is behind)
@@ -35,6 +38,7 @@ STAGES: dict[str, str] = {
 
 MERGER = -1
 CONSUMER = -2
+PLANNING = -100  # planning thread k (a filter's selection pass) is track PLANNING - k
 # Every buffer below is a ring of the most recent entries, so a loader's memory stays
 # flat however many epochs it runs (about 136 B an event, 32 B a sample, 170 B a depth
 # sample: at most ~1.7 MiB in all, measured flat within 5 MiB over a 200-epoch soak);
@@ -77,6 +81,17 @@ class Tracer:
         self.batches = 0
         self.rows = 0
         self.worker_pids: dict[int, int] = {}  # worker index -> pid: at most one entry per worker
+        # Per epoch, written by the merger: [row groups read from the source, their column-chunk
+        # bytes (from the footers), row groups served by the cache]; and rows delivered, by the consumer.
+        self.reads: dict[int, list[int]] = {}
+        self.epoch_rows: dict[int, int] = {}
+        # What planning did with a filter (FilterStats.as_dict), set once before any run, and the
+        # seconds of "select" spans it recorded (its threads ran before the wall clock starts).
+        self.planning: dict[str, Any] = {}
+        self.planning_select_s = 0.0
+        self.windowed = False  # made by `since`: planning happened before the window
+        # (time, row groups read, bytes read) running totals, for the trace's counters.
+        self.read_totals: deque[tuple[float, int, int]] = deque(maxlen=min(keep, MAX_DEPTHS))
         self._first_block: set[int] = set()    # workers of the current pool still to hand over a block
 
     def keep_events(self, n: int) -> None:
@@ -93,6 +108,34 @@ class Tracer:
         if self.enabled:
             self.samples[stage].append(d)
             self.events.append((stage, track, t0, t1, pid or self.pid))
+
+    def planned(self, spans: Any, planning: dict[str, Any]) -> None:
+        """A filter's planning: its selection pass's (thread, start, end) spans, traced as the
+        "select" stage (one-time costs, like a worker's first block), and what it did."""
+        self.planning = dict(planning)
+        for lane, t0, t1 in spans:
+            self.span("select", PLANNING - lane, t0, t1)
+            self.warm_total["select"] += t1 - t0
+            self.planning_select_s += t1 - t0
+
+    def block_reads(self, epoch: int, row_groups: int, nbytes: int, cached: int) -> None:
+        """A block's reads (merger thread): row groups read from the source, their column-chunk
+        bytes, and row groups the cache served."""
+        r = self.reads.get(epoch)
+        if r is None:
+            r = self.reads[epoch] = [0, 0, 0]
+        r[0] += row_groups
+        r[1] += nbytes
+        r[2] += cached
+        if self.enabled and row_groups:
+            last = self.read_totals[-1] if self.read_totals else (0.0, 0, 0)
+            self.read_totals.append((time.perf_counter(), last[1] + row_groups, last[2] + nbytes))
+
+    def delivered(self, epoch: int, rows: int) -> None:
+        """A batch of ``rows`` rows of ``epoch`` handed to the training loop (consumer thread)."""
+        self.batches += 1
+        self.rows += rows
+        self.epoch_rows[epoch] = self.epoch_rows.get(epoch, 0) + rows
 
     def pool_started(self, workers: int) -> None:
         """A new pool: each worker's next block is its first, one-time costs included."""
@@ -136,13 +179,15 @@ class Tracer:
     def mark(self) -> StatsMark:
         """A point to measure from: pass it to `since`."""
         return (time.perf_counter(), self.wall_now(), dict(self.count), dict(self.total), self.batches, self.rows,
-                dict(self.warm_total), list(self.depth_sums))
+                dict(self.warm_total), list(self.depth_sums), {e: list(r) for e, r in self.reads.items()},
+                dict(self.epoch_rows), self.planning_select_s)
 
     def since(self, mark: StatsMark) -> Tracer:
         """A tracer holding only what was recorded after ``mark`` (spans that ended after it)."""
-        t, wall, count, total, batches, rows, warm, depth_sums = mark
+        t, wall, count, total, batches, rows, warm, depth_sums, reads, epoch_rows, planning_s = mark
         out = Tracer(enabled=self.enabled)
         out.origin, out.pid = self.origin, self.pid
+        out.windowed = True
         out.count = {s: self.count[s] - count[s] for s in STAGES}
         out.total = {s: self.total[s] - total[s] for s in STAGES}
         out.warm_total = {s: self.warm_total[s] - warm[s] for s in STAGES}
@@ -156,6 +201,17 @@ class Tracer:
         out.wall = self.wall_now() - wall
         out.workers, out.pool, out.worker_pids = self.workers, self.pool, dict(self.worker_pids)
         out.batches, out.rows = self.batches - batches, self.rows - rows
+        for e, r in list(self.reads.items()):
+            was = reads.get(e, [0, 0, 0])
+            if r != was:
+                out.reads[e] = [a - b for a, b in zip(r, was)]
+        for e, n in list(self.epoch_rows.items()):
+            if n != epoch_rows.get(e, 0):
+                out.epoch_rows[e] = n - epoch_rows.get(e, 0)
+        # What planning did describes the plan of every window; its spans, before any mark, are in none.
+        out.planning = dict(self.planning)
+        out.planning_select_s = self.planning_select_s - planning_s
+        out.read_totals.extend(x for x in list(self.read_totals) if x[0] >= t)
         return out
 
     # -- trace file ------------------------------------------------------------
@@ -177,16 +233,27 @@ class Tracer:
                         "pid": self.pid, "tid": 0, "args": args})
             out.append({"name": "ready queue depth (batches)", "ph": "C", "ts": round((t - o) * us, 3),
                         "pid": self.pid, "tid": 0, "args": {"ready": rq}})
+        for t, groups, nbytes in list(self.read_totals):
+            out.append({"name": "read from the source (since the start)", "ph": "C", "ts": round((t - o) * us, 3),
+                        "pid": self.pid, "tid": 0, "args": {"row groups": groups, "column-chunk MB": nbytes / 1e6}})
         meta: list[dict[str, Any]] = []
         for pid in sorted({p for p, _ in names} | {self.pid}):
             label = "detload consumer process" if pid == self.pid else f"detload worker process (pid {pid})"
             meta.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": label}})
         for (pid, tid), label in sorted(names.items()):
             meta.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": label}})
-        return {"traceEvents": meta + out, "displayTimeUnit": "ms"}
+        # The trace format's free-form "otherData": the reads per epoch and what planning did.
+        reads = {str(e): {"row_groups_read": r[0], "bytes_read": r[1], "row_groups_cached": r[2],
+                          "rows_selected": self.epoch_rows.get(e, 0),
+                          "row_groups_skipped": int(self.planning.get("row_groups_skipped", 0))}
+                 for e, r in sorted(self.reads.items())}
+        other = {"reads_per_epoch": reads, "planning": self.planning}
+        return {"traceEvents": meta + out, "displayTimeUnit": "ms", "otherData": other}
 
 
 def _tid(track: int) -> int:
+    if track <= PLANNING:
+        return 1000 + PLANNING - track
     if track == CONSUMER:
         return 1
     if track == MERGER:
@@ -195,6 +262,8 @@ def _tid(track: int) -> int:
 
 
 def _track_name(track: int) -> str:
+    if track <= PLANNING:
+        return f"planning thread {PLANNING - track} (selection pass)"
     if track == CONSUMER:
         return "consumer (training loop)"
     if track == MERGER:

@@ -139,6 +139,17 @@ def _common_loader_args(p: argparse.ArgumentParser, *, need_seed: bool = True) -
     _add_cast(p)
 
 
+def _add_filter(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--filter", default=None, metavar="FILTER",
+                   help="deliver only the rows a filter keeps: a JSON DNF ('[[\"market\", \"==\", \"US\"]]') "
+                        "or filter text ('market == \"US\" and day >= 20260101'); see docs/filters.md (default: none, every row)")
+
+
+def _filter_kwargs(a: argparse.Namespace) -> dict[str, Any]:
+    # Only when given: the Loader's keywords stay those of earlier runs.
+    return {"filter": a.filter} if a.filter is not None else {}
+
+
 def _loader_kwargs(a: argparse.Namespace) -> dict[str, Any]:
     return dict(
         batch_size=a.batch_size, seed=a.seed, columns=a.columns, shuffle=not a.no_shuffle,
@@ -187,9 +198,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="iterate a dataset and write the manifest of every batch", formatter_class=fmt,
                        description="Iterate SOURCE for --epochs epochs as a training job would, writing the manifest.")
     _common_loader_args(p)
-    p.add_argument("--filter", default=None, metavar="FILTER",
-                   help="deliver only the rows a filter keeps: a JSON DNF ('[[\"market\", \"==\", \"US\"]]') "
-                        "or filter text ('market == \"US\" and day >= 20260101'); see docs/filters.md (default: none, every row)")
+    _add_filter(p)
     p.add_argument("--group-by", default=None, metavar="KEY",
                    help="batches of whole groups of rows sharing KEY, each a detload.Packed; see docs/packing.md "
                         "(default: none, flat batches)")
@@ -240,6 +249,7 @@ def _parser() -> argparse.ArgumentParser:
                        formatter_class=fmt,
                        description="Plan an epoch as a run would (same fingerprint) without starting a worker.")
     _common_loader_args(p)
+    _add_filter(p)
     p.add_argument("--epoch", type=_epoch_number, default=0, help="the epoch to plan")
     p.add_argument("--workers", type=_workers, default=1, help="worker count or 'auto', for the schedules")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -282,6 +292,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="the seed that fixes the order")
     _add_null_fill(p)
     _add_cast(p)
+    _add_filter(p)
     p.add_argument("--cache-dir", default=None,
                    help="row-group cache folder: epoch 0 fills it, later epochs show warm-cache throughput "
                         "(default: no cache)")
@@ -374,8 +385,7 @@ def _cmd_run(a: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     kwargs = {**_loader_kwargs(a), **_groups(a, pool=a.pool, prefetch=a.prefetch, cache_dir=a.cache_dir,
                                             cache_limit=a.cache_limit, cache_map_limit=a.cache_map_limit)}
-    if a.filter is not None:  # only when given: the Loader's keywords stay those of earlier runs
-        kwargs["filter"] = a.filter
+    kwargs.update(_filter_kwargs(a))
     for name in ("group_by", "group_columns", "max_group_items"):
         if getattr(a, name) is not None:
             kwargs[name] = getattr(a, name)
@@ -481,6 +491,7 @@ def _write_json_atomic(path: str, obj: Any) -> None:
 
 def _cmd_bench(a: argparse.Namespace) -> int:
     from .loader import Loader
+    from .stats import size_text
 
     if a.trace:
         check_writable_file("--trace", a.trace)  # before the run, not after it
@@ -488,21 +499,23 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with interruptible(), Loader(a.source, batch_size=a.batch_size, seed=a.seed, workers=a.workers,
                                  shuffle_window=a.shuffle_window, columns=a.columns, null_fill=dict(a.null_fill),
-                                 cast=dict(a.cast) or None,
+                                 cast=dict(a.cast) or None, **_filter_kwargs(a),
                                  **_groups(a, pool=a.pool, prefetch=a.prefetch, cache_dir=a.cache_dir,
                                            cache_limit=a.cache_limit, cache_map_limit=a.cache_map_limit)) as loader:
         _check_outside_dataset(loader, a.source, "--trace", a.trace)
         _check_outside_dataset(loader, a.source, "--cache-dir", a.cache_dir)
         if a.trace:
             loader._tracer.keep_events(1_000_000)  # the whole benchmark in the trace file
-        hits_before = 0
+        if loader.filter is not None:
+            print(f"filter {loader.filter.canonical_json}: {_filter_line(loader.filter_stats or {})}", flush=True)
         for epoch, _batches, rows, dt in _epochs(loader, a, range(a.epochs)):
             what = " (includes worker start-up)" if epoch == 0 else ""
+            done = next((e for e in loader.stats().reads.epochs if e.epoch == epoch), None)
+            if done is not None:
+                what += (f"; read {done.row_groups_read:,} row group(s) from the source "
+                         f"({size_text(done.bytes_read)} of column chunks)")
             if a.cache_dir:
-                # Row groups this epoch served from the cache (each hit is a traced cache_read).
-                hits = loader.stats().stages["cache_read"].count
-                what += f", {hits - hits_before:,} of its row groups from the cache"
-                hits_before = hits
+                what += f", {done.row_groups_cached if done else 0:,} of its row groups from the cache"
             print(f"epoch {epoch}: {rows:,} rows in {dt:.2f} s, {_rate(rows, dt)} rows/s{what}", flush=True)
         st = loader.stats()
         if a.json:
@@ -605,7 +618,7 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     # A Loader plans exactly as a run would (same fingerprint); it starts no worker.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SkippedFilesWarning)  # `detload inspect` lists them
-        loader = Loader(a.source, **_loader_kwargs(a))
+        loader = Loader(a.source, **_loader_kwargs(a), **_filter_kwargs(a))
     ds = loader.dataset
     opts = loader.options
     files, rgs, _rows = ds.units()
@@ -614,6 +627,8 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     d: dict[str, Any] = plan.to_dict(workers)
     names = [f"{ds.files[f].path}#{g}" for f, g in zip(files, rgs)]
     d["unit_names"] = names
+    if loader.filter is not None:
+        d["filter"] = {"canonical": json.loads(loader.filter.canonical_json), "planning": loader.filter_stats}
     if a.json:
         print(json.dumps(d, indent=2))
         return 0
@@ -624,6 +639,8 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     print(f"  redundant reads: {plan.redundant_reads} (row groups that a partition boundary cuts, "
           "read by both partitions)")
     print("  unit order: " + " ".join(str(u) for u in plan.unit_order[:32]) + (" ..." if d["units"] > 32 else ""))
+    if loader.filter is not None:
+        _print_filter_plan(loader.filter.canonical_json, loader.filter_stats or {})
 
     def show(rng: list[int]) -> str:
         f, g, first, rows = rng
@@ -637,6 +654,47 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     for w, sched in enumerate(plan.worker_schedules(workers)):
         print(f"  worker {w}: blocks " + " ".join(f"p{b.partition}#{b.number}" for b in sched))
     return 0
+
+
+# Why a row group was or was not read, in `FilterStats.examples`' verdicts, in the order shown.
+_VERDICTS = (
+    ("partition", "pruned by Hive partition values (not read)"),
+    ("statistics", "pruned by row-group statistics, min/max and null counts (not read)"),
+    ("bloom", "pruned by bloom filters (not read)"),
+    ("all_rows", "every row matches, by statistics (read whole, no selection pass)"),
+    ("selection_pass", "selection pass: the filter's columns read at planning, matching rows kept"),
+    ("selection_cached", "selection pass answered by the cache (nothing read)"),
+    ("selected_empty", "of those, no row matched (not read by the workers)"),
+)
+
+
+def _filter_line(fs: dict[str, Any]) -> str:
+    from .stats import size_text
+
+    pruned = fs.get("pruned", {})
+    return (f"{fs.get('rows_selected', 0):,} of {fs.get('rows_total', 0):,} rows selected; of "
+            f"{fs.get('row_groups', 0):,} row groups, {fs.get('row_groups_skipped', 0):,} skipped (partition "
+            f"{pruned.get('partition', 0):,}, statistics {pruned.get('statistics', 0):,}, bloom "
+            f"{pruned.get('bloom', 0):,}, no matching row {fs.get('selected_empty', 0):,}); selection pass "
+            f"{fs.get('selection_pass', 0):,} row group(s), {size_text(fs.get('bytes_read', 0))}, "
+            f"{fs.get('selection_cached', 0):,} from the cache; planning {fs.get('seconds', 0.0):.2f} s")
+
+
+def _print_filter_plan(canonical: str, fs: dict[str, Any]) -> None:
+    print(f"  filter {canonical}")
+    print(f"    {_filter_line(fs)}")
+    counts = {**fs.get("pruned", {}), **{k: fs.get(k, 0) for k in
+                                         ("all_rows", "selection_pass", "selection_cached", "selected_empty")}}
+    examples = fs.get("examples", {})
+    for key, why in _VERDICTS:
+        n = counts.get(key, 0)
+        if not n:
+            continue
+        shown = ", ".join(f"{p}#{g}" + ("" if key in ("partition", "statistics", "bloom", "all_rows",
+                                                        "selected_empty") else f" ({sel:,} of {rows:,} rows)")
+                          for p, g, rows, sel in examples.get(key, []))
+        more = " ..." if n > len(examples.get(key, [])) else ""
+        print(f"    {n:>7,} {why}: {shown}{more}")
 
 
 def _cmd_cache(a: argparse.Namespace) -> int:

@@ -38,7 +38,7 @@ from ._storage import display_uri, object_uri
 from ._trace import CONSUMER, StatsMark, Tracer
 from ._types import INT96_UNIT, SCALED, Column, ColumnSpec, normalize_cast, type_mapping_version
 from .audit import MANIFEST_FORMAT, MANIFEST_VERSION, ManifestWriter
-from .errors import DataError, DetloadError, OptionError, StateError
+from .errors import DataError, DetloadError, OptionError, StateError, WorkerError
 from .options import Cache, Distributed, Pool, PoolKind, Storage, resolve_groups
 from .plan import (
     PLAN_FORMAT_V2,
@@ -53,7 +53,10 @@ from .stats import Stats, _cores, summarize
 if TYPE_CHECKING:  # imported when a filter is given: pyarrow.compute and .dataset cost import time
     from ._filters.canonical import Filter
     from ._filters.planning import FilterStats
+    from ._filters.selection import Selection
     from ._grouping import GroupStats
+    from ._xform import TransformPlan
+    from .transform import Transform
 
 __all__ = ["STATE_FORMAT_VERSION", "BlockMemoryWarning", "Loader", "compare_ranks", "resolve_workers"]
 
@@ -160,6 +163,9 @@ class Loader:
       filter keeps: a ``pyarrow.compute`` expression, a DNF list of ``(column, op, value)``
       tuples, or a string (JSON DNF, or filter text such as ``'market == "US"'``); see
       docs/filters.md. Row groups are pruned and the rows selected while the loader is built.
+    - ``transform``: a `detload.Transform` (or a plain picklable callable) run in the workers
+      on each whole row group after the filter's selection; its output is what batches hold.
+      Its identity is an order option; see docs/transforms.md.
     - ``group_by``: the key column of query-item data; every batch is then a `detload.Packed`
       of whole groups, filled greedily up to the micro-batch in items (docs/packing.md).
     - ``group_columns``: the query-level columns (a subset of ``columns``, the key among them),
@@ -211,6 +217,7 @@ class Loader:
         group_by: str | None = None,
         group_columns: Sequence[str] | None = None,
         max_group_items: int | None = None,
+        transform: Any = None,
         **deprecated: Any,
     ) -> None:
         #: Test and benchmark hooks (never set in production): those in force when built.
@@ -242,8 +249,10 @@ class Loader:
             raise OptionError(f"cast must be a dict {{column: dtype}}, got {cast!r}")
         #: Each cast column's dtype in one spelling ("f4" -> "float32"), as `order` records it.
         self.cast: dict[str, str] = {str(k): normalize_cast(str(k), v) for k, v in (cast or {}).items()}
+        # A filter's planning reads the footers discovery read: kept until then, not longer.
+        footers: list[Any] | None = [] if filter is not None else None
         self.dataset: Dataset = discover(source, filesystem=storage_opts.filesystem,
-                                         partitioning=storage_opts.partition_types)
+                                         partitioning=storage_opts.partition_types, footers=footers)
         if self.dataset.skipped:
             warnings.warn(SkippedFilesWarning(
                 f"{describe_skipped(self.dataset.skipped)} in {self.dataset.root}: they are not Parquet "
@@ -268,7 +277,7 @@ class Loader:
                       if cache_opts is not None else None)
         #: The parsed filter (None: every row), and what planning did with it.
         self.filter: Filter | None = None
-        self._selections: dict[tuple[int, int], np.ndarray] | None = None
+        self._selections: dict[tuple[int, int], Selection] | None = None
         self._filter_stats: FilterStats | None = None
         if filter is not None:
             from ._filters.canonical import parse_filter
@@ -277,10 +286,13 @@ class Loader:
             self.filter = parse_filter(filter, self.dataset.schema, dict(self.dataset.partition_types))
             # Planning prunes row groups and runs the selection pass now, so that the plan is
             # exact: len(), partitions and resume count the selected rows.
-            chosen = filter_units(self.dataset, self.filter, cache=self.cache, cache_keys=self._cache_keys)
+            chosen = filter_units(self.dataset, self.filter, cache=self.cache, cache_keys=self._cache_keys,
+                                  footers=footers)
+            footers = None
             self._units = UnitList(chosen.units)
             self._selections = chosen.selections
             self._filter_stats = chosen.stats
+            self._select_spans = chosen.spans
         else:
             # Format 2's units, built once: every epoch's plan cuts and deals the same list.
             self._units = UnitList.from_row_groups(self._unit_files, self._unit_rgs, self._unit_rows)
@@ -293,6 +305,11 @@ class Loader:
             self._plan_groups(names, group_by, group_columns, max_group_items)
         elif group_columns is not None or max_group_items is not None:
             raise OptionError("group_columns and max_group_items apply with group_by=, which is not set")
+        #: The transform (None: the columns as read), and what planning made of it.
+        self.transform = _transform_option(transform)
+        self._xform: TransformPlan | None = None
+        if self.transform is not None:
+            self._plan_transform()
         self.order = {
             **self.options.order_dict(),
             "columns": names,
@@ -315,6 +332,8 @@ class Loader:
             self.order["group_columns"] = list(self.group_columns)
             if self.max_group_items is not None:
                 self.order["max_group_items"] = self.max_group_items
+        if self.transform is not None:  # likewise: loaders without a transform keep their fingerprints
+            self.order["transform"] = self.transform.identity
         self.fingerprint = xxhash.xxh3_128_hexdigest(json.dumps(self.order, sort_keys=True).encode())
         self._block_memory: int | None = pool_opts.block_memory_bytes
         # Estimated now, with discovery: a variable-length column's estimate reads a footer,
@@ -326,6 +345,8 @@ class Loader:
             raise OptionError("the unordered merge is a benchmark-only hook and cannot write a manifest")
         self._ordered = not self._hooks.unordered
         self._tracer = Tracer(enabled=trace)
+        if self._filter_stats is not None:  # the selection pass ran above: traced as "select"
+            self._tracer.planned(self._select_spans, self._filter_stats.as_dict())
         self._epoch = 0
         self._plans: dict[int, PlanV2] = {}
         self._memory_checked = False
@@ -380,6 +401,55 @@ class Loader:
         after max_group_items split them), the largest group, row groups scanned or cached."""
         return None if self._group_stats is None else self._group_stats.as_dict()
 
+    def _plan_transform(self) -> None:
+        """Refuse what worker processes could not receive, then plan the transform: its output
+        schema and, for rows="changes", the units with its row counts."""
+        from ._xform import TransformFailed, check_for_processes, plan_transform
+
+        assert self.transform is not None
+        if self.group_by is not None and self.transform.rows == "changes":
+            raise OptionError(
+                f"transform {self.transform.name!r} has rows='changes', which group_by= does not allow: the "
+                f"groups of {self.group_by!r} are planned from the stored rows, so a transform under "
+                "group_by must keep every row and the key (use rows='same')")
+        if self.pool_kind == "process":
+            check_for_processes(self.transform)
+        try:
+            planned = plan_transform(self.transform, self._worker_config(None, "", planning=True), self._units.units,
+                                     self._selections, self.options.seed)
+        except TransformFailed as exc:
+            import traceback
+
+            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            raise WorkerError(f"planning failed: {exc}\n\nTraceback:\n{tb}", traceback=tb) from exc.__cause__
+        self._xform = planned.plan
+        if planned.units is not None:
+            self._units = UnitList(planned.units)
+
+    @property
+    def _block_specs(self) -> list[ColumnSpec]:
+        """The delivered columns: the transform's output, else the columns read."""
+        return list(self._xform.specs) if self._xform is not None else self.specs
+
+    def _worker_config(self, shm_dir: str | None, prefix: str, *, planning: bool = False) -> WorkerConfig:
+        """The workers' configuration; ``planning``: the one the consumer reads with while it
+        plans (no test hooks, no transform yet)."""
+        ds = self.dataset
+        files = tuple(FileRef(f.location, f.path, f.partition_values, f.row_groups, key, uri,
+                              f.size, f.etag, f.mtime_ns)
+                      for f, key, uri in zip(ds.files, self._cache_keys, self._uris))
+        specs: tuple[ColumnSpec, ...] = tuple(self.specs)
+        group_specs: tuple[ColumnSpec, ...] = ()
+        if self.group_by is not None and self.cache is not None and self._xform is None and not planning:
+            # The cache keeps the group columns once per group, apart from the items' entries
+            # (a transform reads every column of the row group, so it keeps them together).
+            group_specs = tuple(s for s in self.specs if s.name in self.group_columns)
+            specs = tuple(s for s in self.specs if s.name not in self.group_columns)
+        return WorkerConfig(files, ds.filesystem, specs, self.null_fill, shm_dir,
+                            prefix, os.getpid(), None if planning else self._hooks.debug,
+                            cache=self.cache, selections=self._selections, group_by=self.group_by,
+                            group_columns=self.group_columns, transform=self._xform, group_specs=group_specs)
+
     @property
     def _pool(self) -> WorkerPool | None:
         return self._held["pool"]
@@ -398,7 +468,7 @@ class Loader:
         """
         per = 0.0
         ragged = []
-        for s in self.specs:
+        for s in self._block_specs:
             if s.kind == "fixed":
                 per += np.dtype(s.dtype).itemsize * int(np.prod(s.inner, dtype=np.int64))
             else:
@@ -456,30 +526,13 @@ class Loader:
 
     @property
     def column_specs(self) -> list[ColumnSpec]:
-        return list(self.specs)
+        """How each delivered column is typed (with a transform: its output, from the first row group)."""
+        return list(self._block_specs)
 
     # -- iteration -------------------------------------------------------------
     def _ensure_pool(self) -> WorkerPool:
         if self._pool is None:
-            ds = self.dataset
-            files = tuple(FileRef(f.location, f.path, f.partition_values, f.row_groups, key, uri,
-                                  f.size, f.etag, f.mtime_ns)
-                          for f, key, uri in zip(ds.files, self._cache_keys, self._uris))
-
-            specs: tuple[ColumnSpec, ...] = tuple(self.specs)
-            group_specs: tuple[ColumnSpec, ...] = ()
-            if self.group_by is not None and self.cache is not None:
-                # The cache keeps the group columns once per group, apart from the items' entries.
-                group_specs = tuple(s for s in self.specs if s.name in self.group_columns)
-                specs = tuple(s for s in self.specs if s.name not in self.group_columns)
-
-            def make_cfg(shm_dir: str | None, prefix: str) -> WorkerConfig:
-                return WorkerConfig(files, ds.filesystem, specs, self.null_fill, shm_dir,
-                                    prefix, os.getpid(), self._hooks.debug, cache=self.cache,
-                                    selections=self._selections, group_by=self.group_by,
-                                    group_columns=self.group_columns, group_specs=group_specs)
-
-            self._held["pool"] = WorkerPool(make_cfg, self.workers, self.pool_kind, self.prefetch,
+            self._held["pool"] = WorkerPool(self._worker_config, self.workers, self.pool_kind, self.prefetch,
                                            self._memory_watch)
             self._tracer.pool_started(self.workers)
         return self._held["pool"]
@@ -571,7 +624,7 @@ class Loader:
                 # Newer than any number handed out, so blocks built ahead for a pass
                 # that did not come are stale and freed.
                 self._gen = pool.passes.fresh()
-            run = Run(pool, plan, self.specs, gen=self._gen, start_step=start,
+            run = Run(pool, plan, self._block_specs, gen=self._gen, start_step=start,
                       stall_timeout=self.stall_timeout,
                       # Hashes exist for the manifest; without one they would be work for nothing.
                       hash_batches=writer is not None, ordered=self._ordered,
@@ -646,8 +699,7 @@ class Loader:
                     if writer is not None:
                         writer.write_batch(epoch, step, line)
                     self._position = step + 1
-                    tr.batches += 1
-                    tr.rows += rows
+                    tr.delivered(epoch, rows)
                     t_give = clock()
                     yield batch
                     # Not kept by this frame, which an exception raised here later would keep
@@ -993,6 +1045,14 @@ def _ragged_bytes_per_row(dataset: Dataset, names: Sequence[str]) -> float:
             if col.path_in_schema.split(".")[0] in wanted:
                 total += col.total_uncompressed_size
     return total / max(1, meta.num_rows)
+
+
+def _transform_option(value: Any) -> Transform | None:
+    if value is None:
+        return None
+    from .transform import Transform
+
+    return Transform.of(value)
 
 
 def _check_source(source: Any) -> None:

@@ -16,8 +16,10 @@ import numpy as np
 from ._trace import STAGES, Tracer
 from .errors import OptionError
 
-__all__ = ["StageStats", "Stats", "summarize"]
+__all__ = ["EpochReads", "Reads", "StageStats", "Stats", "summarize"]
 
+# The worker stages that do a block's work (the verdict names the largest).
+_WORKER_WORK = ("read", "convert", "select", "transform", "permute")
 # Below this share of wall time spent waiting for data, the loader is keeping up.
 FED_WAIT_FRACTION = 0.05
 
@@ -37,6 +39,81 @@ class StageStats:
 
 
 @dataclass(frozen=True)
+class EpochReads:
+    """What the workers read for one epoch (of what this window saw)."""
+
+    epoch: int
+    row_groups_read: int     # read from the source (file or object store)
+    row_groups_cached: int   # served by the row-group cache instead
+    bytes_read: int          # column-chunk bytes of the row groups read from the source, from the footers
+    rows_selected: int       # rows delivered to the training loop (with a filter: only selected rows)
+    row_groups_skipped: int  # never read in any epoch: the filter pruned them at planning or selected none of their rows
+
+
+@dataclass(frozen=True)
+class Reads:
+    """Bytes and row groups read, and rows selected: in all and per epoch.
+
+    ``bytes_read`` is the column-chunk bytes (compressed, as the footers give them) of the
+    requested columns of every row group read from the source, by the workers and, for a
+    filter, by planning's selection pass (the filter's columns); the row-group cache's reads
+    are not in it. ``planning`` is what planning did with the filter (`Loader.filter_stats`;
+    empty without one), ``planning["bytes_read"]`` its share of the bytes.
+    """
+
+    bytes_read: int
+    row_groups_read: int
+    row_groups_cached: int
+    row_groups_skipped: int
+    rows_selected: int
+    epochs: tuple[EpochReads, ...] = ()
+    planning: dict[str, Any] = field(default_factory=dict)
+
+    def line(self) -> str:
+        out = (f"read {self.row_groups_read:,} row group(s) from the source ({size_text(self.bytes_read)} of "
+               "column chunks), "
+               f"{self.row_groups_cached:,} from the cache; {self.rows_selected:,} rows selected")
+        if self.planning:
+            p = self.planning
+            out += (f"; filter: {self.row_groups_skipped:,} of {p.get('row_groups', 0):,} row groups skipped "
+                    f"per epoch, selection pass {p.get('selection_pass', 0):,} row group(s) "
+                    f"({size_text(p.get('bytes_read', 0))}) in {p.get('seconds', 0.0):.2f} s at planning, "
+                    f"{p.get('selection_cached', 0):,} from the cache")
+        if len(self.epochs) > 1:
+            out += "; per epoch: " + ", ".join(
+                f"{e.epoch}: {e.row_groups_read:,} read ({size_text(e.bytes_read)}), {e.row_groups_cached:,} "
+                f"cached, {e.rows_selected:,} rows" for e in self.epochs)
+        return out
+
+
+def size_text(n: float) -> str:
+    """``1.2 MB``: bytes in decimal units, three significant digits or so."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{int(n):,} B"
+
+
+def reads_of(tr: Tracer) -> Reads:
+    planning = dict(tr.planning)
+    skipped = int(planning.get("row_groups_skipped", 0))
+    epochs = tuple(
+        EpochReads(e, r[0], r[2], r[1], tr.epoch_rows.get(e, 0), skipped)
+        for e, r in sorted({**{e: [0, 0, 0] for e in tr.epoch_rows}, **tr.reads}.items()))
+    # Planning read its bytes before any mark: a window since one holds none of them.
+    plan_bytes = 0 if tr.windowed else int(planning.get("bytes_read", 0))
+    return Reads(
+        bytes_read=sum(e.bytes_read for e in epochs) + plan_bytes,
+        row_groups_read=sum(e.row_groups_read for e in epochs),
+        row_groups_cached=sum(e.row_groups_cached for e in epochs),
+        row_groups_skipped=skipped,
+        rows_selected=sum(e.rows_selected for e in epochs),
+        epochs=epochs,
+        planning=planning,
+    )
+
+
+@dataclass(frozen=True)
 class Stats:
     """A snapshot of the loader's stage timings since it was created (all epochs)."""
 
@@ -52,6 +129,8 @@ class Stats:
     bottleneck: str       # a stage name from STAGES
     verdict: str
     startup_s: float = 0.0  # of wall_s: new pools' first batches (worker start-up, first block)
+    #: Bytes and row groups read, row groups skipped and rows selected, in all and per epoch.
+    reads: Reads = field(default_factory=lambda: Reads(0, 0, 0, 0, 0))
     _tracer: Tracer | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -81,6 +160,7 @@ class Stats:
                      f"depth: worker {self.worker_queue_depth_mean:.2f} blocks, ready "
                      f"{self.ready_queue_depth_mean:.2f} batches; consumer waited "
                      f"{self.consumer_wait_fraction:.0%} of the time")
+        lines.append(self.reads.line())
         lines.append(f"bound by: {self.bottleneck} -- {self.verdict}")
         return "\n".join(lines)
 
@@ -114,9 +194,11 @@ def summarize(tr: Tracer) -> Stats:
         span = wall if where != "consumer" or name == "startup" else active
         total = tr.total[name]
         n = tr.count[name]
+        # Planning's selection pass ran before the wall clock: only the workers' share is busy time.
+        busy_total = total - tr.planning_select_s if name == "select" else total
         stages[name] = StageStats(
             name, where, n, total, total / n * 1e3 if n else 0.0, float(p[0]), float(p[1]), float(p[2]),
-            float(samples.max()) if samples.size else 0.0, total / (span * threads) if span > 0 else 0.0,
+            float(samples.max()) if samples.size else 0.0, busy_total / (span * threads) if span > 0 else 0.0,
         )
     n_depths, wq_sum, rq_sum = tr.depth_sums
     wq = float(wq_sum / n_depths) if n_depths else 0.0
@@ -124,7 +206,7 @@ def summarize(tr: Tracer) -> Stats:
     cw = stages["consumer_wait"].total_s / active if active > 0 else 0.0
     bottleneck, verdict = _bottleneck(stages, cw, W, tr.warm_total)
     return Stats(wall, tr.batches, tr.rows, tr.workers, tr.pool, stages, wq, rq, cw, bottleneck, verdict,
-                 startup, tr)
+                 startup, reads_of(tr), tr)
 
 
 def _bottleneck(st: dict[str, StageStats], consumer_wait: float, workers: int,
@@ -137,13 +219,13 @@ def _bottleneck(st: dict[str, StageStats], consumer_wait: float, workers: int,
         return "consumer_step", (
             f"the training loop's own work: it waited for data only {consumer_wait:.1%} of the time, "
             "so the loader keeps up and a faster loader would not help")
-    worker_busy = sum(st[s].busy for s in ("read", "convert", "permute"))
+    worker_busy = sum(st[s].busy for s in _WORKER_WORK)
     merger_busy = st["stitch"].busy + st["hash"].busy
     cores = _cores()
     if worker_busy >= merger_busy:
         # Which worker stage: by its time after each worker's first block, which carries the
         # one-time costs (imports, first use of a code path) that would otherwise decide a short run.
-        totals = {s: st[s].total_s for s in ("read", "convert", "permute")}
+        totals = {s: st[s].total_s for s in _WORKER_WORK}
         steady = {s: t - (warm or {}).get(s, 0.0) for s, t in totals.items()}
         if sum(steady.values()) > 0:
             totals = steady

@@ -6,6 +6,7 @@ torch). See docs/distributed.md for DDP, resume and PyTorch Lightning.
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import queue
@@ -32,6 +33,7 @@ except ModuleNotFoundError as exc:
 from . import _hooks
 from ._engine.messages import POLL, put_until
 from ._hooks import Hooks
+from ._pinned import HandoffStats, HostRegistry, RegisteredHandoff, cuda_registrar
 from ._trace import StatsMark
 from ._types import Column, Ragged
 from .errors import DetloadError, OptionError
@@ -371,6 +373,15 @@ class TorchLoader:
       ``prefetch`` batches ahead of the step that runs; the consumer's stream
       waits for the copy before the batch is used. ``device="cpu"`` uses the
       same thread (and copies only for ``stack`` or ``copy_batches > 1``).
+    - ``device="cuda"`` with ``pool="process"`` workers: no batch is packed or
+      pinned in this process. Each worker shared-memory segment is registered once
+      as pinned memory (``cudaHostRegister``, kept while the segment lives,
+      unregistered before it is unmapped); each block goes to the device in one
+      asynchronous copy straight from its segment, and its batches are views of
+      that copy (``stack`` groups: one stack kernel on the device; ``copy_batches``
+      has no effect). Host copies remain only for batches stitched across two
+      blocks and for rebased offsets of variable-length columns; `handoff_stats`
+      counts them. Without CUDA's runtime bindings it falls back to the pinned buffer.
 
     - ``unpack=`` (a Loader with ``group_by``, whose batches are `detload.Packed`): the
       group columns are copied once per group, with the items, their ``group_index``
@@ -457,12 +468,44 @@ class TorchLoader:
         self.copy_batches = copy_batches
         #: Test and benchmark hooks in force when built (``torch_per_column``: the path before the slab).
         self._hooks: Hooks = _hooks.current()
+        #: The registered hand-off's counters (see `handoff_stats`), over this adapter's life.
+        self._handoff_stats = HandoffStats()
+        self._handoff: RegisteredHandoff | None = None  # the current iteration's
+        self._registry = self._register_block_memory()
         self._pos: int | None = None  # batches of this epoch handed to the training loop
         # The latest iter()'s token: an iteration starts only if it is still the latest.
         self._latest: object | None = None
         self._stop: threading.Event | None = None
         self._thread: threading.Thread | None = None
         self._queue: queue.Queue[Any] | None = None
+
+    def _register_block_memory(self) -> HostRegistry | None:
+        """With ``device="cuda"`` and process workers: register every shared-memory segment the
+        loader's batches lie in as pinned memory, once, through `Loader.watch_block_memory`.
+        None where that does not apply (no CUDA runtime, thread workers, a benchmark switch)."""
+        hooks, dev = self._hooks, self.device
+        if hooks.torch_staged or hooks.torch_per_column or dev is None or self.loader.pool_kind != "process":
+            return None
+        pair = hooks.torch_registrar
+        if pair is None and dev.type == "cuda":
+            pair = cuda_registrar(dev)
+        if pair is None:
+            return None
+        registry = HostRegistry(pair[0], pair[1], self._handoff_stats, before_unregister=self._drain_copies)
+        self.loader.watch_block_memory(registry.added, registry.removed)
+        return registry
+
+    def _drain_copies(self) -> None:
+        handoff = self._handoff
+        if handoff is not None:
+            handoff.drain()
+
+    def handoff_stats(self) -> dict[str, int]:
+        """What the registered hand-off did (``device="cuda"`` with process workers): batches
+        handed over as views of blocks copied straight from registered shared memory, and the
+        host copies that remain (batches stitched across blocks, rebased offsets of
+        variable-length columns), by count and bytes; all zero where it is not used."""
+        return dict(self._handoff_stats)
 
     # -- pass-through ------------------------------------------------------------
     def __len__(self) -> int:
@@ -598,6 +641,9 @@ class TorchLoader:
         cuda = dev is not None and dev.type == "cuda"
         packed = bool(self.stack) or (not self._hooks.torch_per_column and (self.pin_memory or self.copy_batches > 1))
         group = self.copy_batches if packed else 1
+        handoff = self._new_handoff(cuda)
+        if handoff is not None:
+            group = 1  # a copy per block already serves all of its batches
         slab: torch.Tensor | None = None
         t: TorchBatch | None = None
         batches: list[dict[str, Column]] = []
@@ -631,6 +677,16 @@ class TorchLoader:
                 if not batches or stop.is_set():
                     break
                 event = None
+                if handoff is not None:
+                    if cuda:
+                        with torch.cuda.device(dev), torch.cuda.stream(stream):
+                            t, event, bases = handoff.convert(batches[0])
+                    else:
+                        t, event, bases = handoff.convert(batches[0])
+                    batches = []
+                    if not _put(q, (t, positions[0], event, bases), stop):
+                        return
+                    continue
                 if packed:
                     # The copy into the slab also lets the workers' shared memory go at once.
                     slab, layout = _pack(batches, pin=self.pin_memory, stack=self.stack)
@@ -690,13 +746,42 @@ class TorchLoader:
             batches = []
             _put(q, _Failed(exc), stop)
         finally:
+            if handoff is not None:
+                handoff.drain()  # no copy reads a segment once its block goes back to its worker
             close = getattr(it, "close", None)
             if close is not None:
                 close()  # stops the loader's run: workers drop the rest, shared memory is freed
 
+    def _new_handoff(self, cuda: bool) -> RegisteredHandoff | None:
+        if self._registry is None:
+            return None
+        dev = self.device
+        assert dev is not None
+        if cuda:
+            def to_device(t: torch.Tensor) -> torch.Tensor:
+                return t.to(dev, non_blocking=True)
+
+            def new_event() -> Any:
+                event = torch.cuda.Event()
+                event.record()  # on the current (the feeder's) stream
+                return event
+        else:  # the CPU stand-in (a test hook): a synchronous copy
+            def to_device(t: torch.Tensor) -> torch.Tensor:
+                return t.clone()
+
+            def new_event() -> Any:
+                return None
+        handoff = RegisteredHandoff(self._registry, to_device, new_event, self.stack, _host_dtype, _torch_dtype,
+                                    pin=self.pin_memory, stats=self._handoff_stats)
+        self._handoff = handoff
+        return handoff
+
     def _consume(self, q: queue.Queue[Any], stop: threading.Event, th: threading.Thread) -> Iterator[TorchBatch]:
         dev = self.device
         seen: tuple[Any, Any] = (None, None)  # (slab, stream) already waited for and recorded
+        # The registered hand-off: (event, stream) last waited for, (buffer, stream) pairs recorded.
+        waited: tuple[Any, Any] = (None, None)
+        recorded: collections.deque[tuple[torch.Tensor, Any]] = collections.deque(maxlen=8)
         try:
             if self._stop is stop:
                 th.start()
@@ -715,7 +800,8 @@ class TorchLoader:
                 if isinstance(item, _Failed):
                     err = item.error
                     item = t = slab = None
-                    seen = (None, None)
+                    seen = waited = (None, None)
+                    recorded.clear()
                     try:
                         raise err
                     finally:
@@ -723,7 +809,16 @@ class TorchLoader:
                 t, pos, event, slab = item
                 if event is not None:
                     current = torch.cuda.current_stream(dev)
-                    if slab is None:
+                    if isinstance(slab, tuple):
+                        # The registered hand-off: batches of one block share its event and buffer.
+                        if event is not waited[0] or current != waited[1]:
+                            current.wait_event(event)
+                            waited = (event, current)
+                        for buf in slab:
+                            if not any(b is buf and s == current for b, s in recorded):
+                                buf.record_stream(current)
+                                recorded.append((buf, current))
+                    elif slab is None:
                         current.wait_event(event)
                         # The memory was allocated on the side stream; tell the allocator
                         # the training stream uses it, so it is not reused too early.

@@ -92,6 +92,7 @@ SETUP: dict[str, tuple[list[Callable[[Path], None]], Callable[[], dict[str, str]
     "docs/determinism.md": ([_example_data], dict),
     "docs/loader.md": ([_example_data, _train_data], dict),
     "docs/distributed.md": ([_train_data], _one_process_torchrun),
+    "docs/transforms.md": ([_train_data], dict),
 }
 
 #: seconds a block may take (process pools, torch); generous for a loaded 2-core CI machine

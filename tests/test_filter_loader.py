@@ -111,9 +111,14 @@ def test_pruned_row_groups_are_never_read(tmp_path, unit_log, monkeypatch):
         stats = loader.filter_stats
     assert got == list(range(250, 330))
     assert sorted({rg for _, rg in unit_log}) == [2, 3]
+    assert stats is not None and stats.pop("seconds") > 0
+    assert stats.pop("bytes_read") == sum(pq.read_metadata(os.path.join(root, "a.parquet")).row_group(g)
+                                          .column(0).total_compressed_size for g in (2, 3))
+    assert stats.pop("examples") == {"statistics": [["a.parquet", g, 100, 0] for g in (0, 1, 4, 5, 6)],
+                                     "selection_pass": [["a.parquet", 2, 100, 50], ["a.parquet", 3, 100, 30]]}
     assert stats == {"row_groups": 10, "pruned": {"partition": 0, "statistics": 8, "bloom": 0},
                      "pruned_total": 8, "all_rows": 0, "selection_pass": 2, "selection_cached": 0, "selected_empty": 0,
-                     "rows_total": 1000, "rows_selected": 80}
+                     "row_groups_skipped": 8, "rows_total": 1000, "rows_selected": 80}
 
 
 def test_a_row_group_every_row_of_which_matches_is_not_read_at_planning(tmp_path, monkeypatch):

@@ -272,6 +272,30 @@ def test_cuda_slab_and_per_column_paths_agree_and_kept_batches_hold(ds):  # prag
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_registered_hand_off_matches_the_staged_path(ds):  # pragma: no cover - no GPU in CI
+    # Process workers' segments registered with cudaHostRegister; blocks copied straight from them.
+    from detload._hooks import Hooks, installed
+
+    want = reference(ds)
+    for staged in (False, True):
+        with installed(Hooks(torch_staged=staged)):
+            tl = TorchLoader(Loader(ds, workers=2, pool="process", **OPTS), device="cuda", prefetch=3)
+        with tl:
+            kept = list(tl)
+            torch.cuda.synchronize()
+            got = [hash_batch(back_to_numpy({k: v.to("cpu") for k, v in b.items()}))[0] for b in kept]
+            stats = tl.handoff_stats()
+            registry = tl._registry
+        assert got == want, staged
+        assert all(b["id"].is_cuda for b in kept)
+        if staged:
+            assert registry is None and stats["batches"] == 0
+        else:
+            assert stats["registrations"] > 0 and stats["registration_failures"] == 0
+            assert stats["direct_batches"] > 0 and stats["registered_now"] == 0  # unregistered at close
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_cuda_batches_are_ready_on_the_stream_that_asked(ds, monkeypatch):  # pragma: no cover - no GPU in CI
     # Each host-to-device copy is queued behind a ~10 ms GPU sleep on the feeder's stream, the
     # asking stream switches within one buffer (copy_batches=4), batches are used at once

@@ -6,10 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow.fs as pafs
 
 from .._cache import CacheConfig, KeptMappings
+from .._filters.selection import Selection
 from .._types import ColumnSpec
 from .heap import BlockBuffers
 
@@ -67,9 +67,9 @@ class WorkerConfig:
     cache: CacheConfig | None = None
     buffers: BlockBuffers | None = None  # thread workers: reused block buffers (never pickled)
     kept: KeptMappings | None = None  # thread workers: cache entries kept mapped (never pickled)
-    #: A filter's selection: (file index, row group) -> sorted indices of the stored rows it
-    #: delivers; a row group not in it delivers every stored row. Fixed for the loader's life.
-    selections: Mapping[tuple[int, int], np.ndarray] | None = None
+    #: A filter's selection: (file index, row group) -> the stored rows it delivers (compact);
+    #: a row group not in it delivers every stored row. Fixed for the loader's life.
+    selections: Mapping[tuple[int, int], Selection] | None = None
     #: group_by: the key column and the group columns (the key among them), checked to be
     #: constant within every group of each block built.
     group_by: str | None = None
@@ -77,3 +77,11 @@ class WorkerConfig:
     #: group_by with a cache: the group columns' specs, read apart from ``specs`` (then the item
     #: columns only) and kept in the cache once per key run (_engine/groups.group_rows).
     group_specs: tuple[ColumnSpec, ...] = ()
+    #: A transform (_xform.TransformPlan): run on each row group after the selection; its
+    #: output schema (``transform.specs``) is what blocks hold. None: columns as read.
+    transform: Any = None
+
+    @property
+    def block_specs(self) -> tuple[ColumnSpec, ...]:
+        """The columns a block holds: the transform's output, else the columns read."""
+        return self.transform.specs if self.transform is not None else self.specs

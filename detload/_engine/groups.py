@@ -117,6 +117,32 @@ def _run_starts(key: Column) -> np.ndarray:
     return np.concatenate([[0], np.flatnonzero(change) + 1]).astype(np.int64)
 
 
+def check_key_kept(cfg: WorkerConfig, before: Mapping[str, Column], after: Mapping[str, Column],
+                   file: int, row_group: int) -> None:
+    """DataError unless a transform kept the group key of a row group bitwise (group_by: the
+    groups were planned from the stored key, so a transform may not move, add or drop rows)."""
+    key = cfg.group_by
+    if key is None:
+        return
+    a, b = before[key], after.get(key)
+
+    def same(x: Column, y: Column | None) -> bool:
+        if isinstance(x, Ragged) or isinstance(y, Ragged):
+            return (isinstance(x, Ragged) and isinstance(y, Ragged) and np.array_equal(x.offsets, y.offsets)
+                    and _bits(x.values) == _bits(y.values))
+        return y is not None and x.shape == y.shape and x.dtype == y.dtype and _bits(x) == _bits(y)
+
+    if not same(a, b):
+        raise DataError(
+            f"the transform changed the group key {key!r} of {cfg.files[file].path} row group {row_group}: "
+            "under group_by= a transform must keep the key column and every row, in order "
+            "(groups are planned from the stored key)")
+
+
+def _bits(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a).view(np.uint8).tobytes()
+
+
 def check_constant(cfg: WorkerConfig, task: Task, units: Sequence[Mapping[str, Column]]) -> None:
     """DataError if a group column changes inside a group of the block's ranges ``units``
     (its rows before the permutation: a group may run from one range into the next)."""
@@ -167,7 +193,15 @@ class _Verdicts:
         h.update(f"{cfg.group_by}\x00{chr(0).join(cfg.group_columns)}\x00{rng.first}\x00{rng.rows}\x00".encode())
         h.update(np.ascontiguousarray(local, dtype="<i8").tobytes())
         if sel is not None:
-            h.update(np.ascontiguousarray(sel, dtype="<i8").tobytes())
+            h.update(np.ascontiguousarray(sel.indices(), dtype="<i8").tobytes())
+        xf = cfg.transform
+        if xf is not None:
+            # The columns checked are the transform's output: a verdict holds for its identity
+            # only, and never for a random or unversioned one (its output may differ next time).
+            if xf.transform.random or xf.transform.bare:
+                key = (ref.cache_key or ref.path, rng.row_group, "")
+                return cls(cfg, key, False, False)
+            h.update(f"\x00{xf.identity}".encode())
         key = (ref.cache_key or ref.path, rng.row_group, "groupcheck/1/" + h.hexdigest())
         if key in cls._memo:
             return cls(cfg, key, True)
@@ -193,7 +227,7 @@ class _Verdicts:
         cls._memo.add(key)
 
     def passed(self) -> None:
-        if self.ok:
+        if self.ok or not self.key[2]:  # no identity: nothing to remember
             return
         self._remember(self.key)
         store = self._store(self.cfg)
@@ -224,9 +258,11 @@ def _compact_identity(cfg: WorkerConfig) -> str:
     return f"grouprows/1/{cfg.group_by}/{cfg.group_specs!r}/{sorted(fills.items())!r}"
 
 
-def group_rows(cfg: WorkerConfig, f: int, rg: int, picked: np.ndarray | None, first: int, t: Timings) -> GroupRows:
+def group_rows(cfg: WorkerConfig, f: int, rg: int, selection: Any, first: int, t: Timings) -> GroupRows:
     """The group columns of row group ``rg`` once per key run: from the cache's derived entry, or
-    read (those columns only), checked constant within every run, compacted and kept there."""
+    read (those columns only), checked constant within every run, compacted and kept there.
+    ``selection``: the filter's selection of the row group (its ``indices()``), or None."""
+    picked = selection.indices() if selection is not None else None
     ref = cfg.files[f]
     store = _Verdicts._store(cfg)
     ident = _compact_identity(cfg)
@@ -301,11 +337,11 @@ def build_grouped(cfg: WorkerConfig, task: Task, units: Sequence[UnitColumns], p
     block is one allocation, as every block is.
     """
     if parts is not None:  # the group columns come compacted (group_rows), not with the items
-        item_specs, group_specs = tuple(cfg.specs), tuple(cfg.group_specs)
+        item_specs, group_specs = tuple(cfg.block_specs), tuple(cfg.group_specs)
     else:
         gset = set(cfg.group_columns)
-        item_specs = tuple(s for s in cfg.specs if s.name not in gset)
-        group_specs = tuple(s for s in cfg.specs if s.name in gset)
+        item_specs = tuple(s for s in cfg.block_specs if s.name not in gset)
+        group_specs = tuple(s for s in cfg.block_specs if s.name in gset)
     starts = np.asarray(task.groups, dtype=np.int64)
     order = (group_permutation(task.seed, task.epoch, task.partition, task.number, len(starts))
              if task.shuffle else None)

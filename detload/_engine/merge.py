@@ -267,6 +267,8 @@ class Run:
         tr = self.tracer
         tr.span("merge_wait", MERGER, t0, t1)
         tr.worker_spans(w, timings.spans, timings.pid)
+        tr.block_reads(self.plan.epoch, timings.source_reads, timings.source_bytes,
+                       int(timings.extra.get("cache_hits", 0)))
         for category, message in timings.warnings:
             # A process worker's warning, raised again here so that the user's filters see it.
             warnings.warn(message, _WARNING_CLASSES.get(category, UserWarning), stacklevel=2)

@@ -175,6 +175,9 @@ class Timings:
     queue_wait: float = 0.0
     units: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+    # Row groups read from the source (not the cache) and their column chunks' bytes, from the footer.
+    source_reads: int = 0
+    source_bytes: int = 0
     spans: list[tuple[str, float, float]] = field(default_factory=list)
     pid: int = 0
     # Warnings a worker process raised since its last block, as (category name, message):

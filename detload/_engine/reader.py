@@ -19,9 +19,10 @@ import pyarrow.parquet as pq
 
 from .._arrow import numpy_of
 from .._cache import RowGroupCache
-from .._discovery import _etag, _int96_columns
+from .._discovery import _etag, _int96_columns, chunk_bytes, leaf_columns
 from .._storage import describe_attempts
 from .._types import INT96_UNIT, Column, ColumnSpec, Ragged, UnitColumns, column_spec, convert_column
+from .._xform import TransformRunner
 from ..errors import DataError, DetloadError
 from .config import FileRef, WorkerConfig
 from .messages import (
@@ -43,9 +44,16 @@ class UnitReader:
         # per open file, a reader at milliseconds and the columns that are INT96 there.
         self._int96 = [s.name for s in self._file_specs if s.int96]
         self._int96_ms: dict[int, tuple[pq.ParquetFile, list[str]]] = {}
-        # Nothing to cache when only Hive partition columns (constants) are asked for.
+        # Per open file, the column chunks the requested columns are stored in (for the bytes read).
+        self._leaves: dict[int, list[int]] = {}
+        # Nothing to cache when only Hive partition columns (constants) are asked for, nor when
+        # a transform's output is cached instead (a warm epoch reads that, never these).
+        xf = cfg.transform
         self._cache = (RowGroupCache(cfg.cache, cfg.specs, cfg.null_fill, cfg.kept)
-                       if cfg.cache is not None and self._file_cols else None)
+                       if cfg.cache is not None and self._file_cols and not (xf is not None and xf.cached)
+                       else None)
+        #: The transform run on each row group after the selection (_xform.TransformRunner), or None.
+        self.transform = TransformRunner(xf, cfg) if xf is not None else None
         # Remote reads: fetch the requested column chunks in a few coalesced ranged requests.
         self._pre_buffer = cfg.filesystem.type_name != "local"
 
@@ -89,6 +97,7 @@ class UnitReader:
 
     def _drop(self, i: int) -> None:
         self._int96_ms.pop(i, None)
+        self._leaves.pop(i, None)
         self._open.pop(i).close()
 
     def _close_files(self) -> None:
@@ -99,6 +108,8 @@ class UnitReader:
         self._close_files()
         if self._cache is not None:
             self._cache.close()
+        if self.transform is not None:
+            self.transform.close()
 
     def _still_listed(self, ref: FileRef) -> bool:
         """False if a local file's size or mtime differs from the plan's (True when unknown)."""
@@ -121,6 +132,8 @@ class UnitReader:
         would be a request anyway, are simply reopened."""
         if self._cache is not None:
             self._cache.new_pass()
+        if self.transform is not None:
+            self.transform.new_pass()
         fs = self.cfg.filesystem
         if fs.type_name != "local":
             self._close_files()
@@ -213,6 +226,11 @@ class UnitReader:
             out[spec.name] = convert_column(spec, arr, where, fills.get(spec.name))
         t.add("read", t0, t1)
         t.add("convert", t1, time.perf_counter())
+        leaves = self._leaves.get(file_idx)
+        if leaves is None:
+            leaves = self._leaves[file_idx] = leaf_columns(pf.metadata, self._file_cols)
+        t.source_reads += 1
+        t.source_bytes += chunk_bytes(pf.metadata, rg, leaves)
         return out, expected
 
 

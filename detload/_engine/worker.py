@@ -26,12 +26,13 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
+from .._filters.selection import Selection
 from .._types import UnitColumns
 from . import shm as _shm
 from . import spawn as _spawn
 from .block import Layout, assemble, slice_rows, take_rows
 from .config import WorkerConfig
-from .groups import GroupRows, block_order, build_grouped, check_compact, check_constant, group_rows
+from .groups import GroupRows, block_order, build_grouped, check_compact, check_constant, check_key_kept, group_rows
 from .messages import (
     CREDIT,
     POLL,
@@ -108,9 +109,15 @@ def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: 
     units = []  # each range's rows: the row group itself, or a view of its rows
     parts: list[GroupRows] = []  # group_by with a cache: each range's group rows
     selections = cfg.selections
+    xf = reader.transform
     for f, rg, first, rows in task.units:
         status.set(gen, task.k, f, rg)
         _debug_before_read(cfg, task, f, rg)
+        done = xf.cached(cfg, f, rg, t) if xf is not None else None
+        if done is not None:  # a transform's cached output: nothing to read, convert or transform
+            whole.append(done)
+            units.append(_rows_of(done, first, rows))
+            continue
         # The whole row group, read and checked against its stored row count exactly as
         # without cuts (the cache holds row groups, not ranges); a range is a view of it.
         cols = reader.read(f, rg, t, defer=defer)
@@ -123,7 +130,16 @@ def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: 
                 return None, None, False  # type: ignore[return-value]
             t0 = time.perf_counter()
             cols = _select(cols, picked)
-            t.add("convert", t0, time.perf_counter())  # the gather counts as conversion (no stage of its own yet)
+            t.add("select", t0, time.perf_counter())  # the filter's stage, as planning's selection pass
+        if xf is not None:
+            # On the whole (selected) row group, before the range is taken; it reads every
+            # column, so a cache entry's deferred checksum is settled first.
+            if cols.check is not None and not reader.settle(cols, f, rg):
+                return None, None, False  # type: ignore[return-value]
+            before = cols
+            cols = xf.apply(cfg, cols, f, rg, picked, task.seed, task.epoch, t)
+            if cfg.group_by is not None:
+                check_key_kept(cfg, before, cols, f, rg)
         units.append(_rows_of(cols, first, rows))
         if cfg.group_specs:  # group_by with a cache: the group columns once per key run
             parts.append(group_rows(cfg, f, rg, picked, first, t))
@@ -141,9 +157,13 @@ def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: 
     return payload, layout, intact
 
 
-def _select(cols: UnitColumns, picked: np.ndarray) -> UnitColumns:
-    """The rows ``picked`` (sorted indices) of a row group's columns, as new arrays."""
-    return UnitColumns({k: take_rows(v, picked) for k, v in cols.items()})
+def _select(cols: UnitColumns, picked: Selection) -> UnitColumns:
+    """The rows ``picked`` of a row group's columns: views of one run, else new arrays."""
+    run = picked.single_run()
+    if run is not None:
+        return UnitColumns({k: slice_rows(v, *run) for k, v in cols.items()})
+    idx = picked.indices()
+    return UnitColumns({k: take_rows(v, idx) for k, v in cols.items()})
 
 
 def _rows_of(cols: UnitColumns, first: int, rows: int) -> UnitColumns:
@@ -170,7 +190,7 @@ def _assemble(cfg: WorkerConfig, task: Task, segs: _shm.WorkerSegments | None,
         if task.groups:  # group_by: group columns once per group, after checking they are
             _check_groups(cfg, task, units, parts)
             return build_grouped(cfg, task, units, perm, alloc, parts)
-        return assemble(cfg.specs, units, perm, alloc)
+        return assemble(cfg.block_specs, units, perm, alloc)
     got: list[_shm.Segment] = []
 
     def alloc_shm(n: int) -> np.ndarray:
@@ -183,7 +203,7 @@ def _assemble(cfg: WorkerConfig, task: Task, segs: _shm.WorkerSegments | None,
             _check_groups(cfg, task, units, parts)
             buf, layout = build_grouped(cfg, task, units, perm, alloc_shm, parts)
         else:
-            buf, layout = assemble(cfg.specs, units, perm, alloc_shm)
+            buf, layout = assemble(cfg.block_specs, units, perm, alloc_shm)
     except BaseException:
         for seg in got:
             segs.unsent(seg)

@@ -6,4 +6,5 @@
 - prune.py      which row groups can hold a matching row, from footer statistics (true/false/unknown)
 - bloom.py      Parquet split-block bloom filters, probed for equality and ``in`` values
 - planning.py   the loader's use of a filter: prune, run the selection pass, build the plan's units
+- selection.py  one row group's selected rows, compact (runs or uint32 indices) for the workers' configuration
 """

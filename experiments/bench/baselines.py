@@ -12,9 +12,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -69,6 +71,47 @@ def raw_pyarrow(path, batch_size: int = 4096, epochs: int = 3, columns: list[str
     )
     result.update(batch_size=batch_size, columns=columns, arrow_cpu_count=pa.cpu_count())
     return result
+
+
+def _arrow_to_numpy(col: pa.ChunkedArray) -> list[np.ndarray]:
+    """One column as NumPy, the way a loader must hand it over: fixed-width values as one
+    array; strings, binary and lists as their values and offsets (no Python objects)."""
+    arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    t = arr.type
+    if pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) \
+            or pa.types.is_large_binary(t):
+        bufs = arr.buffers()
+        width = np.int64 if pa.types.is_large_string(t) or pa.types.is_large_binary(t) else np.int32
+        offsets = np.frombuffer(bufs[1], dtype=width, count=len(arr) + 1, offset=arr.offset * np.dtype(width).itemsize)
+        return [offsets, np.frombuffer(bufs[2], dtype=np.uint8)]
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return [arr.offsets.to_numpy(), *_arrow_to_numpy(pa.chunked_array([arr.flatten()]))]
+    return [arr.to_numpy(zero_copy_only=False)]
+
+
+def decode_limit(path, epochs: int = 2) -> dict:
+    """The machine's decode rate for one thread: every row group read with
+    ``ParquetFile.read_row_group(i, use_threads=False)`` and converted to NumPy, in file order,
+    on this thread. W x this rate is the decode limit of W workers (the row groups are
+    independent, so W cores could at best do W times as many). The same result dict as the
+    loaders (epochs of rows and seconds), so steady state is the epochs after the first."""
+    files = parquet_files(path)
+    handles = [pq.ParquetFile(f) for f in files]
+    out = []
+    for _ in range(epochs):
+        rows = 0
+        t0 = time.perf_counter()
+        for pf in handles:
+            for i in range(pf.num_row_groups):
+                table = pf.read_row_group(i, use_threads=False)
+                for col in table.columns:
+                    _arrow_to_numpy(col)
+                rows += table.num_rows
+        seconds = time.perf_counter() - t0
+        out.append({"rows": rows, "batches": 0, "timed_rows": rows, "seconds": seconds,
+                    "rows_per_s": rows / seconds, "first_batch_s": None})
+    return {"loader": "decode_limit", "workers": 1, "dataset_rows": dataset_rows(path), "startup_s": 0.0,
+            "epochs": out, "consumer_cpu_us_per_batch_median": None, "consumer_cpu_us_per_batch_mean": None}
 
 
 def torch_unavailable_reason() -> str | None:
@@ -182,6 +225,8 @@ def petastorm_subprocess(
     columns: list[str] | None = None,
     python: str | os.PathLike | None = None,
     timeout: float | None = None,
+    convert_early: bool = False,
+    cache_dir: str | None = None,
 ) -> dict | None:
     """Runs `petastorm_runner.py bench` with the Petastorm venv's interpreter and returns its JSON.
 
@@ -198,6 +243,10 @@ def petastorm_subprocess(
     ]  # fmt: skip
     if columns:
         cmd += ["--columns", *columns]
+    if convert_early:
+        cmd.append("--convert-early")
+    if cache_dir:
+        cmd += ["--cache-dir", str(cache_dir)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"petastorm_runner failed ({done.returncode}):\n{done.stderr[-4000:]}")

@@ -4,6 +4,12 @@ Every (loader, run) executes in a fresh subprocess, so pools, allocators and pea
 leak between loaders. Prints one table (medians over --runs, ratios taken within each run) and,
 with --write, puts it into docs/benchmarks.md with the date, machine and command.
     PYTHONPATH=. python experiments/bench/bench.py --runs 3 --write docs/benchmarks.md
+    PYTHONPATH=. python experiments/bench/bench.py --tiny     # the whole path in a minute
+
+Every row is also rated against the references of its own run: the decode limit (W x the
+rows/s one thread decodes with `read_row_group` + NumPy) and Petastorm at its best, cold
+(`convert_early_to_numpy=True` or its defaults, whichever is faster) and warm (its
+`cache_type="local-disk"` cache, filled by a first epoch).
 """
 
 from __future__ import annotations
@@ -162,6 +168,10 @@ def run_one(spec: dict) -> dict:
     from measure import dataset_rows, measure_epochs
 
     kind, path, epochs = spec["kind"], spec["path"], spec["epochs"]
+    if kind == "decode_limit":
+        from baselines import decode_limit
+
+        return decode_limit(path, epochs=max(2, epochs))
     if kind == "raw_pyarrow":
         from baselines import raw_pyarrow
 
@@ -179,10 +189,20 @@ def run_one(spec: dict) -> dict:
         res["peak_rss"] = rs.peak
         return res
     if kind == "petastorm":
+        import shutil
+
         from baselines import petastorm_subprocess
 
-        res = petastorm_subprocess(path, batch_size=BATCH, workers=spec["workers"], epochs=epochs,
-                                   python=spec.get("petastorm_python"))
+        # The local-disk cache lives in a fresh temporary directory: the first epoch fills it,
+        # the later (measured) epochs read from it; removed afterwards.
+        cache_dir = tempfile.mkdtemp(prefix="detload-bench-petastorm-cache-") if spec.get("cache") else None
+        try:
+            res = petastorm_subprocess(path, batch_size=BATCH, workers=spec["workers"], epochs=epochs,
+                                       python=spec.get("petastorm_python"),
+                                       convert_early=bool(spec.get("convert_early")), cache_dir=cache_dir)
+        finally:
+            if cache_dir:
+                shutil.rmtree(cache_dir, ignore_errors=True)
         return res or {"loader": "petastorm", "skipped": "petastorm venv missing"}
     if kind == "detload":
         from detload import Loader, Pool
@@ -197,11 +217,15 @@ def run_one(spec: dict) -> dict:
             manifest = None
             if spec.get("manifest"):
                 manifest = os.path.join(tempfile.mkdtemp(prefix="detload-bench-"), "manifest.jsonl")
+            # The warm rows: detload's converted cache in a fresh directory, filled by the first
+            # epoch (as Petastorm's local-disk cache is); the measured epochs read from it.
+            if spec.get("cache"):
+                state["cache_dir"] = tempfile.mkdtemp(prefix="detload-bench-cache-")
             # Benchmark hooks (never keywords): block delays and the unordered merge.
             with installed(Hooks(debug=debug, unordered=not spec.get("ordered", True))):
                 ld = Loader(path, batch_size=BATCH, seed=1234, workers=spec["workers"],
                             pool=Pool(kind=spec["pool"], prefetch=2), shuffle=True, shuffle_window=4,
-                            manifest=manifest)
+                            manifest=manifest, cache=state.get("cache_dir"))
             t0 = time.perf_counter()
             ld._ensure_pool()
             state["pool_start_s"] = time.perf_counter() - t0
@@ -218,12 +242,18 @@ def run_one(spec: dict) -> dict:
 
         def close(ld):
             state["stats"] = ld.stats()
-            state["bound"] = rss_bound(ld, state["baseline"])
+            # The bound models blocks, not cache entries kept mapped (map_limit): none for warm rows.
+            state["bound"] = {} if spec.get("cache") else rss_bound(ld, state["baseline"])
             ld.close()
+            if state.get("cache_dir"):
+                import shutil
+
+                shutil.rmtree(state["cache_dir"], ignore_errors=True)
 
         with sampler:
             res = measure_epochs(
-                loader=f"detload_{spec['pool']}" + ("" if spec.get("ordered", True) else "_unordered"),
+                loader=f"detload_{spec['pool']}" + ("" if spec.get("ordered", True) else "_unordered")
+                + ("_cache" if spec.get("cache") else ""),
                 workers=spec["workers"], epochs=epochs, open_loader=open_loader,
                 epoch_batches=epoch_batches, close_loader=close, expected_rows=dataset_rows(path))
         st = state["stats"]
@@ -254,22 +284,42 @@ def spawn(spec: dict, timeout: float = 900, main_torch: bool = True) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+DECODE = "decode, one thread (read_row_group + to NumPy)"
+RAW = "raw pyarrow (sequential, default threads)"
+#: Rows every run keeps, also with --only: the ratios are taken against them.
+REFERENCE = (DECODE, RAW)
+
+
+def petastorm_label(w: int, convert_early: bool = False, cache: bool = False) -> str:
+    how = ", convert_early_to_numpy" if convert_early else ""
+    how += ", local-disk cache (warm)" if cache else ""
+    return f"petastorm 0.13.1 W={w}{how}"
+
+
 def specs_for(path: str, epochs: int, petastorm_python: str | None, shape: str) -> list[tuple[str, dict]]:
-    out: list[tuple[str, dict]] = [("raw pyarrow (sequential, default threads)", {"kind": "raw_pyarrow"})]
+    out: list[tuple[str, dict]] = [(DECODE, {"kind": "decode_limit"}), (RAW, {"kind": "raw_pyarrow"})]
     # The second shape shows the string/list path; W=2 only, to keep the whole run short.
     ws = W_SET if shape == "ctr" else (2,)
     for w in ws:
         out.append((f"torch DataLoader W={w}", {"kind": "torch", "workers": w}))
     if petastorm_python and shape == "ctr":
-        for w in W_SET:
-            out.append((f"petastorm 0.13.1 W={w}", {"kind": "petastorm", "workers": w,
-                                                    "petastorm_python": petastorm_python}))
+        # Its defaults (the old rows), then at its best: early NumPy conversion in the worker
+        # threads, cold, and warm from its local-disk cache (filled by the first epoch).
+        for convert_early, cache in ((False, False), (True, False), (True, True)):
+            for w in W_SET:
+                out.append((petastorm_label(w, convert_early, cache),
+                            {"kind": "petastorm", "workers": w, "petastorm_python": petastorm_python,
+                             "convert_early": convert_early, "cache": cache}))
     for pool in ("thread", "process"):
         for w in ws:
             out.append((f"detload {pool} W={w}", {"kind": "detload", "pool": pool, "workers": w}))
         # The audit's cost: every batch hashed and its manifest line written.
         out.append((f"detload {pool} W=2 + manifest", {"kind": "detload", "pool": pool, "workers": 2,
                                                        "manifest": True}))
+        if shape == "ctr":
+            # Warm, against Petastorm's warm rows: detload's cache filled by the first epoch.
+            out.append((f"detload {pool} W=2, cache (warm)", {"kind": "detload", "pool": pool, "workers": 2,
+                                                              "cache": True}))
     for _, s in out:
         s.update(path=path, epochs=epochs)
     return out
@@ -298,8 +348,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--main-imports", choices=["torch", "nothing"], default="torch",
                     help="what the measured process imports at its top, as a training script would "
                          "(its process workers re-import it)")
-    ap.add_argument("--only", default=None, help="run only the loaders whose label contains this text")
+    ap.add_argument("--only", default=None, help="run only the loaders whose label contains this text "
+                                                 "(the decode and raw pyarrow references always run)")
+    ap.add_argument("--tiny", action="store_true", help="a quick check of the whole path: 20k rows, one run")
     a = ap.parse_args(argv)
+    if a.tiny:
+        a.rows, a.runs, a.tax_epochs = 20_000, 1, 3
     main_torch = a.main_imports == "torch"
     import datagen
 
@@ -315,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         results[shape] = {}
         for r in range(a.runs):
             for label, spec in specs_for(path, a.epochs, pet, shape):
-                if a.only and a.only not in label and not label.startswith("raw pyarrow"):
+                if a.only and a.only not in label and label not in REFERENCE:
                     continue
                 if a.trace and label == "detload process W=2" and r == a.runs - 1 and shape == "ctr":
                     spec["trace"] = a.trace
@@ -348,6 +402,95 @@ def _ok(res: dict) -> bool:
     return "epochs" in res
 
 
+#: The references every row is rated against, per run: the decode limit of the row's worker
+#: count (W x one thread's decode rate), and Petastorm's best cold and best warm row.
+REF_KINDS = ("decode", "petastorm_cold", "petastorm_warm")
+
+
+def _row_workers(res: dict) -> int:
+    return max(1, int(res.get("workers") or 1))
+
+
+def references(per: dict[str, list[dict]], runs: int) -> dict[str, list[float | None]]:
+    """Per run index: the one-thread decode rate, and the best Petastorm rows/s cold (no cache,
+    any option, any W) and warm (from its local-disk cache); None where that run has none."""
+    out: dict[str, list[float | None]] = {k: [None] * runs for k in REF_KINDS}
+    for label, rs in per.items():
+        for r, res in enumerate(rs[:runs]):
+            if not _ok(res):
+                continue
+            rate = steady_rows_per_s(res)
+            if label == DECODE:
+                out["decode"][r] = rate
+            elif label.startswith("petastorm"):
+                kind = "petastorm_warm" if "cache" in label else "petastorm_cold"
+                best = out[kind][r]
+                out[kind][r] = rate if best is None else max(best, rate)
+    return out
+
+
+def per_run_ratios(runs: list[dict], refs: dict[str, list[float | None]], which: str) -> list[float]:
+    """A row's rows/s over the reference ``which`` within each run (the decode limit scaled by
+    the row's worker count)."""
+    out = []
+    for r, res in enumerate(runs):
+        ref = refs[which][r] if r < len(refs[which]) else None
+        if not _ok(res) or not ref:
+            continue
+        if which == "decode":
+            ref *= _row_workers(res)
+        out.append(steady_rows_per_s(res) / ref)
+    return out
+
+
+def _fmt_ratio(x: float) -> str:
+    return "" if x != x else f"{x:.2f}"  # NaN: no reference in any run
+
+
+def reference_notes(per: dict[str, list[dict]], refs: dict[str, list[float | None]]) -> list[str]:
+    lines = []
+    dec = [x for x in refs["decode"] if x]
+    if dec:
+        lines.append(f"Decode limit: one thread decodes {median(dec):,.0f} rows/s (median over runs; "
+                     f"`read_row_group(use_threads=False)` + NumPy, epochs after the first), so W=1: "
+                     f"{median(dec):,.0f}, W=2: {2 * median(dec):,.0f} rows/s.")
+    for kind, what in (("petastorm_cold", "cold (no cache)"), ("petastorm_warm", "warm (local-disk cache)")):
+        best = [x for x in refs[kind] if x]
+        if best:
+            lines.append(f"Petastorm best {what}: {median(best):,.0f} rows/s (median over runs of the best "
+                         "Petastorm row of each run).")
+    return lines
+
+
+#: The throughput targets (ratios within one run): reference, threshold.
+TARGETS = (("decode", 0.8), ("petastorm_cold", 2.5), ("petastorm_warm", 2.5))
+
+
+def target_lines(per: dict[str, list[dict]], refs: dict[str, list[float | None]]) -> list[str]:
+    """Each detload W=2 row against each target, met or not, with the median of the per-run
+    ratios as measured (not rounded toward it): the cold row (no cache, shuffle on, no
+    manifest) against the decode limit and Petastorm's best cold row; the warm row (its cache
+    filled by the first epoch) against Petastorm's best warm row."""
+    lines = []
+    for pool in ("thread", "process"):
+        for which, threshold in TARGETS:
+            # Cold targets rate the uncached row; the warm one detload's warm row (its cache).
+            label = f"detload {pool} W=2" + (", cache (warm)" if which == "petastorm_warm" else "")
+            runs = per.get(label)
+            if not runs:
+                continue
+            rs = per_run_ratios(runs, refs, which)
+            if not rs:
+                continue
+            m = median(rs)
+            what = {"decode": "the decode limit (2 x one thread)", "petastorm_cold": "Petastorm best, cold",
+                    "petastorm_warm": "Petastorm best, warm"}[which]
+            lines.append(f"- target: {label} vs {what}: {m:.3f}x (runs: "
+                         f"{', '.join(f'{x:.3f}' for x in rs)}); threshold >= {threshold}x: "
+                         f"{'met' if m >= threshold else 'NOT met'}")
+    return lines
+
+
 def report(results, tax, a, started, load, load_after) -> str:
     cmd = "PYTHONPATH=. python experiments/bench/bench.py " + " ".join(sys.argv[1:])
     lines = [
@@ -362,29 +505,36 @@ def report(results, tax, a, started, load, load_after) -> str:
         f"(workers persist); medians of {a.runs} runs; ratios are per run, then the median.", "",
     ]
     for shape, per in results.items():
-        raw = per.get("raw pyarrow (sequential, default threads)", [])
+        raw = per.get(RAW, [])
+        refs = references(per, a.runs)
         lines += [f"### {shape}", "",
-                  "| loader | rows/s (median) | x raw pyarrow | start-up s | consumer CPU us/batch (median / mean) "
-                  "| rows/epoch ok | peak memory MiB (PSS) | memory bound MiB |",
-                  "|---|---:|---:|---:|---:|---|---:|---:|"]
+                  "| loader | rows/s (median) | x raw pyarrow | x decode limit (W x one thread) "
+                  "| x petastorm best cold | x petastorm best warm | start-up s "
+                  "| consumer CPU us/batch (median / mean) | rows/epoch ok | peak memory MiB (PSS) "
+                  "| memory bound MiB |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
         for label, runs in per.items():
             good = [x for x in runs if _ok(x)]
             if not good:
                 why = runs[0].get("skipped") or (runs[0].get("error") or "")[-200:].replace("\n", " ")
-                lines.append(f"| {label} | n/a ({why}) | | | | | | |")
+                lines.append(f"| {label} | n/a ({why}) | | | | | | | | | |")
                 continue
             rps = median([steady_rows_per_s(x) for x in good])
             ratios = [steady_rows_per_s(x) / steady_rows_per_s(rr) for x, rr in zip(runs, raw)
                       if _ok(x) and _ok(rr)]
+            ref_cols = [_fmt_ratio(median(per_run_ratios(runs, refs, which))) for which in REF_KINDS]
             su = median([x["startup_s"] for x in good])
-            cm = median([x["consumer_cpu_us_per_batch_median"] for x in good])
-            cmean = median([x["consumer_cpu_us_per_batch_mean"] for x in good])
+            cms = [x["consumer_cpu_us_per_batch_median"] for x in good if x.get("consumer_cpu_us_per_batch_median")]
+            cmeans = [x["consumer_cpu_us_per_batch_mean"] for x in good if x.get("consumer_cpu_us_per_batch_mean")]
+            cpu = f"{median(cms):.1f} / {median(cmeans):.1f}" if cms else ""
             rows_ok = all(e["rows"] == x["dataset_rows"] for x in good for e in x["epochs"])
             peak = [x["peak_rss"] for x in good if x.get("peak_rss")]
             bound = [x["bound_bytes"] for x in good if x.get("bound_bytes")]
-            lines.append(f"| {label} | {rps:,.0f} | {median(ratios):.2f} | {su:.2f} | {cm:.1f} / {cmean:.1f} | "
-                         f"{'yes' if rows_ok else 'NO'} | {median(peak) / 2**20:.0f} | "
+            lines.append(f"| {label} | {rps:,.0f} | {_fmt_ratio(median(ratios))} | {' | '.join(ref_cols)} | "
+                         f"{su:.2f} | {cpu} | {'yes' if rows_ok else 'NO'} | "
+                         f"{(f'{median(peak) / 2**20:.0f}' if peak else '')} | "
                          f"{(f'{median(bound) / 2**20:.0f}' if bound else '')} |")
+        lines += ["", *reference_notes(per, refs), "", *target_lines(per, refs)]
         pet = per.get("petastorm 0.13.1 W=2")
         best = {}
         for pool in ("thread", "process"):
@@ -397,8 +547,13 @@ def report(results, tax, a, started, load, load_after) -> str:
                 lines.append(f"\ndetload {pool} W=2 / petastorm W=2 (median of per-run ratios): {median(rr):.2f}x")
         lines.append("")
         for label, runs in per.items():
-            if label.startswith("detload") and _ok(runs[-1]):
+            if label.startswith("detload") and _ok(runs[-1]) and "bottleneck" in runs[-1]:
                 r = runs[-1]
+                if "bound_bytes" not in r:
+                    lines.append(f"- {label}: bound by `{r['bottleneck']}` -- {r['verdict']}. Memory: peak "
+                                 f"{r['peak_rss'] / 2**20:.0f} MiB (cache entries kept mapped count; no bound "
+                                 "is documented for them)")
+                    continue
                 held = all(x["peak_rss"] <= x["bound_bytes"] for x in runs if _ok(x))
                 heavy = r.get("worker_imports") or []
                 note = (f"; its worker processes import {', '.join(heavy)} (they re-import the main module, "

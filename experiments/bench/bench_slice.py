@@ -485,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     if "d" in ways:
         ways = [w for w in ways if w != "d"] + ["d-filters", "d-predicate"]
 
-    root = args.data
+    root = args.data.resolve()  # the children run in another folder
     src = root / f"src-r{rows}-f{files}-g{rg_rows}"
     dst = root / f"sorted-r{rows}-f{files}-g{rg_rows}-by-{'-'.join(LAYOUT_SORT_BY)}"
     root.mkdir(parents=True, exist_ok=True)

@@ -5,17 +5,20 @@ pinned in-memory tensors (the upper bound), a torch DataLoader over row groups, 
 (thread and process pools), at several worker counts and two model sizes. Feed efficiency =
 a feeder's rows/s / the in-memory loop's rows/s with the same model in the same run.
 
-detload feeds through `detload.torch.TorchLoader(device=..., stack=...)`: a background thread
-packs each batch (the model's dense and categorical matrices stacked on the host) into one pinned
-buffer and starts its host-to-device copy on a side stream (`-stackK` feeders: K batches per
-buffer, copy_batches=K). Variants, with the first model only: `-slab` (no stack=: columns stacked
+detload feeds through `detload.torch.TorchLoader(device=..., stack=...)`. With process workers
+(`detload-process`) that is the registered hand-off: workers' shared-memory segments registered
+once as pinned memory, one host-to-device copy per block straight from them, the model's matrices
+stacked on the device; `detload-process-staged` is the path before it (a benchmark hook: a
+background thread packs each batch into one pinned buffer and copies that; `-stackK` feeders: K
+batches per buffer, copy_batches=K). Every row also reports the CPU time of every thread of the
+training process per batch (/proc/self/task), so the two hand-offs compare within one run. Variants, with the first model only: `-slab` (no stack=: columns stacked
 on the device), `-columns` (per-column pin and copy), `-numpy` (NumPy batches staged by the
 training thread), `torch-columns` (the DataLoader yielding a dict of columns per row group).
 The in-memory bound is measured again after every feeder; each feeder is rated against the two
 measurements beside it. Without CUDA the same loop runs on the CPU (use --tiny there; CI does).
 experiments/bench/gpu_all.sh runs the adapter's tests and this script in one invocation.
 
-    PYTHONPATH=. python experiments/bench/gpu_feed.py              # CUDA, ~3.5 min on one H200
+    PYTHONPATH=. python experiments/bench/gpu_feed.py              # CUDA, ~4 min on one H200
     PYTHONPATH=. python experiments/bench/gpu_feed.py --tiny       # CPU smoke run, seconds
 Needs only torch, pyarrow, numpy, xxhash and detload.
 """
@@ -40,6 +43,8 @@ if str(HERE) not in sys.path:
 from baselines import RowGroupDataset  # noqa: E402  (after the path insert above)
 
 N_DENSE, N_CAT = 32, 8
+# The registered hand-off's stand-in on the CPU: every buffer "registers" and nothing is pinned.
+CPU_STANDIN = (lambda address, nbytes: True, lambda address: None)
 
 
 def build_model(torch, hidden: int, cardinality: int, dim: int):
@@ -192,6 +197,54 @@ class StackedRowGroups(RowGroupDataset):
         return dense, cats, b["label"].astype(np.float32)
 
 
+class ThreadCPU:
+    """CPU time of every thread of this (the training) process, read from /proc/self/task:
+    ``schedstat``'s first field (nanoseconds on the CPU) where the kernel keeps it, else
+    ``stat``'s utime + stime (clock ticks). Threads are named by their Python thread (matched
+    by native id); the others (CUDA's, Arrow's, the allocator's) as "other (native)". The
+    process's own CPU time (``time.process_time``) also counts threads that ended meanwhile."""
+
+    TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK")
+
+    @classmethod
+    def snapshot(cls) -> dict:
+        import threading
+
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        main = threading.main_thread().native_id
+        per: dict[int, tuple[str, float]] = {}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                ns = cls._ns(int(tid))
+            except (OSError, ValueError, IndexError):
+                continue  # a thread that just ended
+            name = "training thread" if int(tid) == main else names.get(int(tid), "other (native)")
+            per[int(tid)] = (name, ns)
+        return {"threads": per, "process_s": time.process_time()}
+
+    @classmethod
+    def _ns(cls, tid: int) -> float:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                return float(f.read().split()[0])
+        except (OSError, IndexError, ValueError):
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+            return (int(fields[11]) + int(fields[12])) * cls.TICK_NS  # utime, stime (fields 14, 15)
+
+    @staticmethod
+    def per_batch(before: dict, after: dict, steps: int) -> dict:
+        """CPU microseconds per batch: the process's, and each thread's (grouped by name)."""
+        by_name: dict[str, float] = {}
+        for tid, (name, ns) in after["threads"].items():
+            start = before["threads"].get(tid, (name, 0.0))[1]  # a thread started in the window
+            by_name[name] = by_name.get(name, 0.0) + (ns - start)
+        steps = max(steps, 1)
+        threads = {k: v / 1e3 / steps for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])}
+        return {"process_cpu_us_per_batch": (after["process_s"] - before["process_s"]) * 1e6 / steps,
+                "threads_cpu_us_per_batch": sum(threads.values()), "thread_cpu_us_per_batch": threads}
+
+
 def columns(path) -> list[str]:
     return ["label", *[f"dense_{j}" for j in range(N_DENSE)], *[f"cat_{j}" for j in range(N_CAT)]]
 
@@ -207,6 +260,7 @@ def run_feeder(torch, trainer, make_iter, staging, warmup: int, seconds: float, 
     clock = time.perf_counter
     waited = 0.0
     rows = steps = 0
+    cpu0 = ThreadCPU.snapshot()
     t0 = clock()
     while steps < max_steps and clock() - t0 < seconds:
         a = clock()
@@ -223,18 +277,19 @@ def run_feeder(torch, trainer, make_iter, staging, warmup: int, seconds: float, 
         steps += 1
     trainer.sync()
     wall = clock() - t0
+    cpu = ThreadCPU.per_batch(cpu0, ThreadCPU.snapshot(), steps)
     close = getattr(it, "close", None)
     if close:
         close()
     return {"rows_per_s": rows / wall, "steps_per_s": steps / wall, "wait_fraction": waited / wall,
-            "steps": steps}
+            "steps": steps, **cpu}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(HERE / "data" / "gpu_ctr"))
     ap.add_argument("--rows", type=int, default=2_000_000)
-    ap.add_argument("--workers", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--workers", type=int, nargs="+", default=[4, 16])
     ap.add_argument("--hidden", type=int, nargs="+", default=[1024, 4096], help="light and heavy MLP widths")
     ap.add_argument("--cardinality", type=int, default=100_000)
     ap.add_argument("--dim", type=int, default=64)
@@ -242,7 +297,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=4.0, help="measured seconds per feeder")
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--max-steps", type=int, default=100_000)
-    ap.add_argument("--feeders", nargs="+", default=["torch", "detload-thread", "detload-process"])
+    ap.add_argument("--feeders", nargs="+", default=["torch", "detload-thread", "detload-process",
+                                                     "detload-process-staged"],
+                    help="detload-process: the registered hand-off (shared memory pinned once, one copy per "
+                         "block); detload-process-staged: the path before it (every batch packed into a "
+                         "pinned buffer in the training process), a benchmark hook")
     ap.add_argument("--variants", nargs="*", default=["detload-process-slab", "detload-process-columns",
                                                       "torch-columns"],
                     help="comparison feeders (FEEDER or FEEDER@W), run with the first model only, "
@@ -341,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
                 if it is not None and hasattr(it, "_shutdown_workers"):
                     it._shutdown_workers()
 
-            return make, stage, close, label
+            return make, stage, close, label, dict
         # detload-POOL[-stackK]: TorchLoader with stack= (one pinned slab, the model's input matrices packed
         # on the host). Variants: -slab (TorchLoader, no stack=: columns stacked on the device),
         # -columns (TorchLoader's per-column pin + copy), -numpy (Loader, staged by the training thread).
@@ -349,14 +408,19 @@ def main(argv: list[str] | None = None) -> int:
         _, pool, *how = feeder.split("-")
         how_s = how[0] if how else "stack"
         group = int(how_s[5:]) if how_s.startswith("stack") and how_s[5:] else 1
+        staged = how_s == "staged"
         ld = Loader(a.data, batch_size=B, seed=0, workers=w, pool=Pool(kind=pool, prefetch=2), columns=cols,
                     shuffle_window=4)
         if how_s == "numpy":
             src, stage = ld, staging
         else:
-            stacked = how_s.startswith("stack")
-            # A benchmark hook (never a keyword): -columns measures the per-column path.
-            with installed(Hooks(torch_per_column=how_s == "columns")):
+            stacked = how_s.startswith("stack") or staged
+            # Benchmark hooks (never keywords): -columns measures the per-column path, -staged the
+            # pinned buffer packed per batch; on the CPU a stand-in registrar runs the registered
+            # hand-off's code (its "device copy" is a clone), so --tiny exercises it.
+            hooks = Hooks(torch_per_column=how_s == "columns", torch_staged=staged,
+                          torch_registrar=CPU_STANDIN if device.type == "cpu" else None)
+            with installed(hooks):
                 src = TorchLoader(ld, device=device, stack=stack if stacked else None,
                                   copy_batches=group)
             stage = named if stacked else stacking
@@ -368,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
             return iter(src)
 
         note = "" if how_s == "stack" else (f" (copy_batches={group})" if group > 1 else f" ({how_s})")
-        return make, stage, src.close, f"detload {pool} W={w}{note}"
+        info = getattr(src, "handoff_stats", dict)
+        return make, stage, src.close, f"detload {pool} W={w}{note}", lambda: {"handoff": info()}
 
     stack = {"dense": [f"dense_{j}" for j in range(N_DENSE)], "cats": [f"cat_{j}" for j in range(N_CAT)]}
     tuples = TupleStaging()
@@ -404,8 +469,9 @@ def main(argv: list[str] | None = None) -> int:
             label = f"{feeder} W={w}"
             closer = None
             try:
-                make, stage, closer, label = make_feeder(feeder, w)
+                make, stage, closer, label, info = make_feeder(feeder, w)
                 r = run_feeder(torch, trainer, make, stage, a.warmup, a.seconds, a.max_steps)
+                r.update(info())
             except Exception as exc:  # noqa: BLE001 - one feeder failing must not lose the others' rows
                 traceback.print_exc()
                 errors.append(f"hidden {hidden}: {label}: {type(exc).__name__}: {exc}")
@@ -439,11 +505,69 @@ def main(argv: list[str] | None = None) -> int:
             feeder += f" (median of {r['bound_runs']}: {r['bound_min']:,.0f}-{r['bound_max']:,.0f})"
         print(f"| {r['hidden']} | {r['params'] / 1e6:.1f}M | {feeder} | {r['rows_per_s']:,.0f} | "
               f"{r['steps_per_s']:,.1f} | {r['efficiency']:.3f} | {r['wait_fraction']:.3f} |")
+    print()
+    print(*summary(results, a.hidden), sep="\n")
     for line in errors:
         print(f"FAILED {line}")
     for line in skipped:
         print(f"SKIPPED {line}")
     return 1 if errors else 0
+
+
+def summary(results: list[dict], hidden: list[int]) -> list[str]:
+    """The training process's CPU per batch with and without the registered hand-off (same run,
+    same W), and the targets: feed efficiency >= 0.97 (light model), detload ahead of the best
+    torch DataLoader row, CPU per batch at most half of the staged path's."""
+    lines = ["CPU time of every thread of the training process per batch (us; /proc/self/task, "
+             "the process's own CPU time beside it):", "",
+             "| hidden | feeder | process CPU us/batch | all threads us/batch | training thread | "
+             "busiest other threads |", "|---:|---|---:|---:|---:|---|"]
+    for r in results:
+        if "thread_cpu_us_per_batch" not in r or r["workers"] == 0:
+            continue
+        th = r["thread_cpu_us_per_batch"]
+        others = ", ".join(f"{k} {v:,.0f}" for k, v in list((k, v) for k, v in th.items()
+                                                             if k != "training thread")[:3])
+        lines.append(f"| {r['hidden']} | {r['feeder']} | {r['process_cpu_us_per_batch']:,.0f} | "
+                     f"{r['threads_cpu_us_per_batch']:,.0f} | {th.get('training thread', 0.0):,.0f} | {others} |")
+    lines.append("")
+    by = {(r["hidden"], r["feeder"]): r for r in results}
+    for h in hidden:
+        for r in results:
+            if r["hidden"] != h or not r["feeder"].startswith("detload process W=") or "(" in r["feeder"]:
+                continue
+            old = by.get((h, r["feeder"] + " (staged)"))
+            if old is None:
+                continue
+            ratio = r["process_cpu_us_per_batch"] / old["process_cpu_us_per_batch"]
+            hs = r.get("handoff", {})
+            lines.append(f"- hidden {h}, {r['feeder']}: training-process CPU per batch, registered hand-off / "
+                         f"staged = {r['process_cpu_us_per_batch']:,.0f} / {old['process_cpu_us_per_batch']:,.0f} "
+                         f"= {ratio:.3f} (target <= 0.5: {'met' if ratio <= 0.5 else 'NOT met'}); hand-off: "
+                         f"{hs.get('direct_batches', 0)} of {hs.get('batches', 0)} batches without a host copy, "
+                         f"{hs.get('stitched_batches', 0)} stitched, {hs.get('rebased_offsets', 0)} rebased "
+                         f"offsets, {hs.get('block_copies', 0)} block copies, "
+                         f"{hs.get('registrations', 0)} registrations, "
+                         f"{hs.get('registration_failures', 0)} failed ({hs.get('unregistered_batches', 0)} "
+                         "batches copied for it)")
+    light = min(hidden)
+    rows = [r for r in results if r["hidden"] == light and r["workers"] >= 4]
+    det = [r for r in rows if r["feeder"].startswith("detload")]
+    tor = [r for r in results if r["hidden"] == light and r["feeder"].startswith("torch DataLoader")]
+    if det:
+        best = max(det, key=lambda r: r["efficiency"])
+        lines.append(f"- target: light model (hidden {light}), W 4-16: best detload feed efficiency "
+                     f"{best['efficiency']:.3f} ({best['feeder']}); >= 0.97: "
+                     f"{'met' if best['efficiency'] >= 0.97 else 'NOT met'}")
+        if tor:
+            bt = max(tor, key=lambda r: r["rows_per_s"])
+            lines.append(f"- target: detload ahead of the best torch DataLoader row ({bt['feeder']}, "
+                         f"{bt['rows_per_s']:,.0f} rows/s): best detload {best['rows_per_s']:,.0f} rows/s, "
+                         f"ratio {best['rows_per_s'] / bt['rows_per_s']:.3f}: "
+                         f"{'met' if best['rows_per_s'] > bt['rows_per_s'] else 'NOT met'}")
+    elif rows == []:
+        lines.append(f"- (no row with W >= 4 for hidden {light}: the feed-efficiency target is not rated)")
+    return lines
 
 
 if __name__ == "__main__":

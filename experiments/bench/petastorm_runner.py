@@ -39,8 +39,18 @@ DEFAULT_SEED = 1234
 #   numpy unicode arrays and list columns must all have equal length (they are vstacked).
 
 
-def _make_reader(path: str, workers: int, seed: int, columns: list[str] | None):
-    kwargs = {}
+def _make_reader(path: str, workers: int, seed: int, columns: list[str] | None,
+                 convert_early: bool = False, cache_dir: str | None = None):
+    kwargs: dict = {}
+    if convert_early:
+        # 0.13.1's make_batch_reader takes it (reader.py): each worker thread turns its row
+        # group into a dict of NumPy arrays, instead of the consumer thread doing it.
+        kwargs["convert_early_to_numpy"] = True
+    if cache_dir:
+        # The local-disk cache (diskcache FanoutCache) keyed by file and row group: a first epoch
+        # fills it, later readers on the same directory read the cached row groups from it.
+        kwargs.update(cache_type="local-disk", cache_location=cache_dir, cache_size_limit=64 << 30,
+                      cache_row_size_estimate=512)
     if columns:
         # schema_fields are regular expressions; escape so names are taken literally.
         kwargs["schema_fields"] = [re.escape(c) for c in columns]
@@ -71,11 +81,12 @@ class EpochReaders:
     order with the same generator.
     """
 
-    def __init__(self, path, workers, seed, columns, mode):
+    def __init__(self, path, workers, seed, columns, mode, convert_early=False, cache_dir=None):
         if seed == 0:
             raise SystemExit("petastorm treats seed=0 as 'no seed'; pass a non-zero --seed")
         self.path, self.workers, self.seed, self.columns, self.mode = path, workers, seed, columns, mode
-        self.reader = _make_reader(path, workers, seed, columns)
+        self.extra = {"convert_early": convert_early, "cache_dir": cache_dir}
+        self.reader = _make_reader(path, workers, seed, columns, **self.extra)
         self.epoch_seeds = [seed]
 
     def epoch(self, epoch: int):
@@ -84,9 +95,9 @@ class EpochReaders:
                 self.reader.reset()
             else:
                 _close(self.reader)
-                self.reader = _make_reader(self.path, self.workers, self.seed + epoch, self.columns)
+                self.reader = _make_reader(self.path, self.workers, self.seed + epoch, self.columns, **self.extra)
                 self.epoch_seeds.append(self.seed + epoch)
-        return (chunk._asdict() for chunk in self.reader)
+        return (chunk if isinstance(chunk, dict) else chunk._asdict() for chunk in self.reader)
 
     def close(self) -> None:
         _close(self.reader)
@@ -96,7 +107,8 @@ def _run(args, on_batch=None, columns=None) -> tuple[dict, EpochReaders]:
     holder: list[EpochReaders] = []
 
     def open_loader():
-        holder.append(EpochReaders(args.path, args.workers, args.seed, columns, args.epoch_mode))
+        holder.append(EpochReaders(args.path, args.workers, args.seed, columns, args.epoch_mode,
+                                   convert_early=args.convert_early, cache_dir=args.cache_dir))
         return holder[0]
 
     result = measure_epochs(
@@ -120,6 +132,8 @@ def run_bench(args) -> dict:
         epoch_mode=args.epoch_mode,
         epoch_seeds=readers.epoch_seeds if args.epoch_mode == "new-reader" else [args.seed],
         columns=args.columns,
+        convert_early=args.convert_early,
+        cache="local-disk" if args.cache_dir else None,
     )
     return result
 
@@ -168,6 +182,9 @@ def main(argv=None) -> int:
         p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="non-zero")
         p.add_argument("--columns", nargs="+", default=None, help="default: all columns")
         p.add_argument("--epoch-mode", choices=["new-reader", "reset"], default="new-reader")
+        p.add_argument("--convert-early", action="store_true", help="convert_early_to_numpy=True")
+        p.add_argument("--cache-dir", default=None,
+                       help='cache_type="local-disk" in this directory (filled by the first epoch)')
     sub.choices["order"].add_argument("--id-column", default="id")
     sub.choices["order"].add_argument("--out", required=True, help="JSON file to write")
     args = ap.parse_args(argv)

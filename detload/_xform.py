@@ -1,0 +1,449 @@
+"""The engine side of `Transform`: planning (the output schema, the rerun check, the row-count
+pass of ``rows="changes"``) and the per-worker `TransformRunner` that applies it to a row group
+after the filter's selection, checks its output and keeps it in the cache.
+
+Order of operations on one row group (docs/transforms.md): read (or cache hit), selection,
+transform, then the plan's range cut and the block's permutation. The transform therefore
+sees the same input for a row group whatever the partitions, world size or epoch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._cache.keys import _derived_name
+from ._cache.rowgroups import RowGroupCache
+from ._filters.selection import Selection
+from ._types import Column, ColumnSpec, Ragged, UnitColumns
+from .errors import DataError, OptionError
+from .plan import Range, Unit
+from .transform import Transform, TransformContext
+
+__all__ = ["TransformFailed", "TransformPlan", "TransformRunner", "check_for_processes", "output_specs",
+           "plan_transform"]
+
+#: Bumped when what a cached transform output holds changes for the same identity.
+OUTPUT_FORMAT = 1
+
+
+class TransformFailed(RuntimeError):
+    """The user's function raised (carried to the consumer as a WorkerError naming the unit)."""
+
+
+@dataclass(frozen=True)
+class TransformPlan:
+    """What a worker needs to run the transform (plain picklable data and the `Transform`).
+
+    ``specs``: the delivered columns (the output schema, from the first row group);
+    ``identity``: the cache identity of its output, less the selection; ``counts``: for
+    ``rows="changes"``, each row group's planned output rows; ``selection_ids``: the
+    filter's selection name per (file, row group) that has one; ``cached``: output is kept.
+    """
+
+    transform: Transform
+    specs: tuple[ColumnSpec, ...]
+    identity: str
+    cached: bool
+    counts: Mapping[tuple[int, int], int] | None = None
+    selection_ids: Mapping[tuple[int, int], str] = field(default_factory=dict)
+
+    def cache_identity(self, f: int, rg: int) -> str:
+        return f"{self.identity}/{self.selection_ids.get((f, rg), '')}"
+
+
+# -- output checks ----------------------------------------------------------------------
+
+def _where(path: str, rg: int) -> str:
+    return f"{path} row group {rg}"
+
+
+def _kind(c: Column) -> str:
+    if isinstance(c, Ragged):
+        return f"Ragged[{c.kind}] of {c.values.dtype}"
+    shape = "".join(f" x {n}" for n in c.shape[1:])
+    return f"{c.dtype}{' (rows' + shape + ')' if shape else ''}"
+
+
+def _spec_of(name: str, c: Column) -> ColumnSpec:
+    if isinstance(c, Ragged):
+        return ColumnSpec(name, "transform", "ragged", np.dtype(c.values.dtype).str, (), c.kind)
+    return ColumnSpec(name, "transform", "fixed", np.dtype(c.dtype).str, tuple(int(n) for n in c.shape[1:]))
+
+
+def _check_column(t: Transform, name: Any, c: Any, where: str) -> int:
+    """Rows of one returned column; DataError if it is not a column detload can deliver."""
+    if not isinstance(name, str):
+        raise DataError(f"transform {t.name!r} returned a column named {name!r} ({type(name).__name__}) for "
+                        f"{where}; column names must be str")
+    if isinstance(c, Ragged):
+        offs, vals = c.offsets, c.values
+        if not (isinstance(offs, np.ndarray) and isinstance(vals, np.ndarray)) or vals.dtype.hasobject:
+            raise DataError(f"transform {t.name!r} returned column {name!r} for {where} as a Ragged whose values "
+                            "and offsets are not NumPy arrays of numbers")
+        if offs.dtype != np.int64 or offs.ndim != 1 or offs.shape[0] < 1 or offs[0] != 0 or (
+                offs[-1] != vals.shape[0]) or (offs.shape[0] > 1 and (np.diff(offs) < 0).any()):
+            raise DataError(f"transform {t.name!r} returned column {name!r} for {where} as a Ragged with bad "
+                            "offsets: they must be 1-D int64, start at 0, never decrease and end at "
+                            "len(values)")
+        return len(c)
+    if not isinstance(c, np.ndarray):
+        raise DataError(f"transform {t.name!r} returned column {name!r} for {where} as {type(c).__name__}; "
+                        "every column must be a NumPy array or a detload.Ragged")
+    if c.dtype.hasobject or c.ndim == 0 or c.dtype.kind in "UV":
+        what = "a 0-d array" if c.ndim == 0 else f"an array of dtype {c.dtype}"
+        raise DataError(f"transform {t.name!r} returned column {name!r} for {where} as {what}; detload "
+                        "delivers arrays with a row axis of numbers, bools or datetimes (text as a "
+                        "Ragged of uint8 values)")
+    return int(c.shape[0])
+
+
+def check_output(t: Transform, out: Any, where: str, specs: Sequence[ColumnSpec] | None) -> UnitColumns:
+    """The returned dict as columns, checked: a dict of arrays of one length, with the dtypes of
+    ``specs`` (the first row group's) when given. Raises DataError naming what is wrong."""
+    if not isinstance(out, Mapping):
+        raise DataError(f"transform {t.name!r} returned {type(out).__name__} for {where}; it must return a dict "
+                        "{column name: ndarray | detload.Ragged}")
+    if not out:
+        raise DataError(f"transform {t.name!r} returned no column for {where}")
+    lengths = {name: _check_column(t, name, c, where) for name, c in out.items()}
+    if len(set(lengths.values())) > 1:
+        shown = ", ".join(f"{k!r} has {n:,}" for k, n in lengths.items())
+        raise DataError(f"transform {t.name!r} returned columns of unequal length for {where}: {shown} rows; "
+                        "every column of a row group must have the same number of rows")
+    if specs is not None:
+        want = [s.name for s in specs]
+        if list(out) != want:
+            raise DataError(f"transform {t.name!r} returned the columns {list(out)} for {where}, but "
+                            f"{want} for the first row group: every row group must give the same columns")
+        for s in specs:
+            c = out[s.name]
+            got = _spec_of(s.name, c)
+            if (got.kind, got.dtype, got.inner, got.ragged_kind) != (s.kind, s.dtype, s.inner, s.ragged_kind):
+                first = s.describe()
+                raise DataError(f"transform {t.name!r} returned column {s.name!r} of {where} as {_kind(c)}, but "
+                                f"the first row group's was {first}: every row group must give a column the "
+                                "same dtype (cast it in the transform, e.g. .astype(...))")
+    cols = UnitColumns()
+    for name, c in out.items():
+        cols[name] = c
+    return cols
+
+
+def output_specs(cols: Mapping[str, Column]) -> tuple[ColumnSpec, ...]:
+    """The delivered columns' specs, from a checked output."""
+    return tuple(_spec_of(k, c) for k, c in cols.items())
+
+
+def _readonly(c: Column) -> Column:
+    """A view that refuses writes (cache mappings and shared memory must never be written)."""
+    if isinstance(c, Ragged):
+        return Ragged(_readonly_array(c.values), _readonly_array(c.offsets), c.kind)
+    return _readonly_array(c)
+
+
+def _readonly_array(a: np.ndarray) -> np.ndarray:
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+def _same(a: Mapping[str, Column], b: Mapping[str, Column]) -> str | None:
+    """The first column whose values differ between two outputs (None: identical)."""
+    if list(a) != list(b):
+        return "the column names"
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, Ragged) or isinstance(y, Ragged):
+            if not (isinstance(x, Ragged) and isinstance(y, Ragged) and x == y):
+                return repr(k)
+        elif not (x.dtype == y.dtype and x.shape == y.shape and
+                  np.array_equal(x, y, equal_nan=x.dtype.kind in "fc")):
+            return repr(k)
+    return None
+
+
+# -- running it -------------------------------------------------------------------------
+
+def call(t: Transform, cols: Mapping[str, Column], ctx: TransformContext, where: str) -> Any:
+    """``t.fn`` on read-only views of ``cols``; anything it raises becomes `TransformFailed`."""
+    views = {k: _readonly(c) for k, c in cols.items()}
+    try:
+        return t.fn(views, ctx)
+    except Exception as exc:
+        hint = ""
+        if isinstance(exc, ValueError) and "read-only" in str(exc):
+            hint = (" (its input columns are read-only views of the cache or of shared memory: copy one "
+                    "first, e.g. np.array(columns[name]), or build new arrays)")
+        # The worker's traceback (pack_exception) follows __cause__ into the function's own frames.
+        raise TransformFailed(f"transform {t.name!r} raised {type(exc).__name__}: {exc}{hint}, on {where}") from exc
+
+
+class _OutputCache(RowGroupCache):
+    """A cached transform's outputs, kept as row-group entries of the output schema: memory-mapped,
+    kept mapped between epochs and checksummed like the row groups themselves.
+
+    An entry is named by the row group and the hash of the full cache identity (transform,
+    input specs, selection; `TransformPlan.cache_identity`), and the full identity is in
+    its header key, compared on every read: two identities are never each other's hit.
+    """
+
+    def __init__(self, cfg: Any, plan: TransformPlan, files: Sequence[Any], kept: Any) -> None:
+        super().__init__(cfg, plan.specs, {}, kept)
+        self._plan = plan
+        # Entries are looked up by file version (its cache key) and row group.
+        self._file_of = {ref.cache_key: f for f, ref in enumerate(files)}
+
+    def _ident(self, obj: str, rg: int) -> str:
+        return self._plan.cache_identity(self._file_of[obj], rg)
+
+    def _path(self, obj: str, rg: int) -> str:
+        return os.path.join(self.store.objects, obj, _derived_name(rg, self._ident(obj, rg).encode()))
+
+    def _key(self, obj: str, rg: int) -> str:
+        return f"{obj}/{os.path.basename(self._path(obj, rg))}/{self._ident(obj, rg)}"
+
+
+class TransformRunner:
+    """One worker's transform: cached output first, else run it on the row group and check it.
+
+    ``cfg`` is the worker's configuration: its files, cache and (thread workers) kept mappings.
+    """
+
+    def __init__(self, plan: TransformPlan, cfg: Any) -> None:
+        self.plan = plan
+        self.files = cfg.files
+        self.store = (_OutputCache(cfg.cache, plan, cfg.files, cfg.kept)
+                      if plan.cached and cfg.cache is not None else None)
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+    def new_pass(self) -> None:
+        if self.store is not None:
+            self.store.new_pass()
+
+    def lookup(self, f: int, rg: int) -> UnitColumns | None:
+        """The cached output of row group ``rg`` of file ``f`` as stored (unchecked), or None."""
+        ref = self.files[f]
+        if self.store is None or not ref.cache_key:
+            return None
+        got = self.store.get(ref.cache_key, rg, ref.uri)  # verified whole: nothing settles it later
+        return got if isinstance(got, UnitColumns) else None
+
+    def keep(self, f: int, rg: int, out: Mapping[str, Column]) -> None:
+        ref = self.files[f]
+        if self.store is not None and ref.cache_key:
+            self.store.put(ref.cache_key, rg, out, ref.uri)
+
+    def cached(self, cfg: Any, f: int, rg: int, t: Any) -> UnitColumns | None:
+        """The cached output of row group ``rg`` of file ``f``, checked, or None (a miss, or no cache)."""
+        if self.store is None:
+            return None
+        t0 = time.perf_counter()
+        got = self.lookup(f, rg)
+        if got is None:
+            return None
+        where = _where(self.files[f].path, rg)
+        try:
+            check_output(self.plan.transform, got, where, self.plan.specs)
+            self._check_rows(got, f, rg, None, where)
+        except DataError:
+            return None  # not what this plan expects (never seen: the identity names the version): recompute
+        t.add("cache_read", t0, time.perf_counter())
+        t.extra["transform_cache_hits"] = t.extra.get("transform_cache_hits", 0.0) + 1
+        return got
+
+    def apply(self, cfg: Any, cols: UnitColumns, f: int, rg: int, selected: Selection | None, seed: int,
+              epoch: int, t: Any) -> UnitColumns:
+        """The transform's checked output for one row group's (selected) columns; stored when cached."""
+        tf = self.plan.transform
+        ref = cfg.files[f]
+        where = _where(ref.path, rg)
+        rows_in = len(next(iter(cols.values()))) if cols else 0
+        t0 = time.perf_counter()
+        ctx = TransformContext(file=ref.path, file_index=f, row_group=rg, rows=rows_in,
+                               selected=selected.indices() if selected is not None else None,
+                               seed=seed, epoch=epoch, random=tf.random)
+        out = check_output(tf, call(tf, cols, ctx, where), where, self.plan.specs)
+        self._check_rows(out, f, rg, rows_in, where)
+        t.add("transform", t0, time.perf_counter())
+        if self.store is not None:
+            t1 = time.perf_counter()
+            self.keep(f, rg, out)
+            t.add("cache_write", t1, time.perf_counter())
+        return out
+
+    def _check_rows(self, out: UnitColumns, f: int, rg: int, rows_in: int | None, where: str) -> None:
+        tf = self.plan.transform
+        n = len(next(iter(out.values())))
+        if tf.rows == "same":
+            if rows_in is not None:
+                _same_rows(tf, n, rows_in, where)
+        elif self.plan.counts is not None:
+            planned = self.plan.counts.get((f, rg))
+            if planned is not None and n != planned:
+                raise DataError(f"transform {tf.name!r} returned {n:,} rows for {where}, but {planned:,} when the "
+                                "loader planned the epoch: a transform with rows='changes' must be deterministic "
+                                "(the same rows for the same input)")
+
+
+def _same_rows(t: Transform, n: int, rows_in: int, where: str) -> None:
+    if n != rows_in:
+        raise DataError(f"transform {t.name!r} returned {n:,} rows for {where}, which it was given {rows_in:,} "
+                        "rows of: declare rows='changes' for a transform that filters or adds rows")
+
+
+# -- planning ---------------------------------------------------------------------------
+
+@dataclass
+class PlannedTransform:
+    plan: TransformPlan
+    units: list[Unit] | None  # rows="changes": the units with the transform's row counts
+
+
+class _Timings:
+    """Planning's stand-in for a block's Timings (nothing is traced at planning)."""
+
+    def __init__(self) -> None:
+        self.extra: dict[str, float] = {}
+        self.units = 0
+        self.source_reads = 0
+        self.source_bytes = 0
+
+    def add(self, stage: str, t0: float, t1: float) -> None:
+        pass
+
+
+def _identity(t: Transform, specs_key: str, partition_specs: Sequence[ColumnSpec]) -> str:
+    # The input's bytes are decided by the file version (the entry's folder), the input columns'
+    # specs and fills (specs_key), the Hive partition columns' types, and the filter's selection.
+    parts = [[s.name, s.dtype, s.kind] for s in partition_specs]
+    return f"transform/{OUTPUT_FORMAT}/{json.dumps(t.identity, sort_keys=True)}/{specs_key}/{json.dumps(parts)}"
+
+
+def plan_transform(t: Transform, cfg: Any, units: Sequence[Unit],
+                   selections: Mapping[tuple[int, int], Selection] | None, seed: int) -> PlannedTransform:
+    """Plan ``t`` over ``units`` (one whole row group each), reading through a worker's reader
+    with ``cfg`` (a thread `WorkerConfig` without the transform).
+
+    Infers the output schema from the first row group, reruns a deterministic transform on
+    it to catch undeclared randomness, and for ``rows="changes"`` runs it over every row group
+    (filling the cache) so that the plan counts its output rows.
+    """
+    from ._cache.keys import specs_key
+    from ._engine.reader import UnitReader
+
+    sel_ids = {(u.ranges[0].file, u.ranges[0].row_group): u.selection for u in units if u.selection}
+    skey = specs_key(cfg.specs, cfg.null_fill)
+    identity = _identity(t, skey, [s for s in cfg.specs if s.partition])
+    cached = t.cached and cfg.cache is not None
+    # A cached transform keeps its output, not its input (as the workers' readers do).
+    reader = UnitReader(dataclasses.replace(cfg, cache=None) if cached else cfg)
+    tm = _Timings()
+    try:
+        first = units[0].ranges[0]
+        probe = TransformRunner(TransformPlan(t, (), identity, cached, None, sel_ids), cfg)
+
+        def read(r: Range) -> UnitColumns:
+            cols = reader.read(r.file, r.row_group, tm)  # type: ignore[arg-type]
+            picked = selections.get((r.file, r.row_group)) if selections else None
+            if picked is not None:
+                from ._engine.worker import _select
+
+                cols = _select(cols, picked)
+            return cols
+
+        def run(r: Range, specs: Sequence[ColumnSpec] | None, cols: UnitColumns | None = None) -> UnitColumns:
+            cols = read(r) if cols is None else cols
+            picked = selections.get((r.file, r.row_group)) if selections else None
+            ref = cfg.files[r.file]
+            where = _where(ref.path, r.row_group)
+            ctx = TransformContext(file=ref.path, file_index=r.file, row_group=r.row_group,
+                                   rows=len(next(iter(cols.values()))),
+                                   selected=picked.indices() if picked is not None else None, seed=seed, epoch=0,
+                                   random=t.random)
+            out = check_output(t, call(t, cols, ctx, where), where, specs)
+            if t.rows == "same":
+                _same_rows(t, len(next(iter(out.values()))), ctx.rows, where)
+            return out
+
+        # The first row group decides the schema (from the cache when a warm loader has it there).
+        try:
+            hit = probe.lookup(first.file, first.row_group)
+            out0 = None if hit is None else check_output(t, hit, _where(cfg.files[first.file].path,
+                                                                        first.row_group), None)
+        finally:
+            probe.close()
+        if out0 is None:
+            cols0 = read(first)
+            out0 = run(first, None, cols0)
+            if not t.random:
+                again = run(first, None, cols0)  # the same input: fn saw read-only views of it
+                diff = _same(out0, again)
+                if diff is not None:
+                    raise OptionError(
+                        f"transform {t.name!r} is not declared random, but two runs on the same row group "
+                        f"({_where(cfg.files[first.file].path, first.row_group)}) gave different {diff}: pass "
+                        "random=True and draw from ctx.rng, so that its draws are seeded per (seed, epoch, "
+                        "file, row group); a deterministic transform must give the same output for the same input")
+        specs = output_specs(out0)
+        plan = TransformPlan(t, specs, identity, cached, None, sel_ids)
+        filled = TransformRunner(plan, cfg)
+        try:
+            if hit is None:
+                filled.keep(first.file, first.row_group, out0)
+            if t.rows == "same":
+                return PlannedTransform(plan, None)
+            # rows="changes": count every row group's output; the workers' runs are checked against it.
+            counts: dict[tuple[int, int], int] = {}
+            new_units: list[Unit] = []
+            for u in units:
+                r = u.ranges[0]
+                got = out0 if r == first else filled.cached(cfg, r.file, r.row_group, tm)
+                if got is None:
+                    got = filled.apply(cfg, read(r), r.file, r.row_group,
+                                       selections.get((r.file, r.row_group)) if selections else None, seed, 0, tm)
+                n = len(next(iter(got.values())))
+                counts[(r.file, r.row_group)] = n
+                if n:
+                    new_units.append(Unit((Range(r.file, r.row_group, 0, n),), (), u.selection))
+        finally:
+            filled.close()
+        if not new_units:
+            from .errors import EmptyDatasetError
+
+            raise EmptyDatasetError(f"transform {t.name!r} (rows='changes') returned no row for any of the "
+                                    f"{len(units)} row group(s)")
+        return PlannedTransform(TransformPlan(t, specs, identity, cached, counts, sel_ids), new_units)
+    finally:
+        reader.close()
+
+
+def check_for_processes(t: Transform) -> None:
+    """Refuse, before any worker starts, a transform that worker processes could not receive."""
+    from ._engine.spawn import main_references, main_source, unimportable_main
+
+    try:
+        data = pickle.dumps(t, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise OptionError(
+            f"pool='process' sends the transform {t.name!r} to every worker process, and it cannot be pickled "
+            f"({type(exc).__name__}: {exc}). Define its function at the top level of a module (not a lambda, "
+            "not inside another function) and import it from there, or use pool='thread'") from None
+    names = main_references(data)
+    if names and main_source() is None:
+        raise OptionError(
+            f"pool='process' must send the transform {t.name!r} to its worker processes, and {', '.join(names)} "
+            f"is defined in the main module, which a worker process cannot import: {unimportable_main()}. "
+            "Use pool='thread', or move the function into a module file and import it from there "
+            "(with cloudpickle installed, detload sends such a function by value instead)")

@@ -1,0 +1,45 @@
+"""experiments/bench/decode_gap.py: the wall-time ratio is exactly the product of its factors,
+and the worker stage shares (with the untracked rest) add up to 100%."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "experiments" / "bench"
+
+
+@pytest.fixture()
+def gap(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    spec = importlib.util.spec_from_file_location("decode_gap_under_test", BENCH / "decode_gap.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    yield mod
+    sys.modules.pop("decode_gap_under_test", None)
+
+
+def test_factors_multiply_to_the_wall_ratio(gap):
+    dec = {"rows_per_s": 3.0e6, "rows_per_cpu_s": 3.5e6, "cores": 3.0 / 3.5}
+    det = {"rows_per_s": 4.2e6, "rows_per_cpu_s": 2.4e6, "cores": 1.75}
+    f = gap.factors(det, dec, 2)
+    assert f["wall_ratio"] == pytest.approx(0.7)
+    assert f["cpu_efficiency"] == pytest.approx(2.4 / 3.5) and f["core_share"] == pytest.approx(0.875)
+    assert f["product"] == pytest.approx(f["wall_ratio"])
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_a_small_run_measures_rates_and_shares_that_add_up(gap, tmp_path, pool):
+    import datagen
+
+    data = str(tmp_path / "ctr")
+    datagen.make_ctr(data, rows=40_000)
+    dec = gap.decode_one(data, 2)
+    det = gap.detload_one(data, pool, 2, 3)
+    assert dec["rows"] == 40_000 and det["rows"] == 80_000  # two measured epochs of detload
+    assert dec["rows_per_cpu_s"] > 0 and det["rows_per_cpu_s"] > 0 and det["cores"] > 0
+    assert sum(det["worker_shares"].values()) == pytest.approx(1.0)
+    assert "read" in det["worker_shares"] and "bound by:" in det["stage_table"]
