@@ -199,6 +199,13 @@ def _parser() -> argparse.ArgumentParser:
                        description="Iterate SOURCE for --epochs epochs as a training job would, writing the manifest.")
     _common_loader_args(p)
     _add_filter(p)
+    p.add_argument("--group-by", default=None, metavar="KEY",
+                   help="batches of whole groups of rows sharing KEY, each a detload.Packed; see docs/packing.md "
+                        "(default: none, flat batches)")
+    p.add_argument("--group-columns", type=_columns, default=None, metavar="C1,C2",
+                   help="with --group-by: the columns held once per group (default: the key alone)")
+    p.add_argument("--max-group-items", type=int, default=None, metavar="N",
+                   help="with --group-by: split groups longer than N items into chunks (default: never)")
     p.add_argument("--workers", type=_workers, default=1, help="worker count or 'auto' (one per core, at most 16)")
     p.add_argument("--pool", choices=["thread", "process"], default="thread", help="what the workers are")
     p.add_argument("--prefetch", type=int, default=2, help="blocks queued per worker")
@@ -341,7 +348,8 @@ def _epochs(loader: Any, a: argparse.Namespace, epochs: range, per_batch: Any = 
         rows = batches = 0
         try:
             for batch in loader:
-                rows += len(next(iter(batch.values()))) if batch else 0
+                n_items = getattr(batch, "n_items", None)  # a detload.Packed (--group-by)
+                rows += n_items if n_items is not None else (len(next(iter(batch.values()))) if batch else 0)
                 batches += 1
                 bar.update()
                 if per_batch is not None:
@@ -378,6 +386,9 @@ def _cmd_run(a: argparse.Namespace) -> int:
     kwargs = {**_loader_kwargs(a), **_groups(a, pool=a.pool, prefetch=a.prefetch, cache_dir=a.cache_dir,
                                             cache_limit=a.cache_limit, cache_map_limit=a.cache_map_limit)}
     kwargs.update(_filter_kwargs(a))
+    for name in ("group_by", "group_columns", "max_group_items"):
+        if getattr(a, name) is not None:
+            kwargs[name] = getattr(a, name)
     with interruptible(), Loader(a.source, workers=a.workers, manifest=a.manifest, **kwargs) as loader:
         _check_outside_dataset(loader, a.source, "--manifest", loader.manifest_path)
         _check_outside_dataset(loader, a.source, "--cache-dir", a.cache_dir)

@@ -438,10 +438,17 @@ class Loader:
         files = tuple(FileRef(f.location, f.path, f.partition_values, f.row_groups, key, uri,
                               f.size, f.etag, f.mtime_ns)
                       for f, key, uri in zip(ds.files, self._cache_keys, self._uris))
-        return WorkerConfig(files, ds.filesystem, tuple(self.specs), self.null_fill, shm_dir,
+        specs: tuple[ColumnSpec, ...] = tuple(self.specs)
+        group_specs: tuple[ColumnSpec, ...] = ()
+        if self.group_by is not None and self.cache is not None and self._xform is None and not planning:
+            # The cache keeps the group columns once per group, apart from the items' entries
+            # (a transform reads every column of the row group, so it keeps them together).
+            group_specs = tuple(s for s in self.specs if s.name in self.group_columns)
+            specs = tuple(s for s in self.specs if s.name not in self.group_columns)
+        return WorkerConfig(files, ds.filesystem, specs, self.null_fill, shm_dir,
                             prefix, os.getpid(), None if planning else self._hooks.debug,
                             cache=self.cache, selections=self._selections, group_by=self.group_by,
-                            group_columns=self.group_columns, transform=self._xform)
+                            group_columns=self.group_columns, transform=self._xform, group_specs=group_specs)
 
     @property
     def _pool(self) -> WorkerPool | None:

@@ -47,6 +47,9 @@ class StarvationReport:
 
 
 def _rows(batch: Any) -> int:
+    n_items = getattr(batch, "n_items", None)  # detload.Packed, detload.torch.PackedTensors
+    if n_items is not None:
+        return int(n_items)
     if isinstance(batch, dict):
         batch = next(iter(batch.values()), None)
     elif isinstance(batch, (tuple, list)):

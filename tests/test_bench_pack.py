@@ -47,7 +47,7 @@ def test_tiny_run_prints_the_table_and_the_targets(tmp_path, capsys):
                     "--json", str(tmp_path / "r.json")]) == 0
     out = capsys.readouterr().out
     assert "| flat |" in out and "| packed |" in out and "| packed+unpack |" in out
-    assert "H2D bytes per item fall by" in out and "warm items/s" in out
+    assert "H2D bytes per item fall by" in out and "warm items/s" in out and "cache on disk: flat" in out
     assert "| torch DataLoader, flat rows |" in out and "| packed, query tower per query |" in out
     import json
 
@@ -55,3 +55,4 @@ def test_tiny_run_prints_the_table_and_the_targets(tmp_path, capsys):
     flat, packed = res["cpu"][0], res["cpu"][1]
     assert flat["items"] == packed["items"] == res["table"]["items"]
     assert packed["bytes_per_item"] < flat["bytes_per_item"]
+    assert res["cache_bytes"]["packed"] < res["cache_bytes"]["flat"]

@@ -430,14 +430,16 @@ def test_error_null_keys(tmp_path):
     ("emb", [[1, 1], [1, 1], [2, 2], [2, 2], [2, 2], [3, 3]], 4, None),
     ("text", ["a", "a", "bb", "bb", "bb", "c"], 3, None),
 ])
-def test_group_columns_are_compared_bitwise_across_row_groups(tmp_path, column, values, rg, bad_rg):
+@pytest.mark.parametrize("cache", [False, True])
+def test_group_columns_are_compared_bitwise_across_row_groups(tmp_path, column, values, rg, bad_rg, cache):
     os.makedirs(tmp_path / "d")
     q = [1, 1, 2, 2, 2, 3]
     text = values if column == "text" else ["t"] * 6
     emb = values if column == "emb" else [[0, 0]] * 6
     pq.write_table(pa.table({"q": q, "text": text, "emb": pa.array(emb, pa.list_(pa.float32(), 2)),
                              "item": range(6)}), str(tmp_path / "d" / "a.parquet"), row_group_size=rg)
-    with Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="q", group_columns=["text", "emb"]) as L:
+    kw = {"cache": str(tmp_path / "c")} if cache else {}
+    with Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="q", group_columns=["text", "emb"], **kw) as L:
         if bad_rg is None:
             got = [b.unpack() for b in L]
             assert sorted(i for b in got for i in b["item"].tolist()) == list(range(6))
@@ -529,3 +531,70 @@ def test_filtered_chunked_packed_batches_are_the_same_in_every_cell_of_the_matri
     write_queries(root, [[5, 3, 17, 2, 4, 6, 1, 9], [1, 8, 3, 2, 26], [4, 4, 4]], 7)
     check_matrix(root, dict(batch_size=24, seed=12, shuffle_window=2, group_by="q", group_columns=["qf", "qtext"],
                             max_group_items=5, filter="price < 0.7"), str(tmp_path / "m"))
+
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_runs_a_filter_joins_are_checked_with_a_cache(tmp_path, pool):
+    """Key 2's rows 2-3 and 5 become one group once the filter drops row 4 (another key); their
+    group column differs, which the compacted cache rows must still catch."""
+    os.makedirs(tmp_path / "d")
+    pq.write_table(pa.table({"q": [1, 1, 2, 2, 3, 2, 4], "qf": pa.array([1, 1, 2, 2, 3, 9, 4], pa.float32()),
+                             "keep": [1, 1, 1, 1, 0, 1, 1], "item": range(7)}), str(tmp_path / "d" / "a.parquet"))
+    kw = dict(batch_size=8, seed=0, group_by="q", group_columns=["qf"], filter="keep == 1", pool=pool)
+    with Loader(str(tmp_path / "d"), **kw, cache=str(tmp_path / "c")) as L, \
+            pytest.raises(DataError, match=r"group column 'qf' is not constant within group q=2: it changes in "
+                                           r"a.parquet row group 0"):
+        list(L)
+    with Loader(str(tmp_path / "d"), **kw) as L, pytest.raises(DataError, match="within group q=2"):
+        list(L)
+
+
+def test_the_cache_keeps_group_columns_once_per_group(tmp_path):
+    root = str(tmp_path / "q")
+    table = write_queries(root, [[400, 300, 500, 200], [600, 450]], 512)
+
+    def size(d: str) -> int:
+        return sum(os.path.getsize(os.path.join(p, f)) for p, _, fs in os.walk(d) for f in fs)
+
+    kw = dict(batch_size=1024, seed=1)
+    with Loader(root, **kw, cache=str(tmp_path / "flat")) as flat:
+        for _ in flat:
+            pass
+    with Loader(root, **kw, group_by="q", group_columns=["qf", "emb", "qtext"], cache=str(tmp_path / "packed")) as p:
+        _check_epoch(p, table)
+        p.set_epoch(1)
+        _check_epoch(p, table)  # warm: items from the row-group entries, group rows from the derived ones
+    # Flat entries hold q, qf, emb and qtext for each of the 2,450 items; packed ones once per query.
+    assert size(str(tmp_path / "packed")) < 0.7 * size(str(tmp_path / "flat"))
+
+
+def test_detload_run_group_by_writes_the_manifest_a_loader_writes(tmp_path):
+    from detload.cli import main as cli_main
+    from detload.verify import verify
+
+    root = str(tmp_path / "q")
+    write_queries(root, [[5, 3, 7, 2, 4, 6, 1], [1, 8, 3, 2]], 6)
+    a, b = str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")
+    assert cli_main(["run", root, "--batch-size", "16", "--seed", "4", "--group-by", "q", "--group-columns",
+                     "qf,emb", "--max-group-items", "6", "--workers", "2", "--manifest", a]) == 0
+    with Loader(root, batch_size=16, seed=4, group_by="q", group_columns=["qf", "emb"], max_group_items=6,
+                manifest=b) as loader:
+        for _ in loader:
+            pass
+    res = verify(a, b)
+    assert res.identical, res.message
+    assert detload.read_manifest(a).header["order"]["group_by"] == "q"
+
+
+def test_starvation_check_counts_the_items_of_packed_batches(tmp_path):
+    root = str(tmp_path / "q")
+    table = write_queries(root, [[5, 3, 7, 2, 4, 6, 1], [1, 8, 3, 2]], 6)
+    with Loader(root, batch_size=16, seed=4, group_by="q") as loader:
+        from detload.starvation import _rows
+
+        b = next(iter(loader))
+        assert _rows(b) == b.n_items > 0
+        report = detload.starvation_check(loader, lambda batch: None, steps=3, warmup=1)
+        assert report is not None
+    assert len(table) > 0

@@ -74,6 +74,9 @@ class WorkerConfig:
     #: constant within every group of each block built.
     group_by: str | None = None
     group_columns: tuple[str, ...] = ()
+    #: group_by with a cache: the group columns' specs, read apart from ``specs`` (then the item
+    #: columns only) and kept in the cache once per key run (_engine/groups.group_rows).
+    group_specs: tuple[ColumnSpec, ...] = ()
     #: A transform (_xform.TransformPlan): run on each row group after the selection; its
     #: output schema (``transform.specs``) is what blocks hold. None: columns as read.
     transform: Any = None

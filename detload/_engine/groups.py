@@ -10,7 +10,9 @@ the group columns once per group (`build_grouped`); the merger cuts pieces of su
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import xxhash
@@ -23,9 +25,10 @@ from ..plan import Range, block_permutation, group_permutation, group_row_order
 from .block import ColumnSlot, Layout, assemble, slice_rows, take_rows
 from .block import _aligned as aligned
 from .config import WorkerConfig
-from .messages import Task
+from .messages import Task, Timings
 
-__all__ = ["block_order", "block_piece", "build_grouped", "check_constant", "pack"]
+__all__ = ["GroupRows", "block_order", "block_piece", "build_grouped", "check_compact", "check_constant", "group_rows",
+           "pack"]
 
 # Rows compared at once: bounds the check's temporaries (rows x row bytes of one column).
 _CHUNK = 8192
@@ -63,26 +66,32 @@ def _row_value(col: Column, r: int) -> bytes:
     return np.ascontiguousarray(col[r : r + 1]).view(np.uint8).tobytes()
 
 
+def _ragged_diffs(col: Ragged, is_start: np.ndarray) -> np.ndarray:
+    """For rows 1..n-1 of a variable-length column: differs from the row before, inside a group."""
+    n = len(is_start)
+    offs = col.offsets.astype(np.int64)  # into ``values`` as they are
+    lengths = np.diff(offs)
+    bad = (lengths[1:] != lengths[:-1]) & ~is_start[1:]
+    vals = col.values
+    if vals.size:
+        vb = vals.reshape(len(vals), -1).view(np.uint8)
+        row = np.repeat(np.arange(n, dtype=np.int64), lengths)
+        k = np.arange(len(row), dtype=np.int64) + int(offs[0])
+        inner = ~is_start[row] & (row > 0)  # row 0 has no row before it here
+        inner[inner] &= lengths[row[inner]] == lengths[row[inner] - 1]
+        kk = k[inner]
+        if kk.size:
+            diff = (vb[kk] != vb[kk - lengths[row[kk]]]).any(axis=1)
+            if diff.any():
+                bad[row[kk[np.flatnonzero(diff)]] - 1] = True
+    return bad
+
+
 def _first_change(col: Column, is_start: np.ndarray) -> int | None:
     """The first row that differs from the row before it inside one group, or None."""
     n = len(is_start)
     if isinstance(col, Ragged):
-        offs = col.offsets.astype(np.int64)  # into ``values`` as they are
-        lengths = np.diff(offs)
-        bad = (lengths[1:] != lengths[:-1]) & ~is_start[1:]
-        vals = col.values
-        if vals.size:
-            vb = vals.reshape(len(vals), -1).view(np.uint8)
-            row = np.repeat(np.arange(n, dtype=np.int64), lengths)
-            k = np.arange(len(row), dtype=np.int64) + int(offs[0])
-            inner = ~is_start[row] & (row > 0)  # row 0 has no row before it here
-            inner[inner] &= lengths[row[inner]] == lengths[row[inner] - 1]
-            kk = k[inner]
-            if kk.size:
-                diff = (vb[kk] != vb[kk - lengths[row[kk]]]).any(axis=1)
-                if diff.any():
-                    bad[row[kk[np.flatnonzero(diff)]] - 1] = True
-        hits = np.flatnonzero(bad)
+        hits = np.flatnonzero(_ragged_diffs(col, is_start))
         return int(hits[0]) + 1 if hits.size else None
     b = _row_bytes(col)
     for lo in range(1, n, _CHUNK):
@@ -92,6 +101,20 @@ def _first_change(col: Column, is_start: np.ndarray) -> int | None:
         if hits.size:
             return lo + int(hits[0])
     return None
+
+
+def _run_starts(key: Column) -> np.ndarray:
+    """The first row of each run of equal adjacent values (bitwise) of a key column."""
+    n = _rows(key)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    none = np.zeros(n, dtype=bool)
+    if isinstance(key, Ragged):
+        change = _ragged_diffs(key, none)
+    else:
+        b = _row_bytes(key)
+        change = (b[1:] != b[:-1]).any(axis=1)
+    return np.concatenate([[0], np.flatnonzero(change) + 1]).astype(np.int64)
 
 
 def check_key_kept(cfg: WorkerConfig, before: Mapping[str, Column], after: Mapping[str, Column],
@@ -140,15 +163,7 @@ def check_constant(cfg: WorkerConfig, task: Task, units: Sequence[Mapping[str, C
             if r is None and pos and not is_start[0] and _row_value(col, 0) != _row_value(prev[name], _rows(prev[name]) - 1):
                 r = 0  # the group runs on from the range before, with another value
             if r is not None:
-                key = u[cfg.group_by]
-                value = _row_value(key, r) if isinstance(key, Ragged) else key[r]
-                value = value.item() if isinstance(value, np.generic) else value
-                if isinstance(key, Ragged) and key.kind == "utf8":
-                    value = value.decode("utf-8", "replace")
-                raise DataError(
-                    f"group column {name!r} is not constant within group {cfg.group_by}={value!r}: it changes in "
-                    f"{cfg.files[rng.file].path} row group {rng.row_group} (compared bitwise, so NaN equals NaN). "
-                    f"Group columns must hold one value per group; leave {name!r} out of group_columns")
+                _raise_change(cfg, name, u[cfg.group_by], r, cfg.files[rng.file].path, rng.row_group)
         seen.passed()
         prev = u
         pos += n
@@ -220,25 +235,125 @@ class _Verdicts:
             store.put_bytes(self.key[0], self.key[1], self.key[2], b"ok")
 
 
+class GroupRows(NamedTuple):
+    """A row group's group columns once per run of its key (stored rows), as the cache keeps them,
+    and how a range's delivered rows map onto them (the filter's selection, the range's first row)."""
+
+    starts: np.ndarray  # int64: the first stored row of each run
+    cols: dict[str, Column]  # each group column, one row per run
+    picked: np.ndarray | None  # the stored rows the row group delivers (None: all)
+    first: int  # the range's first delivered row
+
+    def runs(self, rows: int) -> np.ndarray:
+        """The run of each of the range's ``rows`` delivered rows."""
+        d = np.arange(self.first, self.first + rows, dtype=np.int64)
+        stored = self.picked[d] if self.picked is not None else d
+        return np.searchsorted(self.starts, stored, side="right") - 1
+
+
+def _compact_identity(cfg: WorkerConfig) -> str:
+    # What decides the compacted rows besides the file version: the key and how each group
+    # column is delivered (its spec, and its null fill).
+    fills = {s.name: repr(cfg.null_fill[s.name]) for s in cfg.group_specs if s.name in cfg.null_fill}
+    return f"grouprows/1/{cfg.group_by}/{cfg.group_specs!r}/{sorted(fills.items())!r}"
+
+
+def group_rows(cfg: WorkerConfig, f: int, rg: int, selection: Any, first: int, t: Timings) -> GroupRows:
+    """The group columns of row group ``rg`` once per key run: from the cache's derived entry, or
+    read (those columns only), checked constant within every run, compacted and kept there.
+    ``selection``: the filter's selection of the row group (its ``indices()``), or None."""
+    picked = selection.indices() if selection is not None else None
+    ref = cfg.files[f]
+    store = _Verdicts._store(cfg)
+    ident = _compact_identity(cfg)
+    got = store.get(ref.cache_key, rg, ident) if store is not None and ref.cache_key else None
+    names = [s.name for s in cfg.group_specs]
+    if got is not None and isinstance(got.get("starts"), np.ndarray) and all(f"c/{n}" in got for n in names):
+        return GroupRows(np.asarray(got["starts"], dtype=np.int64), {n: got[f"c/{n}"] for n in names}, picked, first)
+    from .reader import UnitReader
+
+    reader = UnitReader(dataclasses.replace(cfg, specs=cfg.group_specs, cache=None, group_specs=()))
+    try:
+        full = reader.read(f, rg, t)
+    finally:
+        reader.close()
+    assert cfg.group_by is not None
+    starts = _run_starts(full[cfg.group_by])
+    is_start = np.zeros(_rows(full[cfg.group_by]), dtype=bool)
+    is_start[starts] = True
+    for name in names:
+        r = _first_change(full[name], is_start)
+        if r is not None:
+            _raise_change(cfg, name, full[cfg.group_by], r, ref.path, rg)
+    cols = {n: take_rows(full[n], starts) for n in names}
+    if store is not None and ref.cache_key:
+        store.put(ref.cache_key, rg, ident, {"starts": starts, **{f"c/{n}": c for n, c in cols.items()}})
+    return GroupRows(starts, cols, picked, first)
+
+
+def _raise_change(cfg: WorkerConfig, name: str, key: Column, r: int, path: str, rg: int) -> None:
+    value: Any = _row_value(key, r) if isinstance(key, Ragged) else key[r]
+    value = value.item() if isinstance(value, np.generic) else value
+    if isinstance(key, Ragged) and key.kind == "utf8":
+        value = value.decode("utf-8", "replace")
+    raise DataError(
+        f"group column {name!r} is not constant within group {cfg.group_by}={value!r}: it changes in "
+        f"{path} row group {rg} (compared bitwise, so NaN equals NaN). "
+        f"Group columns must hold one value per group; leave {name!r} out of group_columns")
+
+
+def check_compact(cfg: WorkerConfig, task: Task, parts: Sequence[GroupRows]) -> None:
+    """DataError if a delivered group takes its rows from key runs whose group rows differ:
+    runs that a selection joined, or a group that runs on into the next row group."""
+    starts = np.asarray(task.groups, dtype=np.int64)
+    names = [s.name for s in cfg.group_specs]
+    assert cfg.group_by is not None
+    pos = 0
+    prev: tuple[GroupRows, int] | None = None
+    for gp, rng in zip(parts, task.units):
+        n = rng.rows
+        run = gp.runs(n)
+        is_start = np.zeros(n, dtype=bool)
+        is_start[starts[(starts >= pos) & (starts < pos + n)] - pos] = True
+        pairs = [(gp, int(run[r - 1]), gp, int(run[r])) for r in
+                 (np.flatnonzero((run[1:] != run[:-1]) & ~is_start[1:]) + 1).tolist()]
+        if prev is not None and not is_start[0]:
+            pairs.insert(0, (prev[0], prev[1], gp, int(run[0])))
+        for a, i, b, j in pairs:
+            for name in names:
+                if _row_value(a.cols[name], i) != _row_value(b.cols[name], j):
+                    _raise_change(cfg, name, b.cols[cfg.group_by], j, cfg.files[rng.file].path, rng.row_group)
+        prev = (gp, int(run[-1]))
+        pos += n
+
+
 def build_grouped(cfg: WorkerConfig, task: Task, units: Sequence[UnitColumns], perm: np.ndarray | None,
-                  allocate: Callable[[int], np.ndarray]) -> tuple[np.ndarray, Layout]:
+                  allocate: Callable[[int], np.ndarray], parts: Sequence[GroupRows] | None = None
+                  ) -> tuple[np.ndarray, Layout]:
     """A grouped block in one buffer: the item columns for every row (in ``perm`` order), then
     the group columns once per group (each group's first row, groups in the permuted order).
 
     The group part is assembled first (it is small) and copied in behind the items, so the
     block is one allocation, as every block is.
     """
-    gset = set(cfg.group_columns)
-    item_specs = tuple(s for s in cfg.block_specs if s.name not in gset)
-    group_specs = tuple(s for s in cfg.block_specs if s.name in gset)
+    if parts is not None:  # the group columns come compacted (group_rows), not with the items
+        item_specs, group_specs = tuple(cfg.block_specs), tuple(cfg.group_specs)
+    else:
+        gset = set(cfg.group_columns)
+        item_specs = tuple(s for s in cfg.block_specs if s.name not in gset)
+        group_specs = tuple(s for s in cfg.block_specs if s.name in gset)
     starts = np.asarray(task.groups, dtype=np.int64)
     order = (group_permutation(task.seed, task.epoch, task.partition, task.number, len(starts))
              if task.shuffle else None)
     firsts: list[UnitColumns] = []
     pos = 0
-    for u, rng in zip(units, task.units):
+    for i, (u, rng) in enumerate(zip(units, task.units)):
         local = starts[(starts >= pos) & (starts < pos + rng.rows)] - pos
-        firsts.append(UnitColumns({s.name: take_rows(u[s.name], local) for s in group_specs}))
+        if parts is not None:
+            runs = parts[i].runs(rng.rows)[local]
+            firsts.append(UnitColumns({s.name: take_rows(parts[i].cols[s.name], runs) for s in group_specs}))
+        else:
+            firsts.append(UnitColumns({s.name: take_rows(u[s.name], local) for s in group_specs}))
         pos += rng.rows
     gbuf, glayout = assemble(_specs_key(group_specs), firsts, order, lambda n: np.empty(n, dtype=np.uint8))
     held: list[np.ndarray] = []

@@ -32,7 +32,7 @@ from . import shm as _shm
 from . import spawn as _spawn
 from .block import Layout, assemble, slice_rows, take_rows
 from .config import WorkerConfig
-from .groups import block_order, build_grouped, check_constant, check_key_kept
+from .groups import GroupRows, block_order, build_grouped, check_compact, check_constant, check_key_kept, group_rows
 from .messages import (
     CREDIT,
     POLL,
@@ -107,6 +107,7 @@ def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: 
     """Build the block; False if a cache entry's deferred checksum failed (see _cache.PendingCheck)."""
     whole = []  # each range's row group as read (and cached): what `settle` checks
     units = []  # each range's rows: the row group itself, or a view of its rows
+    parts: list[GroupRows] = []  # group_by with a cache: each range's group rows
     selections = cfg.selections
     xf = reader.transform
     for f, rg, first, rows in task.units:
@@ -140,9 +141,11 @@ def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: 
             if cfg.group_by is not None:
                 check_key_kept(cfg, before, cols, f, rg)
         units.append(_rows_of(cols, first, rows))
+        if cfg.group_specs:  # group_by with a cache: the group columns once per key run
+            parts.append(group_rows(cfg, f, rg, picked, first, t))
     t0 = time.perf_counter()
     try:
-        payload, layout = _assemble(cfg, task, segs, units)
+        payload, layout = _assemble(cfg, task, segs, units, parts if cfg.group_specs else None)
     except Exception:
         # A damaged header field (a row count, say) can break assembly before the
         # deferred checksums are finished: if one fails, rebuild; if none does, it is a bug.
@@ -180,13 +183,13 @@ def _rows_of(cols: UnitColumns, first: int, rows: int) -> UnitColumns:
 
 
 def _assemble(cfg: WorkerConfig, task: Task, segs: _shm.WorkerSegments | None,
-              units: list[UnitColumns]) -> tuple[Any, Layout]:
+              units: list[UnitColumns], parts: list[GroupRows] | None = None) -> tuple[Any, Layout]:
     perm = block_order(task)  # whole groups when the task has groups (group_by)
     if segs is None:
         alloc = cfg.buffers.get if cfg.buffers is not None else (lambda n: np.empty(n, dtype=np.uint8))
         if task.groups:  # group_by: group columns once per group, after checking they are
-            check_constant(cfg, task, units)
-            return build_grouped(cfg, task, units, perm, alloc)
+            _check_groups(cfg, task, units, parts)
+            return build_grouped(cfg, task, units, perm, alloc, parts)
         return assemble(cfg.block_specs, units, perm, alloc)
     got: list[_shm.Segment] = []
 
@@ -197,8 +200,8 @@ def _assemble(cfg: WorkerConfig, task: Task, segs: _shm.WorkerSegments | None,
 
     try:
         if task.groups:
-            check_constant(cfg, task, units)
-            buf, layout = build_grouped(cfg, task, units, perm, alloc_shm)
+            _check_groups(cfg, task, units, parts)
+            buf, layout = build_grouped(cfg, task, units, perm, alloc_shm, parts)
         else:
             buf, layout = assemble(cfg.block_specs, units, perm, alloc_shm)
     except BaseException:
@@ -207,6 +210,13 @@ def _assemble(cfg: WorkerConfig, task: Task, segs: _shm.WorkerSegments | None,
         raise
     del buf  # the worker's own array of the segment; the segment stays mapped
     return got[0], layout
+
+
+def _check_groups(cfg: WorkerConfig, task: Task, units: list[UnitColumns], parts: list[GroupRows] | None) -> None:
+    if parts is not None:
+        check_compact(cfg, task, parts)
+    else:
+        check_constant(cfg, task, units)
 
 
 def _release(segs: _shm.WorkerSegments | None, payload: Any) -> None:

@@ -86,6 +86,10 @@ def make_queries(path: Path, *, queries: int, lo: int, hi: int, files: int, row_
     return info
 
 
+def _dir_bytes(path: Path) -> int:
+    return sum(os.path.getsize(os.path.join(p, f)) for p, _, fs in os.walk(path) for f in fs)
+
+
 def _nbytes(col: Any) -> int:
     return int(col.values.nbytes + col.offsets.nbytes) if isinstance(col, Ragged) else int(col.nbytes)
 
@@ -287,9 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     flat, packed = rows[0], rows[1]
     cut = 1 - packed["bytes_per_item"] / flat["bytes_per_item"]
     speed = packed["items_per_s"] / flat["items_per_s"]
+    sizes = {f: _dir_bytes(cache / f) for f in ("flat", "packed")}
+    print(f"\ncache on disk: flat {sizes['flat'] / 2**20:,.0f} MiB, packed {sizes['packed'] / 2**20:,.0f} MiB "
+          f"({sizes['packed'] / max(1, sizes['flat']):.2f}x)")
     print(f"\ntargets: H2D bytes per item fall by {cut:.1%} (target >= 80 %: {'met' if cut >= 0.8 else 'NOT met'}); "
           f"warm items/s {speed:.2f}x flat (target >= 2x: {'met' if speed >= 2 else 'NOT met'})")
-    result: dict[str, Any] = {"table": info, "cpu": rows}
+    result: dict[str, Any] = {"table": info, "cpu": rows, "cache_bytes": sizes}
     try:
         import torch
     except ModuleNotFoundError:
