@@ -12,6 +12,7 @@ import os
 import queue
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
@@ -115,6 +116,9 @@ def to_torch(batch: Mapping[str, Column]) -> TorchBatch:
 # (column names come from Parquet and never start with a NUL).
 _GROUP_INDEX = "\x00group_index"
 _OFFSETS = "\x00offsets"
+# The registered hand-off's registries per Loader (and device): a buffer cannot be registered
+# twice, so a second TorchLoader over the same Loader reuses the first's; gone with the Loader.
+_REGISTRIES: weakref.WeakKeyDictionary[Loader, dict[Any, HostRegistry]] = weakref.WeakKeyDictionary()
 
 Unpack = Literal["device", "host"] | None
 
@@ -487,7 +491,7 @@ class TorchLoader:
             return None
         # One registry per Loader and device: a second TorchLoader over the same Loader (a new one
         # each epoch, say) reuses it, since a buffer cannot be registered twice.
-        registries: dict[Any, HostRegistry] = self.loader.__dict__.setdefault("_pinned_registries", {})
+        registries = _REGISTRIES.setdefault(self.loader, {})
         key = (str(dev), hooks.torch_registrar)
         registry = registries.get(key)
         if registry is not None:
