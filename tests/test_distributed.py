@@ -144,7 +144,9 @@ def test_mismatched_ranks_are_named(ds):
     assert "shuffle_window differs: 4 on ranks [0], 2 on ranks [1]" in msg
     same = [Loader(ds, batch_size=8, seed=1, distributed=(r, 2)) for r in range(2)]
     same[0].check_ranks(lambda _obj: [x.rank_info() for x in same])  # agrees: no error
-    with pytest.raises(OptionError, match=r"ranks are \[0, 0\] for 2 processes"):
+    with pytest.raises(OptionError, match=r"ranks are \[0, 0\] for 2 processes \(expected 0..1\): pass "
+                                          r"distributed=detload.Distributed\(rank, world_size\) from "
+                                          r"torch.distributed, or leave it unset"):
         compare_ranks([same[0].rank_info(), same[0].rank_info()])
     other = Loader(ds, batch_size=16, seed=1, distributed=(1, 2))
     with pytest.raises(OptionError, match=r"batch_size differs: 8 on ranks \[0\], 16 on ranks \[1\]"):

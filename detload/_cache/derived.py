@@ -92,7 +92,7 @@ class DerivedStore:
 
     def put(self, file_key: str, rg: int, identity: str | bytes, arrays: Mapping[str, Column]) -> None:
         """Store ``arrays`` (NumPy arrays or `Ragged`, no objects) unless the entry exists; like
-        a row group's, it is not written when it would pass ``cache_limit``."""
+        a row group's, it is not written when it would pass ``Cache.limit``."""
         ident = _identity(identity)
         cols = list(arrays.items())
         for k, a in cols:
