@@ -734,7 +734,7 @@ def test_sizes_that_are_not_finite_are_refused(data, tmp_path, bad, capsys):
             Loader(data, cache=detload.Cache(tmp_path / "c", **{name: bad}), **OPTS)
     code = cli_main(["bench", str(data), "--epochs", "1", "--cache-dir", str(tmp_path / "c"),
                      f"--cache-map-limit={bad}"])
-    assert code == 2 and f"cache_map_limit '{bad}' is not a size" in capsys.readouterr().err
+    assert code == 2 and f"--cache-map-limit '{bad}' is not a size" in capsys.readouterr().err
 
 
 def test_map_count_cap_counts_every_loader_of_the_process(data, tmp_path, monkeypatch):
