@@ -36,7 +36,7 @@ def _running(loader, leak_check) -> None:
         assert leak_check.problems(), "workers run, so the leak check must see them"
     else:
         assert pids == []
-        assert sum(t.startswith("detload-worker-") for t in detload_threads()) == loader.workers
+        assert sum(t.startswith("detload-worker-") for t in detload_threads(leak_check.before)) == loader.workers
 
 
 def test_normal_end_then_close(small_dataset, leak_check, pool):
@@ -122,7 +122,7 @@ def test_thread_workers_are_gone_after_close(small_dataset, leak_check):
     names = sorted(t.name for t in set(threading.enumerate()) - before)
     assert [n for n in names if n.startswith("detload-worker-")] == [f"detload-worker-{i}" for i in range(4)]
     loader.close()
-    assert detload_threads() == []
+    assert detload_threads(before) == []
     assert not any(t.is_alive() for t in set(threading.enumerate()) - before)
     del it
     leak_check.assert_clean(grace=0)
