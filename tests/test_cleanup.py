@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 import pytest
-from leaks import detload_threads, shm_segments, stray_children
+from leaks import LeakCheck, detload_threads, shm_segments, stray_children
 from strategies import check_rows
 from testhooks import hooked
 
@@ -266,3 +266,22 @@ def test_close_from_another_thread_wakes_the_consumer(small_dataset, leak_check)
     assert not result.get("hang"), "the consumer still waits after close()"
     assert isinstance(result.get("error"), DetloadError), result
     leak_check.assert_clean()
+
+
+def test_a_leak_check_counts_the_threads_started_after_it():
+    # A thread an earlier test left to finish a stalled read is not this test's leak.
+    stop = threading.Event()
+    old = threading.Thread(target=stop.wait, name="detload-worker-old", daemon=True)
+    new = threading.Thread(target=stop.wait, name="detload-worker-new", daemon=True)
+    old.start()
+    try:
+        check = LeakCheck()
+        assert check.problems() == []
+        new.start()
+        assert check.problems() == ["detload threads left: ['detload-worker-new']"]
+    finally:
+        stop.set()
+        old.join()
+        if new.is_alive():
+            new.join()
+    assert check.problems() == []
