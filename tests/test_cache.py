@@ -295,7 +295,7 @@ def test_unusable_cache_dir_warns_and_loads_uncached(data, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     run(data, tmp_path / "ref.jsonl", epochs=1)
-    with pytest.warns(CacheWarning, match="cannot be used"):
+    with pytest.warns(CacheWarning, match=r"^Cache.dir '.*' cannot be used \(.*\); loading without a cache$"):
         run(data, tmp_path / "x.jsonl", epochs=1, cache=blocker / "cache")
     same(tmp_path / "ref.jsonl", tmp_path / "x.jsonl")
 
