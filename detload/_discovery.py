@@ -145,7 +145,7 @@ class Dataset:
                     raise OptionError(
                         f"cast[{name!r}]: {name!r} is a Hive partition column, typed {ptypes[name]} from its "
                         "folder names; cast applies to columns stored in the files (type a partition "
-                        "column with partitioning= instead)"
+                        "column with storage=detload.Storage(partition_types={...}) instead)"
                     )
                 t = pa.int64() if ptypes[name] == "int64" else pa.string()
                 out.append(column_spec(name, t, partition=True))
@@ -534,9 +534,9 @@ def _partition_types(
     explicit = dict(explicit or {})
     for k, t in explicit.items():
         if k not in keys:
-            raise OptionError(f"partitioning names {k!r}, but the partition keys found are {list(keys)}")
+            raise OptionError(f"Storage.partition_types names {k!r}, but the partition keys found are {list(keys)}")
         if t not in ("int64", "string"):
-            raise OptionError(f"partitioning[{k!r}] must be 'int64' or 'string', got {t!r}")
+            raise OptionError(f"Storage.partition_types[{k!r}] must be 'int64' or 'string', got {t!r}")
     out = []
     for i, k in enumerate(keys):
         if k in schema.names:

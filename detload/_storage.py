@@ -173,15 +173,15 @@ def path_on(fs: pafs.FileSystem, source: str) -> str:
         scheme = m.group(1).lower()
         if scheme not in schemes:
             raise OptionError(
-                f"source {source!r} is a URI ({scheme}://), but filesystem= is {_describe(fs)}, which takes "
-                f"{_forms(fs)}: pass that form, or leave filesystem= out"
+                f"source {source!r} is a URI ({scheme}://), but Storage.filesystem is {_describe(fs)}, which takes "
+                f"{_forms(fs)}: pass that form, or leave the filesystem out"
                 + (" (detload opens s3:// URIs itself)" if scheme in ("s3", "s3a") else "")
             )
         rest = source[m.end():]
         if "?" in rest and not local:
             raise OptionError(
                 f"source {source!r} carries URI options, which apply only when detload opens the URI "
-                "itself: with filesystem=, set them on the filesystem and pass the URI without them"
+                "itself: with Storage.filesystem, set them on the filesystem and pass the URI without them"
             )
         inner = _fsspec(fs)
         if inner is not None:
@@ -191,8 +191,8 @@ def path_on(fs: pafs.FileSystem, source: str) -> str:
         return rest.rstrip("/")
     if source.startswith(("/", os.sep)) and _OBJECT_STORES.intersection(schemes):
         raise OptionError(
-            f"source {source!r} is an absolute local path, but filesystem= is {_describe(fs)}, which takes "
-            f"{_forms(fs)}: pass that form, or leave filesystem= out to read local files"
+            f"source {source!r} is an absolute local path, but Storage.filesystem is {_describe(fs)}, which takes "
+            f"{_forms(fs)}: pass that form, or leave the filesystem out to read local files"
         )
     inner = _fsspec(fs)
     if inner is not None:

@@ -159,24 +159,32 @@ def _loader_kwargs(a: argparse.Namespace) -> dict[str, Any]:
     )
 
 
+#: The flags the flat Loader keywords are given as; errors name the flag ("--cache-limit needs --cache-dir").
+_FLAGS = {"pool": "--pool", "prefetch": "--prefetch", "cache_dir": "--cache-dir", "cache_limit": "--cache-limit",
+          "cache_map_limit": "--cache-map-limit", "rank": "--rank", "world_size": "--world-size"}
+
+
 def _groups(a: argparse.Namespace, **flat: Any) -> dict[str, Any]:
     """The Loader's option groups from flat flags (--prefetch, --cache-dir, --rank ...), whose
-    errors keep naming them as before ("cache_limit needs cache_dir")."""
+    errors name the flags."""
     from .loader import _distributed_defaults
     from .options import Distributed, from_flat
 
-    pool, cache, dist, _ = from_flat(flat.pop("pool", None), {k: v for k, v in flat.items() if v is not None})
+    pool, cache, dist, _ = from_flat(flat.pop("pool", None), {k: v for k, v in flat.items() if v is not None},
+                                     shown=_FLAGS)
     out: dict[str, Any] = {"pool": pool, "cache": cache}
     if dist is not None:
         rank, world = _distributed_defaults(*dist)
-        out["distributed"] = Distributed(*_check_flat_distributed(rank, world))
+        out["distributed"] = Distributed(*_check_flat_distributed(rank, world, given=dist))
     return out
 
 
-def _check_flat_distributed(rank: Any, world: Any) -> tuple[int, int]:
+def _check_flat_distributed(rank: Any, world: Any, given: tuple[Any, Any] = (None, None)) -> tuple[int, int]:
     from .options import _check_distributed
 
-    return _check_distributed(rank, world, {"rank": "rank", "world_size": "world_size"})
+    # A flag's name where the flag gave the value; else it came from torch.distributed or $RANK/$WORLD_SIZE.
+    names = {k: _FLAGS[k] if v is not None else k for k, v in zip(("rank", "world_size"), given)}
+    return _check_distributed(rank, world, names)
 
 
 def _workers(s: str) -> int | str:

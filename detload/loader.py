@@ -1109,7 +1109,7 @@ def compare_ranks(infos: Sequence[Mapping[str, Any]]) -> None:
     ranks = [i.get("rank") for i in infos]
     if ranks != list(range(len(infos))):
         problems.append(f"the loaders' ranks are {ranks} for {len(infos)} processes (expected 0..{len(infos) - 1}): "
-                        "pass rank= and world_size= from torch.distributed, or leave them unset")
+                        "pass distributed=detload.Distributed(rank, world_size) from torch.distributed, or leave it unset")
     fields: list[tuple[str, Callable[[Mapping[str, Any]], Any]]] = [
         ("world_size", lambda i: i.get("world_size")),
         ("batch_size", lambda i: i.get("batch_size")),

@@ -326,18 +326,24 @@ def _any(old: Mapping[str, Any], keys: tuple[str, ...]) -> bool:
     return any(k in old for k in keys)
 
 
-def from_flat(pool: Any, old: Mapping[str, Any]) -> tuple[Pool, Cache | None, tuple[Any, Any] | None, Storage]:
+def from_flat(pool: Any, old: Mapping[str, Any], shown: Mapping[str, str] | None = None,
+              ) -> tuple[Pool, Cache | None, tuple[Any, Any] | None, Storage]:
     """The groups from flat keywords (those of `DEPRECATED` given in ``old``; `pool` a kind or None),
     checked with the flat keywords' own messages; no warning (the command line uses this).
 
+    ``shown``: how messages spell each flat name (``"pool"`` included), where not as the
+    keyword itself: the command line names its flags (``"--cache-limit needs --cache-dir"``).
     The third value is ``(rank, world_size)`` (either may be None: detected) when either was
     given, else None; ``rank`` is checked once the world size is known.
     """
+    def name(key: str) -> str:
+        return (shown or {}).get(key, key)
+
     if any(k in old for k in ("prefetch", "stall_timeout", "trace")):
         kind = pool if pool is not None else "thread"
         values = _check_pool(kind, old.get("prefetch", 2), old.get("stall_timeout", 300.0), old.get("trace", True),
-                             {"kind": "pool", "prefetch": "prefetch", "stall_timeout": "stall_timeout",
-                              "trace": "trace"})
+                             {"kind": name("pool"), "prefetch": name("prefetch"),
+                              "stall_timeout": name("stall_timeout"), "trace": name("trace")})
         p = Pool(*values)
     else:
         p = as_pool(pool)
@@ -345,18 +351,18 @@ def from_flat(pool: Any, old: Mapping[str, Any]) -> tuple[Pool, Cache | None, tu
     c: Cache | None = None
     if _any(old, CACHE_KEYS):
         d, lim, ml = old.get("cache_dir"), old.get("cache_limit"), old.get("cache_map_limit", "auto")
-        flat = {"dir": "cache_dir", "limit": "cache_limit", "map_limit": "cache_map_limit"}
+        flat = {"dir": name("cache_dir"), "limit": name("cache_limit"), "map_limit": name("cache_map_limit")}
         _check_sizes(lim, ml, flat)  # first, as before
         if d is None:
             # The old keywords could say this; the group cannot (its dir is required).
             if lim is not None:
-                raise OptionError("cache_limit needs cache_dir")
+                raise OptionError(f"{flat['limit']} needs {flat['dir']}")
             if not _is_auto(ml):
-                raise OptionError("cache_map_limit needs cache_dir")  # None included: it was set
+                raise OptionError(f"{flat['map_limit']} needs {flat['dir']}")  # None included: it was set
             c = None
         else:
             c = Cache(*_check_cache(d, lim, ml, flat))
     dist = (old.get("rank"), old.get("world_size")) if _any(old, ("rank", "world_size")) else None
     s = Storage(*_check_storage(old.get("filesystem"), old.get("partitioning"),
-                                {"filesystem": "filesystem", "partition_types": "partitioning"}))
+                                {"filesystem": name("filesystem"), "partition_types": name("partitioning")}))
     return p, c, dist, s

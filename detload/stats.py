@@ -167,8 +167,8 @@ class Stats:
     def write_trace(self, path: str | os.PathLike[str]) -> None:
         """Write the Chrome trace-event JSON of the recorded spans and queue depths."""
         if self._tracer is None or not self._tracer.enabled:
-            raise OptionError("these stats carry no trace events: the loader was made with trace=False "
-                              "(or the Stats were built by hand); make it with trace=True to write a trace")
+            raise OptionError("these stats carry no trace events: the loader was made with Pool(trace=False) "
+                              "(or the Stats were built by hand); make it with Pool(trace=True) to write a trace")
         with open(path, "w", encoding="utf-8") as f:
             json.dump(self._tracer.chrome_trace(), f)
 
@@ -235,7 +235,7 @@ def _bottleneck(st: dict[str, StageStats], consumer_wait: float, workers: int,
             hint = (f"all {cores} cores are in use: faster storage/decoding or more cores would help"
                     if workers >= cores else f"more workers would help (this machine has {cores} cores)")
         else:
-            hint = ("no stage is saturated: the consumer waits on latency -- raise prefetch, or check "
+            hint = ("no stage is saturated: the consumer waits on latency -- raise Pool.prefetch, or check "
                     "the worker_queue_wait and merge_wait rows in the trace")
         return stage, (f"the consumer waited {consumer_wait:.0%} of the time; workers were busy "
                        f"{worker_busy:.0%}, {share:.0%} of it in {stage}; {hint}")

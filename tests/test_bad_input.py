@@ -64,16 +64,16 @@ def ds(small_dataset):
         ({"seed": 2**64}, r"seed must be an int in \[0, 2\*\*64\)"),
         ({"pool": "fork"}, r"pool must be 'thread' or 'process', got 'fork'"),
         ({"pool": 3}, r"pool must be a detload.Pool, 'thread' or 'process', or None, got int 3"),
-        ({"pool": detload.Pool(), "prefetch": 3}, r"prefetch= \(deprecated\) and pool= both set it"),
         ({"shuffle_window": 0}, r"shuffle_window must be an int >= 1, got 0"),
         ({"shuffle_window": 2.5}, r"shuffle_window must be an int"),
-        ({"prefetch": 0}, r"prefetch must be an int in \[1, 1024\] \(blocks queued per worker\), got 0"),
-        ({"stall_timeout": 0}, r"stall_timeout must be a positive number"),
+        ({"pool": lambda: detload.Pool(prefetch=0)},
+         r"Pool.prefetch must be an int in \[1, 1024\] \(blocks queued per worker\), got 0"),
+        ({"pool": lambda: detload.Pool(stall_timeout=0)}, r"Pool.stall_timeout must be a positive number"),
         ({"shuffle": "no"}, r"shuffle must be True or False"),
         ({"drop_last": None}, r"drop_last must be True or False"),
-        ({"partitions": 3, "world_size": 2, "rank": 0}, r"partitions=3 must be a multiple of the world size 2"),
+        ({"partitions": 3, "distributed": (0, 2)}, r"partitions=3 must be a multiple of the world size 2"),
         ({"partitions": 2, "batch_size": 3}, r"must divide by partitions=2"),
-        ({"rank": 2, "world_size": 2}, r"rank must be an int in \[0, 2\), got 2"),
+        ({"distributed": (2, 2)}, r"Distributed.rank must be an int in \[0, 2\), got 2"),
         ({"columns": "id"}, r"columns must be a list of names, got the string 'id'"),
         ({"columns": []}, r"columns=\[\] selects nothing"),
         ({"columns": ["id", "s", "id"]}, r"columns lists \['id'\] more than once"),
@@ -82,9 +82,13 @@ def ds(small_dataset):
     ],
 )
 def test_bad_options(ds, no_workers, kw, match):
-    args = {"batch_size": 8, "seed": 0, **kw}
     with pytest.raises(OptionError, match=match):
-        Loader(ds, **args)
+        Loader(ds, **_built({"batch_size": 8, "seed": 0, **kw}))
+
+
+def _built(kw: dict) -> dict:
+    # An option group is given as a function that builds it, called where the error is expected.
+    return {k: v() if callable(v) else v for k, v in kw.items()}
 
 
 def test_missing_seed_is_a_type_error(ds, no_workers):
@@ -251,9 +255,9 @@ def test_bad_source(no_workers, source):
 
 
 def test_numpy_scalars_for_execution_options(small_dataset):
-    """prefetch, rank and stall_timeout take NumPy scalars like the order options do."""
-    ld = Loader(small_dataset.root, batch_size=64, seed=1, prefetch=np.int64(2), rank=np.int32(0),
-                world_size=1, stall_timeout=np.float64(30.0))
+    """Pool.prefetch, Distributed.rank and Pool.stall_timeout take NumPy scalars like the order options do."""
+    ld = Loader(small_dataset.root, batch_size=64, seed=1, distributed=(np.int32(0), 1),
+                pool=detload.Pool(prefetch=np.int64(2), stall_timeout=np.float64(30.0)))
     try:
         assert ld.prefetch == 2 and type(ld.prefetch) is int
         assert type(ld.rank) is int and ld.stall_timeout == 30.0
@@ -267,24 +271,27 @@ def test_numpy_scalars_for_execution_options(small_dataset):
 @pytest.mark.parametrize(
     ("kw", "match"),
     [
-        ({"prefetch": 2**31, "pool": "process"},
-         r"^prefetch must be an int in \[1, 1024\] \(blocks queued per worker\), got 2147483648$"),
-        ({"prefetch": 1025}, r"prefetch must be an int in \[1, 1024\]"),
-        ({"stall_timeout": 10**400}, r"^stall_timeout must be a positive number of seconds up to 1e\+09, or None "
-                                     r"\(wait forever\), got int 1000000000000"),
-        ({"stall_timeout": float("inf")}, r"stall_timeout must be a positive number of seconds up to 1e\+09"),
-        ({"stall_timeout": float("nan")}, r"stall_timeout must be a positive number of seconds"),
+        ({"pool": lambda: detload.Pool(kind="process", prefetch=2**31)},
+         r"^Pool.prefetch must be an int in \[1, 1024\] \(blocks queued per worker\), got 2147483648$"),
+        ({"pool": lambda: detload.Pool(prefetch=1025)}, r"Pool.prefetch must be an int in \[1, 1024\]"),
+        ({"pool": lambda: detload.Pool(stall_timeout=10**400)},
+         r"^Pool.stall_timeout must be a positive number of seconds up to 1e\+09, or None \(wait forever\), "
+         r"got int 1000000000000"),
+        ({"pool": lambda: detload.Pool(stall_timeout=float("inf"))},
+         r"Pool.stall_timeout must be a positive number of seconds up to 1e\+09"),
+        ({"pool": lambda: detload.Pool(stall_timeout=float("nan"))}, r"Pool.stall_timeout must be a positive number of seconds"),
         ({"manifest": b"x.jsonl"}, r"^manifest must be a str or os.PathLike path, got bytes b'x.jsonl': decode it "
                                    r"first \(manifest='x.jsonl'\)$"),
         ({"manifest": 5}, r"^manifest must be a str or os.PathLike path, got int 5$"),
-        ({"partitioning": "k"}, r"^partitioning must be a dict \{key: 'int64' \| 'string'\} or None, got str 'k'$"),
-        ({"partitioning": [("k", "int64")]}, r"partitioning must be a dict"),
-        ({"trace": "yes"}, r"^trace must be True or False, got str 'yes'$"),
+        ({"storage": lambda: detload.Storage(partition_types="k")},
+         r"^Storage.partition_types must be a dict \{key: 'int64' \| 'string'\} or None, got str 'k'$"),
+        ({"storage": lambda: detload.Storage(partition_types=[("k", "int64")])}, r"Storage.partition_types must be a dict"),
+        ({"pool": lambda: detload.Pool(trace="yes")}, r"^Pool.trace must be True or False, got str 'yes'$"),
     ],
 )
 def test_option_types_are_refused_by_name(ds, no_workers, kw, match):
     with pytest.raises(OptionError, match=match):
-        Loader(ds, batch_size=8, seed=0, **kw)
+        Loader(ds, batch_size=8, seed=0, **_built(kw))
 
 
 @pytest.mark.parametrize(("source", "match"), [

@@ -295,7 +295,7 @@ def test_unusable_cache_dir_warns_and_loads_uncached(data, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     run(data, tmp_path / "ref.jsonl", epochs=1)
-    with pytest.warns(CacheWarning, match="cannot be used"):
+    with pytest.warns(CacheWarning, match=r"^Cache.dir '.*' cannot be used \(.*\); loading without a cache$"):
         run(data, tmp_path / "x.jsonl", epochs=1, cache=blocker / "cache")
     same(tmp_path / "ref.jsonl", tmp_path / "x.jsonl")
 
@@ -349,28 +349,27 @@ def test_entry_format_is_self_describing(data, tmp_path):
 
 
 def test_cache_options_are_checked(data, tmp_path):
-    with pytest.raises(OptionError, match="cache_limit needs cache_dir"):
-        Loader(data, cache_limit="1GB", **OPTS)
-    with pytest.raises(OptionError, match="is not a size"):
-        Loader(data, cache_dir=tmp_path / "c", cache_limit="lots", **OPTS)
-    with pytest.raises(OptionError, match="must be positive"):
-        Loader(data, cache_dir=tmp_path / "c", cache_limit=0, **OPTS)
-    with pytest.raises(OptionError, match="cache_map_limit needs cache_dir"):
-        Loader(data, cache_map_limit="1GB", **OPTS)
-    with pytest.raises(OptionError, match="cache_map_limit 'lots' is not a size"):
-        Loader(data, cache_dir=tmp_path / "c", cache_map_limit="lots", **OPTS)
-    with pytest.raises(OptionError, match="cache_map_limit must be 0 or more, got -1"):
-        Loader(data, cache_dir=tmp_path / "c", cache_map_limit=-1, **OPTS)
+    # The old flat keywords' own messages ("cache_limit needs cache_dir") are in test_compat.py.
+    c = tmp_path / "c"
+    with pytest.raises(OptionError, match=r"^Cache.limit 'lots' is not a size"):
+        Loader(data, cache=detload.Cache(c, limit="lots"), **OPTS)
+    with pytest.raises(OptionError, match=r"^Cache.limit must be positive, got 0$"):
+        Loader(data, cache=detload.Cache(c, limit=0), **OPTS)
+    with pytest.raises(OptionError, match=r"^Cache.map_limit 'lots' is not a size"):
+        Loader(data, cache=detload.Cache(c, map_limit="lots"), **OPTS)
+    with pytest.raises(OptionError, match=r"^Cache.map_limit must be 0 or more, got -1$"):
+        Loader(data, cache=detload.Cache(c, map_limit=-1), **OPTS)
     for bad in (True, 1.5, [1]):
-        with pytest.raises(OptionError, match="cache_map_limit must be .*a size such as '20GiB'.*'auto' \\(the default\\) is also accepted"):
-            Loader(data, cache_dir=tmp_path / "c", cache_map_limit=bad, **OPTS)
+        with pytest.raises(OptionError, match="^Cache.map_limit must be .*a size such as '20GiB'.*'auto' \\(the default\\) is also accepted"):
+            Loader(data, cache=detload.Cache(c, map_limit=bad), **OPTS)
     for bad in ("", "  ", b"/tmp/x", 123):
-        with pytest.raises(OptionError, match="cache_dir must"):
-            Loader(data, cache_dir=bad, **OPTS)
+        with pytest.raises(OptionError, match="^Cache.dir must"):
+            Loader(data, cache=detload.Cache(bad), **OPTS)
     f = tmp_path / "f"
     f.write_text("")
-    with pytest.raises(OptionError, match="not a directory"):
-        Loader(data, cache_dir=f, **OPTS)
+    for cache in (detload.Cache(f), f):  # the group and its shorthand
+        with pytest.raises(OptionError, match=f"^Cache.dir '{f}' exists and is not a directory$"):
+            Loader(data, cache=cache, **OPTS)
 
 
 def test_cli_cache_info_and_clear(data, tmp_path, capsys):
@@ -730,12 +729,12 @@ def test_process_workers_let_go_of_deleted_entries_at_the_next_pass(data, tmp_pa
 
 @pytest.mark.parametrize("bad", ["inf", "nan", "1e400GB", "-inf"])
 def test_sizes_that_are_not_finite_are_refused(data, tmp_path, bad, capsys):
-    for name in ("cache_limit", "cache_map_limit"):
-        with pytest.raises(OptionError, match=f"{name} '{bad}' is not a size"):
-            Loader(data, cache_dir=tmp_path / "c", **{name: bad}, **OPTS)
+    for name in ("limit", "map_limit"):
+        with pytest.raises(OptionError, match=f"^Cache.{name} '{bad}' is not a size"):
+            Loader(data, cache=detload.Cache(tmp_path / "c", **{name: bad}), **OPTS)
     code = cli_main(["bench", str(data), "--epochs", "1", "--cache-dir", str(tmp_path / "c"),
                      f"--cache-map-limit={bad}"])
-    assert code == 2 and f"cache_map_limit '{bad}' is not a size" in capsys.readouterr().err
+    assert code == 2 and f"--cache-map-limit '{bad}' is not a size" in capsys.readouterr().err
 
 
 def test_map_count_cap_counts_every_loader_of_the_process(data, tmp_path, monkeypatch):
@@ -837,7 +836,7 @@ def test_cache_limit_smaller_than_an_entry_says_so_once(data, tmp_path):
         warnings.simplefilter("always")
         run(data, tmp_path / "tiny.jsonl", cache=detload.Cache(tmp_path / "cache", limit=1000), workers=2)
     ours = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
-    assert len(ours) == 1 and "cache_limit (1,000 bytes) is smaller than a row group's cache entry" in ours[0]
+    assert len(ours) == 1 and "Cache.limit (1,000 bytes) is smaller than a row group's cache entry" in ours[0]
     assert cache_info(tmp_path / "cache")["entries"] == 0
     run(data, tmp_path / "ref.jsonl")
     same(tmp_path / "ref.jsonl", tmp_path / "tiny.jsonl")

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import detload
 from detload import DataError, Loader, OptionError, StateError, UnsupportedTypeError, read_manifest
 from detload.cli import main
 from detload.verify import verify
@@ -227,8 +228,14 @@ def test_bad_casts_are_refused_at_construction(numbers, kw, message):
 def test_a_cast_of_a_hive_partition_column_is_refused(tmp_path):
     write(tmp_path / "day=1" / "a.parquet", pa.table({"x": [1, 2]}))
     with pytest.raises(OptionError, match=r"cast\['day'\]: 'day' is a Hive partition column, typed int64 from its "
-                                          r"folder names; cast applies to columns stored in the files"):
+                                          r"folder names; cast applies to columns stored in the files \(type a "
+                                          r"partition column with storage=detload.Storage\(partition_types=\{...\}\) "
+                                          r"instead\)$"):
         Loader(str(tmp_path), batch_size=2, seed=0, cast={"day": "int32"})
+    # A partition key the folders do not have is named with the option that names it.
+    with pytest.raises(OptionError, match=r"^Storage.partition_types names 'month', but the partition keys found "
+                                          r"are \['day'\]$"):
+        Loader(str(tmp_path), batch_size=2, seed=0, storage=detload.Storage(partition_types={"month": "int64"}))
 
 
 # -- order, fingerprint, resume, cache, determinism ----------------------------------------

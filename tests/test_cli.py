@@ -144,7 +144,26 @@ def test_huge_prefetch_with_processes(data, tmp_path, capsys):
     code, out, err = _run(["run", data, "--batch-size", "64", "--seed", "1", "--pool", "process",
                            "--prefetch", "2147483648", "--manifest", str(tmp_path / "m.jsonl")], capsys)
     assert code == 2 and "epoch" not in out
-    assert "prefetch must be an int in [1, 1024] (blocks queued per worker), got 2147483648" in _one_error(err, "run")
+    assert _one_error(err, "run").endswith(
+        "--prefetch must be an int in [1, 1024] (blocks queued per worker), got 2147483648")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--cache-limit", "1GB"], "--cache-limit needs --cache-dir"),
+    (["--cache-map-limit", "0"], "--cache-map-limit needs --cache-dir"),
+    (["--cache-dir", "{tmp}/c", "--cache-limit", "lots"], "--cache-limit 'lots' is not a size; use bytes or e.g. "
+                                                          "'500MB', '20GiB'"),
+    (["--rank", "2", "--world-size", "2"], "--rank must be an int in [0, 2), got 2"),
+    (["--world-size", "0"], "--world-size must be an int >= 1, got 0"),
+])
+def test_errors_name_the_flags(data, tmp_path, capsys, monkeypatch, flags, message):
+    # The flags stand for the Loader's option groups; a message names what was typed.
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    code, out, err = _run(["run", data, "--batch-size", "64", "--seed", "1", "--manifest", str(tmp_path / "m.jsonl"),
+                           *(f.format(tmp=tmp_path) for f in flags)], capsys)
+    assert code == 2 and "epoch" not in out
+    assert _one_error(err, "run") == f"detload run: error: {message}"
 
 
 @pytest.mark.parametrize("where", ["dir", "under_file", "ro"])

@@ -123,11 +123,11 @@ def test_defaults_from_environment(ds, monkeypatch):
 
 def test_bad_distributed_options_are_explained(ds):
     with pytest.raises(OptionError, match=r"partitions=4 must be a multiple of the world size 3"):
-        Loader(ds, batch_size=8, seed=0, partitions=4, rank=0, world_size=3)
+        Loader(ds, batch_size=8, seed=0, partitions=4, distributed=(0, 3))
     with pytest.raises(OptionError, match=r"global batch .* 2 x world size 2 = 4\) must divide by partitions=8"):
-        Loader(ds, batch_size=2, seed=0, partitions=8, rank=0, world_size=2)
-    with pytest.raises(OptionError, match=r"rank must be an int in \[0, 2\)"):
-        Loader(ds, batch_size=8, seed=0, rank=2, world_size=2)
+        Loader(ds, batch_size=2, seed=0, partitions=8, distributed=(0, 2))
+    with pytest.raises(OptionError, match=r"^Distributed.rank must be an int in \[0, 2\), got 2$"):
+        Loader(ds, batch_size=8, seed=0, distributed=(2, 2))
     # More partitions than row groups is no error in plan format 2: boundaries cut row groups.
     plan = Loader(ds, batch_size=16, seed=0, partitions=16, distributed=(0, 1)).plan()
     assert max(plan.partition_rows) - min(plan.partition_rows) <= 1 and plan.redundant_reads <= 15
@@ -144,7 +144,9 @@ def test_mismatched_ranks_are_named(ds):
     assert "shuffle_window differs: 4 on ranks [0], 2 on ranks [1]" in msg
     same = [Loader(ds, batch_size=8, seed=1, distributed=(r, 2)) for r in range(2)]
     same[0].check_ranks(lambda _obj: [x.rank_info() for x in same])  # agrees: no error
-    with pytest.raises(OptionError, match=r"ranks are \[0, 0\] for 2 processes"):
+    with pytest.raises(OptionError, match=r"ranks are \[0, 0\] for 2 processes \(expected 0..1\): pass "
+                                          r"distributed=detload.Distributed\(rank, world_size\) from "
+                                          r"torch.distributed, or leave it unset"):
         compare_ranks([same[0].rank_info(), same[0].rank_info()])
     other = Loader(ds, batch_size=16, seed=1, distributed=(1, 2))
     with pytest.raises(OptionError, match=r"batch_size differs: 8 on ranks \[0\], 16 on ranks \[1\]"):

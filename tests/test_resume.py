@@ -171,7 +171,7 @@ def test_rejected_states_name_what_differs(ds, tmp_path):
         (dict(OPTS, columns=["id"]), r"columns: \['id', 's'\] in the state, \['id'\] here"),
         (dict(OPTS, batch_size=24), r"global_batch_size: 48 in the state, 24 here \(batch_size 24 x world size 1; "
                                     r"batch_size is per rank"),
-        (dict(OPTS, batch_size=24, rank=0, world_size=2), r"partitions: 1 in the state, 2 here \(partitions "
+        (dict(OPTS, batch_size=24, distributed=(0, 2)), r"partitions: 1 in the state, 2 here \(partitions "
                                                           r"defaults to the world size"),
         (dict(OPTS, drop_last=True), r"drop_last: False in the state, True here"),
     ]

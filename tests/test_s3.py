@@ -75,7 +75,7 @@ def test_s3_cold_and_warm_match_the_local_copy(s3, proxy, tmp_path, pool, worker
     _, _, _, uri, ref = s3
     run(uri, tmp_path / "plain.jsonl", pool=pool, workers=workers)
     cache = tmp_path / "cache"
-    run(uri, tmp_path / "cold.jsonl", pool=pool, workers=workers, cache_dir=cache)
+    run(uri, tmp_path / "cold.jsonl", pool=pool, workers=workers, cache=cache)
     with Loader(uri, cache=cache, pool=pool, workers=workers % 3 + 1,
                 manifest=str(tmp_path / "warm.jsonl"), **OPTS) as loader:
         proxy.reset_log()  # discovery (listing, footers) is done; iteration must fetch nothing
@@ -114,7 +114,7 @@ def test_reads_fetch_only_the_requested_columns(s3, proxy, tmp_path):
 def test_transient_faults_are_retried_and_change_nothing(s3, proxy, tmp_path, pool):
     _, _, _, uri, ref = s3
     proxy.mode, proxy.fraction, proxy.faults = "fraction", 0.5, ("503", "drop", "throttle")
-    run(uri, tmp_path / "faulty.jsonl", pool=pool, workers=2, cache_dir=tmp_path / "cache")
+    run(uri, tmp_path / "faulty.jsonl", pool=pool, workers=2, cache=tmp_path / "cache")
     faults = [r for r in proxy.log if r.status in (0, 503)]
     assert len(faults) >= 5, "the proxy injected too few faults for the test to mean anything"
     same(ref, tmp_path / "faulty.jsonl")
@@ -174,14 +174,14 @@ def test_replaced_object_is_not_served_stale(s3, proxy, tmp_path):
     v2 = write_sample_dataset(tmp_path / "v2", files, seed=5, compression="none")
     uri = moto.upload_dir(v1, "replaced")
     cache = tmp_path / "cache"
-    run(uri, tmp_path / "s3-v1.jsonl", cache_dir=cache)
+    run(uri, tmp_path / "s3-v1.jsonl", cache=cache)
     assert cache_info(cache)["entries"] == 3
     a2 = (tmp_path / "v2" / "a.parquet").read_bytes()
     assert len(a2) == os.path.getsize(os.path.join(v1, "a.parquet"))  # same size, new content
     moto.put("replaced/a.parquet", a2)
     os.replace(os.path.join(v2, "a.parquet"), os.path.join(v1, "a.parquet"))
     run(v1, tmp_path / "local-v2.jsonl")
-    run(uri, tmp_path / "s3-v2.jsonl", cache_dir=cache)
+    run(uri, tmp_path / "s3-v2.jsonl", cache=cache)
     same(tmp_path / "local-v2.jsonl", tmp_path / "s3-v2.jsonl")
     assert not verify(str(tmp_path / "s3-v1.jsonl"), str(tmp_path / "s3-v2.jsonl")).identical
     assert cache_info(cache)["entries"] == 3  # the old version's entries were evicted
@@ -255,7 +255,7 @@ def test_explicit_filesystem(s3, proxy, tmp_path):
     _, _, _, _, ref = s3
     fs = pafs.S3FileSystem(endpoint_override=proxy.endpoint.split("://")[1], scheme="http", region="us-east-1",
                            access_key=CREDENTIALS["AWS_ACCESS_KEY_ID"], secret_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
-    run(f"{BUCKET}/ds", tmp_path / "explicit.jsonl", filesystem=fs, pool="process", workers=2)
+    run(f"{BUCKET}/ds", tmp_path / "explicit.jsonl", storage=fs, pool="process", workers=2)
     same(ref, tmp_path / "explicit.jsonl")
 
 
@@ -267,7 +267,7 @@ def _explicit_s3(endpoint):
 
 @pytest.mark.parametrize("kind", ["pyarrow", "fsspec"])
 def test_explicit_filesystem_takes_the_uri_its_scheme_names(s3, proxy, tmp_path, kind):
-    """s3://bucket/prefix with filesystem=: as a folder, a list of objects and a glob, the
+    """s3://bucket/prefix with storage=<filesystem>: as a folder, a list of objects and a glob, the
     same batches as the local copy (pyarrow said "Expected an S3 object path ... got a URI")."""
     _, _, _, uri, ref = s3
     fs = _explicit_s3(proxy.endpoint)
@@ -276,7 +276,7 @@ def test_explicit_filesystem_takes_the_uri_its_scheme_names(s3, proxy, tmp_path,
         fs = ArrowFSWrapper(fs)
     files = [f"{uri}/{name}" for name in FILES]
     for name, source in [("folder", uri), ("list", files), ("glob", f"{uri}/*.parquet"), ("s3a", uri.replace("s3:", "s3a:"))]:
-        run(source, tmp_path / f"{name}.jsonl", filesystem=fs)
+        run(source, tmp_path / f"{name}.jsonl", storage=fs)
         same(ref, tmp_path / f"{name}.jsonl")
     with Loader(uri, storage=fs, **OPTS) as loader:
         assert repr(loader).startswith(f"Loader('s3://{BUCKET}/ds', files=3,")
@@ -287,7 +287,7 @@ def test_real_s3fs_takes_the_uri(s3, proxy, tmp_path):
     _, _, _, uri, ref = s3
     fs = s3fs.S3FileSystem(key=CREDENTIALS["AWS_ACCESS_KEY_ID"], secret=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
                            client_kwargs={"endpoint_url": proxy.endpoint, "region_name": "us-east-1"})
-    run(uri, tmp_path / "s3fs.jsonl", filesystem=fs)
+    run(uri, tmp_path / "s3fs.jsonl", storage=fs)
     same(ref, tmp_path / "s3fs.jsonl")
 
 
@@ -298,11 +298,11 @@ def test_the_scheme_stays_in_the_repr_and_in_not_found_messages(s3, proxy):
     fs = _explicit_s3(proxy.endpoint)
     for filesystem in (None, fs):
         with pytest.raises(FileNotFoundError, match=rf"^dataset path 's3://{BUCKET}/missing' does not exist$"):
-            Loader(f"s3://{BUCKET}/missing", filesystem=filesystem, **OPTS)
+            Loader(f"s3://{BUCKET}/missing", storage=filesystem, **OPTS)
         with pytest.raises(FileNotFoundError, match=rf"^the glob 's3://{BUCKET}/ds/\*\.csv' matches no file$"):
-            Loader(f"s3://{BUCKET}/ds/*.csv", filesystem=filesystem, **OPTS)
+            Loader(f"s3://{BUCKET}/ds/*.csv", storage=filesystem, **OPTS)
     with pytest.raises(FileNotFoundError, match=rf"^dataset path 's3://{BUCKET}/missing' does not exist$"):
-        Loader(f"{BUCKET}/missing", filesystem=fs, **OPTS)
+        Loader(f"{BUCKET}/missing", storage=fs, **OPTS)
 
 
 def test_a_source_that_does_not_fit_the_filesystem_names_the_form_to_pass(tmp_path):
@@ -311,27 +311,27 @@ def test_a_source_that_does_not_fit_the_filesystem_names_the_form_to_pass(tmp_pa
     s3fs = _explicit_s3("http://127.0.0.1:9")  # never contacted: the forms are refused first
     cases = [
         (s3fs, str(tmp_path / "data"),
-         rf"^source '{tmp_path}/data' is an absolute local path, but filesystem= is a pyarrow S3FileSystem, "
-         r"which takes 'bucket/prefix' or 's3://bucket/prefix': pass that form, or leave filesystem= out to "
+         rf"^source '{tmp_path}/data' is an absolute local path, but Storage.filesystem is a pyarrow S3FileSystem, "
+         r"which takes 'bucket/prefix' or 's3://bucket/prefix': pass that form, or leave the filesystem out to "
          r"read local files$"),
         (s3fs, "gs://bucket/data",
-         r"^source 'gs://bucket/data' is a URI \(gs://\), but filesystem= is a pyarrow S3FileSystem, which takes "
-         r"'bucket/prefix' or 's3://bucket/prefix': pass that form, or leave filesystem= out$"),
+         r"^source 'gs://bucket/data' is a URI \(gs://\), but Storage.filesystem is a pyarrow S3FileSystem, which takes "
+         r"'bucket/prefix' or 's3://bucket/prefix': pass that form, or leave the filesystem out$"),
         (s3fs, "s3://bucket/data?region=eu-west-1",
          r"^source 's3://bucket/data\?region=eu-west-1' carries URI options, which apply only when detload "
-         r"opens the URI itself: with filesystem=, set them on the filesystem and pass the URI without them$"),
+         r"opens the URI itself: with Storage.filesystem, set them on the filesystem and pass the URI without them$"),
         (pafs.LocalFileSystem(), "s3://bucket/data",
-         r"^source 's3://bucket/data' is a URI \(s3://\), but filesystem= is a pyarrow LocalFileSystem, which "
-         r"takes a local path \(or file:// URI\): pass that form, or leave filesystem= out \(detload opens "
+         r"^source 's3://bucket/data' is a URI \(s3://\), but Storage.filesystem is a pyarrow LocalFileSystem, which "
+         r"takes a local path \(or file:// URI\): pass that form, or leave the filesystem out \(detload opens "
          r"s3:// URIs itself\)$"),
         (MemoryFileSystem(), "s3://bucket/data",
-         r"^source 's3://bucket/data' is a URI \(s3://\), but filesystem= is the fsspec filesystem MemoryFileSystem "
-         r"\(memory\), which takes a path on it or a memory:// URI: pass that form, or leave filesystem= out"),
+         r"^source 's3://bucket/data' is a URI \(s3://\), but Storage.filesystem is the fsspec filesystem MemoryFileSystem "
+         r"\(memory\), which takes a path on it or a memory:// URI: pass that form, or leave the filesystem out"),
     ]
     for fs, source, message in cases:
         for src in (source, [source]):
             with pytest.raises(OptionError, match=message):
-                Loader(src, filesystem=fs, **OPTS)
+                Loader(src, storage=fs, **OPTS)
 
 
 def test_s3_uri_options_and_environment(monkeypatch):

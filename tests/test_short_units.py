@@ -145,7 +145,7 @@ def test_a_short_cache_entry_is_not_delivered(tmp_path, pool):
     os.makedirs(root)
     write_file(str(root / "a.parquet"), [4, 4, 4])
     cache = str(tmp_path / "cache")
-    opts = dict(batch_size=BATCH, seed=1, shuffle=False, workers=2, pool=pool, cache_dir=cache)
+    opts = dict(batch_size=BATCH, seed=1, shuffle=False, workers=2, pool=pool, cache=cache)
     with Loader(str(root), **opts) as loader:
         _short_entry(loader, 0, 1, np.arange(4, 7, dtype=np.int64))  # 3 of the row group's 4 rows
         with pytest.warns(CacheWarning, match=r"row group 1 of .*a\.parquet\) is damaged \(its column 'id' "

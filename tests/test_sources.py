@@ -47,6 +47,6 @@ def test_an_fsspec_filesystem_takes_its_own_uris(make_dataset):
                 assert _rows(loader) == want, source
                 assert repr(loader).startswith("Loader('memory:///ds', files=2, rows=75,"), source
         with pytest.raises(FileNotFoundError, match=r"^dataset path 'memory:///nothing' does not exist$"):
-            Loader("memory:///nothing", filesystem=mem, batch_size=16, seed=1)
+            Loader("memory:///nothing", storage=mem, batch_size=16, seed=1)
     finally:
         mem.rm("/ds", recursive=True)

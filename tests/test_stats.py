@@ -277,7 +277,7 @@ def test_tracing_off_keeps_counts_but_no_events(data, tmp_path):
     assert st.bottleneck in STAGES
     assert not tr.events and not tr.depths and not any(tr.samples.values())
     with pytest.raises(OptionError, match=r"these stats carry no trace events: the loader was made with "
-                                          r"trace=False"):
+                                          r"Pool\(trace=False\)"):
         st.write_trace(tmp_path / "t.json")
 
 

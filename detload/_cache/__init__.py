@@ -8,8 +8,8 @@ bytes. Policy and the entry format are described in docs/remote.md.
 
 On disk::
 
-    <cache_dir>/DETLOAD_CACHE      marker: a detload cache (``clear`` refuses other folders)
-    <cache_dir>/v1/                entry format version (CACHE_FORMAT)
+    <Cache.dir>/DETLOAD_CACHE      marker: a detload cache (``clear`` refuses other folders)
+    <Cache.dir>/v1/                entry format version (CACHE_FORMAT)
         lock                       fcntl lock: the usage counter, reservations, recounts
         usage                      bytes of entries and in-flight temp files (decimal text)
         tmp/<host>-<pid>-<rand>.tmp   entries being written; warning markers

@@ -25,11 +25,11 @@ class CacheWarning(UserWarning):
 class CacheConfig:
     """What a worker needs to use the cache; plain picklable data."""
 
-    root: str  # <cache_dir>/v<CACHE_FORMAT>
+    root: str  # <Cache.dir>/v<CACHE_FORMAT>
     limit: int | None
     session: str  # one loader: warnings are given once per session
     #: Bytes of entries kept memory-mapped from one pass to the next by a loader's
-    #: thread workers together, or by each worker process (``cache_map_limit``; see KeptMappings).
+    #: thread workers together, or by each worker process (``Cache.map_limit``; see KeptMappings).
     map_budget: int = 0
     #: Test hook: act as if the disk were full once this many bytes were written by one worker.
     fail_after_bytes: int | None = None
@@ -40,13 +40,13 @@ def _is_auto(value: Any) -> bool:
 
 
 def map_limit(value: int | str | None) -> int:
-    """``cache_map_limit`` in bytes: "auto" is a quarter of `memory_available`; 0 turns it
+    """``Cache.map_limit`` in bytes: "auto" is a quarter of `memory_available`; 0 turns it
     off; None sets no byte limit (the cap on the number of mappings remains)."""
     if _is_auto(value):
         return memory_available() // 4
     if value is None:
         return 2**63 - 1
-    n = parse_size(value, "cache_map_limit", zero=True, also="; 'auto' (the default) is also accepted")
+    n = parse_size(value, "Cache.map_limit", zero=True, also="; 'auto' (the default) is also accepted")
     assert n is not None
     return n
 
@@ -75,31 +75,26 @@ def _warn_once(cfg: CacheConfig, kind: str, message: str) -> None:
 # -- the loader-side set-up ------------------------------------------------------
 
 
-def open_cache(cache_dir: str | os.PathLike[str] | None, cache_limit: int | str | None,
+def open_cache(cache_dir: str | os.PathLike[str], cache_limit: int | str | None,
                objects: Sequence[str], *, cache_map_limit: int | str | None = "auto",
                fail_after_bytes: int | None = None) -> CacheConfig | None:
-    """Validate the options, create the folders, evict entries of replaced files, recount usage.
+    """Create the folders of a `detload.Cache`'s ``dir``, evict entries of replaced files, recount usage.
 
-    ``objects`` are the `object_key` of every file of the dataset. Returns None
-    (after one warning) when the directory cannot be used; loading goes on uncached.
+    The arguments are the group's ``dir``, ``limit`` and ``map_limit`` (checked again here,
+    under those names); ``objects`` are the `object_key` of every file of the dataset.
+    Returns None (after one warning) when the directory cannot be used; loading goes on uncached.
     """
-    limit = parse_size(cache_limit)
+    limit = parse_size(cache_limit, "Cache.limit")
     mapped = map_limit(cache_map_limit)
-    if cache_dir is None:
-        if cache_limit is not None:
-            raise OptionError("cache_limit needs cache_dir")
-        if not _is_auto(cache_map_limit):
-            raise OptionError("cache_map_limit needs cache_dir")  # None included: it was set
-        return None
     if isinstance(cache_dir, bytes) or not isinstance(cache_dir, (str, os.PathLike)):
-        raise OptionError(f"cache_dir must be a path (str or os.PathLike), got {cache_dir!r}")
+        raise OptionError(f"Cache.dir must be a path (str or os.PathLike), got {cache_dir!r}")
     text = os.fspath(cache_dir)
     if not isinstance(text, str) or not text.strip():
         # "" would make the current directory the cache (an unset $CACHE_DIR in a script).
-        raise OptionError(f"cache_dir must name a folder, got {cache_dir!r}")
+        raise OptionError(f"Cache.dir must name a folder, got {cache_dir!r}")
     base = os.path.abspath(os.path.expanduser(text))
     if os.path.exists(base) and not os.path.isdir(base):
-        raise OptionError(f"cache_dir {base!r} exists and is not a directory")
+        raise OptionError(f"Cache.dir {base!r} exists and is not a directory")
     root = os.path.join(base, f"v{CACHE_FORMAT}")
     session = f"{_safe_host(socket.gethostname())}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     cfg = CacheConfig(root, limit, session, map_budget=mapped, fail_after_bytes=fail_after_bytes)
@@ -110,6 +105,6 @@ def open_cache(cache_dir: str | os.PathLike[str] | None, cache_limit: int | str 
             _evict_replaced(store, objects)
             store.rescan()
     except OSError as exc:
-        _warn_once(cfg, "unusable", f"cache_dir {base!r} cannot be used ({exc}); loading without a cache")
+        _warn_once(cfg, "unusable", f"Cache.dir {base!r} cannot be used ({exc}); loading without a cache")
         return None
     return cfg

@@ -1,5 +1,7 @@
-"""Derived entries: small per-row-group results (filter selections, group indexes, transform
-outputs) kept beside a file version's row-group entries, keyed by what derived them.
+"""Derived entries: small per-row-group results (filter selections, group indexes, group-check
+verdicts) kept beside a file version's row-group entries, keyed by what derived them.
+(A cached transform's outputs are not derived entries: they are row-group entries of the
+output schema, memory-mapped like any row group; see `detload._xform`.)
 
 They are entry files of the same format, in the same folder, under the same counter, limit,
 eviction and atomic write as row-group entries. A derived entry is read whole into memory
@@ -90,7 +92,7 @@ class DerivedStore:
 
     def put(self, file_key: str, rg: int, identity: str | bytes, arrays: Mapping[str, Column]) -> None:
         """Store ``arrays`` (NumPy arrays or `Ragged`, no objects) unless the entry exists; like
-        a row group's, it is not written when it would pass ``cache_limit``."""
+        a row group's, it is not written when it would pass ``Cache.limit``."""
         ident = _identity(identity)
         cols = list(arrays.items())
         for k, a in cols:

@@ -29,7 +29,7 @@ class KeptMappings:
     Mapping an entry anew each epoch cost page-table work for every 4 KiB page
     -- the faults during the first read and the unmapping after it -- which was
     about a quarter of a warm CTR block's CPU time. Up to ``budget`` bytes are
-    kept; the first ones mapped stay (like the entries under ``cache_limit``).
+    kept; the first ones mapped stay (like the entries under ``Cache.limit``).
     Each mapping is one of the process's memory areas, which Linux caps
     (``vm.max_map_count``, 65,530 by default), so the tables of one process keep
     at most a quarter of that many together. Thread workers share their loader's

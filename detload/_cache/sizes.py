@@ -11,9 +11,12 @@ import numpy as np
 from ..errors import OptionError
 
 
-def parse_size(value: int | str | None, name: str = "cache_limit", *, zero: bool = False,
+def parse_size(value: int | str | None, name: str, *, zero: bool = False,
                also: str = "") -> int | None:
     """A size option: bytes as an int, or a string such as "500MB", "20GiB", "1.5T".
+
+    ``name`` is the option as the caller spelled it ("Cache.limit", or a deprecated keyword's
+    own name), for the messages.
 
     ``zero``: 0 is allowed (it turns the feature off) instead of refused. ``also``:
     appended to the messages that say what a size looks like (other accepted values).

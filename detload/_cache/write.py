@@ -63,7 +63,7 @@ class _Writer:
             raise _DiskFull("[test hook] " + os.strerror(errno.ENOSPC))
         tmp = self._reserve(total)
         if tmp is None:
-            return  # over cache_limit: what is cached stays, this entry is not added
+            return  # over Cache.limit: what is cached stays, this entry is not added
         try:
             buffers = _buffers(laid)  # the checksum: only for an entry that has room
             fd = os.open(tmp, os.O_WRONLY)
@@ -97,11 +97,11 @@ class _Writer:
             # Not a full cache: this entry could never fit, which would otherwise go unseen.
             if self.tag:
                 _warn_once(self.cfg, f"small-{self.tag}",
-                           f"cache_limit ({self.cfg.limit:,} bytes) is smaller than a {self.tag} cache entry "
+                           f"Cache.limit ({self.cfg.limit:,} bytes) is smaller than a {self.tag} cache entry "
                            f"({n:,} bytes): such entries are never cached")
             else:
                 _warn_once(self.cfg, "small",
-                           f"cache_limit ({self.cfg.limit:,} bytes) is smaller than a row group's cache entry "
+                           f"Cache.limit ({self.cfg.limit:,} bytes) is smaller than a row group's cache entry "
                            f"({n:,} bytes): such row groups are never cached")
             return None
         return self.store.reserve(n, self.cfg.limit)

@@ -15,7 +15,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,21 +114,25 @@ class LayoutReport:
 
 # -- types: what travels through the sorter, and what may be a key ----------------------------------------
 
+def _nested(t: pa.DataType, leaf: Callable[[pa.DataType], pa.DataType]) -> pa.DataType:
+    """``t`` with ``leaf`` applied to each type inside maps, lists and structs (and to ``t`` itself
+    when it is none of those), the nesting, field names and list sizes kept."""
+    if pa.types.is_map(t):
+        return pa.map_(_nested(t.key_type, leaf), t.item_field.with_type(_nested(t.item_type, leaf)))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(t.value_field.with_type(_nested(t.value_type, leaf)), t.list_size)
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(_nested(t.value_type, leaf)))
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_nested(t.value_type, leaf)))
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_nested(f.type, leaf)) for f in t])
+    return leaf(t)
+
+
 def _decoded(t: pa.DataType) -> pa.DataType:
     """``t`` with every dictionary replaced by its value type."""
-    if pa.types.is_dictionary(t):
-        return _decoded(t.value_type)
-    if pa.types.is_map(t):
-        return pa.map_(_decoded(t.key_type), t.item_field.with_type(_decoded(t.item_type)))
-    if pa.types.is_fixed_size_list(t):
-        return pa.list_(t.value_field.with_type(_decoded(t.value_type)), t.list_size)
-    if pa.types.is_large_list(t):
-        return pa.large_list(t.value_field.with_type(_decoded(t.value_type)))
-    if pa.types.is_list(t):
-        return pa.list_(t.value_field.with_type(_decoded(t.value_type)))
-    if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_decoded(f.type)) for f in t])
-    return t
+    return _nested(t, lambda u: _decoded(u.value_type) if pa.types.is_dictionary(u) else u)
 
 
 def _carrier(t: pa.DataType) -> pa.DataType:
@@ -138,6 +142,10 @@ def _carrier(t: pa.DataType) -> pa.DataType:
     decimal256 to double, strings by collation); these travel as integers or bytes of the same
     layout instead, so a zero-copy view restores them, and integers sort as the values they encode.
     """
+    return _nested(t, _carrier_leaf)
+
+
+def _carrier_leaf(t: pa.DataType) -> pa.DataType:
     if pa.types.is_timestamp(t) or pa.types.is_duration(t) or pa.types.is_date64(t) or pa.types.is_time64(t):
         return pa.int64()
     if pa.types.is_date32(t) or pa.types.is_time32(t):
@@ -154,16 +162,6 @@ def _carrier(t: pa.DataType) -> pa.DataType:
         return pa.large_binary()
     if pa.types.is_string_view(t):
         return pa.binary_view()
-    if pa.types.is_map(t):
-        return pa.map_(_carrier(t.key_type), t.item_field.with_type(_carrier(t.item_type)))
-    if pa.types.is_fixed_size_list(t):
-        return pa.list_(t.value_field.with_type(_carrier(t.value_type)), t.list_size)
-    if pa.types.is_large_list(t):
-        return pa.large_list(t.value_field.with_type(_carrier(t.value_type)))
-    if pa.types.is_list(t):
-        return pa.list_(t.value_field.with_type(_carrier(t.value_type)))
-    if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_carrier(f.type)) for f in t])
     return t
 
 

@@ -162,7 +162,7 @@ def test_counted_against_the_limit_like_row_groups(tmp_path):
         d.put_bytes(KEY, 99, SEL, bytes(20_000))
         d.put_bytes(KEY, 98, SEL, bytes(20_000))
     ours = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
-    assert len(ours) == 1 and "cache_limit (10,000 bytes) is smaller than a derived cache entry" in ours[0]
+    assert len(ours) == 1 and "Cache.limit (10,000 bytes) is smaller than a derived cache entry" in ours[0]
     assert clear_cache(tmp_path / "c") == on_disk
     assert _usage(tmp_path) == (0, 0, 0)
 

@@ -24,7 +24,9 @@ from detload import (
     EmptyDatasetError,
     Loader,
     OptionError,
+    Pool,
     SchemaMismatchError,
+    Storage,
     UnsupportedTypeError,
 )
 
@@ -50,23 +52,41 @@ def _opt(valid: st.SearchStrategy) -> st.SearchStrategy:
     return st.one_of(valid, WEIRD)
 
 
+class _Group:
+    """An option group to build inside the test (building one checks its fields, and may raise)."""
+
+    def __init__(self, cls: type, fields: dict) -> None:
+        self.cls, self.fields = cls, fields
+
+    def build(self) -> object:
+        return self.cls(**self.fields)
+
+    def __repr__(self) -> str:  # hypothesis shows the failing example
+        return f"{self.cls.__name__}(**{self.fields!r})"
+
+
+def _group(cls: type, **fields: st.SearchStrategy) -> st.SearchStrategy:
+    return st.fixed_dictionaries({}, optional=fields).map(lambda f: _Group(cls, f))
+
+
 OPTIONS = st.fixed_dictionaries(
     {"batch_size": _opt(SMALL), "seed": _opt(st.integers(-1, 2**64))},
     optional={
         "workers": _opt(SMALL),
-        "pool": _opt(st.sampled_from(["thread", "process", "fork", ""])),
+        "pool": _opt(st.one_of(st.sampled_from(["thread", "process", "fork", ""]),
+                               _group(Pool, kind=_opt(st.sampled_from(["thread", "process", "fork"])),
+                                      prefetch=_opt(SMALL), stall_timeout=_opt(st.floats(-1, 10))))),
         "columns": _opt(st.lists(st.sampled_from(["id", "x", "s", "nope", ""]), max_size=4)),
         "shuffle": WEIRD,
         "shuffle_window": _opt(SMALL),
         "drop_last": WEIRD,
-        "prefetch": _opt(SMALL),
         "null_fill": _opt(st.dictionaries(st.sampled_from(["id", "x", "zz"]), st.integers(), max_size=2)),
         "partitions": _opt(SMALL),
-        "rank": _opt(SMALL),
-        "world_size": _opt(SMALL),
-        "partitioning": _opt(st.dictionaries(st.text(max_size=3), st.sampled_from(["int64", "string", "x"]), max_size=1)),
-        "stall_timeout": _opt(st.floats(-1, 10)),
-        "filesystem": st.one_of(st.none(), st.just("local"), st.integers()),
+        "distributed": _opt(st.tuples(_opt(SMALL), _opt(SMALL))),
+        "storage": st.one_of(st.none(), st.just("local"), st.integers(), _group(
+            Storage, filesystem=st.one_of(st.none(), st.just("local"), st.integers()),
+            partition_types=_opt(st.dictionaries(st.text(max_size=3), st.sampled_from(["int64", "string", "x"]),
+                                                 max_size=1)))),
     },
 )
 
@@ -76,7 +96,8 @@ OPTIONS = st.fixed_dictionaries(
 def test_fuzzed_options_raise_only_documented_errors(tmp_path_factory, opts):
     root = _root(tmp_path_factory)
     try:
-        loader = Loader(root, **opts)
+        groups = {k: v.build() for k, v in opts.items() if isinstance(v, _Group)}
+        loader = Loader(root, **{**opts, **groups})
         len(loader)  # plans epoch 0 (partitions and drop_last are checked against the data here)
     except (OptionError, DatasetError) as exc:
         assert str(exc)  # says something
@@ -100,18 +121,19 @@ def root(tmp_path):
     (dict(workers=0), r"workers must be an int in \[1, 256\] or 'auto', got 0"),
     (dict(workers="many"), r"workers must be an int in \[1, 256\] or 'auto'"),
     (dict(pool="fork"), r"pool must be 'thread' or 'process', got 'fork'"),
-    (dict(prefetch=0), r"prefetch must be an int in \[1, 1024\] \(blocks queued per worker\), got 0"),
+    (dict(pool=lambda: Pool(prefetch=0)), r"Pool.prefetch must be an int in \[1, 1024\] \(blocks queued per worker\), got 0"),
     (dict(shuffle_window=0), r"shuffle_window must be an int >= 1"),
     (dict(shuffle="yes"), r"shuffle must be True or False"),
     (dict(drop_last=1), r"drop_last must be True or False"),
-    (dict(stall_timeout=0), r"stall_timeout must be a positive number of seconds up to 1e\+09, or None \(wait forever\)"),
-    (dict(stall_timeout=-5.0), r"stall_timeout must be a positive number"),
-    (dict(partitions=3, world_size=2, rank=0), r"partitions=3 must be a multiple of the world size 2"),
+    (dict(pool=lambda: Pool(stall_timeout=0)),
+     r"Pool.stall_timeout must be a positive number of seconds up to 1e\+09, or None \(wait forever\)"),
+    (dict(pool=lambda: Pool(stall_timeout=-5.0)), r"Pool.stall_timeout must be a positive number"),
+    (dict(partitions=3, distributed=(0, 2)), r"partitions=3 must be a multiple of the world size 2"),
     (dict(batch_size=3, partitions=2), r"must divide by partitions=2"),
     # Plan format 2 cuts row groups: more partitions than row groups is fine, too few rows is not.
     (dict(partitions=5, batch_size=205, drop_last=True),
      r"the epoch holds 200 rows, the smallest of the 5 partitions 40, fewer than one micro-batch of 41 rows"),
-    (dict(rank=2, world_size=2), r"rank must be an int in \[0, 2\), got 2"),
+    (dict(distributed=(2, 2)), r"Distributed.rank must be an int in \[0, 2\), got 2"),
     (dict(columns="id"), r"columns must be a list of names, got the string 'id'"),
     (dict(columns=[]), r"columns=\[\] selects nothing"),
     (dict(columns=False), r"columns must be a list of names or None, got bool False"),
@@ -119,12 +141,16 @@ def root(tmp_path):
     (dict(columns=["id", "id"]), r"columns lists \['id'\] more than once"),
     (dict(null_fill={"zz": 0}), r"null_fill names \['zz'\], which are not among the loaded columns"),
     (dict(null_fill=[1]), r"null_fill must be a dict"),
-    (dict(filesystem=42), r"filesystem must be a pyarrow.fs.FileSystem or an fsspec filesystem, got int"),
+    (dict(storage=lambda: Storage(filesystem=42)),
+     r"Storage.filesystem must be a pyarrow.fs.FileSystem or an fsspec filesystem, got int"),
+    (dict(storage=42), r"storage must be a detload.Storage, a pyarrow.fs.FileSystem or fsspec filesystem, or None, "
+                       r"got int 42"),
     (dict(batch_size=1000, drop_last=True), r"drop_last=True drops every row: the epoch holds 200 rows.* micro-batch of 1000 rows"),
 ])
 def test_bad_option_messages(root, kw, match):
-    args = {"batch_size": 10, "seed": 0, **kw}
     with pytest.raises(OptionError, match=match):
+        # A group is built here, in the raises block: building it checks its fields.
+        args = {"batch_size": 10, "seed": 0, **{k: v() if callable(v) else v for k, v in kw.items()}}
         Loader(root, **args).plan()  # drop_last/partitions checks happen when the epoch is planned
 
 

@@ -149,7 +149,8 @@ def test_slow_consumer_memory_bound(tmp_path, leaks, workers, prefetch):
     # A loader that held on to blocks would break both bounds: the exact count of live
     # segments, and (coarser: RSS counts allocator pools and shared pages) the RSS one.
     assert bound_blocks * unit_bytes + SLACK < units * unit_bytes
-    opts = dict(batch_size=batch, seed=1, shuffle_window=1, workers=workers, pool="process", prefetch=prefetch)
+    opts = dict(batch_size=batch, seed=1, shuffle_window=1, workers=workers,
+                pool=detload.Pool(kind="process", prefetch=prefetch))
     with Loader(str(tmp_path / "wide"), **opts) as loader:
         for _ in loader:  # warm-up epoch: allocator pools, imports, page cache
             leaks.track(loader)

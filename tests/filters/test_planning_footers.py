@@ -82,3 +82,54 @@ def test_footers_from_discovery_plan_exactly_as_reading_them_again(root, expr):
     a, b = reused.stats.as_dict(), again.stats.as_dict()
     a.pop("seconds"), b.pop("seconds")
     assert a == b
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory) -> str:
+    """Files 0-2 with bloom filters on v, files 3-5 without any; v holds only even values."""
+    d = tmp_path_factory.mktemp("mixed")
+    for i in range(FILES):
+        ids = np.arange(i * 400, (i + 1) * 400, dtype=np.int64)
+        bloom = {"bloom_filter_options": {"v": {"ndv": 8, "fpp": 0.01}}} if i < 3 else {}
+        pq.write_table(pa.table({"id": ids, "v": (ids % 5) * 2}), d / f"{i}.parquet", row_group_size=100, **bloom)
+    return str(d)
+
+
+def _plan(root, expr):
+    footers: list[pq.FileMetaData] = []
+    ds = discover(root, footers=footers)
+    try:
+        got = filter_units(ds, parse_filter(expr, ds.schema, {}), footers=footers)
+    except Exception as exc:  # noqa: BLE001 - compared by type and message
+        return (type(exc), str(exc))
+    stats = got.stats.as_dict()
+    stats.pop("seconds")
+    return got.units, {k: s.indices().tolist() for k, s in got.selections.items()}, stats
+
+
+@pytest.mark.parametrize("expr, readers", [
+    ((f("id") >= 150) & (f("id") < 2000), 0),  # no bloom filter on id: no reader at all
+    ((f("v") == 3) | (f("id") == 2001), 3),    # the three files with filters on v, and only those
+    ((f("v").isin([3, 5])) | (f("id") < 50), 3),
+])
+def test_a_bloom_reader_is_made_only_for_files_with_a_filter_on_a_filtered_column(mixed, monkeypatch, expr, readers):
+    from detload._filters import planning
+
+    made: list[str] = []
+    real = planning.BloomReader
+
+    class Counting(real):  # type: ignore[misc, valid-type]
+        def __init__(self, file, *a, **kw):
+            made.append(str(file))
+            super().__init__(file, *a, **kw)
+
+    monkeypatch.setattr(planning, "BloomReader", Counting)
+    lazy = _plan(mixed, expr)
+    assert len(made) == readers and all(m.endswith(("0.parquet", "1.parquet", "2.parquet")) for m in made)
+    # The same plan as a reader made for every file, as planning did before.
+    monkeypatch.setattr(planning, "_has_bloom", lambda rg, leaves: bool(leaves))
+    made.clear()
+    assert _plan(mixed, expr) == lazy
+    assert len(made) == FILES
+    if readers:
+        assert lazy[2]["pruned"]["bloom"] > 0  # the filters were probed, not only found
