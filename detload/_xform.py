@@ -44,7 +44,7 @@ class TransformPlan:
     """What a worker needs to run the transform (plain picklable data and the `Transform`).
 
     ``specs``: the delivered columns (the output schema, from the first row group);
-    ``identity``: the cache identity of its output, less the selection; ``counts``: for
+    ``identity``: the cache identity of its output, less the file's place and the selection; ``counts``: for
     ``rows="changes"``, each row group's planned output rows; ``selection_ids``: the
     filter's selection name per (file, row group) that has one; ``cached``: output is kept.
     """
@@ -56,8 +56,10 @@ class TransformPlan:
     counts: Mapping[tuple[int, int], int] | None = None
     selection_ids: Mapping[tuple[int, int], str] = field(default_factory=dict)
 
-    def cache_identity(self, f: int, rg: int) -> str:
-        return f"{self.identity}/{self.selection_ids.get((f, rg), '')}"
+    def cache_identity(self, f: int, path: str, rg: int) -> str:
+        # ctx.file_index and ctx.file are the function's input as much as the columns: a file
+        # that moves in the canonical order, or is reached from another root, gets other entries.
+        return f"{self.identity}/{json.dumps([f, path])}/{self.selection_ids.get((f, rg), '')}"
 
 
 # -- output checks ----------------------------------------------------------------------
@@ -192,7 +194,7 @@ class _OutputCache(RowGroupCache):
     kept mapped between epochs and checksummed like the row groups themselves.
 
     An entry is named by the row group and the hash of the full cache identity (transform,
-    input specs, selection; `TransformPlan.cache_identity`), and the full identity is in
+    input specs, the file's index and path, selection; `TransformPlan.cache_identity`), and the full identity is in
     its header key, compared on every read: two identities are never each other's hit.
     """
 
@@ -201,9 +203,11 @@ class _OutputCache(RowGroupCache):
         self._plan = plan
         # Entries are looked up by file version (its cache key) and row group.
         self._file_of = {ref.cache_key: f for f, ref in enumerate(files)}
+        self._paths = [ref.path for ref in files]
 
     def _ident(self, obj: str, rg: int) -> str:
-        return self._plan.cache_identity(self._file_of[obj], rg)
+        f = self._file_of[obj]
+        return self._plan.cache_identity(f, self._paths[f], rg)
 
     def _path(self, obj: str, rg: int) -> str:
         return os.path.join(self.store.objects, obj, _derived_name(rg, self._ident(obj, rg).encode()))
