@@ -13,8 +13,10 @@ import dataclasses
 import json
 import os
 import pickle
+import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -335,14 +337,64 @@ def _identity(t: Transform, specs_key: str, partition_specs: Sequence[ColumnSpec
     return f"transform/{OUTPUT_FORMAT}/{json.dumps(t.identity, sort_keys=True)}/{specs_key}/{json.dumps(parts)}"
 
 
+def _select_of(cols: UnitColumns, r: Range, selections: Mapping[tuple[int, int], Selection] | None) -> UnitColumns:
+    picked = selections.get((r.file, r.row_group)) if selections else None
+    if picked is None:
+        return cols
+    from ._engine.worker import _select
+
+    return _select(cols, picked)
+
+
+def _count_rows(plan: TransformPlan, cfg: Any, read_cfg: Any, ranges: Sequence[Range],
+                selections: Mapping[tuple[int, int], Selection] | None, seed: int, threads: int) -> list[int]:
+    """Each row group's output rows under ``plan`` (rows="changes"), in the order of ``ranges``:
+    its cached output's, else read, selected and transformed (and kept, when cached).
+
+    Runs in up to ``threads`` threads, like the filter's selection pass: each thread has its own
+    reader and runner (as a thread worker does), and a count depends on its row group alone, so
+    the counts are those of a sequential pass. The first failure in ``ranges`` order is raised.
+    """
+    from ._engine.reader import UnitReader
+
+    if not ranges:
+        return []
+    local = threading.local()
+    lanes: list[tuple[UnitReader, TransformRunner]] = []
+    lock = threading.Lock()
+
+    def count(r: Range) -> int:
+        lane = getattr(local, "lane", None)
+        if lane is None:
+            lane = local.lane = (UnitReader(read_cfg), TransformRunner(plan, cfg), _Timings())
+            with lock:
+                lanes.append(lane[:2])
+        reader, runner, tm = lane
+        got = runner.cached(cfg, r.file, r.row_group, tm)
+        if got is None:
+            cols = _select_of(reader.read(r.file, r.row_group, tm), r, selections)  # type: ignore[arg-type]
+            picked = selections.get((r.file, r.row_group)) if selections else None
+            got = runner.apply(cfg, cols, r.file, r.row_group, picked, seed, 0, tm)
+        return len(next(iter(got.values())))
+
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(ranges)))) as ex:
+            return list(ex.map(count, ranges))
+    finally:
+        for reader, runner in lanes:
+            runner.close()
+            reader.close()
+
+
 def plan_transform(t: Transform, cfg: Any, units: Sequence[Unit],
-                   selections: Mapping[tuple[int, int], Selection] | None, seed: int) -> PlannedTransform:
+                   selections: Mapping[tuple[int, int], Selection] | None, seed: int,
+                   threads: int = 8) -> PlannedTransform:
     """Plan ``t`` over ``units`` (one whole row group each), reading through a worker's reader
     with ``cfg`` (a thread `WorkerConfig` without the transform).
 
     Infers the output schema from the first row group, reruns a deterministic transform on
     it to catch undeclared randomness, and for ``rows="changes"`` runs it over every row group
-    (filling the cache) so that the plan counts its output rows.
+    (filling the cache, in up to ``threads`` threads) so that the plan counts its output rows.
     """
     from ._cache.keys import specs_key
     from ._engine.reader import UnitReader
@@ -359,13 +411,7 @@ def plan_transform(t: Transform, cfg: Any, units: Sequence[Unit],
         probe = TransformRunner(TransformPlan(t, (), identity, cached, None, sel_ids), cfg)
 
         def read(r: Range) -> UnitColumns:
-            cols = reader.read(r.file, r.row_group, tm)  # type: ignore[arg-type]
-            picked = selections.get((r.file, r.row_group)) if selections else None
-            if picked is not None:
-                from ._engine.worker import _select
-
-                cols = _select(cols, picked)
-            return cols
+            return _select_of(reader.read(r.file, r.row_group, tm), r, selections)  # type: ignore[arg-type]
 
         def run(r: Range, specs: Sequence[ColumnSpec] | None, cols: UnitColumns | None = None) -> UnitColumns:
             cols = read(r) if cols is None else cols
@@ -406,23 +452,22 @@ def plan_transform(t: Transform, cfg: Any, units: Sequence[Unit],
         try:
             if hit is None:
                 filled.keep(first.file, first.row_group, out0)
-            if t.rows == "same":
-                return PlannedTransform(plan, None)
-            # rows="changes": count every row group's output; the workers' runs are checked against it.
-            counts: dict[tuple[int, int], int] = {}
-            new_units: list[Unit] = []
-            for u in units:
-                r = u.ranges[0]
-                got = out0 if r == first else filled.cached(cfg, r.file, r.row_group, tm)
-                if got is None:
-                    got = filled.apply(cfg, read(r), r.file, r.row_group,
-                                       selections.get((r.file, r.row_group)) if selections else None, seed, 0, tm)
-                n = len(next(iter(got.values())))
-                counts[(r.file, r.row_group)] = n
-                if n:
-                    new_units.append(Unit((Range(r.file, r.row_group, 0, n),), (), u.selection))
         finally:
             filled.close()
+        if t.rows == "same":
+            return PlannedTransform(plan, None)
+        # rows="changes": count every row group's output; the workers' runs are checked against it.
+        rest = [u.ranges[0] for u in units if u.ranges[0] != first]
+        got_n = dict(zip(rest, _count_rows(plan, cfg, reader.cfg, rest, selections, seed, threads)))
+        got_n[first] = len(next(iter(out0.values())))
+        counts: dict[tuple[int, int], int] = {}
+        new_units: list[Unit] = []
+        for u in units:
+            r = u.ranges[0]
+            n = got_n[r]
+            counts[(r.file, r.row_group)] = n
+            if n:
+                new_units.append(Unit((Range(r.file, r.row_group, 0, n),), (), u.selection))
         if not new_units:
             from .errors import EmptyDatasetError
 

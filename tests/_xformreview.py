@@ -18,7 +18,7 @@ def _table(start: int, n: int) -> pa.Table:
     s = [None if i % 5 == 0 else "w" * int(i % 4) + str(i) for i in ids]
     lst = [None if i % 7 == 0 else list(range(int(i % 3))) for i in ids]
     f = [None if i % 6 == 0 else float(i) / 3 for i in ids]
-    return pa.table({"id": pa.array(ids), "s": pa.array(s, pa.string()),
+    return pa.table({"id": pa.array(ids), "g": pa.array(ids // 3), "s": pa.array(s, pa.string()),
                      "l": pa.array(lst, pa.list_(pa.int32())), "f": pa.array(f, pa.float64())})
 
 
@@ -46,7 +46,7 @@ def write_odd(root: str) -> str:
 
 
 FILL = {"s": "", "l": [], "f": 0.0}
-COLUMNS = ["id", "s", "l", "f", "part"]
+COLUMNS = ["id", "s", "l", "f", "part"]  # and "g" = id // 3, a group key
 
 
 def feats(cols, ctx):
@@ -61,7 +61,8 @@ def feats(cols, ctx):
     part = cols["part"]
     code = part.values[part.offsets[:-1]].astype(np.int8)  # the partition's first letter
     return {"id": np.array(ids), "bucket": (ids * 2654435761 % 101).astype(np.int32), "slen": slen,
-            "lsum": lsum, "f2": np.asarray(cols["f"]) * 2, "s": s, "l": lst, "code": code}
+            "lsum": lsum, "f2": np.asarray(cols["f"]) * 2, "s": s, "l": lst, "code": code,
+            **({"g": cols["g"]} if "g" in cols else {})}
 
 
 def feats_v2(cols, ctx):
@@ -104,3 +105,38 @@ DROP_ODD = Transform(drop_odd, name="drop-odd", version="1", rows="changes")
 def path_len(cols, ctx):
     """Deterministic, and depends on ctx.file (the path relative to the dataset root)."""
     return {"id": np.array(cols["id"]), "plen": np.full(ctx.rows, len(ctx.file), dtype=np.int64)}
+
+
+def odd_arrays(cols, ctx):
+    """Outputs of unusual layouts: big-endian, a strided view, Fortran order, 3-D, bool, datetime,
+    float16, and a Ragged whose values are a strided view."""
+    ids = np.asarray(cols["id"])
+    n = len(ids)
+    two = np.stack([ids, ids * 2, ids * 3], axis=0)  # (3, n)
+    wide = np.arange(n * 4, dtype=np.int64).reshape(2, n, 2)
+    vals = np.repeat(ids, 2)[::2].astype(np.int16)  # a strided view, n values
+    return {
+        "id": ids,
+        "be": ids.astype(">i4"),
+        "strided": np.repeat(ids, 3)[::3],
+        "fortran": two.T,  # (n, 3), not C-contiguous
+        "cube": np.ascontiguousarray(wide.transpose(1, 0, 2)),  # (n, 2, 2)
+        "flag": ids % 2 == 0,
+        "when": ids.astype("datetime64[s]"),
+        "half": ids.astype(np.float16),
+        "rag": Ragged(vals, np.arange(n + 1, dtype=np.int64), "list"),
+    }
+
+
+def odd_expected(ids):
+    n = len(ids)
+    del n
+    return {"be": ids.astype(np.int32), "strided": ids, "fortran": np.stack([ids, ids * 2, ids * 3], axis=1),
+            "flag": ids % 2 == 0, "when": ids.astype("datetime64[s]"), "half": ids.astype(np.float16)}
+
+
+def fails_after_first_file(cols, ctx):
+    """rows='changes', raising on every row group of every file after the first."""
+    if ctx.file_index >= 1:
+        raise LookupError(f"no table for file {ctx.file_index}")
+    return {"id": np.array(cols["id"])}

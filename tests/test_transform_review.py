@@ -9,8 +9,23 @@ import _xformreview as R
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
-from detload import Loader, Transform
+from detload import Loader, Transform, WorkerError
+from detload.audit import hash_batch
+
+
+@pytest.fixture(scope="module")
+def odd(tmp_path_factory) -> str:
+    return R.write_odd(str(tmp_path_factory.mktemp("odd") / "ds"))
+
+
+def _hashes(loader, epochs=(0, 1)):
+    out = []
+    for e in epochs:
+        loader.set_epoch(e)
+        out += [hash_batch(b)[0] for b in loader]
+    return out
 
 
 def _stored_at(root, cache):
@@ -42,3 +57,30 @@ def test_cached_output_belongs_to_the_files_path_from_the_root(tmp_path):
         with Loader(root, batch_size=100, seed=1, transform=t, cache=tmp_path / "c") as ld:
             got.append(set(np.concatenate([b["plen"] for b in ld]).tolist()))
     assert got == [{len("b.parquet")}, {len("ds/b.parquet")}]
+
+
+# -- the counting pass of rows="changes" ---------------------------------------------------
+
+def _plan_of(root, threads, monkeypatch, **kw):
+    import detload._xform as XF
+
+    monkeypatch.setattr(XF.plan_transform, "__defaults__", (threads,))
+    with Loader(root, batch_size=20, seed=5, null_fill=R.FILL, **kw) as ld:
+        return ld.order["units_digest"], len(ld), _hashes(ld)
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_the_counting_pass_in_threads_plans_what_a_sequential_one_does(odd, tmp_path, monkeypatch, cache):
+    kw = dict(transform=R.DROP_ODD, filter=[("id", "<", 4100)])
+    one = _plan_of(odd, 1, monkeypatch, cache=(tmp_path / "a") if cache else None, **kw)
+    many = _plan_of(odd, 8, monkeypatch, cache=(tmp_path / "b") if cache else None, **kw)
+    assert one == many
+    if cache:  # the threads filled the cache: a warm loader plans the same from it
+        assert _plan_of(odd, 8, monkeypatch, cache=tmp_path / "b", **kw) == one
+
+
+def test_the_counting_pass_in_threads_reports_the_first_failing_row_group(odd, monkeypatch):
+    t = Transform(R.fails_after_first_file, name="late", version="1", rows="changes")
+    with pytest.raises(WorkerError, match=r"planning failed: transform 'late' raised LookupError: no table for "
+                                          r"file 1, on part=a/one.parquet row group 0"):
+        _plan_of(odd, 8, monkeypatch, transform=t)
