@@ -140,3 +140,11 @@ def fails_after_first_file(cols, ctx):
     if ctx.file_index >= 1:
         raise LookupError(f"no table for file {ctx.file_index}")
     return {"id": np.array(cols["id"])}
+
+
+def noise_keyed(cols, ctx):
+    """`noise`, keeping the group key g (for group_by)."""
+    return {"g": cols["g"], **noise(cols, ctx)}
+
+
+NOISE_KEYED = Transform(noise_keyed, name="noise-keyed", version="1", random=True)

@@ -84,3 +84,161 @@ def test_the_counting_pass_in_threads_reports_the_first_failing_row_group(odd, m
     with pytest.raises(WorkerError, match=r"planning failed: transform 'late' raised LookupError: no table for "
                                           r"file 1, on part=a/one.parquet row group 0"):
         _plan_of(odd, 8, monkeypatch, transform=t)
+
+
+# -- the same batches everywhere, on the odd dataset ------------------------------------------
+
+CASES = {
+    "deterministic": dict(transform=R.FEATS),
+    "random": dict(transform=R.NOISE, columns=["id", "s", "f"], null_fill={"s": "", "f": 0.0}),
+    "changes": dict(transform=R.DROP_ODD),
+    "filter": dict(transform=R.FEATS, filter=[("id", "in", [*range(0, 5000, 3), 1000])]),
+    "filter-random": dict(transform=R.NOISE, filter=[("f", ">", 50.0)], columns=["id", "s", "f"],
+                          null_fill={"s": "", "f": 0.0}),
+    "group": dict(transform=R.FEATS, group_by="g", batch_size=30),
+    "group-random": dict(transform=R.NOISE_KEYED, group_by="g", columns=["id", "g", "s", "f"],
+                         null_fill={"s": "", "f": 0.0}),
+    "group-filter": dict(transform=R.FEATS, group_by="g", filter=[("id", "<", 3020)], batch_size=30),
+}
+
+
+def _run(root, **kw):
+    opts = dict(batch_size=37, seed=5, null_fill=R.FILL)
+    opts.update(kw)
+    with Loader(root, **opts) as ld:
+        return _hashes(ld)
+
+
+# Every case at 1/3/8 workers and both pools; the process cells (slow to start) for fewer cases.
+CELLS = [(case, w, pool) for case in CASES for w, pool in ((3, "thread"), (8, "thread"))] + [
+    (case, w, "process") for case in ("deterministic", "random", "changes", "group-filter") for w in (3, 8)]
+
+
+@pytest.mark.parametrize("case, workers, pool", CELLS)
+def test_the_same_batches_at_every_worker_count_pool_and_cache_state(odd, tmp_path, case, workers, pool):
+    ref = _run(odd, **CASES[case])
+    assert len(ref) > 10
+    assert _run(odd, workers=workers, pool=pool, **CASES[case]) == ref
+    for state in ("cold", "warm"):
+        assert _run(odd, workers=workers, pool=pool, cache=tmp_path / "c", **CASES[case]) == ref, state
+
+
+@pytest.mark.parametrize("case", ["deterministic", "random", "changes", "group-filter"])
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_the_same_batches_after_a_resume_at_several_steps(odd, tmp_path, case, pool):
+    opts = dict(batch_size=37, seed=5, null_fill=R.FILL)
+    opts.update(CASES[case])
+    ref = _run(odd, **CASES[case])
+    per = len(ref) // 2  # two epochs of one length
+    for step in (1, per - 1, per, per + 2):
+        with Loader(odd, **opts) as ld:
+            got = []
+            it = iter(ld)
+            for _ in range(min(step, per)):
+                got.append(hash_batch(next(it))[0])
+            if step >= per:
+                for _ in it:
+                    pass
+                ld.set_epoch(1)
+                it = iter(ld)
+                for _ in range(step - per):
+                    got.append(hash_batch(next(it))[0])
+            state = ld.state_dict()
+        with Loader(odd, workers=3, pool=pool, cache=tmp_path / "c", **opts) as again:
+            again.load_state_dict(state)
+            rest = [hash_batch(b)[0] for b in again]
+            if step < per:
+                again.set_epoch(1)
+                rest += [hash_batch(b)[0] for b in again]
+        assert got + rest == ref, step
+
+
+# -- what the output is ---------------------------------------------------------------------
+
+def _by_id(batches):
+    cols: dict[str, list] = {}
+    for b in batches:
+        b = b.unpack() if hasattr(b, "unpack") else b
+        for k, v in b.items():
+            cols.setdefault(k, []).append(v)
+    return cols
+
+
+def test_the_output_is_the_function_applied_to_the_rows_read(odd):
+    """Nulls filled, strings and lists as Ragged, a Hive column, the one-row and DuckDB row groups."""
+    with Loader(odd, batch_size=1000, seed=5, shuffle=False, null_fill=R.FILL) as plain, \
+            Loader(odd, batch_size=1000, seed=5, shuffle=False, null_fill=R.FILL, transform=R.FEATS) as ld:
+        rows = list(plain)
+        got = list(ld)
+    assert [len(b["id"]) for b in got] == [len(b["id"]) for b in rows]
+    for b, r in zip(got, rows):
+        want = R.feats(dict(r), None)
+        assert list(b) == list(want)
+        for k in want:
+            assert (b[k] == want[k]) if hasattr(want[k], "offsets") else np.array_equal(b[k], want[k]), k
+    ids = np.concatenate([b["id"] for b in got])
+    assert {1000, 3040, 4299}.issubset(set(ids.tolist())) and len(ids) == 230 + 1 + 96 + 300
+
+
+@pytest.mark.parametrize("case", ["group", "group-filter"])
+def test_under_group_by_the_transform_keeps_the_groups_of_the_plain_loader(odd, case):
+    kw = dict(CASES[case])
+    del kw["transform"]
+    with Loader(odd, seed=5, null_fill=R.FILL, **kw) as plain, \
+            Loader(odd, seed=5, null_fill=R.FILL, **CASES[case]) as ld:
+        assert len(ld) == len(plain)
+        for b, p in zip(ld, plain):
+            assert np.array_equal(b.offsets, p.offsets)
+            bu, pu = b.unpack(), p.unpack()
+            assert np.array_equal(bu["g"], pu["g"]) and np.array_equal(bu["id"], pu["id"])
+            assert np.array_equal(bu["bucket"], (pu["id"] * 2654435761 % 101).astype(np.int32))
+
+
+# -- the cache -------------------------------------------------------------------------------
+
+def _stages(ld, mark):
+    s = ld.stats(since=mark).stages
+    return {k: s[k].count if k in s else 0 for k in ("read", "convert", "transform", "cache_read")}
+
+
+@pytest.mark.parametrize("case", ["deterministic", "changes", "filter", "group-filter"])
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_warm_epochs_neither_decode_nor_transform(odd, tmp_path, case, pool):
+    opts = dict(batch_size=37, seed=5, null_fill=R.FILL, workers=3, pool=pool, cache=tmp_path / "c")
+    opts.update(CASES[case])
+    with Loader(odd, **opts) as ld:
+        _hashes(ld, (0,))
+        mark = ld.stats_mark()
+        _hashes(ld, (1,))
+        warm = _stages(ld, mark)
+        n = sum(len(u.ranges) for u in ld._units.units)  # one read per range (group_by's units hold several)
+    assert warm == {"read": 0, "convert": 0, "transform": 0, "cache_read": n}
+
+
+def test_a_random_transform_reruns_on_cached_input(odd, tmp_path):
+    opts = dict(batch_size=37, seed=5, workers=3, cache=tmp_path / "c")
+    opts.update(CASES["filter-random"])
+    with Loader(odd, **opts) as ld:
+        _hashes(ld, (0,))
+        mark = ld.stats_mark()
+        _hashes(ld, (1,))
+        warm = _stages(ld, mark)
+        n = len(ld._units.units)
+    assert warm == {"read": 0, "convert": 0, "transform": n, "cache_read": n}
+
+
+def test_a_new_version_invalidates_the_cached_output(odd, tmp_path):
+    opts = dict(batch_size=1000, seed=5, shuffle=False, null_fill=R.FILL, cache=tmp_path / "c")
+    with Loader(odd, transform=R.FEATS, **opts) as ld:
+        old = np.concatenate([b["bucket"] for b in ld])
+    with Loader(odd, transform=R.FEATS_V2, **opts) as ld:
+        mark = ld.stats_mark()
+        new = np.concatenate([b["bucket"] for b in ld])
+        st = _stages(ld, mark)
+    assert np.array_equal(new, old + 1000)
+    # Every row group transformed anew, but the first, which planning ran (and cached) first.
+    assert st["transform"] == len(ld._units.units) - 1 and st["cache_read"] == 1
+    with Loader(odd, transform=R.FEATS, **opts) as ld:  # version 1's entries are still there, and its own
+        mark = ld.stats_mark()
+        assert np.array_equal(np.concatenate([b["bucket"] for b in ld]), old)
+        assert _stages(ld, mark)["transform"] == 0
