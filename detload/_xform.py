@@ -93,6 +93,23 @@ def _check_column(t: Transform, name: Any, c: Any, where: str) -> int:
         if not (isinstance(offs, np.ndarray) and isinstance(vals, np.ndarray)) or vals.dtype.hasobject:
             raise DataError(f"transform {t.name!r} returned column {name!r} for {where} as a Ragged whose values "
                             "and offsets are not NumPy arrays of numbers")
+        # detload's layout (shared memory, the cache, hashing) is 1-D values of numbers;
+        # anything else would fail later, in block assembly, without naming the transform.
+        if vals.ndim != 1:
+            shape = f" ({vals.dtype}, shape {vals.shape})" if vals.ndim else ""
+            raise DataError(f"transform {t.name!r} returned column {name!r} for {where} as a Ragged whose values "
+                            f"are {vals.ndim}-D{shape}; a Ragged's values are 1-D (a list of fixed-size rows: a "
+                            "fixed column of shape (rows, n), or flatten the values and scale the offsets)")
+        if c.kind not in ("list", "utf8", "binary"):
+            raise DataError(f"transform {t.name!r} returned column {name!r} for {where} as a Ragged of kind "
+                            f"{c.kind!r}; the kinds are 'list', 'utf8' and 'binary'")
+        if vals.dtype.kind in "UV":
+            raise DataError(f"transform {t.name!r} returned column {name!r} for {where} as a Ragged whose values "
+                            f"are an array of dtype {vals.dtype}; values are numbers, bools or datetimes (text "
+                            "as a Ragged of uint8 values)")
+        if c.kind != "list" and vals.dtype != np.uint8:
+            raise DataError(f"transform {t.name!r} returned column {name!r} for {where} as a Ragged[{c.kind}] of "
+                            f"{vals.dtype} values; text and bytes are uint8 values (e.g. np.frombuffer(b, np.uint8))")
         if offs.dtype != np.int64 or offs.ndim != 1 or offs.shape[0] < 1 or offs[0] != 0 or (
                 offs[-1] != vals.shape[0]) or (offs.shape[0] > 1 and (np.diff(offs) < 0).any()):
             raise DataError(f"transform {t.name!r} returned column {name!r} for {where} as a Ragged with bad "

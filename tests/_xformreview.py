@@ -148,3 +148,10 @@ def noise_keyed(cols, ctx):
 
 
 NOISE_KEYED = Transform(noise_keyed, name="noise-keyed", version="1", random=True)
+
+
+def ragged_2d(cols, ctx):
+    """A Ragged whose values are 2-D (rows of 3): not detload's layout, which is 1-D values."""
+    ids = np.asarray(cols["id"])
+    n = len(ids)
+    return {"id": ids, "r": Ragged(np.ones((n, 3), dtype=np.int32), np.arange(n + 1, dtype=np.int64), "list")}

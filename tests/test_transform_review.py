@@ -242,3 +242,33 @@ def test_a_new_version_invalidates_the_cached_output(odd, tmp_path):
         mark = ld.stats_mark()
         assert np.array_equal(np.concatenate([b["bucket"] for b in ld]), old)
         assert _stages(ld, mark)["transform"] == 0
+
+
+# -- output checks -------------------------------------------------------------------------
+
+_T = Transform(X.hashed, name="t")
+
+
+@pytest.mark.parametrize("values, kind, message", [
+    (np.ones((3, 2), np.int32), "list", r"as a Ragged whose values are 2-D \(int32, shape \(3, 2\)\); a Ragged's "
+                                        r"values are 1-D"),
+    (np.array(3, np.int32), "list", r"as a Ragged whose values are 0-D"),
+    (np.ones(3, np.uint8), "text", r"as a Ragged of kind 'text'; the kinds are 'list', 'utf8' and 'binary'"),
+    (np.ones(3, np.int32), "utf8", r"as a Ragged\[utf8\] of int32 values; text and bytes are uint8 values"),
+    (np.array(["a", "b", "c"]), "list", r"as a Ragged whose values are an array of dtype <U1"),
+])
+def test_a_ragged_output_not_in_detloads_layout_is_refused(values, kind, message):
+    from detload import DataError, Ragged
+    from detload._xform import check_output
+
+    out = {"a": Ragged(values, np.array([0, 1, 3], dtype=np.int64), kind)}
+    with pytest.raises(DataError, match=r"transform 't' returned column 'a' for W " + message):
+        check_output(_T, out, "W", None)
+
+
+def test_a_ragged_output_with_2d_values_is_refused_when_the_loader_is_built(odd):
+    from detload import DataError
+
+    with pytest.raises(DataError, match=r"transform 'r2' returned column 'r' for part=a/many.parquet row group 0 "
+                                        r"as a Ragged whose values are 2-D"):
+        Loader(odd, batch_size=50, seed=5, columns=["id"], transform=Transform(R.ragged_2d, name="r2"))
