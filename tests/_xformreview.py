@@ -155,3 +155,14 @@ def ragged_2d(cols, ctx):
     ids = np.asarray(cols["id"])
     n = len(ids)
     return {"id": ids, "r": Ragged(np.ones((n, 3), dtype=np.int32), np.arange(n + 1, dtype=np.int64), "list")}
+
+
+def with_nan_and_nat(cols, ctx):
+    """Deterministic, with NaN in a Ragged of floats and NaT in datetime and timedelta columns."""
+    ids = np.asarray(cols["id"])
+    n = len(ids)
+    vals = np.where(ids % 2 == 0, np.nan, ids.astype(np.float64))
+    when = ids.astype("datetime64[s]")
+    when[ids % 3 == 0] = np.datetime64("NaT")
+    return {"id": ids, "r": Ragged(vals, np.arange(n + 1, dtype=np.int64), "list"), "when": when,
+            "gap": np.full(n, np.timedelta64("NaT"), dtype="timedelta64[ms]")}

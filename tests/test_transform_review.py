@@ -272,3 +272,13 @@ def test_a_ragged_output_with_2d_values_is_refused_when_the_loader_is_built(odd)
     with pytest.raises(DataError, match=r"transform 'r2' returned column 'r' for part=a/many.parquet row group 0 "
                                         r"as a Ragged whose values are 2-D"):
         Loader(odd, batch_size=50, seed=5, columns=["id"], transform=Transform(R.ragged_2d, name="r2"))
+
+
+def test_nan_and_nat_in_a_deterministic_output_are_not_randomness(odd):
+    """The rerun check compares the two outputs bitwise: NaN != NaN and NaT != NaT must not make a
+    deterministic transform look random."""
+    t = Transform(R.with_nan_and_nat, name="nan", version="1")
+    with Loader(odd, batch_size=50, seed=5, columns=["id"], transform=t) as ld:
+        got = list(ld)
+    assert sum(len(b["id"]) for b in got) == 627
+    assert any(np.isnan(b["r"].values).any() for b in got) and any(np.isnat(b["when"]).any() for b in got)
