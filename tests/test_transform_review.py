@@ -285,3 +285,15 @@ def test_nan_and_nat_in_a_deterministic_output_are_not_randomness(odd):
         got = list(ld)
     assert sum(len(b["id"]) for b in got) == 627
     assert any(np.isnan(b["r"].values).any() for b in got) and any(np.isnat(b["when"]).any() for b in got)
+
+
+# -- the determinism matrix (world sizes included) on the odd dataset -------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["random", "changes", "filter-random", "group-filter"])
+def test_the_odd_dataset_gives_the_reference_batches_in_every_cell(odd, tmp_path, case):
+    from matrix import check_matrix
+
+    opts = dict(batch_size=40, seed=11, null_fill=R.FILL)
+    opts.update(CASES[case])
+    check_matrix(odd, opts, str(tmp_path))
