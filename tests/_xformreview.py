@@ -129,8 +129,7 @@ def odd_arrays(cols, ctx):
 
 
 def odd_expected(ids):
-    n = len(ids)
-    del n
+    """What `odd_arrays` delivers for the rows ``ids`` (but ``cube`` and ``rag``)."""
     return {"be": ids.astype(np.int32), "strided": ids, "fortran": np.stack([ids, ids * 2, ids * 3], axis=1),
             "flag": ids % 2 == 0, "when": ids.astype("datetime64[s]"), "half": ids.astype(np.float16)}
 

@@ -297,3 +297,20 @@ def test_the_odd_dataset_gives_the_reference_batches_in_every_cell(odd, tmp_path
     opts = dict(batch_size=40, seed=11, null_fill=R.FILL)
     opts.update(CASES[case])
     check_matrix(odd, opts, str(tmp_path))
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_outputs_of_unusual_layouts_are_delivered_as_returned(odd, tmp_path, pool):
+    """Big-endian, strided, Fortran-ordered, 3-D, bool, datetime, float16 and a strided Ragged's
+    values: the same values with no cache, cold and warm."""
+    t = Transform(R.odd_arrays, name="odd", version="1")
+    for state in ("none", "cold", "warm"):
+        cache = None if state == "none" else tmp_path / "c"
+        with Loader(odd, batch_size=37, seed=5, columns=["id"], transform=t, pool=pool, workers=2,
+                    cache=cache) as ld:
+            for b in ld:
+                ids = b["id"]
+                for k, want in R.odd_expected(ids).items():
+                    assert np.array_equal(b[k], want) and b[k].dtype.newbyteorder("=") == want.dtype, k
+                assert b["cube"].shape == (len(ids), 2, 2)
+                assert np.array_equal(b["rag"].values, ids.astype(np.int16))
