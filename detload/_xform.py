@@ -13,8 +13,10 @@ import dataclasses
 import json
 import os
 import pickle
+import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +46,7 @@ class TransformPlan:
     """What a worker needs to run the transform (plain picklable data and the `Transform`).
 
     ``specs``: the delivered columns (the output schema, from the first row group);
-    ``identity``: the cache identity of its output, less the selection; ``counts``: for
+    ``identity``: the cache identity of its output, less the file's place and the selection; ``counts``: for
     ``rows="changes"``, each row group's planned output rows; ``selection_ids``: the
     filter's selection name per (file, row group) that has one; ``cached``: output is kept.
     """
@@ -56,8 +58,10 @@ class TransformPlan:
     counts: Mapping[tuple[int, int], int] | None = None
     selection_ids: Mapping[tuple[int, int], str] = field(default_factory=dict)
 
-    def cache_identity(self, f: int, rg: int) -> str:
-        return f"{self.identity}/{self.selection_ids.get((f, rg), '')}"
+    def cache_identity(self, f: int, path: str, rg: int) -> str:
+        # ctx.file_index and ctx.file are the function's input as much as the columns: a file
+        # that moves in the canonical order, or is reached from another root, gets other entries.
+        return f"{self.identity}/{json.dumps([f, path])}/{self.selection_ids.get((f, rg), '')}"
 
 
 # -- output checks ----------------------------------------------------------------------
@@ -89,6 +93,23 @@ def _check_column(t: Transform, name: Any, c: Any, where: str) -> int:
         if not (isinstance(offs, np.ndarray) and isinstance(vals, np.ndarray)) or vals.dtype.hasobject:
             raise DataError(f"transform {t.name!r} returned column {name!r} for {where} as a Ragged whose values "
                             "and offsets are not NumPy arrays of numbers")
+        # detload's layout (shared memory, the cache, hashing) is 1-D values of numbers;
+        # anything else would fail later, in block assembly, without naming the transform.
+        if vals.ndim != 1:
+            shape = f" ({vals.dtype}, shape {vals.shape})" if vals.ndim else ""
+            raise DataError(f"transform {t.name!r} returned column {name!r} for {where} as a Ragged whose values "
+                            f"are {vals.ndim}-D{shape}; a Ragged's values are 1-D (a list of fixed-size rows: a "
+                            "fixed column of shape (rows, n), or flatten the values and scale the offsets)")
+        if c.kind not in ("list", "utf8", "binary"):
+            raise DataError(f"transform {t.name!r} returned column {name!r} for {where} as a Ragged of kind "
+                            f"{c.kind!r}; the kinds are 'list', 'utf8' and 'binary'")
+        if vals.dtype.kind in "UV":
+            raise DataError(f"transform {t.name!r} returned column {name!r} for {where} as a Ragged whose values "
+                            f"are an array of dtype {vals.dtype}; values are numbers, bools or datetimes (text "
+                            "as a Ragged of uint8 values)")
+        if c.kind != "list" and vals.dtype != np.uint8:
+            raise DataError(f"transform {t.name!r} returned column {name!r} for {where} as a Ragged[{c.kind}] of "
+                            f"{vals.dtype} values; text and bytes are uint8 values (e.g. np.frombuffer(b, np.uint8))")
         if offs.dtype != np.int64 or offs.ndim != 1 or offs.shape[0] < 1 or offs[0] != 0 or (
                 offs[-1] != vals.shape[0]) or (offs.shape[0] > 1 and (np.diff(offs) < 0).any()):
             raise DataError(f"transform {t.name!r} returned column {name!r} for {where} as a Ragged with bad "
@@ -156,17 +177,23 @@ def _readonly_array(a: np.ndarray) -> np.ndarray:
     return v
 
 
+def _bitwise(x: np.ndarray, y: np.ndarray) -> bool:
+    # Bitwise, as the batch hashes compare: NaN and NaT (never equal to themselves) are the
+    # same bytes each time a deterministic function makes them.
+    return x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+
+
 def _same(a: Mapping[str, Column], b: Mapping[str, Column]) -> str | None:
-    """The first column whose values differ between two outputs (None: identical)."""
+    """The first column whose bytes differ between two outputs (None: identical)."""
     if list(a) != list(b):
         return "the column names"
     for k in a:
         x, y = a[k], b[k]
         if isinstance(x, Ragged) or isinstance(y, Ragged):
-            if not (isinstance(x, Ragged) and isinstance(y, Ragged) and x == y):
+            if not (isinstance(x, Ragged) and isinstance(y, Ragged) and x.kind == y.kind
+                    and _bitwise(x.offsets, y.offsets) and _bitwise(x.values, y.values)):
                 return repr(k)
-        elif not (x.dtype == y.dtype and x.shape == y.shape and
-                  np.array_equal(x, y, equal_nan=x.dtype.kind in "fc")):
+        elif not _bitwise(x, y):
             return repr(k)
     return None
 
@@ -192,7 +219,7 @@ class _OutputCache(RowGroupCache):
     kept mapped between epochs and checksummed like the row groups themselves.
 
     An entry is named by the row group and the hash of the full cache identity (transform,
-    input specs, selection; `TransformPlan.cache_identity`), and the full identity is in
+    input specs, the file's index and path, selection; `TransformPlan.cache_identity`), and the full identity is in
     its header key, compared on every read: two identities are never each other's hit.
     """
 
@@ -201,9 +228,11 @@ class _OutputCache(RowGroupCache):
         self._plan = plan
         # Entries are looked up by file version (its cache key) and row group.
         self._file_of = {ref.cache_key: f for f, ref in enumerate(files)}
+        self._paths = [ref.path for ref in files]
 
     def _ident(self, obj: str, rg: int) -> str:
-        return self._plan.cache_identity(self._file_of[obj], rg)
+        f = self._file_of[obj]
+        return self._plan.cache_identity(f, self._paths[f], rg)
 
     def _path(self, obj: str, rg: int) -> str:
         return os.path.join(self.store.objects, obj, _derived_name(rg, self._ident(obj, rg).encode()))
@@ -331,14 +360,64 @@ def _identity(t: Transform, specs_key: str, partition_specs: Sequence[ColumnSpec
     return f"transform/{OUTPUT_FORMAT}/{json.dumps(t.identity, sort_keys=True)}/{specs_key}/{json.dumps(parts)}"
 
 
+def _select_of(cols: UnitColumns, r: Range, selections: Mapping[tuple[int, int], Selection] | None) -> UnitColumns:
+    picked = selections.get((r.file, r.row_group)) if selections else None
+    if picked is None:
+        return cols
+    from ._engine.worker import _select
+
+    return _select(cols, picked)
+
+
+def _count_rows(plan: TransformPlan, cfg: Any, read_cfg: Any, ranges: Sequence[Range],
+                selections: Mapping[tuple[int, int], Selection] | None, seed: int, threads: int) -> list[int]:
+    """Each row group's output rows under ``plan`` (rows="changes"), in the order of ``ranges``:
+    its cached output's, else read, selected and transformed (and kept, when cached).
+
+    Runs in up to ``threads`` threads, like the filter's selection pass: each thread has its own
+    reader and runner (as a thread worker does), and a count depends on its row group alone, so
+    the counts are those of a sequential pass. The first failure in ``ranges`` order is raised.
+    """
+    from ._engine.reader import UnitReader
+
+    if not ranges:
+        return []
+    local = threading.local()
+    lanes: list[tuple[UnitReader, TransformRunner]] = []
+    lock = threading.Lock()
+
+    def count(r: Range) -> int:
+        lane = getattr(local, "lane", None)
+        if lane is None:
+            lane = local.lane = (UnitReader(read_cfg), TransformRunner(plan, cfg), _Timings())
+            with lock:
+                lanes.append(lane[:2])
+        reader, runner, tm = lane
+        got = runner.cached(cfg, r.file, r.row_group, tm)
+        if got is None:
+            cols = _select_of(reader.read(r.file, r.row_group, tm), r, selections)  # type: ignore[arg-type]
+            picked = selections.get((r.file, r.row_group)) if selections else None
+            got = runner.apply(cfg, cols, r.file, r.row_group, picked, seed, 0, tm)
+        return len(next(iter(got.values())))
+
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(ranges)))) as ex:
+            return list(ex.map(count, ranges))
+    finally:
+        for reader, runner in lanes:
+            runner.close()
+            reader.close()
+
+
 def plan_transform(t: Transform, cfg: Any, units: Sequence[Unit],
-                   selections: Mapping[tuple[int, int], Selection] | None, seed: int) -> PlannedTransform:
+                   selections: Mapping[tuple[int, int], Selection] | None, seed: int,
+                   threads: int = 8) -> PlannedTransform:
     """Plan ``t`` over ``units`` (one whole row group each), reading through a worker's reader
     with ``cfg`` (a thread `WorkerConfig` without the transform).
 
     Infers the output schema from the first row group, reruns a deterministic transform on
     it to catch undeclared randomness, and for ``rows="changes"`` runs it over every row group
-    (filling the cache) so that the plan counts its output rows.
+    (filling the cache, in up to ``threads`` threads) so that the plan counts its output rows.
     """
     from ._cache.keys import specs_key
     from ._engine.reader import UnitReader
@@ -355,13 +434,7 @@ def plan_transform(t: Transform, cfg: Any, units: Sequence[Unit],
         probe = TransformRunner(TransformPlan(t, (), identity, cached, None, sel_ids), cfg)
 
         def read(r: Range) -> UnitColumns:
-            cols = reader.read(r.file, r.row_group, tm)  # type: ignore[arg-type]
-            picked = selections.get((r.file, r.row_group)) if selections else None
-            if picked is not None:
-                from ._engine.worker import _select
-
-                cols = _select(cols, picked)
-            return cols
+            return _select_of(reader.read(r.file, r.row_group, tm), r, selections)  # type: ignore[arg-type]
 
         def run(r: Range, specs: Sequence[ColumnSpec] | None, cols: UnitColumns | None = None) -> UnitColumns:
             cols = read(r) if cols is None else cols
@@ -402,23 +475,22 @@ def plan_transform(t: Transform, cfg: Any, units: Sequence[Unit],
         try:
             if hit is None:
                 filled.keep(first.file, first.row_group, out0)
-            if t.rows == "same":
-                return PlannedTransform(plan, None)
-            # rows="changes": count every row group's output; the workers' runs are checked against it.
-            counts: dict[tuple[int, int], int] = {}
-            new_units: list[Unit] = []
-            for u in units:
-                r = u.ranges[0]
-                got = out0 if r == first else filled.cached(cfg, r.file, r.row_group, tm)
-                if got is None:
-                    got = filled.apply(cfg, read(r), r.file, r.row_group,
-                                       selections.get((r.file, r.row_group)) if selections else None, seed, 0, tm)
-                n = len(next(iter(got.values())))
-                counts[(r.file, r.row_group)] = n
-                if n:
-                    new_units.append(Unit((Range(r.file, r.row_group, 0, n),), (), u.selection))
         finally:
             filled.close()
+        if t.rows == "same":
+            return PlannedTransform(plan, None)
+        # rows="changes": count every row group's output; the workers' runs are checked against it.
+        rest = [u.ranges[0] for u in units if u.ranges[0] != first]
+        got_n = dict(zip(rest, _count_rows(plan, cfg, reader.cfg, rest, selections, seed, threads)))
+        got_n[first] = len(next(iter(out0.values())))
+        counts: dict[tuple[int, int], int] = {}
+        new_units: list[Unit] = []
+        for u in units:
+            r = u.ranges[0]
+            n = got_n[r]
+            counts[(r.file, r.row_group)] = n
+            if n:
+                new_units.append(Unit((Range(r.file, r.row_group, 0, n),), (), u.selection))
         if not new_units:
             from .errors import EmptyDatasetError
 
