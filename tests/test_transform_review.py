@@ -326,9 +326,6 @@ def _entry_names(cache):
                   for n in names)
 
 
-@pytest.mark.xfail(strict=True, reason="group_by's check verdicts are remembered per process (groups._Verdicts._memo) "
-                                       "before the cache is asked: a second cache filled in the same process never "
-                                       "gets them, and a later process-pool run writes them into that warm cache")
 def test_a_second_cache_filled_in_one_process_holds_the_group_check_verdicts(tmp_path):
     root = R.write_odd(str(tmp_path / "ds"))  # files of this test's own: nothing remembered about them yet
     opts = dict(CASES["group-filter"], seed=5, null_fill=R.FILL)

@@ -178,7 +178,9 @@ class _Verdicts:
     that a warm loader in a new process skips the comparison too.
     """
 
-    _memo: set[tuple[str, int, str]] = set()
+    # Keyed by the cache folder too ("" without one): a verdict found in this process must still
+    # be written into every other cache it is checked under, or that cache is not warm.
+    _memo: set[tuple[str, str, int, str]] = set()
     _stores: dict[str, DerivedStore] = {}
     _MAX = 1 << 20
 
@@ -201,13 +203,14 @@ class _Verdicts:
             if xf.transform.random or xf.transform.bare:
                 key = (ref.cache_key or ref.path, rng.row_group, "")
                 return cls(cfg, key, False, False)
-            h.update(f"\x00{xf.identity}".encode())
+            # Its output may depend on the file's place (ctx.file_index, ctx.file).
+            h.update(f"\x00{xf.identity}\x00{rng.file}\x00{ref.path}".encode())
         key = (ref.cache_key or ref.path, rng.row_group, "groupcheck/1/" + h.hexdigest())
-        if key in cls._memo:
+        if cls._memo_key(cfg, key) in cls._memo:
             return cls(cfg, key, True)
         store = cls._store(cfg)
         if store is not None and ref.cache_key and store.get_bytes(ref.cache_key, rng.row_group, key[2]) == b"ok":
-            cls._remember(key)
+            cls._remember(cls._memo_key(cfg, key))
             return cls(cfg, key, True)
         return cls(cfg, key, False, bool(ref.cache_key))
 
@@ -220,8 +223,12 @@ class _Verdicts:
             store = cls._stores[cfg.cache.root] = DerivedStore(cfg.cache)
         return store
 
+    @staticmethod
+    def _memo_key(cfg: WorkerConfig, key: tuple[str, int, str]) -> tuple[str, str, int, str]:
+        return (cfg.cache.root if cfg.cache is not None else "", *key)
+
     @classmethod
-    def _remember(cls, key: tuple[str, int, str]) -> None:
+    def _remember(cls, key: tuple[str, str, int, str]) -> None:
         if len(cls._memo) >= cls._MAX:
             cls._memo.clear()
         cls._memo.add(key)
@@ -229,7 +236,7 @@ class _Verdicts:
     def passed(self) -> None:
         if self.ok or not self.key[2]:  # no identity: nothing to remember
             return
-        self._remember(self.key)
+        self._remember(self._memo_key(self.cfg, self.key))
         store = self._store(self.cfg)
         if store is not None and self.cached:
             store.put_bytes(self.key[0], self.key[1], self.key[2], b"ok")
