@@ -168,6 +168,10 @@ def moved_key(cols, ctx):
     return {"q": cols["q"][::-1].copy(), "item": np.array(cols["item"])}
 
 
+def dropped_key(cols, ctx):
+    return {"item": np.array(cols["item"])}
+
+
 class evens_of:  # noqa: N801 - used like a function
     """rows='changes': keep the rows whose column ``name`` is even."""
 

@@ -485,6 +485,10 @@ def test_under_group_by_a_transform_must_keep_the_key_and_every_row(queries):
                                         r"under group_by= a transform must keep the key column and every row"), \
             Loader(queries, batch_size=16, seed=1, group_by="q", transform=Transform(X.moved_key, name="m")) as ld:
         list(ld)
+    with pytest.raises(DataError, match=r"the transform dropped the group key 'q' of part-00\d.parquet row group \d: "), \
+            Loader(queries, batch_size=16, seed=1, group_by="q", columns=["q", "item"],
+                   transform=Transform(X.dropped_key, name="d")) as ld:
+        list(ld)
     with pytest.raises(OptionError, match=r"transform 'evens' has rows='changes', which group_by= does not allow"):
         Loader(queries, batch_size=16, seed=1, group_by="q", columns=["q", "item"],
                transform=Transform(X.evens_of("item"), name="evens", version="1", rows="changes"))

@@ -134,7 +134,7 @@ def check_key_kept(cfg: WorkerConfig, before: Mapping[str, Column], after: Mappi
 
     if not same(a, b):
         raise DataError(
-            f"the transform changed the group key {key!r} of {cfg.files[file].path} row group {row_group}: "
+            f"the transform {'dropped' if b is None else 'changed'} the group key {key!r} of {cfg.files[file].path} row group {row_group}: "
             "under group_by= a transform must keep the key column and every row, in order "
             "(groups are planned from the stored key)")
 
