@@ -61,9 +61,10 @@ def _rows(col: Column) -> int:
 
 def _row_value(col: Column, r: int) -> bytes:
     if isinstance(col, Ragged):
-        vals = col.values.reshape(len(col.values), -1).view(np.uint8)
-        return vals[int(col.offsets[r]) : int(col.offsets[r + 1])].tobytes()
-    return np.ascontiguousarray(col[r : r + 1]).view(np.uint8).tobytes()
+        # tobytes, not a reshape to (n, -1): a row group whose values are all empty ("" or [])
+        # has no values to reshape, and -1 is undefined for it.
+        return np.ascontiguousarray(col.values[int(col.offsets[r]) : int(col.offsets[r + 1])]).tobytes()
+    return np.ascontiguousarray(col[r : r + 1]).tobytes()
 
 
 def _ragged_diffs(col: Ragged, is_start: np.ndarray) -> np.ndarray:
