@@ -139,6 +139,17 @@ def _file_runs(dataset: Any, i: int, rgs: Sequence[tuple[int, int]], key: str,
     return out
 
 
+def _one_type(keys: pa.Array) -> pa.Array:
+    """Keys in the type every file's keys of their kind share: writers store one string column as
+    string or large_string (and views), which the loader reads alike, so the key runs must join."""
+    t = keys.type
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or str(t) == "string_view":
+        return keys if pa.types.is_large_string(t) else keys.cast(pa.large_string())
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or str(t) == "binary_view":
+        return keys if pa.types.is_large_binary(t) else keys.cast(pa.large_binary())
+    return keys
+
+
 def _key_text(v: Any) -> str:
     return repr(v.as_py() if hasattr(v, "as_py") else v)
 
@@ -177,7 +188,7 @@ def group_units(dataset: Any, key: str, units: Sequence[Unit], *,
     stats = GroupStats(scanned=sum(c[0] for c in counters), cached=sum(c[1] for c in counters))
 
     # One code per distinct key over the whole dataset: equal keys, equal codes.
-    all_keys = [k for runs in per_file for _, _, _, k in runs]
+    all_keys = [_one_type(k) for runs in per_file for _, _, _, k in runs]
     typ = all_keys[0].type
     encoded = pa.chunked_array(all_keys, type=typ).combine_chunks().dictionary_encode()
     codes_all = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)

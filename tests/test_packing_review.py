@@ -20,8 +20,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import detload
 from detload import Loader, Packed
 from detload._types import Ragged
+from detload.audit import hash_batch
 
 GROUP_COLUMNS = ["qf", "qlist", "qname", "region"]
 
@@ -124,7 +126,7 @@ class Stored:
                     t = t.append_column(k, pa.array([v] * len(t)))
             tables.append(t)
             where += [(i, r) for r in range(len(t))]
-        table = pa.concat_tables(tables)
+        table = pa.concat_tables(tables, promote_options="permissive")
         items = table.column("item").to_numpy()
         self.n = len(items)
         self.row_of = np.empty(int(items.max()) + 1, dtype=np.int64)
@@ -141,6 +143,14 @@ class Stored:
                                      for v in col.to_pylist()]
             else:
                 self.fixed[name] = col.to_numpy(zero_copy_only=False)
+
+    def runs(self, key: str) -> np.ndarray:
+        """Each stored row's run: rows of one file with one key, back to back."""
+        vals = self.ragged[key] if key in self.ragged else self.fixed[key].tolist()
+        change = [i for i in range(1, self.n) if vals[i] != vals[i - 1] or self.where[i, 0] != self.where[i - 1, 0]]
+        ids = np.zeros(self.n, dtype=np.int64)
+        ids[change] = 1
+        return np.cumsum(ids)
 
     def check(self, flat: dict[str, Any]) -> np.ndarray:
         """The stored rows of ``flat`` (by its ``item`` ids), after asserting it holds them bitwise."""
@@ -163,12 +173,15 @@ def _epoch(loader: Loader) -> Iterator[Packed]:
 
 
 def check_epoch(loader: Loader, stored: Stored, key: str, *, chunk: int | None = None,
-                micro: int | None = None) -> list[int]:
-    """One epoch: unpack() bitwise the stored rows; each group a run of consecutive stored rows
-    of one file with one key, its row in ``groups`` that of its items; no group split across
-    batches (chunks of ``chunk`` rows instead, cut at multiples of it); every item once."""
+                micro: int | None = None, mask: np.ndarray | None = None) -> list[int]:
+    """One epoch: unpack() bitwise the stored rows; each group the rows of one stored run of its
+    key that ``mask`` selects (all of them, in stored order; with ``chunk``, the k-th chunk of
+    ``chunk`` of them), its row in ``groups`` that of its items; no group split across batches;
+    batches of at most ``micro`` items; every item once."""
+    run = stored.runs(key)
+    sel = np.ones(stored.n, dtype=bool) if mask is None else mask
     seen: list[int] = []
-    batch_of: dict[Any, int] = {}
+    batch_of: dict[int, int] = {}
     for step, b in enumerate(_epoch(loader)):
         b.check()
         assert b.n_items <= loader.options.batch_size
@@ -177,47 +190,26 @@ def check_epoch(loader: Loader, stored: Stored, key: str, *, chunk: int | None =
         flat = b.unpack()
         assert list(flat) == [s.name for s in loader.column_specs]
         rows = stored.check(flat)
+        assert sel[rows].all(), "a row the filter drops was delivered"
         assert (np.repeat(np.arange(b.n_groups), np.diff(b.offsets)) == b.group_index).all()
         for g in range(b.n_groups):
             lo, hi = int(b.offsets[g]), int(b.offsets[g + 1])
             assert hi > lo
-            w = stored.where[rows[lo:hi]]
-            assert (w[:, 0] == w[0, 0]).all() and (np.diff(w[:, 1]) == 1).all(), "a group is not a stored run"
-            one = Packed(b.items, {k: _row(v, g) for k, v in b.groups.items()}, np.zeros(hi - lo, dtype=np.int64),
-                         np.array([0, hi - lo], dtype=np.int64), b.columns)
-            kflat = one.unpack()
-            kv = kflat[key]
-            k = bytes(kv.values[kv.offsets[0]:kv.offsets[1]]) if isinstance(kv, Ragged) else kv[0].item()
+            r = rows[lo:hi]
+            rid = int(run[r[0]])
+            assert (run[r] == rid).all(), "a group holds rows of two keys"
+            whole = np.flatnonzero((run == rid) & sel)
             if chunk is None:
-                assert batch_of.setdefault(k, step) == step, f"group {k!r} split across batches"
-                assert hi - lo == _group_size(stored, key, rows[lo])
+                assert r.tolist() == whole.tolist(), "a group is not its key's (selected) rows in stored order"
+                assert batch_of.setdefault(rid, step) == step, "a group split across batches"
             else:
-                assert hi - lo <= chunk
+                at = int(np.searchsorted(whole, r[0]))
+                assert at % chunk == 0 and r.tolist() == whole[at:at + chunk].tolist(), "not a chunk"
         seen += flat["item"].tolist()
     assert len(seen) == len(set(seen)), "an item delivered twice"
+    if mask is not None:
+        assert sorted(seen) == sorted(stored.fixed["item"][mask].tolist()), "not every selected item once"
     return seen
-
-
-def _row(col: Any, g: int) -> Any:
-    if isinstance(col, Ragged):
-        return Ragged(col.values[col.offsets[g]:col.offsets[g + 1]], np.array([0, col.offsets[g + 1] - col.offsets[g]]),
-                      col.kind)
-    return col[g:g + 1]
-
-
-_SIZES: dict[tuple[int, str], np.ndarray] = {}
-
-
-def _group_size(stored: Stored, key: str, row: int) -> int:
-    """The stored size of the group of stored row ``row``."""
-    sizes = _SIZES.get((id(stored), key))
-    if sizes is None:
-        vals = stored.ragged[key] if key in stored.ragged else stored.fixed[key].tolist()
-        change = np.flatnonzero([a != b for a, b in zip(vals[1:], vals[:-1])]) + 1
-        starts = np.concatenate([[0], change, [len(vals)]])
-        sizes = np.repeat(np.diff(starts), np.diff(starts))
-        _SIZES[(id(stored), key)] = sizes
-    return int(sizes[row])
 
 
 # -- what each batch holds --------------------------------------------------------------------
@@ -257,3 +249,249 @@ def test_empty_string_and_list_group_values_across_row_groups(tmp_path, cache):
     with Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="q", group_columns=["s", "l"], **kw) as loader:
         for _ in range(2):  # cold, then the compacted group rows (with a cache)
             assert sorted(check_epoch(loader, stored, "q")) == list(range(8))
+
+
+# -- the same batches at every worker count, pool, cache state, resume step and world size -----
+
+
+def concat(parts: list[Packed]) -> Packed:
+    """The ranks' batches of one step as one (the documented union: in rank order, offsets shifted)."""
+    def cat(cols: list[Any]) -> Any:
+        if isinstance(cols[0], Ragged):
+            offs, base = [np.zeros(1, dtype=np.int64)], 0
+            for c in cols:
+                offs.append(c.offsets[1:] + base)
+                base += int(c.offsets[-1])
+            return Ragged(np.concatenate([c.values for c in cols]), np.concatenate(offs), cols[0].kind)
+        return np.concatenate(cols)
+
+    offs, base = [np.zeros(1, dtype=np.int64)], 0
+    for p in parts:
+        offs.append(p.offsets[1:] + base)
+        base += p.n_items
+    offsets = np.concatenate(offs)
+    return Packed({k: cat([p.items[k] for p in parts]) for k in parts[0].items},
+                  {k: cat([p.groups[k] for p in parts]) for k in parts[0].groups},
+                  np.repeat(np.arange(len(offsets) - 1), np.diff(offsets)), offsets, parts[0].columns)
+
+
+def run_hashes(root: str, opts: dict[str, Any], *, world: int = 1, stop: int | None = None, epochs: int = 2,
+               **execution: Any) -> list[str]:
+    """Each global step's hash over ``epochs`` epochs (the ranks' batches joined), each rank
+    stopped after ``stop`` batches and resumed from its state_dict in a new loader."""
+    per_rank: list[list[Packed]] = []
+    for rank in range(world):
+        kw = dict(opts, batch_size=opts["batch_size"] // world, **execution)
+        if world > 1:
+            kw["distributed"] = detload.Distributed(rank, world)
+        got: list[Packed] = []
+        state = None
+        with Loader(root, **kw) as loader:
+            for e in range(epochs):
+                loader.set_epoch(e)
+                for b in loader:
+                    got.append(b)
+                    if len(got) == stop:
+                        state = loader.state_dict()
+                        break
+                if state is not None:
+                    break
+        if state is not None:
+            with Loader(root, **kw) as loader:
+                loader.load_state_dict(state)
+                for e in range(loader.epoch, epochs):
+                    loader.set_epoch(e)
+                    got += list(loader)
+        per_rank.append(got)
+    assert len({len(g) for g in per_rank}) == 1, "ranks gave different step counts"
+    return [hash_batch(concat([g[i] for g in per_rank]) if world > 1 else per_rank[0][i])[0]
+            for i in range(len(per_rank[0]))]
+
+
+HIVE_MATRIX = dict(batch_size=8800, seed=21, shuffle_window=3, partitions=4, **HIVE)
+
+
+def test_hive_batches_are_the_same_every_way_they_run(hive, tmp_path):
+    ref = run_hashes(hive, HIVE_MATRIX)
+    n0 = len(ref)
+    assert n0 > 6
+    for workers, pool in ((3, "thread"), (8, "thread"), (3, "process"), (8, "process")):
+        assert run_hashes(hive, HIVE_MATRIX, workers=workers, pool=pool) == ref, (workers, pool)
+    cache = str(tmp_path / "cache")
+    for state in ("cold", "warm"):
+        for pool in ("thread", "process"):
+            c = cache + pool
+            assert run_hashes(hive, HIVE_MATRIX, workers=3, pool=pool, cache=c) == ref, (state, pool)
+    for stop in (1, 3, n0 // 2, n0 // 2 + 1, n0 - 1):
+        assert run_hashes(hive, HIVE_MATRIX, stop=stop, workers=2) == ref, stop
+    for world in (2, 4):
+        assert run_hashes(hive, HIVE_MATRIX, world=world, workers=2) == ref, world
+    assert run_hashes(hive, HIVE_MATRIX, world=4, stop=2, cache=cache + "thread", workers=3, pool="process") == ref
+
+
+# -- the batching rule, recomputed from docs/packing.md ---------------------------------------
+
+
+def documented_group_order(seed: int, epoch: int, p: int, block: int, g: int) -> np.ndarray:
+    """Rule 2: a stable argsort of PCG64(SeedSequence([TAG_GROUPS, seed_lo32, seed_hi32, epoch,
+    partition, block])).random_raw(G)."""
+    bits = np.random.PCG64(np.random.SeedSequence([0x47525053, seed & 0xFFFFFFFF, seed >> 32, epoch, p, block]))
+    return np.argsort(np.asarray(bits.random_raw(g), dtype=np.uint64), kind="stable")
+
+
+def documented_micro_batches(sizes: list[int], m: int) -> list[list[int]]:
+    """Rule 3: consecutive groups while their items total at most m; the next starts at the
+    first group that did not fit."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for s in sizes:
+        assert s <= m
+        if sum(cur) + s > m:
+            out.append(cur)
+            cur = []
+        cur.append(s)
+    if cur:
+        out.append(cur)
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 5])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_batches_follow_the_documented_rule_with_drop_last_and_empty_micro_batches(hive, seed, shuffle):
+    P, m = 4, 2200
+    stored = Stored(hive)
+    total = stored.n
+    kw = dict(batch_size=m, seed=seed, shuffle=shuffle, shuffle_window=3, partitions=P, **HIVE)
+    got: dict[bool, list[list[Packed]]] = {}
+    plans = {}
+    for drop_last in (False, True):
+        ranks = []
+        for r in range(P):
+            with Loader(hive, **kw, drop_last=drop_last, distributed=detload.Distributed(r, P)) as loader:
+                ranks.append(list(_epoch(loader)))
+                plans[drop_last] = loader.plan()
+        got[drop_last] = ranks
+    plan = plans[False]
+    counts = []
+    for p in range(P):
+        sizes: list[int] = []
+        for b in plan.blocks[p]:
+            starts = np.asarray(b.group_starts, dtype=np.int64)
+            gs = np.diff(np.append(starts, b.rows))
+            if shuffle:
+                gs = gs[documented_group_order(seed, 0, p, b.number, len(gs))]
+            sizes += gs.tolist()
+        want = documented_micro_batches(sizes, m)
+        counts.append(len(want))
+        mine = got[False][p]
+        delivered = [np.diff(b.offsets).tolist() for b in mine if b.n_items]
+        assert delivered == want, f"partition {p}: batches are not the documented greedy fill"
+        # Partitions balanced by items to within one group.
+        assert abs(sum(sizes) - total / P) <= max(sizes)
+    steps = max(counts)
+    assert all(len(r) == steps for r in got[False])
+    for p in range(P):
+        for b in got[False][p][counts[p]:]:  # a partition that ran out: empty micro-batches
+            assert b.n_items == 0 and b.n_groups == 0 and b.offsets.tolist() == [0]
+            assert b.offsets.dtype == np.int64 and b.group_index.dtype == np.int64
+            full = got[False][p][0]
+            for part, ref in ((b.items, full.items), (b.groups, full.groups)):
+                assert list(part) == list(ref)
+                for k, v in part.items():
+                    assert type(v) is type(ref[k])
+                    if isinstance(v, Ragged):
+                        assert len(v.offsets) == 1 and v.values.dtype == ref[k].values.dtype
+                    else:
+                        assert len(v) == 0 and v.dtype == ref[k].dtype and v.shape[1:] == ref[k].shape[1:]
+            assert b.unpack().keys() == full.unpack().keys()
+    # drop_last: the smallest count, the same batches up to it, the rest reported.
+    low = min(counts)
+    assert all(len(r) == low for r in got[True])
+    for p in range(P):
+        assert [hash_batch(b)[0] for b in got[True][p]] == [hash_batch(b)[0] for b in got[False][p][:low]]
+    kept = sum(b.n_items for r in got[True] for b in r)
+    assert plans[True].dropped_rows == total - kept and plans[True].steps == low
+    assert plans[False].dropped_rows == 0 and plans[False].steps == steps
+
+
+# -- max_group_items, filter=, transform= ------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 7, 300, 1100])
+def test_max_group_items_cuts_chunks_at_multiples_of_n(hive, n):
+    stored = Stored(hive)
+    m = 1100
+    with Loader(hive, batch_size=2 * m, partitions=2, seed=4, max_group_items=n, **HIVE) as loader:
+        assert loader.group_stats is not None and loader.group_stats["largest"] == 2000
+        seen = check_epoch(loader, stored, "sid", chunk=n)
+        assert sorted(seen) == sorted(stored.fixed["item"].tolist())
+        assert loader.group_stats["chunks"] == sum(-(-int(s) // n) for s in np.bincount(stored.runs("sid")))
+
+
+def test_filter_delivers_each_partly_selected_group_as_its_selected_part(hive):
+    stored = Stored(hive)
+    x = stored.fixed["x"]
+    mask = x < 0.3
+    with Loader(hive, batch_size=4400, seed=6, filter="x < 0.3", **HIVE) as loader:
+        check_epoch(loader, stored, "sid", mask=mask)
+    # On a group column too, and with chunks: whole groups dropped, the others chunked.
+    qf = stored.fixed["qf"]
+    mask = (x < 0.3) & ~(qf < 10)  # NaN < 10 is False: NaN groups stay
+    with Loader(hive, batch_size=4400, seed=6, filter="x < 0.3 and not (qf < 10)", max_group_items=50,
+                **HIVE) as loader:
+        check_epoch(loader, stored, "sid", mask=mask, chunk=50)
+
+
+def _double_x(cols: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    out = dict(cols)
+    out["x"] = cols["x"] * np.float32(2)
+    out["qf"] = cols["qf"] + 1.0  # a group column may change, if it stays constant in each group
+    return out
+
+
+def test_transform_with_rows_same_and_the_key_kept(hive, tmp_path):
+    stored = Stored(hive)
+    stored.fixed["x"] = stored.fixed["x"] * np.float32(2)
+    stored.fixed["qf"] = stored.fixed["qf"] + 1.0
+    xf = detload.Transform(_double_x, name="double_x", version="1", rows="same")
+    kw = dict(batch_size=4400, seed=6, transform=xf, **HIVE)
+    hashes = []
+    for cache in (None, str(tmp_path / "c"), str(tmp_path / "c")):
+        with Loader(hive, **kw, cache=cache, workers=2) as loader:
+            check_epoch(loader, stored, "sid")
+            hashes.append([hash_batch(b)[0] for b in loader])
+    assert hashes[0] == hashes[1] == hashes[2]
+    with Loader(hive, **kw, filter="x < 0.3") as loader:  # the filter sees the stored x
+        check_epoch(loader, stored, "sid", mask=Stored(hive).fixed["x"] < 0.3)
+
+
+def test_duckdb_table_with_a_filter_and_chunks_is_the_same_in_every_cell_of_the_matrix(duck, tmp_path):
+    from matrix import check_matrix
+
+    check_matrix(duck, dict(batch_size=2400, seed=13, shuffle_window=2, max_group_items=500,
+                            filter="x < 1.0", partitions=4, **DUCK), str(tmp_path / "m"))
+
+
+# -- keys of other types -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_a_string_key_stored_as_string_in_one_file_and_large_string_in_another(tmp_path, cache):
+    """Writers differ (Polars writes large_string, DuckDB string); the loader reads both as one
+    string column, so grouping must too (it raised Arrow's "chunks must all be same type")."""
+    os.makedirs(tmp_path / "d")
+    pq.write_table(pa.table({"k": pa.array(["a", "a", "b"], pa.large_string()), "item": [0, 1, 2]}),
+                   str(tmp_path / "d" / "a.parquet"))
+    pq.write_table(pa.table({"k": pa.array(["c", "c", "d", "d"], pa.string()), "item": [3, 4, 5, 6]}),
+                   str(tmp_path / "d" / "b.parquet"))
+    stored = Stored(str(tmp_path / "d"))
+    kw: dict[str, Any] = {"cache": str(tmp_path / "c")} if cache else {}
+    for _ in range(2):  # cold, then the runs from the cache
+        with Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="k", **kw) as loader:
+            assert loader.group_stats is not None and loader.group_stats["groups"] == 4
+            assert sorted(check_epoch(loader, stored, "k")) == list(range(7))
+    os.remove(tmp_path / "d" / "b.parquet")  # and a key split across such files is still found
+    pq.write_table(pa.table({"k": pa.array(["b", "c"], pa.string()), "item": [3, 4]}), str(tmp_path / "d" / "b.parquet"))
+    with pytest.raises(detload.DatasetError, match=r"group_by='k': group 'b' is split across files: it occurs in "
+                                                   r"a.parquet \(row group 0\) and in b.parquet \(row group 0\)"):
+        Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="k")
