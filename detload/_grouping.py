@@ -316,6 +316,10 @@ def check_group_options(dataset: Any, names: Sequence[str], group_by: Any, group
                               "the files")
         known = ", ".join(dataset.schema.names[:12]) + (", ..." if len(dataset.schema.names) > 12 else "")
         raise OptionError(f"group_by={group_by!r} is not a column of the dataset (its columns: {known})")
+    typ = dataset.schema.field(group_by).type
+    if pa.types.is_nested(typ):
+        raise OptionError(f"group_by={group_by!r} is a {typ} column: the key must be a scalar column "
+                          "(a number, string, binary, bool, date or time)")
     if group_by not in names:
         raise OptionError(f"group_by={group_by!r} must be among the loaded columns (columns={list(names)}): "
                           "the key is delivered with each group")

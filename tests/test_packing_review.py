@@ -495,3 +495,15 @@ def test_a_string_key_stored_as_string_in_one_file_and_large_string_in_another(t
     with pytest.raises(detload.DatasetError, match=r"group_by='k': group 'b' is split across files: it occurs in "
                                                    r"a.parquet \(row group 0\) and in b.parquet \(row group 0\)"):
         Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="k")
+
+
+@pytest.mark.parametrize("typ", [pa.list_(pa.int64()), pa.list_(pa.int64(), 1)])
+def test_error_a_list_key_column(tmp_path, typ):
+    """A list key was Arrow's "no kernel matching input types" from deep in planning."""
+    os.makedirs(tmp_path / "d")
+    pq.write_table(pa.table({"k": pa.array([[1], [1], [2]], typ), "item": [0, 1, 2]}),
+                   str(tmp_path / "d" / "a.parquet"))
+    with pytest.raises(detload.OptionError, match=r"group_by='k' is a (fixed_size_)?list<element: int64>(\[1\])? "
+                                                  r"column: the key must be a scalar column \(a number, string, "
+                                                  r"binary, bool, date or time\)"):
+        Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="k")
