@@ -507,3 +507,19 @@ def test_error_a_list_key_column(tmp_path, typ):
                                                   r"column: the key must be a scalar column \(a number, string, "
                                                   r"binary, bool, date or time\)"):
         Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="k")
+
+
+def test_chunks_are_groups_of_their_own_so_shuffling_places_them_apart(hive):
+    """max_group_items: each chunk is a group of its own (docs/packing.md), so without shuffling
+    a split group's chunks follow one another, and with shuffling each is placed on its own."""
+    def apart(shuffle: bool) -> int:
+        with Loader(hive, batch_size=4400, seed=4, shuffle=shuffle, max_group_items=300, **HIVE) as loader:
+            keys: list[bytes] = []
+            for b in _epoch(loader):
+                k = b.groups["sid"]
+                keys += [bytes(k.values[k.offsets[g]:k.offsets[g + 1]]) for g in range(b.n_groups)]
+        runs = [k for i, k in enumerate(keys) if i == 0 or keys[i - 1] != k]
+        return len(runs) - len(set(runs))
+
+    assert apart(False) == 0
+    assert apart(True) > 0
