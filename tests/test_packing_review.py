@@ -523,3 +523,39 @@ def test_chunks_are_groups_of_their_own_so_shuffling_places_them_apart(hive):
 
     assert apart(False) == 0
     assert apart(True) > 0
+
+
+# -- the command line: detload plan and detload bench with --group-by ---------------------------
+
+
+def test_detload_plan_with_group_by_plans_what_the_loader_plans(hive, capsys):
+    import json
+
+    from detload.cli import main as cli_main
+
+    args = ["plan", hive, "--batch-size", "4400", "--seed", "1", "--partitions", "2", "--group-by", "sid",
+            "--group-columns", "qf,qname", "--max-group-items", "1000"]
+    assert cli_main([*args, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    with Loader(hive, batch_size=4400, seed=1, partitions=2, group_by="sid", group_columns=["qf", "qname"],
+                max_group_items=1000) as loader:
+        plan = loader.plan()
+        assert d["fingerprint"] == plan.fingerprint
+        assert d["micro_batch_starts"] == [s.tolist() for s in plan.step_starts]
+        assert d["groups"] == {"group_by": "sid", "group_columns": ["sid", "qf", "qname"], **loader.group_stats}
+    assert cli_main(args) == 0
+    out = capsys.readouterr().out
+    assert (f"groups by 'sid' (group columns sid, qf, qname): 180 groups in {d['groups']['chunks']:,} chunks, "
+            f"the largest 2,000 items; micro-batches per partition [") in out
+    # A unit a group joined shows its whole row groups as a span, not one name each.
+    assert "region=eu/part-0.parquet#0-" in out and "region=eu/part-0.parquet#1+" not in out
+    assert cli_main(["plan", hive, "--batch-size", "1000", "--seed", "1", "--group-by", "sid"]) == 2
+    assert "holds 2000 items, more than a micro-batch of 1000 items" in capsys.readouterr().err
+
+
+def test_detload_bench_with_group_by_counts_items(hive, capsys):
+    from detload.cli import main as cli_main
+
+    assert cli_main(["bench", hive, "--batch-size", "4400", "--workers", "2", "--epochs", "1", "--group-by", "sid",
+                     "--group-columns", "qf", "--max-group-items", "1000", "--quiet"]) == 0
+    assert "epoch 0: 32,121 rows in" in capsys.readouterr().out
