@@ -27,8 +27,10 @@ from .plan import Range, Unit
 
 __all__ = ["GroupStats", "GroupedUnits", "group_units", "runs_of"]
 
-#: How a row group's runs are named in the cache: what derived them (the key column).
+#: How a row group's runs are named in the cache: what derived them (the key column). Float
+#: keys' runs are bitwise since version 2 (version 1 compared their values).
 _IDENTITY = "groups/1/"
+_IDENTITY_FLOAT = "groups/2/"
 
 
 @dataclass
@@ -63,9 +65,19 @@ def runs_of(keys: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
         return np.zeros(0, dtype=np.int64), arr
     if n == 1:
         return np.zeros(1, dtype=np.int64), arr
-    change = pc.not_equal(arr.slice(1), arr.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    bits = _bitwise(arr)
+    change = pc.not_equal(bits.slice(1), bits.slice(0, n - 1)).to_numpy(zero_copy_only=False)
     starts = np.concatenate([[0], np.flatnonzero(change) + 1]).astype(np.int64)
     return starts, arr.take(pa.array(starts))
+
+
+def _bitwise(keys: pa.Array) -> pa.Array:
+    """Float keys as the unsigned integers of their bits, so keys compare as the workers compare
+    group columns: NaN equals NaN, and -0.0 is another key than 0.0 (a value comparison said
+    otherwise, so the groups depended on where row groups ended)."""
+    if pa.types.is_floating(keys.type):
+        return keys.view({2: pa.uint16(), 4: pa.uint32(), 8: pa.uint64()}[keys.type.bit_width // 8])
+    return keys
 
 
 def _encode(starts: np.ndarray, keys: pa.Array) -> bytes:
@@ -98,6 +110,8 @@ def _file_runs(dataset: Any, i: int, rgs: Sequence[tuple[int, int]], key: str,
                stats: list[int]) -> list[_RgRuns]:
     """The runs of the planned row groups ``rgs`` ((row group, delivered rows)) of file ``i``."""
     f = dataset.files[i]
+    floating = pa.types.is_floating(dataset.schema.field(key).type)
+    ident = (_IDENTITY_FLOAT if floating else _IDENTITY) + key
     out: list[_RgRuns] = []
     pf = None
     handle = None
@@ -106,7 +120,7 @@ def _file_runs(dataset: Any, i: int, rgs: Sequence[tuple[int, int]], key: str,
             stored = f.row_groups[g]
             got = None
             if store is not None:
-                data = store.get_bytes(cache_key, g, _IDENTITY + key)
+                data = store.get_bytes(cache_key, g, ident)
                 got = _decode(data, stored) if data is not None else None
             if got is not None:
                 stats[1] += 1
@@ -122,7 +136,7 @@ def _file_runs(dataset: Any, i: int, rgs: Sequence[tuple[int, int]], key: str,
                 starts, keys = runs_of(col)
                 stats[0] += 1
                 if store is not None:
-                    store.put_bytes(cache_key, g, _IDENTITY + key, _encode(starts, keys))
+                    store.put_bytes(cache_key, g, ident, _encode(starts, keys))
             picked = selections.get((i, g))
             sel = picked.indices() if picked is not None else None
             if sel is not None:
@@ -190,9 +204,11 @@ def group_units(dataset: Any, key: str, units: Sequence[Unit], *,
     # One code per distinct key over the whole dataset: equal keys, equal codes.
     all_keys = [_one_type(k) for runs in per_file for _, _, _, k in runs]
     typ = all_keys[0].type
-    encoded = pa.chunked_array(all_keys, type=typ).combine_chunks().dictionary_encode()
+    keys_all = pa.chunked_array(all_keys, type=typ).combine_chunks()
+    encoded = _bitwise(keys_all).dictionary_encode()
     codes_all = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    dictionary = encoded.dictionary
+    # Each code's key as stored (for messages): codes number keys in order of first occurrence.
+    dictionary = keys_all.take(pa.array(np.unique(codes_all, return_index=True)[1]))
 
     out: list[Unit] = []
     # Every group (after joining runs across row groups): code, file, row group, row.
