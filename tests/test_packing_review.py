@@ -588,3 +588,38 @@ def test_a_float_key_is_compared_bitwise_wherever_the_row_groups_end(tmp_path, r
     with pytest.raises(detload.DatasetError, match=r"group_by='k': key nan is not contiguous in a.parquet: it occurs "
                                                    r"at row group \d+ row \d+ and again"):
         Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="k")
+
+
+# -- PyTorch ---------------------------------------------------------------------------------------
+
+
+def _rows_of(col: Any) -> list[bytes]:
+    """Each row's bytes of a column (NumPy or torch, fixed or variable)."""
+    if hasattr(col, "offsets"):
+        vals = col.values.numpy() if hasattr(col.values, "numpy") else col.values
+        offs = col.offsets.numpy() if hasattr(col.offsets, "numpy") else col.offsets
+        return [np.ascontiguousarray(vals[offs[i]:offs[i + 1]]).tobytes() for i in range(len(offs) - 1)]
+    a = col.numpy() if hasattr(col, "numpy") else col
+    return [np.ascontiguousarray(r).tobytes() for r in a]
+
+
+@pytest.mark.parametrize("unpack", [None, "host", "device"])
+def test_torch_unpack_modes_on_the_review_table_with_empty_micro_batches(hive, unpack):
+    torch = pytest.importorskip("torch")
+    from detload.torch import PackedTensors, TorchLoader
+
+    kw = dict(batch_size=2200, seed=0, shuffle_window=3, partitions=4, distributed=detload.Distributed(1, 4), **HIVE)
+    with Loader(hive, **kw) as loader:
+        want = [b.unpack() for b in loader]
+    assert any(len(w["item"]) == 0 for w in want)  # partition 1 runs out at seed 0
+    with TorchLoader(Loader(hive, **kw), unpack=unpack, **({"device": "cpu"} if unpack == "device" else {})) as tl:
+        got = list(tl)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        if unpack is None:
+            assert isinstance(g, PackedTensors)
+            assert g.group_index.dtype == torch.int64 and g.n_items == len(w["item"])
+            g = g.unpack()
+        assert list(g) == list(w)
+        for k in w:
+            assert _rows_of(g[k]) == _rows_of(w[k]), k
