@@ -183,6 +183,7 @@ def check_epoch(loader: Loader, stored: Stored, key: str, *, chunk: int | None =
     sel = np.ones(stored.n, dtype=bool) if mask is None else mask
     seen: list[int] = []
     batch_of: dict[int, int] = {}
+    steps = len(loader)  # exact before any batch is read
     for step, b in enumerate(_epoch(loader)):
         b.check()
         assert b.n_items <= loader.options.batch_size
@@ -208,6 +209,7 @@ def check_epoch(loader: Loader, stored: Stored, key: str, *, chunk: int | None =
                 assert at % chunk == 0 and r.tolist() == whole[at:at + chunk].tolist(), "not a chunk"
         seen += flat["item"].tolist()
     assert len(seen) == len(set(seen)), "an item delivered twice"
+    assert loader.position == steps
     if mask is not None:
         assert sorted(seen) == sorted(stored.fixed["item"][mask].tolist()), "not every selected item once"
     return seen
