@@ -665,3 +665,23 @@ def test_resume_at_another_world_size_with_fixed_partitions(hive):
     got = [hash_batch(concat([f[i] for f in first]))[0] for i in range(2)]
     got += [hash_batch(concat([g[i] for g in rest]))[0] for i in range(len(rest[0]))]
     assert got == ref
+
+
+@pytest.mark.parametrize("cache", [False, True])
+@pytest.mark.parametrize("rg", [1, 100])  # 1: the group runs across two row groups
+def test_error_two_nans_with_different_bits_in_a_group_column(tmp_path, cache, rg):
+    """numpy.nan and an arithmetic NaN (0 * inf: sign bit set) are both NaN but not the same bits,
+    so one group row cannot give both back; the message said only 'NaN equals NaN'."""
+    os.makedirs(tmp_path / "d")
+    qf = np.array([np.nan, np.nan, 1.0, 1.0])
+    qf[1] = -np.nan if np.signbit(qf[0]) else np.copysign(np.nan, -1.0)
+    pq.write_table(pa.table({"k": [1, 1, 2, 2], "qf": qf, "item": range(4)}), str(tmp_path / "d" / "a.parquet"),
+                   row_group_size=rg)
+    kw: dict[str, Any] = {"cache": str(tmp_path / "c")} if cache else {}
+    a, b = (f"0x{int(v):016x}" for v in qf[:2].view(np.uint64))
+    with Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="k", group_columns=["qf"], **kw) as loader, \
+            pytest.raises(detload.DataError, match=rf"group column 'qf' is not constant within group k=1: it changes "
+                                                   rf"in a.parquet row group {1 if rg == 1 else 0} \(compared bitwise, "
+                                                   rf"so NaN equals NaN: two NaNs with different bits \({a}, {b}\), "
+                                                   r"which one group row cannot both give back\)"):
+        list(loader)
