@@ -685,3 +685,17 @@ def test_error_two_nans_with_different_bits_in_a_group_column(tmp_path, cache, r
                                                    rf"so NaN equals NaN: two NaNs with different bits \({a}, {b}\), "
                                                    r"which one group row cannot both give back\)"):
         list(loader)
+
+
+def test_partitions_are_within_one_group_of_their_ideal_size_not_half(tmp_path):
+    """Each boundary moves at most half a group, so a partition can be off by half a group at
+    each end: groups of 7, 11, 11 and 7 rows in 3 partitions (ideal 12 rows) give 7, 22 and 7.
+    docs/packing.md said each partition was within half a group."""
+    os.makedirs(tmp_path / "d")
+    q = np.repeat(np.arange(4), [7, 11, 11, 7])
+    pq.write_table(pa.table({"q": q, "item": np.arange(len(q))}), str(tmp_path / "d" / "a.parquet"))
+    with Loader(str(tmp_path / "d"), batch_size=33, seed=0, shuffle=False, partitions=3, group_by="q") as loader:
+        plan = loader.plan()
+        assert plan.partition_rows == (7, 22, 7)
+        assert all(abs(n - 12) <= 11 for n in plan.partition_rows)  # within one group
+        assert [abs(b - i * 12) for i, b in enumerate(plan.boundaries)] == [0, 5, 5, 0]  # each within half a group
