@@ -699,3 +699,31 @@ def test_partitions_are_within_one_group_of_their_ideal_size_not_half(tmp_path):
         assert plan.partition_rows == (7, 22, 7)
         assert all(abs(n - 12) <= 11 for n in plan.partition_rows)  # within one group
         assert [abs(b - i * 12) for i, b in enumerate(plan.boundaries)] == [0, 5, 5, 0]  # each within half a group
+
+
+def _same_rows(cols: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    return dict(cols)
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_a_verdict_of_constant_group_columns_holds_for_their_null_fill_only(tmp_path, cache):
+    """A range found constant with null_fill={'qf': 0.0} (null, 0.0 -> 0.0, 0.0) is not constant
+    with NaN as the fill (NaN, 0.0); the verdict named the file, key, columns and group starts
+    but not how the columns are filled, so a second loader in the process (or, with a cache
+    and a transform, in another process) skipped the check and delivered NaN for the 0.0."""
+    import detload._engine.groups as groups
+
+    os.makedirs(tmp_path / "d")
+    pq.write_table(pa.table({"k": [1, 1, 2], "qf": pa.array([None, 0.0, 2.0]), "item": range(3)}),
+                   str(tmp_path / "d" / "a.parquet"))
+    kw: dict[str, Any] = dict(batch_size=4, seed=0, group_by="k", group_columns=["qf"])
+    if cache:  # with a transform the cache keeps every column, and the verdicts as derived entries
+        kw.update(cache=str(tmp_path / "c"), transform=detload.Transform(_same_rows, name="same", version="1"))
+    groups._Verdicts._memo.clear()
+    with Loader(str(tmp_path / "d"), **kw, null_fill={"qf": 0.0}) as loader:
+        assert sorted(v for b in loader for v in b.unpack()["qf"].tolist()) == [0.0, 0.0, 2.0]
+    if cache:
+        groups._Verdicts._memo.clear()  # as a new process would start
+    with Loader(str(tmp_path / "d"), **kw, null_fill={"qf": float("nan")}) as loader, \
+            pytest.raises(detload.DataError, match=r"group column 'qf' is not constant within group k=1"):
+        list(loader)

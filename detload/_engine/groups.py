@@ -176,7 +176,8 @@ class _Verdicts:
     """Ranges whose group columns were found constant, so later epochs need not compare them again.
 
     The verdict is a pure function of the row group's bytes (its file version), the key and
-    group columns, and the group starts inside the range, which together name it. It is kept
+    group columns (with their specs and null fills), and the group starts inside the range,
+    which together name it. It is kept
     in this process (every epoch after the first) and, with a cache, as a derived entry, so
     that a warm loader in a new process skips the comparison too.
     """
@@ -195,6 +196,11 @@ class _Verdicts:
         h = xxhash.xxh3_128()
         h.update(f"{cfg.group_by}\x00{chr(0).join(cfg.group_columns)}\x00{rng.first}\x00{rng.rows}\x00".encode())
         h.update(np.ascontiguousarray(local, dtype="<i8").tobytes())
+        # How the compared columns are delivered: a cast or a null fill decides whether they are
+        # constant (null, 0.0 is constant filled with 0.0, not with NaN).
+        gset = set(cfg.group_columns)
+        fills = sorted((n, repr(cfg.null_fill[n])) for n in gset if n in cfg.null_fill)
+        h.update(f"{[s for s in cfg.block_specs if s.name in gset]!r}\x00{fills!r}\x00".encode())
         if sel is not None:
             h.update(np.ascontiguousarray(sel.indices(), dtype="<i8").tobytes())
         xf = cfg.transform
@@ -205,7 +211,7 @@ class _Verdicts:
                 key = (ref.cache_key or ref.path, rng.row_group, "")
                 return cls(cfg, key, False, False)
             h.update(f"\x00{xf.identity}".encode())
-        key = (ref.cache_key or ref.path, rng.row_group, "groupcheck/1/" + h.hexdigest())
+        key = (ref.cache_key or ref.path, rng.row_group, "groupcheck/2/" + h.hexdigest())
         if key in cls._memo:
             return cls(cfg, key, True)
         store = cls._store(cfg)
