@@ -27,8 +27,10 @@ from .plan import Range, Unit
 
 __all__ = ["GroupStats", "GroupedUnits", "group_units", "runs_of"]
 
-#: How a row group's runs are named in the cache: what derived them (the key column).
+#: How a row group's runs are named in the cache: what derived them (the key column). Float
+#: keys' runs are bitwise since version 2 (version 1 compared their values).
 _IDENTITY = "groups/1/"
+_IDENTITY_FLOAT = "groups/2/"
 
 
 @dataclass
@@ -63,9 +65,19 @@ def runs_of(keys: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
         return np.zeros(0, dtype=np.int64), arr
     if n == 1:
         return np.zeros(1, dtype=np.int64), arr
-    change = pc.not_equal(arr.slice(1), arr.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    bits = _bitwise(arr)
+    change = pc.not_equal(bits.slice(1), bits.slice(0, n - 1)).to_numpy(zero_copy_only=False)
     starts = np.concatenate([[0], np.flatnonzero(change) + 1]).astype(np.int64)
     return starts, arr.take(pa.array(starts))
+
+
+def _bitwise(keys: pa.Array) -> pa.Array:
+    """Float keys as the unsigned integers of their bits, so keys compare as the workers compare
+    group columns: NaN equals NaN, and -0.0 is another key than 0.0 (a value comparison said
+    otherwise, so the groups depended on where row groups ended)."""
+    if pa.types.is_floating(keys.type):
+        return keys.view({2: pa.uint16(), 4: pa.uint32(), 8: pa.uint64()}[keys.type.bit_width // 8])
+    return keys
 
 
 def _encode(starts: np.ndarray, keys: pa.Array) -> bytes:
@@ -98,6 +110,8 @@ def _file_runs(dataset: Any, i: int, rgs: Sequence[tuple[int, int]], key: str,
                stats: list[int]) -> list[_RgRuns]:
     """The runs of the planned row groups ``rgs`` ((row group, delivered rows)) of file ``i``."""
     f = dataset.files[i]
+    floating = pa.types.is_floating(dataset.schema.field(key).type)
+    ident = (_IDENTITY_FLOAT if floating else _IDENTITY) + key
     out: list[_RgRuns] = []
     pf = None
     handle = None
@@ -106,7 +120,7 @@ def _file_runs(dataset: Any, i: int, rgs: Sequence[tuple[int, int]], key: str,
             stored = f.row_groups[g]
             got = None
             if store is not None:
-                data = store.get_bytes(cache_key, g, _IDENTITY + key)
+                data = store.get_bytes(cache_key, g, ident)
                 got = _decode(data, stored) if data is not None else None
             if got is not None:
                 stats[1] += 1
@@ -122,7 +136,7 @@ def _file_runs(dataset: Any, i: int, rgs: Sequence[tuple[int, int]], key: str,
                 starts, keys = runs_of(col)
                 stats[0] += 1
                 if store is not None:
-                    store.put_bytes(cache_key, g, _IDENTITY + key, _encode(starts, keys))
+                    store.put_bytes(cache_key, g, ident, _encode(starts, keys))
             picked = selections.get((i, g))
             sel = picked.indices() if picked is not None else None
             if sel is not None:
@@ -137,6 +151,17 @@ def _file_runs(dataset: Any, i: int, rgs: Sequence[tuple[int, int]], key: str,
         if handle is not None:
             handle.close()
     return out
+
+
+def _one_type(keys: pa.Array) -> pa.Array:
+    """Keys in the type every file's keys of their kind share: writers store one string column as
+    string or large_string (and views), which the loader reads alike, so the key runs must join."""
+    t = keys.type
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or str(t) == "string_view":
+        return keys if pa.types.is_large_string(t) else keys.cast(pa.large_string())
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or str(t) == "binary_view":
+        return keys if pa.types.is_large_binary(t) else keys.cast(pa.large_binary())
+    return keys
 
 
 def _key_text(v: Any) -> str:
@@ -177,11 +202,13 @@ def group_units(dataset: Any, key: str, units: Sequence[Unit], *,
     stats = GroupStats(scanned=sum(c[0] for c in counters), cached=sum(c[1] for c in counters))
 
     # One code per distinct key over the whole dataset: equal keys, equal codes.
-    all_keys = [k for runs in per_file for _, _, _, k in runs]
+    all_keys = [_one_type(k) for runs in per_file for _, _, _, k in runs]
     typ = all_keys[0].type
-    encoded = pa.chunked_array(all_keys, type=typ).combine_chunks().dictionary_encode()
+    keys_all = pa.chunked_array(all_keys, type=typ).combine_chunks()
+    encoded = _bitwise(keys_all).dictionary_encode()
     codes_all = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    dictionary = encoded.dictionary
+    # Each code's key as stored (for messages): codes number keys in order of first occurrence.
+    dictionary = keys_all.take(pa.array(np.unique(codes_all, return_index=True)[1]))
 
     out: list[Unit] = []
     # Every group (after joining runs across row groups): code, file, row group, row.
@@ -305,6 +332,10 @@ def check_group_options(dataset: Any, names: Sequence[str], group_by: Any, group
                               "the files")
         known = ", ".join(dataset.schema.names[:12]) + (", ..." if len(dataset.schema.names) > 12 else "")
         raise OptionError(f"group_by={group_by!r} is not a column of the dataset (its columns: {known})")
+    typ = dataset.schema.field(group_by).type
+    if pa.types.is_nested(typ):
+        raise OptionError(f"group_by={group_by!r} is a {typ} column: the key must be a scalar column "
+                          "(a number, string, binary, bool, date or time)")
     if group_by not in names:
         raise OptionError(f"group_by={group_by!r} must be among the loaded columns (columns={list(names)}): "
                           "the key is delivered with each group")

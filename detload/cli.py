@@ -145,6 +145,21 @@ def _add_filter(p: argparse.ArgumentParser) -> None:
                         "or filter text ('market == \"US\" and day >= 20260101'); see docs/filters.md (default: none, every row)")
 
 
+def _add_group(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--group-by", default=None, metavar="KEY",
+                   help="batches of whole groups of rows sharing KEY, each a detload.Packed; see docs/packing.md "
+                        "(default: none, flat batches)")
+    p.add_argument("--group-columns", type=_columns, default=None, metavar="C1,C2",
+                   help="with --group-by: the columns held once per group (default: the key alone)")
+    p.add_argument("--max-group-items", type=int, default=None, metavar="N",
+                   help="with --group-by: split groups longer than N items into chunks (default: never)")
+
+
+def _group_kwargs(a: argparse.Namespace) -> dict[str, Any]:
+    # Only when given, as the filter's: the Loader's keywords stay those of earlier runs.
+    return {n: getattr(a, n) for n in ("group_by", "group_columns", "max_group_items") if getattr(a, n) is not None}
+
+
 def _filter_kwargs(a: argparse.Namespace) -> dict[str, Any]:
     # Only when given: the Loader's keywords stay those of earlier runs.
     return {"filter": a.filter} if a.filter is not None else {}
@@ -207,13 +222,7 @@ def _parser() -> argparse.ArgumentParser:
                        description="Iterate SOURCE for --epochs epochs as a training job would, writing the manifest.")
     _common_loader_args(p)
     _add_filter(p)
-    p.add_argument("--group-by", default=None, metavar="KEY",
-                   help="batches of whole groups of rows sharing KEY, each a detload.Packed; see docs/packing.md "
-                        "(default: none, flat batches)")
-    p.add_argument("--group-columns", type=_columns, default=None, metavar="C1,C2",
-                   help="with --group-by: the columns held once per group (default: the key alone)")
-    p.add_argument("--max-group-items", type=int, default=None, metavar="N",
-                   help="with --group-by: split groups longer than N items into chunks (default: never)")
+    _add_group(p)
     p.add_argument("--workers", type=_workers, default=1, help="worker count or 'auto' (one per core, at most 16)")
     p.add_argument("--pool", choices=["thread", "process"], default="thread", help="what the workers are")
     p.add_argument("--prefetch", type=int, default=2, help="blocks queued per worker")
@@ -258,6 +267,7 @@ def _parser() -> argparse.ArgumentParser:
                        description="Plan an epoch as a run would (same fingerprint) without starting a worker.")
     _common_loader_args(p)
     _add_filter(p)
+    _add_group(p)
     p.add_argument("--epoch", type=_epoch_number, default=0, help="the epoch to plan")
     p.add_argument("--workers", type=_workers, default=1, help="worker count or 'auto', for the schedules")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -301,6 +311,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_null_fill(p)
     _add_cast(p)
     _add_filter(p)
+    _add_group(p)
     p.add_argument("--cache-dir", default=None,
                    help="row-group cache folder: epoch 0 fills it, later epochs show warm-cache throughput "
                         "(default: no cache)")
@@ -394,9 +405,7 @@ def _cmd_run(a: argparse.Namespace) -> int:
     kwargs = {**_loader_kwargs(a), **_groups(a, pool=a.pool, prefetch=a.prefetch, cache_dir=a.cache_dir,
                                             cache_limit=a.cache_limit, cache_map_limit=a.cache_map_limit)}
     kwargs.update(_filter_kwargs(a))
-    for name in ("group_by", "group_columns", "max_group_items"):
-        if getattr(a, name) is not None:
-            kwargs[name] = getattr(a, name)
+    kwargs.update(_group_kwargs(a))
     with interruptible(), Loader(a.source, workers=a.workers, manifest=a.manifest, **kwargs) as loader:
         _check_outside_dataset(loader, a.source, "--manifest", loader.manifest_path)
         _check_outside_dataset(loader, a.source, "--cache-dir", a.cache_dir)
@@ -507,7 +516,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with interruptible(), Loader(a.source, batch_size=a.batch_size, seed=a.seed, workers=a.workers,
                                  shuffle_window=a.shuffle_window, columns=a.columns, null_fill=dict(a.null_fill),
-                                 cast=dict(a.cast) or None, **_filter_kwargs(a),
+                                 cast=dict(a.cast) or None, **_filter_kwargs(a), **_group_kwargs(a),
                                  **_groups(a, pool=a.pool, prefetch=a.prefetch, cache_dir=a.cache_dir,
                                            cache_limit=a.cache_limit, cache_map_limit=a.cache_map_limit)) as loader:
         _check_outside_dataset(loader, a.source, "--trace", a.trace)
@@ -626,7 +635,7 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     # A Loader plans exactly as a run would (same fingerprint); it starts no worker.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SkippedFilesWarning)  # `detload inspect` lists them
-        loader = Loader(a.source, **_loader_kwargs(a), **_filter_kwargs(a))
+        loader = Loader(a.source, **_loader_kwargs(a), **_filter_kwargs(a), **_group_kwargs(a))
     ds = loader.dataset
     opts = loader.options
     files, rgs, _rows = ds.units()
@@ -637,6 +646,9 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     d["unit_names"] = names
     if loader.filter is not None:
         d["filter"] = {"canonical": json.loads(loader.filter.canonical_json), "planning": loader.filter_stats}
+    if loader.group_stats is not None:
+        d["groups"] = {"group_by": loader.group_by, "group_columns": list(loader.group_columns),
+                       **loader.group_stats}
     if a.json:
         print(json.dumps(d, indent=2))
         return 0
@@ -649,14 +661,33 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     print("  unit order: " + " ".join(str(u) for u in plan.unit_order[:32]) + (" ..." if d["units"] > 32 else ""))
     if loader.filter is not None:
         _print_filter_plan(loader.filter.canonical_json, loader.filter_stats or {})
+    if loader.group_stats is not None and plan.step_starts is not None:
+        gs = loader.group_stats
+        print(f"  groups by {d['groups']['group_by']!r} (group columns {', '.join(d['groups']['group_columns'])}): "
+              f"{gs['groups']:,} groups in {gs['chunks']:,} chunks, the largest {gs['largest']:,} items; "
+              f"micro-batches per partition [{', '.join(f'{len(s) - 1:,}' for s in plan.step_starts)}]")
 
     def show(rng: list[int]) -> str:
         f, g, first, rows = rng
         whole = first == 0 and rows == ds.files[f].row_groups[g]
         return f"{ds.files[f].path}#{g}" + ("" if whole else f"[{first:,}:{first + rows:,}]")
 
+    def show_unit(ranges: list[list[int]]) -> str:
+        # A unit a group joined holds many whole row groups of one file: shown as a span, path#a-b.
+        out: list[list[int]] = []  # [file, first row group, last row group] of whole row groups
+        parts: list[str] = []
+        for r in ranges:
+            f, g, first, rows = r
+            if first == 0 and rows == ds.files[f].row_groups[g] and out and out[-1][0] == f and out[-1][2] == g - 1:
+                out[-1][2] = g
+                parts[-1] = f"{ds.files[f].path}#{out[-1][1]}-{g}"
+                continue
+            out.append([f, g, g] if first == 0 and rows == ds.files[f].row_groups[g] else [f, g, -2])
+            parts.append(show(r))
+        return "+".join(parts)
+
     for blk in d["blocks"]:
-        units = ", ".join("+".join(show(r) for r in u["ranges"]) for u in blk["units"])
+        units = ", ".join(show_unit(u["ranges"]) for u in blk["units"])
         print(f"  block k={blk['k']:<4} partition {blk['partition']} #{blk['number']:<3} worker {blk['worker']:<3} "
               f"rows {blk['rows']:<7,} steps {blk['steps'][0]}-{blk['steps'][1]}  [{units}]")
     for w, sched in enumerate(plan.worker_schedules(workers)):

@@ -30,7 +30,8 @@ class Packed:
       ``offsets[g]:offsets[g + 1]`` of ``items`` (groups are contiguous, in batch order).
 
     ``columns`` is the flat column order (what ``unpack()`` returns). A group that
-    ``max_group_items`` split appears as several consecutive groups with equal rows.
+    ``max_group_items`` split appears as several groups with equal rows (consecutive only
+    without shuffling: each chunk is a group of its own).
     """
 
     __slots__ = ("columns", "group_index", "groups", "items", "offsets")

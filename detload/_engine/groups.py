@@ -61,9 +61,10 @@ def _rows(col: Column) -> int:
 
 def _row_value(col: Column, r: int) -> bytes:
     if isinstance(col, Ragged):
-        vals = col.values.reshape(len(col.values), -1).view(np.uint8)
-        return vals[int(col.offsets[r]) : int(col.offsets[r + 1])].tobytes()
-    return np.ascontiguousarray(col[r : r + 1]).view(np.uint8).tobytes()
+        # tobytes, not a reshape to (n, -1): a row group whose values are all empty ("" or [])
+        # has no values to reshape, and -1 is undefined for it.
+        return np.ascontiguousarray(col.values[int(col.offsets[r]) : int(col.offsets[r + 1])]).tobytes()
+    return np.ascontiguousarray(col[r : r + 1]).tobytes()
 
 
 def _ragged_diffs(col: Ragged, is_start: np.ndarray) -> np.ndarray:
@@ -163,7 +164,9 @@ def check_constant(cfg: WorkerConfig, task: Task, units: Sequence[Mapping[str, C
             if r is None and pos and not is_start[0] and _row_value(col, 0) != _row_value(prev[name], _rows(prev[name]) - 1):
                 r = 0  # the group runs on from the range before, with another value
             if r is not None:
-                _raise_change(cfg, name, u[cfg.group_by], r, cfg.files[rng.file].path, rng.row_group)
+                before = (col, r - 1) if r else (prev[name], _rows(prev[name]) - 1)
+                _raise_change(cfg, name, u[cfg.group_by], r, cfg.files[rng.file].path, rng.row_group,
+                              (*before, col, r))
         seen.passed()
         prev = u
         pos += n
@@ -173,7 +176,8 @@ class _Verdicts:
     """Ranges whose group columns were found constant, so later epochs need not compare them again.
 
     The verdict is a pure function of the row group's bytes (its file version), the key and
-    group columns, and the group starts inside the range, which together name it. It is kept
+    group columns (with their specs and null fills), and the group starts inside the range,
+    which together name it. It is kept
     in this process (every epoch after the first) and, with a cache, as a derived entry, so
     that a warm loader in a new process skips the comparison too.
     """
@@ -194,6 +198,11 @@ class _Verdicts:
         h = xxhash.xxh3_128()
         h.update(f"{cfg.group_by}\x00{chr(0).join(cfg.group_columns)}\x00{rng.first}\x00{rng.rows}\x00".encode())
         h.update(np.ascontiguousarray(local, dtype="<i8").tobytes())
+        # How the compared columns are delivered: a cast or a null fill decides whether they are
+        # constant (null, 0.0 is constant filled with 0.0, not with NaN).
+        gset = set(cfg.group_columns)
+        fills = sorted((n, repr(cfg.null_fill[n])) for n in gset if n in cfg.null_fill)
+        h.update(f"{[s for s in cfg.block_specs if s.name in gset]!r}\x00{fills!r}\x00".encode())
         if sel is not None:
             h.update(np.ascontiguousarray(sel.indices(), dtype="<i8").tobytes())
         xf = cfg.transform
@@ -205,7 +214,7 @@ class _Verdicts:
                 return cls(cfg, key, False, False)
             # Its output may depend on the file's place (ctx.file_index, ctx.file).
             h.update(f"\x00{xf.identity}\x00{rng.file}\x00{ref.path}".encode())
-        key = (ref.cache_key or ref.path, rng.row_group, "groupcheck/1/" + h.hexdigest())
+        key = (ref.cache_key or ref.path, rng.row_group, "groupcheck/2/" + h.hexdigest())
         if cls._memo_key(cfg, key) in cls._memo:
             return cls(cfg, key, True)
         store = cls._store(cfg)
@@ -291,21 +300,39 @@ def group_rows(cfg: WorkerConfig, f: int, rg: int, selection: Any, first: int, t
     for name in names:
         r = _first_change(full[name], is_start)
         if r is not None:
-            _raise_change(cfg, name, full[cfg.group_by], r, ref.path, rg)
+            _raise_change(cfg, name, full[cfg.group_by], r, ref.path, rg, (full[name], r - 1, full[name], r))
     cols = {n: take_rows(full[n], starts) for n in names}
     if store is not None and ref.cache_key:
         store.put(ref.cache_key, rg, ident, {"starts": starts, **{f"c/{n}": c for n, c in cols.items()}})
     return GroupRows(starts, cols, picked, first)
 
 
-def _raise_change(cfg: WorkerConfig, name: str, key: Column, r: int, path: str, rg: int) -> None:
+def _nan_bits(pair: tuple[Column, int, Column, int] | None) -> str:
+    """', two NaNs with different bits (0x..., 0x...)' when the two values that differ are NaNs
+    (an arithmetic NaN has its sign bit set, numpy.nan not), else ''."""
+    if pair is None:
+        return ""
+    a, i, b, j = pair
+    if isinstance(a, Ragged) or isinstance(b, Ragged) or a.dtype.kind != "f" or a[i : i + 1].size != 1:
+        return ""
+    x, y = a[i : i + 1], b[j : j + 1]
+    if not (np.isnan(x).all() and np.isnan(y).all()):
+        return ""
+    u = f"u{a.dtype.itemsize}"
+    return (f": two NaNs with different bits (0x{int(x.view(u)[0]):0{2 * a.dtype.itemsize}x}, "
+            f"0x{int(y.view(u)[0]):0{2 * a.dtype.itemsize}x}), which one group row cannot both give back")
+
+
+def _raise_change(cfg: WorkerConfig, name: str, key: Column, r: int, path: str, rg: int,
+                  pair: tuple[Column, int, Column, int] | None = None) -> None:
+    """``pair``: the two values that differ (column, row, column, row), to name NaNs whose bits differ."""
     value: Any = _row_value(key, r) if isinstance(key, Ragged) else key[r]
     value = value.item() if isinstance(value, np.generic) else value
     if isinstance(key, Ragged) and key.kind == "utf8":
         value = value.decode("utf-8", "replace")
     raise DataError(
         f"group column {name!r} is not constant within group {cfg.group_by}={value!r}: it changes in "
-        f"{path} row group {rg} (compared bitwise, so NaN equals NaN). "
+        f"{path} row group {rg} (compared bitwise, so NaN equals NaN{_nan_bits(pair)}). "
         f"Group columns must hold one value per group; leave {name!r} out of group_columns")
 
 
@@ -329,7 +356,8 @@ def check_compact(cfg: WorkerConfig, task: Task, parts: Sequence[GroupRows]) -> 
         for a, i, b, j in pairs:
             for name in names:
                 if _row_value(a.cols[name], i) != _row_value(b.cols[name], j):
-                    _raise_change(cfg, name, b.cols[cfg.group_by], j, cfg.files[rng.file].path, rng.row_group)
+                    _raise_change(cfg, name, b.cols[cfg.group_by], j, cfg.files[rng.file].path, rng.row_group,
+                                  (a.cols[name], i, b.cols[name], j))
         prev = (gp, int(run[-1]))
         pos += n
 
