@@ -7,13 +7,18 @@ workers) and ``local`` (many more). Pick one with ``HYPOTHESIS_PROFILE=local``.
 
 ``leak_check`` asserts that nothing a loader started outlives it: no worker
 process, no ``detload-*`` thread, no ``/dev/shm/detload-<our pid>-*`` segment.
+
+``bench_script`` loads a script of experiments/bench as a module, as it runs there.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -97,3 +102,28 @@ def unit_log(monkeypatch) -> list[tuple[str, int]]:
 
     monkeypatch.setattr(detload._engine.reader.UnitReader, "read", read)
     return log
+
+
+# -- benchmark scripts ---------------------------------------------------------
+
+BENCH = Path(__file__).resolve().parent.parent / "experiments" / "bench"
+
+
+@pytest.fixture()
+def bench_script(monkeypatch) -> Iterator[Callable[[str], ModuleType]]:
+    """``load("bench")``: experiments/bench/bench.py as a fresh module, its folder on sys.path
+    (where its own imports, datagen and the rest, are found)."""
+    loaded: list[str] = []
+
+    def load(name: str) -> ModuleType:
+        monkeypatch.syspath_prepend(str(BENCH))
+        spec = importlib.util.spec_from_file_location(f"{name}_under_test", BENCH / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        loaded.append(spec.name)
+        return mod
+
+    yield load
+    for name in loaded:
+        sys.modules.pop(name, None)

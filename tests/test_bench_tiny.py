@@ -3,8 +3,6 @@ the decode limit (W x one thread) and Petastorm's best cold and warm rows of the
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,13 +12,8 @@ BENCH = Path(__file__).resolve().parent.parent / "experiments" / "bench"
 
 
 @pytest.fixture()
-def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    spec = importlib.util.spec_from_file_location("bench_under_test", BENCH / "bench.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    yield mod
-    sys.modules.pop("bench_under_test", None)
+def bench(bench_script):
+    return bench_script("bench")
 
 
 def _res(rate: float, workers: int, rows: int = 1000) -> dict:

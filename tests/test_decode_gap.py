@@ -3,23 +3,12 @@ and the worker stage shares (with the untracked rest) add up to 100%."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-BENCH = Path(__file__).resolve().parent.parent / "experiments" / "bench"
 
 
 @pytest.fixture()
-def gap(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    spec = importlib.util.spec_from_file_location("decode_gap_under_test", BENCH / "decode_gap.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    yield mod
-    sys.modules.pop("decode_gap_under_test", None)
+def gap(bench_script):
+    return bench_script("decode_gap")
 
 
 def test_factors_multiply_to_the_wall_ratio(gap):

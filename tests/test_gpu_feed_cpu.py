@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
-BENCH = Path(__file__).resolve().parent.parent / "experiments" / "bench"
 
 
-def test_gpu_feed_tiny_on_cpu(tmp_path, capsys, monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    spec = importlib.util.spec_from_file_location("gpu_feed", BENCH / "gpu_feed.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+def test_gpu_feed_tiny_on_cpu(tmp_path, capsys, bench_script):
+    mod = bench_script("gpu_feed")
     out = tmp_path / "r.json"
     assert mod.main(["--tiny", "--device", "cpu", "--data", str(tmp_path / "d"), "--json", str(out)]) == 0
     saved = json.loads(out.read_text())
