@@ -450,7 +450,7 @@ class Run:
                     np.zeros(1, dtype=np.int64), names)
 
     def _cut_packed(self, step: int, owned: list[int], buffers: dict[int, deque[tuple[int, dict[str, Column]]]]
-                    ) -> tuple[Packed, int, str | None, int]:
+                    ) -> tuple[dict[str, Column] | Packed, int, str | None, int]:
         t0 = time.perf_counter()
         micros = [self._micro_packed(p, step, buffers[p]) for p in owned]
         if len(micros) == 1:
@@ -463,17 +463,7 @@ class Run:
             batch = pack({k: _concat([mp.items[k] for mp in micros]) for k in micros[0].items},
                          {k: _concat([mp.groups[k] for mp in micros]) for k in micros[0].groups},
                          np.concatenate(offs), micros[0].columns)
-        rows = batch.n_items
-        t1 = time.perf_counter()
-        tr = self.tracer
-        tr.span("stitch", MERGER, t0, t1)
-        line = None
-        if self.hash_batches:
-            parts = [hash_batch(mp) for mp in micros]
-            digest, cols = parts[0] if len(micros) == 1 else hash_batch(batch)
-            line = batch_line(self.plan.epoch, step, rows, digest, cols, [p[0] for p in parts])
-            tr.span("hash", MERGER, t1, time.perf_counter())
-        return batch, step, line, rows
+        return self._finish(step, micros, batch, batch.n_items, t0)
 
     def _cut_step(self, step: int, owned: list[int], buffers: dict[int, deque[tuple[int, dict[str, Column]]]]
                   ) -> tuple[dict[str, Column] | Packed, int, str | None, int]:
@@ -485,7 +475,12 @@ class Run:
             batch = micros[0]
         else:
             batch = {s.name: _concat([m[s.name] for m in micros]) for s in self.specs}
-        rows = len(next(iter(batch.values())))
+        return self._finish(step, micros, batch, len(next(iter(batch.values()))), t0)
+
+    def _finish(self, step: int, micros: Sequence[Any], batch: Any, rows: int, t0: float
+                ) -> tuple[dict[str, Column] | Packed, int, str | None, int]:
+        """Trace the stitch begun at ``t0`` and, when manifests are kept, hash the step (each
+        micro-batch and the whole batch, flat or packed alike) into its manifest line."""
         t1 = time.perf_counter()
         tr = self.tracer
         tr.span("stitch", MERGER, t0, t1)
