@@ -340,19 +340,6 @@ class PlannedTransform:
     units: list[Unit] | None  # rows="changes": the units with the transform's row counts
 
 
-class _Timings:
-    """Planning's stand-in for a block's Timings (nothing is traced at planning)."""
-
-    def __init__(self) -> None:
-        self.extra: dict[str, float] = {}
-        self.units = 0
-        self.source_reads = 0
-        self.source_bytes = 0
-
-    def add(self, stage: str, t0: float, t1: float) -> None:
-        pass
-
-
 def _identity(t: Transform, specs_key: str, partition_specs: Sequence[ColumnSpec]) -> str:
     # The input's bytes are decided by the file version (the entry's folder), the input columns'
     # specs and fills (specs_key), the Hive partition columns' types, and the filter's selection.
@@ -378,6 +365,7 @@ def _count_rows(plan: TransformPlan, cfg: Any, read_cfg: Any, ranges: Sequence[R
     reader and runner (as a thread worker does), and a count depends on its row group alone, so
     the counts are those of a sequential pass. The first failure in ``ranges`` order is raised.
     """
+    from ._engine.messages import Timings
     from ._engine.reader import UnitReader
 
     if not ranges:
@@ -389,7 +377,7 @@ def _count_rows(plan: TransformPlan, cfg: Any, read_cfg: Any, ranges: Sequence[R
     def count(r: Range) -> int:
         lane = getattr(local, "lane", None)
         if lane is None:
-            lane = local.lane = (UnitReader(read_cfg), TransformRunner(plan, cfg), _Timings())
+            lane = local.lane = (UnitReader(read_cfg), TransformRunner(plan, cfg), Timings())
             with lock:
                 lanes.append(lane[:2])
         reader, runner, tm = lane
@@ -420,6 +408,7 @@ def plan_transform(t: Transform, cfg: Any, units: Sequence[Unit],
     (filling the cache, in up to ``threads`` threads) so that the plan counts its output rows.
     """
     from ._cache.keys import specs_key
+    from ._engine.messages import Timings
     from ._engine.reader import UnitReader
 
     sel_ids = {(u.ranges[0].file, u.ranges[0].row_group): u.selection for u in units if u.selection}
@@ -428,7 +417,7 @@ def plan_transform(t: Transform, cfg: Any, units: Sequence[Unit],
     cached = t.cached and cfg.cache is not None
     # A cached transform keeps its output, not its input (as the workers' readers do).
     reader = UnitReader(dataclasses.replace(cfg, cache=None) if cached else cfg)
-    tm = _Timings()
+    tm = Timings()  # planning's spans are never sent to a trace
     try:
         first = units[0].ranges[0]
         probe = TransformRunner(TransformPlan(t, (), identity, cached, None, sel_ids), cfg)
