@@ -52,9 +52,12 @@ class Selection:
         """``(start, stop)`` when the rows are one contiguous run (a slice serves them), else None."""
         if self.kind == "runs" and self.data.shape[0] == 1:
             return int(self.data[0, 0]), int(self.data[0, 1])
-        if self.kind == "rows" and self.count == 1:
-            first = int(self.data[0])
-            return first, first + 1
+        if self.kind == "rows" and self.count:
+            # Sorted distinct indices are one run exactly when they span count rows (a run of
+            # two is kept as rows: two numbers either way).
+            first, last = int(self.data[0]), int(self.data[-1])
+            if last - first + 1 == self.count:
+                return first, last + 1
         return None
 
     def indices(self) -> np.ndarray:
