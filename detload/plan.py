@@ -74,9 +74,10 @@ def _stream_permutation(entropy: list[int], n: int) -> np.ndarray:
 
 
 def _stable_argsort_u64(keys: np.ndarray) -> np.ndarray:
-    """``np.argsort(keys, kind="stable")`` for uint64 keys, computed in two stable passes.
+    """``np.argsort(keys, kind="stable")`` for uint64 keys.
 
-    The first pass sorts by the top 16 bits, which NumPy radix-sorts in linear
+    Random keys almost always take `_packed_order` (one plain sort). Otherwise two
+    stable passes: the first sorts by the top 16 bits, which NumPy radix-sorts in linear
     time; for random keys that leaves short unordered runs, which the second,
     stable sort by the full key (NumPy's timsort) finishes in near-linear time.
     Both passes are stable, so equal keys keep their positions' order and the
@@ -86,6 +87,9 @@ def _stable_argsort_u64(keys: np.ndarray) -> np.ndarray:
     """
     if keys.shape[0] < 4096:
         return np.argsort(keys, kind="stable").astype(np.int64)
+    order = _packed_order(keys)
+    if order is not None:
+        return order
     # The top 16 bits: on a little-endian machine, every fourth uint16 of the keys, read
     # in place (no shifted copy and no cast; 0.2 ms less per 65,536-row block).
     top = (keys.view(np.uint16)[3::4] if sys.byteorder == "little" and keys.flags.c_contiguous
@@ -93,6 +97,41 @@ def _stable_argsort_u64(keys: np.ndarray) -> np.ndarray:
     order = np.argsort(top, kind="stable")
     order = order[np.argsort(keys[order], kind="stable")]
     return order.astype(np.int64, copy=False)
+
+
+# Positions 0..n-1 as uint64 for `_packed_order`, kept for the last n asked (a block's size
+# repeats; read-only, so threads may share it).
+_POSITIONS: list[np.ndarray] = [np.arange(0, dtype=np.uint64)]
+
+
+def _packed_order(keys: np.ndarray) -> np.ndarray | None:
+    """The stable order of ``keys``, found by one plain sort, when that is exact; else None.
+
+    With b = the bits of n - 1, each key keeps its top 64 - b bits and carries its position
+    in the low b: the packed words are distinct, so any sorting algorithm orders them the
+    same way (no stability needed, and NumPy's vectorised quicksort is used). Where the top
+    bits of all keys differ, that order is the keys' order, exactly; where two keys share
+    them (for 65,536 random keys, about once in 130,000 blocks), it is not, and None sends
+    the caller to the two-pass sort. About 40% faster per block than that sort.
+    """
+    n = keys.shape[0]
+    b = (n - 1).bit_length()
+    if b > 32:
+        return None  # so many keys that shared top bits become likely
+    low = np.uint64((1 << b) - 1)
+    positions = _POSITIONS[0]
+    if positions.shape[0] != n:
+        positions = np.arange(n, dtype=np.uint64)
+        positions.flags.writeable = False
+        _POSITIONS[0] = positions
+    packed = np.bitwise_and(keys, ~low)
+    packed |= positions
+    packed.sort()
+    # Two keys with equal top bits are neighbours that differ in the low bits only.
+    if (np.bitwise_xor(packed[1:], packed[:-1]) <= low).any():
+        return None
+    packed &= low
+    return packed.view(np.int64)
 
 
 def unit_permutation(seed: int, epoch: int, n: int) -> np.ndarray:

@@ -403,3 +403,34 @@ def test_make_plan_is_deprecated_and_names_its_successor():
     with pytest.warns(DeprecationWarning, match=r"make_plan builds a format-1 plan, which Loader no longer uses; "
                                                 r"use make_plan_v2"):
         make_plan([10, 10], OrderOptions(seed=0, batch_size=4), epoch=0)
+
+
+def test_packed_order_is_the_stable_order_of_random_keys():
+    """Random keys take the one-sort path, and it gives NumPy's stable order."""
+    from detload.plan import _packed_order
+
+    for n in (4096, 65_536, 100_003):
+        keys = np.asarray(np.random.PCG64(n).random_raw(n), dtype=np.uint64)
+        got = _packed_order(keys)
+        assert got is not None and got.dtype == np.int64
+        assert np.array_equal(got, np.argsort(keys, kind="stable"))
+
+
+@given(st.integers(4096, 9000), st.integers(0, 2**32 - 1), st.integers(1, 40))
+@settings(max_examples=25)
+def test_packed_order_declines_keys_that_share_top_bits(n, seed, dups):
+    """Distinct keys whose top bits coincide (low bits differ, in either order) are declined,
+    and the caller's answer is still the stable order."""
+    from detload.plan import _packed_order, _stable_argsort_u64
+
+    rng = np.random.default_rng(seed)
+    keys = np.asarray(np.random.PCG64(seed).random_raw(n), dtype=np.uint64)
+    b = (n - 1).bit_length()
+    for i in rng.choice(n, size=dups, replace=False):
+        j = int(rng.integers(0, n))
+        if j != i:  # same top bits as keys[j], another low part: distinct, yet tied above
+            keys[i] = (keys[j] & ~np.uint64((1 << b) - 1)) | np.uint64(int(rng.integers(0, 1 << b)))
+    tops = keys >> np.uint64(b)
+    if len(np.unique(tops)) < n:
+        assert _packed_order(keys) is None
+    assert np.array_equal(_stable_argsort_u64(keys), np.argsort(keys, kind="stable"))
