@@ -1,8 +1,10 @@
 """Assembling one block: concatenate its units' columns and apply the row permutation.
 
-The gather is the hot loop of a worker: ``np.take(..., mode="clip")`` writes
+The gather is the hot loop of a worker: ``np.take(..., mode="wrap")`` writes
 straight into the destination (with the default ``mode="raise"`` NumPy gathers
-into a temporary and copies it again).
+into a temporary and copies it again). Every index is in range, so "wrap" (like
+"clip") changes nothing but speed; its per-index test is a branch that never
+fires, where "clip"'s clamping made the gather of a CTR block ~5% slower.
 
 Consecutive fixed 1-D columns of one dtype (the 32 float features of a CTR
 table) lie back to back in the block, so they form one ``(k, rows)`` array: the
@@ -273,12 +275,14 @@ def _ragged_take(src: Ragged, perm: np.ndarray, out_offsets: np.ndarray, out_val
     idx.fill(1)
     idx[out_offsets[rows]] = jump
     np.cumsum(idx, out=idx)
-    np.take(src.values, idx, out=out_values, mode="clip")
+    np.take(src.values, idx, out=out_values, mode="wrap")
 
 
 # Rows of a group are permuted a few columns at a time, so that the gathered
-# source (a few columns of the whole block) stays in a core's L2 cache.
-_CHUNK_BYTES = 1 << 20
+# source (a few columns of the whole block) stays in a core's L2 cache together
+# with the permutation (8 bytes a row) and the written rows: at 65,536 rows, one
+# float32 column a chunk took ~5% less than four (1 MB) did.
+_CHUNK_BYTES = 1 << 18
 
 
 def _chunk_cols(rows: int, itemsize: int) -> int:
@@ -340,8 +344,8 @@ def _assemble_group(
                 for j in range(j0, j1):
                     dst[j - j0, lo:hi] = u[names[j]]
         if perm is not None:
-            # Every index is in range (a permutation), so "clip" changes nothing but speed.
-            np.take(dst, perm, axis=1, out=out2d[j0:j1], mode="clip")
+            # Every index is in range (a permutation): "wrap" changes nothing but speed.
+            np.take(dst, perm, axis=1, out=out2d[j0:j1], mode="wrap")
 
 
 def assemble(
@@ -389,7 +393,7 @@ def assemble(
                 np.concatenate(parts, axis=0, out=dst)  # type: ignore[arg-type]
             else:
                 src = np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]  # type: ignore[arg-type]
-                np.take(src, perm, axis=0, out=dst, mode="clip")  # type: ignore[arg-type,call-overload]
+                np.take(src, perm, axis=0, out=dst, mode="wrap")  # type: ignore[arg-type,call-overload]
         else:
             assert isinstance(dst, Ragged)
             src_r = ragged[spec.name]
