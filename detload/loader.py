@@ -185,8 +185,9 @@ class Loader:
       tuple. Default: from an initialised torch.distributed, else the RANK and WORLD_SIZE
       environment variables, else (0, 1).
     - ``storage``: a `Storage` (``filesystem`` a pyarrow or fsspec filesystem,
-      ``partition_types`` ``{key: "int64" | "string"}`` for Hive partition keys), or a
-      filesystem. Default: local paths, or the filesystem a URI names.
+      ``partition_types`` ``{key: "int64" | "string"}`` for Hive partition keys,
+      ``memory_map`` "auto"/True/False: whether worker processes read local files through
+      memory maps), or a filesystem. Default: local paths, or the filesystem a URI names.
 
     The flat keywords of earlier releases (``prefetch``, ``stall_timeout``, ``trace``,
     ``cache_dir``, ``cache_limit``, ``cache_map_limit``, ``rank``, ``world_size``,
@@ -226,6 +227,7 @@ class Loader:
         self.workers = resolve_workers(workers)
         pool_opts, cache_opts, dist, storage_opts = resolve_groups(pool, cache, distributed, storage, deprecated)
         self.pool_kind: PoolKind = pool_opts.kind
+        self._memory_map = storage_opts.memory_map
         self.prefetch = pool_opts.prefetch
         self.stall_timeout = pool_opts.stall_timeout
         trace = pool_opts.trace
@@ -445,10 +447,14 @@ class Loader:
             # (a transform reads every column of the row group, so it keeps them together).
             group_specs = tuple(s for s in self.specs if s.name in self.group_columns)
             specs = tuple(s for s in self.specs if s.name not in self.group_columns)
+        # Maps only where a fault kills a worker process, not the consumer (see Storage.memory_map).
+        mapping = ("never" if planning or self._memory_map is False else "always" if self._memory_map is True
+                   else "local-disk" if shm_dir is not None else "never")
         return WorkerConfig(files, ds.filesystem, specs, self.null_fill, shm_dir,
                             prefix, os.getpid(), None if planning else self._hooks.debug,
                             cache=self.cache, selections=self._selections, group_by=self.group_by,
-                            group_columns=self.group_columns, transform=self._xform, group_specs=group_specs)
+                            group_columns=self.group_columns, transform=self._xform, group_specs=group_specs,
+                            memory_map=mapping)
 
     @property
     def _pool(self) -> WorkerPool | None:

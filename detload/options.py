@@ -153,7 +153,8 @@ class Distributed:
         _set(self, zip(("rank", "world_size"), _check_distributed(self.rank, self.world_size, _names(Distributed))))
 
 
-def _check_storage(filesystem: Any, partition_types: Any, names: Mapping[str, str]) -> tuple[Any, ...]:
+def _check_storage(filesystem: Any, partition_types: Any, names: Mapping[str, str],
+                   memory_map: Any = "auto") -> tuple[Any, ...]:
     if filesystem is not None and not _is_filesystem(filesystem):
         raise OptionError(f"{names['filesystem']} must be a pyarrow.fs.FileSystem or an fsspec filesystem, "
                           f"got {type(filesystem).__name__}")
@@ -165,7 +166,9 @@ def _check_storage(filesystem: Any, partition_types: Any, names: Mapping[str, st
             if t not in ("int64", "string"):
                 raise OptionError(f"{names['partition_types']}[{k!r}] must be 'int64' or 'string', got {t!r}")
         partition_types = dict(partition_types)  # a copy: the group is frozen, the caller's dict is not
-    return filesystem, partition_types
+    if memory_map is not True and memory_map is not False and memory_map != "auto":
+        raise OptionError(f"{names['memory_map']} must be True, False or 'auto', got {memory_map!r}")
+    return filesystem, partition_types, memory_map
 
 
 @dataclass(frozen=True)
@@ -179,15 +182,25 @@ class Storage:
       Types enter the dataset fingerprint. (Not to be confused with ``partitions``,
       the canonical shards of the plan.)
 
+    - ``memory_map``: how worker processes read local files. ``"auto"`` (default): through
+      a memory map where the file lies on a local disk or in memory (ext4, xfs, btrfs,
+      tmpfs, ...), which skips the copy of every page out of the page cache (~15% less
+      read time); with plain reads on network and FUSE filesystems (where a page that
+      cannot be read kills the process that touches it, where a read reports an error)
+      and always in thread workers (whose crash would be the training process's).
+      ``True``: maps in every worker, on any local path; ``False``: never. It changes no
+      byte of any batch.
+
     Shorthand: ``storage=<filesystem>`` is ``Storage(filesystem=<filesystem>)``.
     """
 
     filesystem: Any = None
     partition_types: Mapping[str, str] | None = field(default=None, hash=False)
+    memory_map: bool | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
-        _set(self, zip(("filesystem", "partition_types"),
-                       _check_storage(self.filesystem, self.partition_types, _names(Storage))))
+        _set(self, zip(("filesystem", "partition_types", "memory_map"),
+                       _check_storage(self.filesystem, self.partition_types, _names(Storage), self.memory_map)))
 
 
 def _is_filesystem(value: Any) -> bool:

@@ -22,7 +22,7 @@ class DebugHooks:
     ``delay_seed``; ``fail_unit`` a (relative path, row group) whose read raises
     ``fail_exc`` (an exception instance); ``stall_unit`` a unit whose read blocks
     for ``stall_seconds`` (only in epoch ``stall_epoch`` when that is set);
-    ``die_unit`` a unit whose read kills the process.
+    ``die_unit`` a unit whose read kills the process (with ``die_signal``).
     """
 
     delay_max: float = 0.0
@@ -34,6 +34,10 @@ class DebugHooks:
     stall_epoch: int | None = None
     die_unit: tuple[str, int] | None = None
     block_delay_max: float = 0.0  # benchmark/test: pseudo-random sleep before each block
+    #: A unit whose file the reader truncates to half right after its pre-read size check,
+    #: as a rewrite racing that read would (through a memory map: a real SIGBUS).
+    shrink_unit: tuple[str, int] | None = None
+    die_signal: int = 9  # the signal die_unit kills with
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,9 @@ class WorkerConfig:
     #: A transform (_xform.TransformPlan): run on each row group after the selection; its
     #: output schema (``transform.specs``) is what blocks hold. None: columns as read.
     transform: Any = None
+    #: How local files are opened (Storage.memory_map): "never" (plain reads), "local-disk"
+    #: (memory-mapped where the mount is a local disk or memory filesystem) or "always".
+    memory_map: str = "never"
 
     @property
     def block_specs(self) -> tuple[ColumnSpec, ...]:

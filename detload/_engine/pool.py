@@ -38,6 +38,7 @@ import dataclasses
 import os
 import pickle
 import queue
+import signal
 import threading
 import time
 import uuid
@@ -370,6 +371,10 @@ class WorkerPool:
             return False
         return bool(self.handles[w].is_alive())
 
+    def exitcode(self, w: int) -> int | None:
+        """A worker process's exit code (negative: the signal that killed it); None for threads."""
+        return self.handles[w].exitcode if self.kind == "process" and w < len(self.handles) else None
+
     def describe_death(self, w: int) -> str:
         if self.kind == "thread":
             return f"worker thread {w} exited"
@@ -379,6 +384,10 @@ class WorkerPool:
             how = f"was killed by signal {-code}"
             if code == -9:
                 how += " (an out-of-memory kill? check the system log)"
+            elif code == -getattr(signal, "SIGBUS", 0):
+                how += (" (SIGBUS: a page of a memory-mapped file could not be read or written: a data file "
+                        "read through a memory map shrank or its storage failed, or /dev/shm is full; "
+                        "storage=detload.Storage(memory_map=False) reads data files without maps)")
         elif code == 1:
             how = "exited with code 1 before it could report why (multiprocessing printed the cause on stderr)"
         else:

@@ -7,6 +7,7 @@ checks that every column decoded as many rows as the footer promised.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ from .._types import INT96_UNIT, Column, ColumnSpec, Ragged, UnitColumns, column
 from .._xform import TransformRunner
 from ..errors import DataError, DetloadError
 from .config import FileRef, WorkerConfig
+from .mapping import open_mapped, should_map
 from .messages import (
     Timings,
 )
@@ -56,6 +58,8 @@ class UnitReader:
         self.transform = TransformRunner(xf, cfg) if xf is not None else None
         # Remote reads: fetch the requested column chunks in a few coalesced ranged requests.
         self._pre_buffer = cfg.filesystem.type_name != "local"
+        # Per open file read through a memory map: its descriptor and the size mapped.
+        self._mapped: dict[int, tuple[int, int]] = {}
 
     def _file(self, i: int, rg: int) -> pq.ParquetFile:
         pf = self._open.get(i)
@@ -64,7 +68,12 @@ class UnitReader:
             return pf
         ref = self.cfg.files[i]
         fs = self.cfg.filesystem
-        f = fs.open_input_file(ref.location)
+        f = (open_mapped(ref.location) if should_map(self.cfg.memory_map, fs.type_name, ref.location)
+             else None)
+        if f is not None:
+            self._mapped[i] = (f.fileno(), int(f.size()))
+        else:
+            f = fs.open_input_file(ref.location)
         try:
             # Pages written with CRCs are checked: garbage in an uncompressed or
             # zstd page would otherwise decode into wrong values without a word.
@@ -80,6 +89,7 @@ class UnitReader:
             try:
                 _check_same_version(fs, f, ref, rg)  # a replaced file explains a bad footer
             finally:
+                self._mapped.pop(i, None)
                 f.close()
             raise
         try:
@@ -88,6 +98,7 @@ class UnitReader:
             _check_same_version(fs, f, ref, rg)
         except BaseException:
             self._int96_ms.pop(i, None)
+            self._mapped.pop(i, None)
             pf.close()
             raise
         self._open[i] = pf
@@ -97,6 +108,7 @@ class UnitReader:
 
     def _drop(self, i: int) -> None:
         self._int96_ms.pop(i, None)
+        self._mapped.pop(i, None)
         self._leaves.pop(i, None)
         self._open.pop(i).close()
 
@@ -183,11 +195,29 @@ class UnitReader:
     def _planned_rows(ref: FileRef, rg: int) -> int | None:
         return ref.row_groups[rg] if ref.row_groups is not None and 0 <= rg < len(ref.row_groups) else None
 
+    def _check_mapped(self, file_idx: int, ref: FileRef, rg: int) -> None:
+        """Refuse a mapped file that shrank since it was mapped, before touching its pages: a
+        page past the new end would kill this process (SIGBUS) instead of failing a read. A
+        file that shrinks during the read still does; `Watch.death` then reports the change."""
+        fd, mapped = self._mapped[file_idx]
+        try:
+            now = os.fstat(fd).st_size  # the mapped file itself, even if its path was replaced
+        except OSError:
+            now = mapped
+        if now < mapped:
+            self._close_files()
+            raise _file_changed(ref, rg, f": it holds {now:,} bytes, the plan saw {mapped:,}")
+
     def _read_source(self, file_idx: int, rg: int, t: Timings) -> tuple[dict[str, Column], int]:
         ref = self.cfg.files[file_idx]
         t0 = time.perf_counter()
         try:
             pf = self._file(file_idx, rg)
+            if file_idx in self._mapped:
+                self._check_mapped(file_idx, ref, rg)
+            d = self.cfg.debug
+            if d is not None and d.shrink_unit == (ref.path, rg):  # test hook: a rewrite racing this read
+                os.truncate(ref.location, os.stat(ref.location).st_size // 2)
             table = pf.read_row_group(rg, columns=self._file_cols, use_threads=False)
             at_ms = self._int96_ms.get(file_idx)
             ms = at_ms[0].read_row_group(rg, columns=at_ms[1], use_threads=False) if at_ms else None

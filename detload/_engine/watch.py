@@ -9,10 +9,12 @@ a pass) lives in pool.py; the statuses are written by the workers (worker.py).
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from typing import TYPE_CHECKING
 
-from ..errors import WorkerError, WorkerStalledError
+from ..errors import DataError, DetloadError, WorkerError, WorkerStalledError
 
 if TYPE_CHECKING:
     from .pool import WorkerPool
@@ -66,9 +68,12 @@ class Watch:
                 worker=w, unit=self._unit(st),
             ) from None
 
-    def death(self, w: int, k: int | None = None) -> WorkerError:
+    def death(self, w: int, k: int | None = None) -> DetloadError:
         """The error for worker ``w``, found dead while the merger waited for its block ``k``
         (None: the unordered benchmark merge, which waits for no block in particular)."""
+        shrunk = self._shrunk_under_map(w)
+        if shrunk is not None:
+            return shrunk
         if k is None:
             return WorkerError(f"{self.pool.describe_death(w)}", worker=w)
         st = self._seen
@@ -86,6 +91,31 @@ class Watch:
             "did not hand over. Every batch yielded before this error is intact.",
             worker=w, unit=u,
         )
+
+    def _shrunk_under_map(self, w: int) -> DataError | None:
+        """The file change a SIGBUS death stands for: a worker process reading a file through a
+        memory map dies when the file shrinks under the map (rewritten in place) during the read,
+        before any check could see it. Reported as that change, as a plain read's error would be;
+        None when the file still matches the plan (another cause: see describe_death)."""
+        pool = self.pool
+        if pool.kind != "process" or pool.cfg.memory_map == "never" or pool.exitcode(w) != -getattr(signal, "SIGBUS", 0):
+            return None
+        _, _, f, rg = pool.statuses[w].get()
+        if f < 0:
+            return None
+        ref = pool.cfg.files[f]
+        try:
+            now = os.stat(ref.location)
+        except OSError:
+            return None
+        if (ref.size is None or now.st_size == ref.size) and (ref.mtime_ns is None or now.st_mtime_ns == ref.mtime_ns):
+            return None
+        from .reader import _file_changed  # reader imports pyarrow.parquet; the watch is imported early
+
+        saw = f", the plan saw {ref.size:,}" if ref.size is not None else ""
+        return _file_changed(ref, rg, f": it holds {now.st_size:,} bytes{saw}; worker process {w} was reading it "
+                                      "through a memory map and was killed by SIGBUS as it shrank, so this loader "
+                                      "cannot iterate again")
 
     def _unit(self, st: StatusTuple) -> tuple[str, int] | None:
         _, _, f, rg = st

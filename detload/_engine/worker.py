@@ -68,7 +68,7 @@ def _debug_before_read(cfg: WorkerConfig, task: Task, file_idx: int, rg: int) ->
     if d.stall_unit == unit and d.stall_epoch in (None, task.epoch):
         time.sleep(d.stall_seconds)
     if d.die_unit == unit and cfg.shm_dir is not None:
-        os.kill(os.getpid(), 9)
+        os.kill(os.getpid(), d.die_signal)
 
 
 

@@ -1,0 +1,157 @@
+"""Data files read through memory maps (Storage.memory_map): the same batches, and a file
+that shrinks under a map is reported as the change it is, whether the pre-read size check
+sees it or the worker dies of SIGBUS in the middle of the read.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+from faultkit import clean_hashes, first_step_needing
+from testhooks import hooked
+
+import detload
+from detload import DataError, Loader, OptionError, WorkerError
+from detload._engine.config import DebugHooks
+from detload._engine.mapping import LOCAL_FILESYSTEMS, on_local_disk, parse_mounts, should_map
+from detload.audit import hash_batch
+
+OPTS = dict(batch_size=100, seed=7, shuffle_window=2)
+
+MOUNTS = r"""/dev/vda / ext4 rw,relatime 0 0
+tmpfs /dev/shm tmpfs rw 0 0
+server:/export /data nfs4 rw 0 0
+s3fs /data/bucket fuse.s3fs rw 0 0
+/dev/vdb /data/bucket/local\040disk xfs rw 0 0
+"""
+
+
+def test_mount_table_decides_where_auto_maps():
+    table = parse_mounts(MOUNTS)
+    assert ("/data/bucket/local disk", "xfs") in table  # \040 is a space
+    assert on_local_disk("/home/u/x.parquet", table)
+    assert on_local_disk("/dev/shm/x.parquet", table)
+    assert not on_local_disk("/data/x.parquet", table)  # nfs
+    assert not on_local_disk("/data/bucket/x.parquet", table)  # fuse
+    assert on_local_disk("/data/bucket/local disk/x.parquet", table)  # innermost mount wins
+    assert not on_local_disk("/data/bucket/local diskette/x.parquet", table)  # a prefix is not a parent
+    assert not on_local_disk("/x.parquet", [])  # no mount table (no /proc): plain reads
+    assert {"ext4", "xfs", "tmpfs"} <= LOCAL_FILESYSTEMS
+
+
+def test_should_map_by_mode_and_filesystem(tmp_path):
+    here = str(tmp_path / "f.parquet")
+    assert not should_map("never", "local", here)
+    assert not should_map("always", "s3", here)
+    assert should_map("always", "local", here)
+    assert should_map("local-disk", "local", here) == on_local_disk(here)
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None, "never"])
+def test_memory_map_option_is_checked(value):
+    with pytest.raises(OptionError) as ei:
+        detload.Storage(memory_map=value)
+    assert str(ei.value) == f"Storage.memory_map must be True, False or 'auto', got {value!r}"
+
+
+def _config(root, **kw):
+    ld = Loader(root, **OPTS, **kw)
+    cfg = ld._worker_config("/dev/shm" if ld.pool_kind == "process" else None, "x")
+    ld.close()
+    return cfg.memory_map
+
+
+def test_auto_maps_in_process_workers_only(fault_data):
+    root = fault_data().root
+    assert _config(root, pool="process") == "local-disk"
+    assert _config(root, pool="thread") == "never"
+    assert _config(root, pool="thread", storage=detload.Storage(memory_map=True)) == "always"
+    assert _config(root, pool="process", storage=detload.Storage(memory_map=False)) == "never"
+
+
+@pytest.mark.parametrize("pool", ["process", "thread"])
+def test_mapped_reads_give_the_same_batches(fault_data, leaks, pool):
+    data = fault_data(files=3)
+    plain = clean_hashes(data.root, **OPTS)
+    for mm in (True, "auto"):
+        with Loader(data.root, workers=2, pool=pool, storage=detload.Storage(memory_map=mm), **OPTS) as loader:
+            leaks.track(loader)
+            for epoch in (0, 1):
+                loader.set_epoch(epoch)
+                got = [hash_batch(b)[0] for b in loader]
+                if epoch == 0:
+                    assert got == plain
+                else:
+                    assert len(got) == len(plain) and got != plain
+    leaks.clean_within(2.0)
+
+
+@pytest.mark.parametrize("memory_map", [True, False])
+def test_a_file_that_shrinks_during_its_read_is_reported_as_changed(fault_data, leaks, memory_map):
+    """The hook truncates the file right after the pre-read check, as a rewrite racing the read
+    would: through a map the worker dies of SIGBUS, with plain reads the read fails; both are
+    the DataError of a changed file, naming it and the row group."""
+    data = fault_data(files=2)
+    rel, rg = data.units[3][0], data.units[3][1]
+    clean = clean_hashes(data.root, **OPTS)
+    storage = detload.Storage(memory_map=memory_map)
+    with hooked(Loader, data.root, workers=1, pool="process", storage=storage,
+                debug=DebugHooks(shrink_unit=(rel, rg)), **OPTS) as loader:
+        leaks.track(loader)
+        first = first_step_needing(loader, rel, rg)
+        got: list[str] = []
+        t0 = time.monotonic()
+        with pytest.raises(DataError) as ei:
+            for batch in loader:
+                got.append(hash_batch(batch)[0])
+                t0 = time.monotonic()
+        assert time.monotonic() - t0 < 5.0
+        msg = str(ei.value)
+        assert msg.startswith(f"{rel} row group {rg}: the file changed after the loader planned the epoch")
+        assert ("was reading it through a memory map and was killed by SIGBUS as it shrank" in msg) == memory_map
+        assert "Which batches could hold rows of the changed file" in msg
+        assert len(got) <= first and got == clean[: len(got)]
+        if memory_map:  # the dead worker is not replaced
+            with pytest.raises(WorkerError, match="was killed by signal 7 .SIGBUS: a page of a memory-mapped file"):
+                list(loader)
+    leaks.clean_within(2.0)
+
+
+def test_a_shrunk_mapped_file_is_refused_before_its_pages_are_read(fault_data, leaks):
+    """A file truncated between two reads of an open map: the size check refuses it, the worker lives."""
+    data = fault_data(files=2, row_groups=24)
+    rel = data.files[0]
+    loader = Loader(data.root, workers=1, pool=detload.Pool(kind="process", prefetch=1),
+                    storage=detload.Storage(memory_map=True), batch_size=250, seed=3, shuffle=False, shuffle_window=4)
+    with loader:
+        leaks.track(loader)
+        it = iter(loader)
+        next(it)
+        path = data.path(rel)
+        with open(path, "r+b") as f:  # same inode, shorter
+            f.truncate(1000)
+        with pytest.raises(DataError, match=rf"^{rel} row group \d+: the file changed after the loader planned the "
+                                            r"epoch: it holds 1,000 bytes, the plan saw [\d,]+\. "):
+            for _ in it:
+                pass
+        assert all(loader._pool.alive(w) for w in range(loader.workers))
+    leaks.clean_within(2.0)
+
+
+def test_sigbus_without_a_changed_file_is_explained(fault_data, leaks):
+    """A SIGBUS whose file still matches the plan (a failing disk, a full /dev/shm): a WorkerError
+    that says what SIGBUS means here and how to read without maps."""
+    data = fault_data(files=2)
+    rel, rg = data.units[2][0], data.units[2][1]
+    hooks = DebugHooks(die_unit=(rel, rg), die_signal=int(signal.SIGBUS))
+    with hooked(Loader, data.root, workers=1, pool="process", debug=hooks, **OPTS) as loader:
+        leaks.track(loader)
+        with pytest.raises(WorkerError) as ei:
+            list(loader)
+    msg = str(ei.value)
+    assert "was killed by signal 7 (SIGBUS: a page of a memory-mapped file could not be read or written" in msg
+    assert "storage=detload.Storage(memory_map=False) reads data files without maps" in msg
+    assert f"reading {rel} row group {rg}" in msg
+    leaks.clean_within(2.0)
