@@ -1,5 +1,6 @@
 """experiments/bench/bench.py: the --tiny run works end to end, and every row is rated against
-the decode limit (W x one thread) and Petastorm's best cold and warm rows of the same run."""
+the decode limit (W x one thread, also with memory-mapped files) and Petastorm's best cold and
+warm rows of the same run."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def _res(rate: float, workers: int, rows: int = 1000) -> dict:
 def test_rows_are_rated_against_the_decode_limit_and_petastorm_best_of_their_own_run(bench):
     per = {
         bench.DECODE: [_res(100.0, 1), _res(200.0, 1)],
+        bench.DECODE_MAPPED: [_res(125.0, 1), _res(250.0, 1)],
         bench.petastorm_label(1): [_res(10.0, 1), _res(30.0, 1)],
         bench.petastorm_label(2, convert_early=True): [_res(20.0, 2), _res(10.0, 2)],
         bench.petastorm_label(2, convert_early=True, cache=True): [_res(40.0, 2), _res(50.0, 2)],
@@ -34,6 +36,7 @@ def test_rows_are_rated_against_the_decode_limit_and_petastorm_best_of_their_own
     }
     refs = bench.references(per, 2)
     assert refs["decode"] == pytest.approx([100.0, 200.0])
+    assert refs["decode_mapped"] == pytest.approx([125.0, 250.0])
     assert refs["petastorm_cold"] == pytest.approx([20.0, 30.0])  # the best cold row of each run, any option
     assert refs["petastorm_warm"] == pytest.approx([40.0, 50.0])
     runs = per["detload process W=2"]
@@ -43,10 +46,13 @@ def test_rows_are_rated_against_the_decode_limit_and_petastorm_best_of_their_own
     # Median of 0.8 and 0.5 is 0.65: reported as measured and not met.
     assert "detload process W=2 vs the decode limit (2 x one thread): 0.650x" in lines[0]
     assert lines[0].endswith("threshold >= 0.8x: NOT met")
-    assert lines[1].endswith("threshold >= 2.5x: met")  # 8.0 and 6.7 against the cold Petastorm rows
+    # Not a target: against 2 x 125 and 2 x 250 the ratios are 0.64 and 0.4.
+    assert lines[1] == ("  - not a target, the stricter limit: detload process W=2 vs 2 x one thread decoding "
+                        "memory-mapped files: 0.520x (runs: 0.640, 0.400)")
+    assert lines[2].endswith("threshold >= 2.5x: met")  # 8.0 and 6.7 against the cold Petastorm rows
     # The warm target rates detload's warm row: 100/40 and 150/50 -> median 2.75.
-    assert lines[2].startswith("- target: detload process W=2, cache (warm) vs Petastorm best, warm: 2.750x")
-    assert lines[2].endswith("threshold >= 2.5x: met")
+    assert lines[3].startswith("- target: detload process W=2, cache (warm) vs Petastorm best, warm: 2.750x")
+    assert lines[3].endswith("threshold >= 2.5x: met")
 
 
 def test_a_run_without_petastorm_leaves_its_ratios_empty(bench):
@@ -57,7 +63,7 @@ def test_a_run_without_petastorm_leaves_its_ratios_empty(bench):
     a = SimpleNamespace(main_imports="nothing", epochs=2, runs=1, tax_epochs=3)
     text = bench.report({"ctr": per}, {}, a, "now", (0.0,), (0.0,))
     row = next(line for line in text.splitlines() if line.startswith("| detload thread W=2 |"))
-    assert "| 0.50 |  |  |" in row  # decode limit 2 x 100; no Petastorm in this run
+    assert "| 0.50 |  |  |  |" in row  # decode limit 2 x 100; no mapped decode row, no Petastorm in this run
 
 
 def test_tiny_run_end_to_end(bench, tmp_path, capsys):
@@ -66,8 +72,10 @@ def test_tiny_run_end_to_end(bench, tmp_path, capsys):
             "--only", "detload process W=2", "--petastorm-python", str(pet if pet.exists() else tmp_path / "none")]
     assert bench.main(argv) == 0
     out = capsys.readouterr().out
-    assert "| x decode limit (W x one thread) | x petastorm best cold | x petastorm best warm |" in out
-    assert f"| {bench.DECODE} |" in out and "| detload process W=2 |" in out
+    assert ("| x decode limit (W x one thread) | x decode limit, mapped files | x petastorm best cold "
+            "| x petastorm best warm |") in out
+    assert f"| {bench.DECODE} |" in out and f"| {bench.DECODE_MAPPED} |" in out and "| detload process W=2 |" in out
+    assert "Decode limit with memory-mapped files" in out
     assert "target: detload process W=2 vs the decode limit (2 x one thread):" in out
     assert "| detload process W=2, cache (warm) |" in out
     assert "Decode limit: one thread decodes" in out

@@ -89,14 +89,21 @@ def _arrow_to_numpy(col: pa.ChunkedArray) -> list[np.ndarray]:
     return [arr.to_numpy(zero_copy_only=False)]
 
 
-def decode_limit(path, epochs: int = 2) -> dict:
+def decode_limit(path, epochs: int = 2, mapped: bool = False) -> dict:
     """The machine's decode rate for one thread: every row group read with
     ``ParquetFile.read_row_group(i, use_threads=False)`` and converted to NumPy, in file order,
     on this thread. W x this rate is the decode limit of W workers (the row groups are
     independent, so W cores could at best do W times as many). The same result dict as the
-    loaders (epochs of rows and seconds), so steady state is the epochs after the first."""
+    loaders (epochs of rows and seconds), so steady state is the epochs after the first.
+
+    ``mapped``: each file read through a memory map without pre-buffering, as detload's
+    worker processes read local files (Storage.memory_map="auto"), which skips copying
+    every page out of the page cache: the stricter limit for them."""
+    import pyarrow as pa
+
     files = parquet_files(path)
-    handles = [pq.ParquetFile(f) for f in files]
+    handles = ([pq.ParquetFile(pa.memory_map(str(f), "r"), pre_buffer=False) for f in files] if mapped
+               else [pq.ParquetFile(f) for f in files])
     out = []
     for _ in range(epochs):
         rows = 0
