@@ -186,8 +186,8 @@ class Loader:
       environment variables, else (0, 1).
     - ``storage``: a `Storage` (``filesystem`` a pyarrow or fsspec filesystem,
       ``partition_types`` ``{key: "int64" | "string"}`` for Hive partition keys,
-      ``memory_map`` "auto"/True/False: whether worker processes read local files through
-      memory maps), or a filesystem. Default: local paths, or the filesystem a URI names.
+      ``memory_map`` False/"auto"/True: whether workers read local files through memory
+      maps), or a filesystem. Default: local paths, or the filesystem a URI names.
 
     The flat keywords of earlier releases (``prefetch``, ``stall_timeout``, ``trace``,
     ``cache_dir``, ``cache_limit``, ``cache_map_limit``, ``rank``, ``world_size``,

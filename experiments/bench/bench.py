@@ -206,7 +206,7 @@ def run_one(spec: dict) -> dict:
                 shutil.rmtree(cache_dir, ignore_errors=True)
         return res or {"loader": "petastorm", "skipped": "petastorm venv missing"}
     if kind == "detload":
-        from detload import Loader, Pool
+        from detload import Loader, Pool, Storage
         from detload._engine.config import DebugHooks
         from detload._hooks import Hooks, installed
 
@@ -226,7 +226,8 @@ def run_one(spec: dict) -> dict:
             with installed(Hooks(debug=debug, unordered=not spec.get("ordered", True))):
                 ld = Loader(path, batch_size=BATCH, seed=1234, workers=spec["workers"],
                             pool=Pool(kind=spec["pool"], prefetch=2), shuffle=True, shuffle_window=4,
-                            manifest=manifest, cache=state.get("cache_dir"))
+                            manifest=manifest, cache=state.get("cache_dir"),
+                            storage=Storage(memory_map=spec.get("memory_map", False)))
             t0 = time.perf_counter()
             ld._ensure_pool()
             state["pool_start_s"] = time.perf_counter() - t0
@@ -317,6 +318,10 @@ def specs_for(path: str, epochs: int, petastorm_python: str | None, shape: str) 
     for pool in ("thread", "process"):
         for w in ws:
             out.append((f"detload {pool} W={w}", {"kind": "detload", "pool": pool, "workers": w}))
+        if pool == "process" and shape == "ctr":
+            # Opt-in: worker processes read the files through memory maps (Storage.memory_map).
+            out.append(("detload process W=2, memory-mapped files",
+                        {"kind": "detload", "pool": pool, "workers": 2, "memory_map": "auto"}))
         # The audit's cost: every batch hashed and its manifest line written.
         out.append((f"detload {pool} W=2 + manifest", {"kind": "detload", "pool": pool, "workers": 2,
                                                        "manifest": True}))

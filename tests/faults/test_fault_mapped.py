@@ -63,10 +63,11 @@ def _config(root, **kw):
     return cfg.memory_map
 
 
-def test_auto_maps_in_process_workers_only(fault_data):
+def test_maps_are_opt_in_and_auto_maps_in_process_workers_only(fault_data):
     root = fault_data().root
-    assert _config(root, pool="process") == "local-disk"
-    assert _config(root, pool="thread") == "never"
+    assert _config(root, pool="process") == "never"  # the default: plain reads
+    assert _config(root, pool="process", storage=detload.Storage(memory_map="auto")) == "local-disk"
+    assert _config(root, pool="thread", storage=detload.Storage(memory_map="auto")) == "never"
     assert _config(root, pool="thread", storage=detload.Storage(memory_map=True)) == "always"
     assert _config(root, pool="process", storage=detload.Storage(memory_map=False)) == "never"
 
