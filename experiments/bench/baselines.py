@@ -97,8 +97,8 @@ def decode_limit(path, epochs: int = 2, mapped: bool = False) -> dict:
     loaders (epochs of rows and seconds), so steady state is the epochs after the first.
 
     ``mapped``: each file read through a memory map without pre-buffering, as detload's
-    worker processes read local files (Storage.memory_map="auto"), which skips copying
-    every page out of the page cache: the stricter limit for them."""
+    workers read with Storage.memory_map="auto" or True, which skips copying every page
+    out of the page cache: the stricter limit for them."""
     import pyarrow as pa
 
     files = parquet_files(path)

@@ -8,7 +8,7 @@ with --write, puts it into docs/benchmarks.md with the date, machine and command
 
 Every row is also rated against the references of its own run: the decode limit (W x the
 rows/s one thread decodes with `read_row_group` + NumPy), the same limit with each file read
-through a memory map (as detload's worker processes read local files), and Petastorm at its best, cold
+through a memory map (as detload reads with Storage.memory_map), and Petastorm at its best, cold
 (`convert_early_to_numpy=True` or its defaults, whichever is faster) and warm (its
 `cache_type="local-disk"` cache, filled by a first epoch).
 """
@@ -469,7 +469,7 @@ def reference_notes(per: dict[str, list[dict]], refs: dict[str, list[float | Non
     mapped = [x for x in refs["decode_mapped"] if x]
     if mapped:
         lines.append(f"Decode limit with memory-mapped files (each file `pa.memory_map`ped, `pre_buffer=False`, as "
-                     f"detload's worker processes read local files): one thread {median(mapped):,.0f} rows/s, "
+                     f"detload reads with Storage.memory_map): one thread {median(mapped):,.0f} rows/s, "
                      f"W=2: {2 * median(mapped):,.0f} rows/s.")
     for kind, what in (("petastorm_cold", "cold (no cache)"), ("petastorm_warm", "warm (local-disk cache)")):
         best = [x for x in refs[kind] if x]
