@@ -188,7 +188,7 @@ class Storage:
       FUSE filesystems (where a page that cannot be read kills the process touching it,
       where a read reports an error) and in thread workers (whose crash would be the
       training process's). ``True``: maps in every worker, threads included, on any
-      local path. A map skips copying every page out of the page cache (~11% less
+      local path. A map skips copying every page out of the page cache (~7% less
       ``read`` time, ~5% more rows/s on the CTR benchmark), but the pages it touched count
       in the workers' RSS/PSS (up to the open files' sizes) until the file is closed, and
       the documented memory bound does not cover them. It changes no byte of any batch.
