@@ -88,8 +88,11 @@ def _stable_argsort_u64(keys: np.ndarray) -> np.ndarray:
     if keys.shape[0] < 4096:
         return np.argsort(keys, kind="stable").astype(np.int64)
     order = _packed_order(keys)
-    if order is not None:
-        return order
+    return order if order is not None else _two_pass_order(keys)
+
+
+def _two_pass_order(keys: np.ndarray) -> np.ndarray:
+    """The stable order of uint64 ``keys`` in two stable passes (see `_stable_argsort_u64`)."""
     # The top 16 bits: on a little-endian machine, every fourth uint16 of the keys, read
     # in place (no shifted copy and no cast; 0.2 ms less per 65,536-row block).
     top = (keys.view(np.uint16)[3::4] if sys.byteorder == "little" and keys.flags.c_contiguous
