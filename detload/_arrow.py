@@ -9,6 +9,7 @@ types detload delivers are read straight from their Arrow buffers here instead.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -18,22 +19,11 @@ import pyarrow as pa
 __all__ = ["fill_nulls", "fill_value", "int64_array", "numpy_of"]
 
 
-# `_dtype_of` by type: it runs for every column of every row group, and the type tests
-# and dtype construction cost a worker ~2 us a column (a tenth of a CTR block's convert).
-_DTYPES: dict[pa.DataType, tuple[np.dtype[Any], np.dtype[Any]] | None] = {}
-
-
+# Cached by type: it runs for every column of every row group, and the type tests and
+# dtype construction cost a worker ~2 us a column (a tenth of a CTR block's convert).
+@functools.cache
 def _dtype_of(t: pa.DataType) -> tuple[np.dtype[Any], np.dtype[Any]] | None:
     """(dtype of the Arrow buffer, dtype delivered) of a fixed-width type, or None."""
-    try:
-        return _DTYPES[t]
-    except KeyError:
-        pass
-    got = _DTYPES[t] = _dtype_of_uncached(t)
-    return got
-
-
-def _dtype_of_uncached(t: pa.DataType) -> tuple[np.dtype[Any], np.dtype[Any]] | None:
     if pa.types.is_integer(t):
         d = np.dtype(f"{'i' if pa.types.is_signed_integer(t) else 'u'}{t.bit_width // 8}")
         return d, d
