@@ -13,6 +13,7 @@ and "auto" maps only in worker processes (the consumer survives them, see
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import pyarrow as pa
@@ -27,21 +28,12 @@ LOCAL_FILESYSTEMS = frozenset({
 })
 
 _MOUNTS: list[tuple[str, str]] | None = None
+_OCTAL = re.compile(r"\\([0-7]{3})")
 
 
 def _unescape(field: str) -> str:
     # /proc/self/mounts writes space, tab, newline and backslash as \040, \011, \012, \134.
-    if "\\" not in field:
-        return field
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 4 <= len(field) and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
+    return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
 
 
 def parse_mounts(text: str) -> list[tuple[str, str]]:

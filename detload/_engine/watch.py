@@ -9,10 +9,11 @@ a pass) lives in pool.py; the statuses are written by the workers (worker.py).
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from typing import TYPE_CHECKING
+
+import pyarrow.fs as pafs
 
 from ..errors import DataError, DetloadError, WorkerError, WorkerStalledError
 
@@ -103,17 +104,18 @@ class Watch:
         _, _, f, rg = pool.statuses[w].get()
         if f < 0:
             return None
+        # reader imports pyarrow.parquet; the watch is imported early
+        from .reader import _file_changed, _stat_matches
+
         ref = pool.cfg.files[f]
         try:
-            now = os.stat(ref.location)
+            now = pool.cfg.filesystem.get_file_info(ref.location)  # a local file: only those are mapped
         except OSError:
             return None
-        if (ref.size is None or now.st_size == ref.size) and (ref.mtime_ns is None or now.st_mtime_ns == ref.mtime_ns):
+        if now.type == pafs.FileType.NotFound or _stat_matches(now, ref):
             return None
-        from .reader import _file_changed  # reader imports pyarrow.parquet; the watch is imported early
-
         saw = f", the plan saw {ref.size:,}" if ref.size is not None else ""
-        return _file_changed(ref, rg, f": it holds {now.st_size:,} bytes{saw}; worker process {w} was reading it "
+        return _file_changed(ref, rg, f": it holds {now.size:,} bytes{saw}; worker process {w} was reading it "
                                       "through a memory map and was killed by SIGBUS as it shrank, so this loader "
                                       "cannot iterate again")
 
