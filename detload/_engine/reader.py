@@ -26,7 +26,7 @@ from .._types import INT96_UNIT, Column, ColumnSpec, Ragged, UnitColumns, column
 from .._xform import TransformRunner
 from ..errors import DataError, DetloadError
 from .config import FileRef, WorkerConfig
-from .mapping import open_mapped, should_map
+from .mapping import MappedFile, open_mapped, should_map
 from .messages import (
     Timings,
 )
@@ -58,8 +58,8 @@ class UnitReader:
         self.transform = TransformRunner(xf, cfg) if xf is not None else None
         # Remote reads: fetch the requested column chunks in a few coalesced ranged requests.
         self._pre_buffer = cfg.filesystem.type_name != "local"
-        # Per open file read through a memory map: its descriptor and the size mapped.
-        self._mapped: dict[int, tuple[int, int]] = {}
+        # Per open file read through a memory map: the map (its descriptor, the size mapped).
+        self._mapped: dict[int, MappedFile] = {}
 
     def _file(self, i: int, rg: int) -> pq.ParquetFile:
         pf = self._open.get(i)
@@ -68,28 +68,32 @@ class UnitReader:
             return pf
         ref = self.cfg.files[i]
         fs = self.cfg.filesystem
-        f = (open_mapped(ref.location) if should_map(self.cfg.memory_map, fs.type_name, ref.location)
-             else None)
-        if f is not None:
-            self._mapped[i] = (f.fileno(), int(f.size()))
+        mapped = (open_mapped(ref.location) if should_map(self.cfg.memory_map, fs.type_name, ref.location)
+                  else None)
+        f: Any
+        if mapped is not None:
+            self._mapped[i] = f = mapped
+            source: Any = mapped.source
         else:
-            f = fs.open_input_file(ref.location)
+            f = source = fs.open_input_file(ref.location)
         try:
             # Pages written with CRCs are checked: garbage in an uncompressed or
             # zstd page would otherwise decode into wrong values without a word.
-            pf = pq.ParquetFile(f, page_checksum_verification=True, pre_buffer=self._pre_buffer,
+            pf = pq.ParquetFile(source, page_checksum_verification=True, pre_buffer=self._pre_buffer,
                                 coerce_int96_timestamp_unit=INT96_UNIT)
             here = ([n for n in _int96_columns(pf.metadata, pf.schema_arrow) if n in self._int96]
                     if self._int96 else [])
             if here:
-                ms = pq.ParquetFile(f, metadata=pf.metadata, page_checksum_verification=True,
+                ms = pq.ParquetFile(source, metadata=pf.metadata, page_checksum_verification=True,
                                     pre_buffer=self._pre_buffer, coerce_int96_timestamp_unit="ms")
                 self._int96_ms[i] = (ms, here)
         except BaseException:
             try:
                 _check_same_version(fs, f, ref, rg)  # a replaced file explains a bad footer
             finally:
+                self._int96_ms.pop(i, None)
                 self._mapped.pop(i, None)
+                del source
                 f.close()
             raise
         try:
@@ -98,8 +102,9 @@ class UnitReader:
             _check_same_version(fs, f, ref, rg)
         except BaseException:
             self._int96_ms.pop(i, None)
-            self._mapped.pop(i, None)
             pf.close()
+            del pf, source
+            self._unmap(i)
             raise
         self._open[i] = pf
         if len(self._open) > self.cfg.open_files:
@@ -108,9 +113,15 @@ class UnitReader:
 
     def _drop(self, i: int) -> None:
         self._int96_ms.pop(i, None)
-        self._mapped.pop(i, None)
         self._leaves.pop(i, None)
         self._open.pop(i).close()
+        self._unmap(i)
+
+    def _unmap(self, i: int) -> None:
+        # After the ParquetFiles reading it are gone: a map with live exports cannot close.
+        mapped = self._mapped.pop(i, None)
+        if mapped is not None:
+            mapped.close()
 
     def _close_files(self) -> None:
         for i in list(self._open):
@@ -199,9 +210,10 @@ class UnitReader:
         """Refuse a mapped file that shrank since it was mapped, before touching its pages: a
         page past the new end would kill this process (SIGBUS) instead of failing a read. A
         file that shrinks during the read still does; `Watch.death` then reports the change."""
-        fd, mapped = self._mapped[file_idx]
+        m = self._mapped[file_idx]
+        mapped = m.size()
         try:
-            now = os.fstat(fd).st_size  # the mapped file itself, even if its path was replaced
+            now = os.fstat(m.fileno()).st_size  # the mapped file itself, even if its path was replaced
         except OSError:
             now = mapped
         if now < mapped:
@@ -234,6 +246,11 @@ class UnitReader:
             except Exception:
                 err = OSError(msg)
             raise err from exc
+        m = self._mapped.get(file_idx)
+        if m is not None:
+            # The row group is decoded (compressed pages into Arrow's memory): the pages it
+            # touched leave this process's RSS, so a map holds no more memory than a plain read.
+            m.release()
         t1 = time.perf_counter()
         out: dict[str, Column] = {}
         where = (ref.path, rg)

@@ -5,17 +5,23 @@ sees it or the worker dies of SIGBUS in the middle of the read.
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import time
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from faultkit import clean_hashes, first_step_needing
 from testhooks import hooked
 
 import detload
 from detload import DataError, Loader, OptionError, WorkerError
+from detload._engine import mapping
 from detload._engine.config import DebugHooks
-from detload._engine.mapping import LOCAL_FILESYSTEMS, on_local_disk, parse_mounts, should_map
+from detload._engine.mapping import LOCAL_FILESYSTEMS, on_local_disk, open_mapped, parse_mounts, should_map
 from detload.audit import hash_batch
 
 OPTS = dict(batch_size=100, seed=7, shuffle_window=2)
@@ -63,9 +69,11 @@ def _config(root, **kw):
     return cfg.memory_map
 
 
-def test_maps_are_opt_in_and_auto_maps_in_process_workers_only(fault_data):
+def test_auto_is_the_default_and_maps_in_process_workers_only(fault_data):
     root = fault_data().root
-    assert _config(root, pool="process") == "never"  # the default: plain reads
+    assert detload.Storage().memory_map == "auto"
+    assert _config(root, pool="process") == "local-disk"  # the default
+    assert _config(root, pool="thread") == "never"  # a SIGBUS there would kill the training process
     assert _config(root, pool="process", storage=detload.Storage(memory_map="auto")) == "local-disk"
     assert _config(root, pool="thread", storage=detload.Storage(memory_map="auto")) == "never"
     assert _config(root, pool="thread", storage=detload.Storage(memory_map=True)) == "always"
@@ -169,3 +177,93 @@ def test_sigbus_without_a_changed_file_is_explained(fault_data, leaks):
     assert "storage=detload.Storage(memory_map=False) reads data files without maps" in msg
     assert f"reading {rel} row group {rg}" in msg
     leaks.clean_within(2.0)
+
+
+# -- the pages a map touched go back after each row group -----------------------------
+
+def _write_mapped_data(root, files=3, row_groups=6, rows=4000):
+    os.makedirs(root)
+    rng = np.random.default_rng(5)
+    for i in range(files):
+        t = pa.table({f"f{j}": rng.random(rows * row_groups, dtype=np.float32) for j in range(8)})
+        pq.write_table(t, os.path.join(root, f"part-{i}.parquet"), row_group_size=rows, compression="snappy")
+    return sorted(os.path.join(root, n) for n in os.listdir(root))
+
+
+def _mapped_rss(pid, paths):
+    """{path: Rss bytes} of each data file mapped in process ``pid`` (from /proc/pid/smaps)."""
+    out: dict[str, int] = {}
+    current = None
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head = line.split()
+            if len(head) >= 6 and "-" in head[0] and head[-1] in paths:
+                current = head[-1]
+            elif len(head) >= 5 and "-" in head[0]:
+                current = None
+            elif current is not None and head and head[0] == "Rss:":
+                out[current] = out.get(current, 0) + int(head[1]) * 1024
+    return out
+
+
+needs_smaps = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/smaps")
+
+
+@needs_smaps
+def test_process_workers_give_back_the_mapped_pages_of_each_row_group(tmp_path, leaks):
+    """By default (process workers, a local disk) files are read through maps, and after an
+    epoch each file still open holds at most one row group's pages in a worker's RSS, not
+    the file's: the map costs no memory the plain read buffers did not."""
+    paths = _write_mapped_data(str(tmp_path / "d"))
+    size = min(os.path.getsize(p) for p in paths)
+    one_rg = max(pq.ParquetFile(p).metadata.row_group(0).total_byte_size for p in paths)
+    with Loader(str(tmp_path / "d"), batch_size=1000, seed=1, shuffle_window=2, workers=2, pool="process") as ld:
+        leaks.track(ld)
+        for epoch in (0, 1):
+            ld.set_epoch(epoch)
+            for _ in ld:
+                pass
+        rss = {}
+        for pid in ld._pool.pids():
+            for path, n in _mapped_rss(pid, set(paths)).items():
+                rss[(pid, path)] = n
+        assert rss, "no worker has a data file mapped"
+        assert all(n <= one_rg + 64 * 1024 for n in rss.values()), (rss, one_rg, size)
+    leaks.clean_within(2.0)
+
+
+@needs_smaps
+@pytest.mark.parametrize("release", [True, False])
+def test_a_thread_worker_map_holds_one_row_group_not_the_file(tmp_path, monkeypatch, release):
+    """The same in this process (threads, memory_map=True); without the release (the control)
+    the map keeps every page of the file it read."""
+    paths = _write_mapped_data(str(tmp_path / "d"), files=1)
+    size = os.path.getsize(paths[0])
+    if not release:
+        monkeypatch.setattr(mapping.MappedFile, "release", lambda self: None)
+    with Loader(str(tmp_path / "d"), batch_size=1000, seed=1, shuffle_window=2, workers=1, pool="thread",
+                storage=detload.Storage(memory_map=True)) as ld:
+        for _ in ld:
+            pass
+        rss = _mapped_rss(os.getpid(), set(paths))
+    assert set(rss) == set(paths)
+    if release:
+        assert rss[paths[0]] <= size / 4
+    else:
+        assert rss[paths[0]] >= size * 3 / 4
+
+
+def test_open_mapped_refuses_what_it_cannot_map_and_closes_under_live_views(tmp_path):
+    assert open_mapped(str(tmp_path / "missing.parquet")) is None
+    (tmp_path / "empty.parquet").write_bytes(b"")
+    assert open_mapped(str(tmp_path / "empty.parquet")) is None
+    path = tmp_path / "x.bin"
+    path.write_bytes(bytes(range(256)) * 64)
+    m = open_mapped(str(path))
+    assert m is not None and m.size() == 256 * 64 and os.fstat(m.fileno()).st_size == 256 * 64
+    view = m.source.read_buffer(16)  # a zero-copy slice of the map, as Arrow keeps for uncompressed pages
+    m.release()
+    assert bytes(view) == bytes(range(16))  # the bytes come back from the file after a release
+    m.close()  # the live slice keeps the map; the descriptor goes now
+    assert m.fileno() == -1 and m.source is None
+    assert bytes(view) == bytes(range(16))
