@@ -1,11 +1,11 @@
 """Which local files a worker reads through a memory map (`Storage.memory_map`).
 
 A memory map lets the Parquet reader decompress straight from the page cache: no
-copy of every page into a read buffer, ~7% less read time on the CTR benchmark.
+copy of every page into a read buffer, about 10% less read time on the CTR benchmark.
 The price is how a failure shows: a page that cannot be read (a file truncated in
 place while mapped, a network filesystem that lost its server) is a SIGBUS that
-kills the process touching it, where a plain read returns an error. So maps are
-opt-in, and "auto" maps only in worker processes (the consumer survives them, see
+kills the process touching it, where a plain read returns an error. So "auto" (the
+default) maps only in worker processes (the consumer survives their death, see
 `Watch.death`) and only on filesystems whose pages live on a local disk or in memory.
 
 The pages a map touched count in the process's RSS and PSS for as long as they stay

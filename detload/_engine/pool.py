@@ -375,6 +375,12 @@ class WorkerPool:
         """A worker process's exit code (negative: the signal that killed it); None for threads."""
         return self.handles[w].exitcode if self.kind == "process" and w < len(self.handles) else None
 
+    def killed_by_sigbus(self, w: int) -> bool:
+        """Whether worker process w died of SIGBUS: through a memory map, a page that could not be
+        read (a file shrunk under the map, failed storage, a full /dev/shm)."""
+        sig = getattr(signal, "SIGBUS", None)  # absent on Windows
+        return sig is not None and self.exitcode(w) == -sig
+
     def describe_death(self, w: int) -> str:
         if self.kind == "thread":
             return f"worker thread {w} exited"
@@ -384,7 +390,7 @@ class WorkerPool:
             how = f"was killed by signal {-code}"
             if code == -9:
                 how += " (an out-of-memory kill? check the system log)"
-            elif code == -getattr(signal, "SIGBUS", 0):
+            elif self.killed_by_sigbus(w):
                 how += (" (SIGBUS: a page of a memory-mapped file could not be read or written: a data file "
                         "read through a memory map shrank or its storage failed, or /dev/shm is full; "
                         "storage=detload.Storage(memory_map=False) reads data files without maps)")

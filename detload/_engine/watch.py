@@ -9,7 +9,6 @@ a pass) lives in pool.py; the statuses are written by the workers (worker.py).
 
 from __future__ import annotations
 
-import signal
 import time
 from typing import TYPE_CHECKING
 
@@ -99,7 +98,7 @@ class Watch:
         before any check could see it. Reported as that change, as a plain read's error would be;
         None when the file still matches the plan (another cause: see describe_death)."""
         pool = self.pool
-        if pool.kind != "process" or pool.cfg.memory_map == "never" or pool.exitcode(w) != -getattr(signal, "SIGBUS", 0):
+        if pool.kind != "process" or pool.cfg.memory_map == "never" or not pool.killed_by_sigbus(w):
             return None
         _, _, f, rg = pool.statuses[w].get()
         if f < 0:
