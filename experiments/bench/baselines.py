@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +44,8 @@ def _columns_to_numpy(table_or_batch, columns=None) -> dict:
     return {name: table_or_batch.column(name).to_numpy(zero_copy_only=False) for name in names}
 
 
-def raw_pyarrow(path, batch_size: int = 4096, epochs: int = 3, columns: list[str] | None = None) -> dict:
+def raw_pyarrow(path, batch_size: int = 4096, epochs: int = 3, columns: list[str] | None = None,
+                on_epoch: Callable[[int], None] | None = None) -> dict:
     """Sequential ParquetFile.iter_batches over the files in sorted order, unshuffled.
 
     Arrow's default intra-read threading stays on. iter_batches restarts at each file, so the
@@ -68,6 +70,7 @@ def raw_pyarrow(path, batch_size: int = 4096, epochs: int = 3, columns: list[str
         open_loader=lambda: None,
         epoch_batches=epoch_batches,
         expected_rows=dataset_rows(path),
+        on_epoch=on_epoch,
     )
     result.update(batch_size=batch_size, columns=columns, arrow_cpu_count=pa.cpu_count())
     return result
@@ -165,6 +168,7 @@ def torch_dataloader(
     epochs: int = 3,
     seed: int = 0,
     columns: list[str] | None = None,
+    on_epoch: Callable[[int], None] | None = None,
 ) -> dict | None:
     """torch DataLoader over row groups, shuffled with a seeded generator, re-batched to batch_size.
 
@@ -214,6 +218,7 @@ def torch_dataloader(
         epoch_batches=epoch_batches,
         close_loader=close_loader,
         expected_rows=dataset_rows(path),
+        on_epoch=on_epoch,
     )
     result.update(batch_size=batch_size, seed=seed, columns=columns, torch_version=torch.__version__)
     return result

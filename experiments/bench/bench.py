@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -50,10 +51,17 @@ if os.environ.get("DETLOAD_BENCH_MAIN_TORCH") == "1":
 # -- one loader in this process (the subprocess side) ----------------------------------------
 class RssSampler:
     """Peak of the summed PSS (proportional set size) of this process and its children,
-    sampled every `period` s. PSS splits a shared page between the processes mapping it, so
-    shared-memory blocks count once; on systems without PSS it falls back to RSS."""
+    sampled every `period` s while sampling is on (`sample`). PSS splits a shared page between
+    the processes mapping it, so shared-memory blocks count once; on systems without PSS it
+    falls back to RSS.
 
-    def __init__(self, period: float = 0.1) -> None:
+    A sample is not free: the kernel walks every page table of every sampled process to sum
+    /proc/PID/smaps_rollup. Sampling every 0.1 s through the timed epochs cost 7-10% of
+    detload's process W=2 rows/s on the 2-core machine (sampler_cost.py; docs/benchmarks.md,
+    "The memory sampler's own cost"), so the timed epochs run unsampled (`memory_epochs`), and
+    the untimed epochs that are sampled can afford a short period."""
+
+    def __init__(self, period: float = 0.02) -> None:
         import psutil
 
         self.proc = psutil.Process()
@@ -62,7 +70,16 @@ class RssSampler:
         self._kids: list = []
         self._listed = 0.0
         self._stop = threading.Event()
+        self._on = threading.Event()
+        self._on.set()
         self._t = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self, on: bool) -> None:
+        """Turn the periodic sampling on or off (the peak so far is kept)."""
+        if on:
+            self._on.set()
+        else:
+            self._on.clear()
 
     def total(self, refresh: bool = True) -> int:
         # Listing children scans /proc: do it once a second, not at every sample.
@@ -80,7 +97,8 @@ class RssSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.period):
-            self.peak = max(self.peak, self.total(refresh=False))
+            if self._on.is_set():
+                self.peak = max(self.peak, self.total(refresh=False))
 
     def __enter__(self) -> RssSampler:
         self._t.start()
@@ -106,6 +124,18 @@ def heavy_imports(pids) -> list[str]:
             continue
         found |= {name for name, mark in HEAVY.items() if mark in text}
     return sorted(found)
+
+
+def memory_epochs(sampler: RssSampler, epochs: int) -> tuple[int, Callable[[int], None]]:
+    """(epochs to run, the measure_epochs `on_epoch` hook) for a sampled loader: the first
+    epoch (warm-up, never in the steady-state rate) and one extra epoch after the `epochs`
+    timed ones are sampled; the epochs in between, whose rows/s are reported, run unsampled.
+    The result's `timed_epochs` (see `steady_rows_per_s`) leaves the extra epoch out."""
+
+    def on_epoch(epoch: int) -> None:
+        sampler.sample(epoch == 0 or epoch >= epochs)
+
+    return epochs + 1, on_epoch
 
 
 def settled_total(sampler: RssSampler, *, least: float = 0.3, most: float = 30.0) -> int:
@@ -178,17 +208,19 @@ def run_one(spec: dict) -> dict:
         from baselines import raw_pyarrow
 
         with RssSampler() as rs:
-            res = raw_pyarrow(path, batch_size=BATCH, epochs=epochs)
-        res["peak_rss"] = rs.peak
+            n, on_epoch = memory_epochs(rs, epochs)
+            res = raw_pyarrow(path, batch_size=BATCH, epochs=n, on_epoch=on_epoch)
+        res.update(peak_rss=rs.peak, timed_epochs=epochs)
         return res
     if kind == "torch":
         from baselines import torch_dataloader
 
         with RssSampler() as rs:
-            res = torch_dataloader(path, batch_size=BATCH, workers=spec["workers"], epochs=epochs)
+            n, on_epoch = memory_epochs(rs, epochs)
+            res = torch_dataloader(path, batch_size=BATCH, workers=spec["workers"], epochs=n, on_epoch=on_epoch)
         if res is None:
             return {"loader": "torch_dataloader", "skipped": "torch not importable"}
-        res["peak_rss"] = rs.peak
+        res.update(peak_rss=rs.peak, timed_epochs=epochs)
         return res
     if kind == "petastorm":
         import shutil
@@ -254,14 +286,16 @@ def run_one(spec: dict) -> dict:
                 shutil.rmtree(state["cache_dir"], ignore_errors=True)
 
         with sampler:
+            n, on_epoch = memory_epochs(sampler, epochs)
             res = measure_epochs(
                 loader=f"detload_{spec['pool']}" + ("" if spec.get("ordered", True) else "_unordered")
                 + ("_cache" if spec.get("cache") else ""),
-                workers=spec["workers"], epochs=epochs, open_loader=open_loader,
-                epoch_batches=epoch_batches, close_loader=close, expected_rows=dataset_rows(path))
+                workers=spec["workers"], epochs=n, open_loader=open_loader,
+                epoch_batches=epoch_batches, close_loader=close, expected_rows=dataset_rows(path),
+                on_epoch=on_epoch)
         st = state["stats"]
         res["startup_s"] -= state["settle_s"]
-        res.update(peak_rss=sampler.peak, pool_start_s=state["pool_start_s"], **state["bound"],
+        res.update(peak_rss=sampler.peak, timed_epochs=epochs, pool_start_s=state["pool_start_s"], **state["bound"],
                    worker_imports=state["worker_imports"], main_imports=state["main_imports"],
                    bottleneck=st.bottleneck, verdict=st.verdict, stage_table=st.table())
         if spec.get("trace"):
@@ -272,8 +306,10 @@ def run_one(spec: dict) -> dict:
 
 # -- the driver ------------------------------------------------------------------------------
 def steady_rows_per_s(res: dict) -> float:
-    """Rows/s over the epochs after the first (workers persist; the first epoch includes warm-up)."""
-    eps = res["epochs"][1:] or res["epochs"]
+    """Rows/s over the epochs after the first (workers persist; the first epoch includes warm-up)
+    and up to `timed_epochs` where the result has it (the unsampled ones, see `memory_epochs`)."""
+    timed = res["epochs"][: res.get("timed_epochs")]
+    eps = timed[1:] or timed
     return sum(e["timed_rows"] for e in eps) / sum(e["seconds"] for e in eps)
 
 

@@ -74,6 +74,7 @@ def measure_epochs(
     close_loader: Callable[[object], None] = lambda state: None,
     on_batch: Callable[[int, dict], None] | None = None,
     expected_rows: int | None = None,
+    on_epoch: Callable[[int], None] | None = None,
 ) -> dict:
     """Runs `epochs` epochs and returns the result dict every baseline reports.
 
@@ -86,6 +87,8 @@ def measure_epochs(
       its first batch) and rows_per_s = timed_rows/seconds. `rows` is every row the epoch
       delivered; compare it with `dataset_rows` (= expected_rows) to spot loaders that drop or duplicate rows.
       `first_batch_s` is the wait for each epoch's first batch (epoch 0: after `open_loader()`).
+    - `on_epoch(epoch)`, if given, runs before each epoch, outside its timed window (bench.py
+      turns its memory sampler on and off there).
     - consumer CPU per batch: `time.thread_time()` difference across each `next()` on the batch
       iterator. thread_time counts only CPU burnt by the consumer thread, so time spent blocked
       in a queue/lock wait for a worker (which sleeps in the kernel) is excluded by construction,
@@ -100,6 +103,8 @@ def measure_epochs(
     state = open_loader()
     try:
         for epoch in range(epochs):
+            if on_epoch is not None:
+                on_epoch(epoch)
             t_start = time.perf_counter()
             first_batch_s = None
             it = epoch_batches(state, epoch)
