@@ -99,9 +99,11 @@ def decode_limit(path, epochs: int = 2, mapped: bool = False) -> dict:
     independent, so W cores could at best do W times as many). The same result dict as the
     loaders (epochs of rows and seconds), so steady state is the epochs after the first.
 
-    ``mapped``: each file read through a memory map without pre-buffering, as detload's
-    workers read with Storage.memory_map="auto" or True, which skips copying every page
-    out of the page cache: the stricter limit for them."""
+    ``mapped``: each file read through one memory map, kept for every epoch, without
+    pre-buffering: no page is copied out of the page cache and, after the first epoch, none is
+    faulted in. detload's workers under Storage.memory_map="auto" or True map files too but give
+    the pages back after each row group (to bound their memory), so this is a stricter limit
+    than what they can reach."""
     import pyarrow as pa
 
     files = parquet_files(path)

@@ -37,10 +37,11 @@ if str(HERE) not in sys.path:
 BATCH = 4096
 W_SET = (1, 2)
 
-# A training script imports torch before it builds its loader, and process workers that
-# re-import the main module then import torch too. With DETLOAD_BENCH_MAIN_TORCH=1 (the
-# driver's default, see --main-imports) the measured process does the same: its workers
-# re-import this file.
+# A training script imports torch before it builds its loader. With DETLOAD_BENCH_MAIN_TORCH=1
+# (the driver's default, see --main-imports) the measured process does the same. detload's
+# process workers do not import the main module (detload/_engine/spawn.py), so they do not
+# import torch; the torch DataLoader's workers, forked, inherit it. Every detload row reports
+# what its workers imported (`heavy_imports`).
 if os.environ.get("DETLOAD_BENCH_MAIN_TORCH") == "1":
     try:
         import torch  # noqa: F401
@@ -393,8 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", default=None, help="write the Chrome trace of the last detload process W=2 run")
     ap.add_argument("--write", default=None, help="write the tables into this markdown file")
     ap.add_argument("--main-imports", choices=["torch", "nothing"], default="torch",
-                    help="what the measured process imports at its top, as a training script would "
-                         "(its process workers re-import it)")
+                    help="what the measured process imports at its top, as a training script would")
     ap.add_argument("--only", default=None, help="run only the loaders whose label contains this text "
                                                  "(the decode and raw pyarrow references always run)")
     ap.add_argument("--tiny", action="store_true", help="a quick check of the whole path: 20k rows, one run")
@@ -506,9 +506,10 @@ def reference_notes(per: dict[str, list[dict]], refs: dict[str, list[float | Non
                      f"{median(dec):,.0f}, W=2: {2 * median(dec):,.0f} rows/s.")
     mapped = [x for x in refs["decode_mapped"] if x]
     if mapped:
-        lines.append(f"Decode limit with memory-mapped files (each file `pa.memory_map`ped, `pre_buffer=False`, as "
-                     f"detload's process workers read by default): one thread {median(mapped):,.0f} rows/s, "
-                     f"W=2: {2 * median(mapped):,.0f} rows/s.")
+        lines.append(f"Decode limit with memory-mapped files (each file `pa.memory_map`ped once and kept mapped, "
+                     f"`pre_buffer=False`: no page copied out of the page cache and, after the first epoch, no "
+                     f"page faults; detload's process workers map files by default but give the pages back after "
+                     f"each row group): one thread {median(mapped):,.0f} rows/s, W=2: {2 * median(mapped):,.0f} rows/s.")
     for kind, what in (("petastorm_cold", "cold (no cache)"), ("petastorm_warm", "warm (local-disk cache)")):
         best = [x for x in refs[kind] if x]
         if best:
@@ -557,10 +558,11 @@ def report(results, tax, a, started, load, load_after) -> str:
     lines = [
         f"Measured {started} on {platform.node() and 'this machine'}: {os.cpu_count()} cores "
         f"({platform.processor() or platform.machine()}), Python {platform.python_version()}, "
-        f"load average {load[0]:.2f} before / {load_after[0]:.2f} after (other jobs shared the machine).",
+        f"load average {load[0]:.2f} before / {load_after[0]:.2f} after (the run itself keeps both cores busy).",
         f"Command: `{cmd}`", "",
-        "The measured process imports " + ("torch at its top, as a training script does (process workers "
-                                           "re-import it)" if a.main_imports == "torch" else "nothing extra")
+        "The measured process imports " + ("torch at its top, as a training script does (detload's process "
+                                           "workers do not import the main module, nor torch with it)"
+                                           if a.main_imports == "torch" else "nothing extra")
         + f"; installed: {', '.join(_installed()) or 'none of torch, pandas, lightning'}.", "",
         f"Batches of {BATCH} rows; {a.epochs} epochs per loader; rows/s = steady state over epochs 2..{a.epochs} "
         f"(workers persist); medians of {a.runs} runs; ratios are per run, then the median.", "",
@@ -617,8 +619,8 @@ def report(results, tax, a, started, load, load_after) -> str:
                     continue
                 held = all(x["peak_rss"] <= x["bound_bytes"] for x in runs if _ok(x))
                 heavy = r.get("worker_imports") or []
-                note = (f"; its worker processes import {', '.join(heavy)} (they re-import the main module, "
-                        "which does), and the baseline, taken once they have started, counts it") if heavy else ""
+                note = (f"; its worker processes import {', '.join(heavy)}, and the baseline, taken once they "
+                        "have started, counts it") if heavy else ""
                 lines.append(f"- {label}: bound by `{r['bottleneck']}` -- {r['verdict']}. Memory: peak "
                              f"{r['peak_rss'] / 2**20:.0f} MiB, bound {r['bound_bytes'] / 2**20:.0f} MiB = baseline "
                              f"{r['baseline_bytes'] / 2**20:.0f} + {r['data_bound_bytes'] / 2**20:.0f} "

@@ -5,9 +5,9 @@ alternates), over epochs 2-4 after a first warm-up epoch: rows/s, the summed `re
 time from `Loader.stats()`, and the peak PSS of the consumer and its workers (sampled as
 bench.py does: in the warm-up epoch and a fifth, untimed one). With `--main-imports both`
 (the default) every run measures both settings twice: once in a process that imports
-nothing else and once in one that imports torch first, as a training script does (process
-workers re-import the main module, so they import torch too). Prints the medians and the
-per-run ratios.
+nothing else and once in one that imports torch first, as a training script does (detload's
+worker processes import neither the main module nor torch; the PSS counts torch in the
+consumer). Prints the medians and the per-run ratios.
 
     PYTHONPATH=. python experiments/bench/mapped_reads.py --runs 10
 """
@@ -25,8 +25,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 
-# As in bench.py: the measured subprocess, and its workers re-importing this file, import torch
-# first when the driver asks for it.
+# As in bench.py: the measured subprocess imports torch first when the driver asks for it.
 if os.environ.get("DETLOAD_BENCH_MAIN_TORCH") == "1":
     import torch  # noqa: F401
 
