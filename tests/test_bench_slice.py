@@ -130,6 +130,32 @@ def test_target_verdicts():
     assert verdicts["unsorted: (a) within 10 % of (c), cold"] == "not measured: detload filter= not available in this build"
 
 
+def test_cold_targets_use_the_cold_run_without_a_cache():
+    # The run that fills detload's cache writes it too; (c) writes nothing, so the cold
+    # targets compare (c) with the cold run that has no cache.
+    results = {
+        # listed fill-first, so the choice does not rest on the order the runs happened to take
+        "a": [_row("a", bs.COLD_FILL, 1.5), _row("a", bs.COLD_NO_CACHE, 0.9), _row("a", "warm (median of 2)", 0.4)],
+        "b": [_row("b", bs.COLD_FILL, 0.2, share=0.02), _row("b", bs.COLD_NO_CACHE, 0.04, share=0.02)],
+        "c": [_row("c", "cold", 1.0), _row("c", "warm (median of 2)", 0.5)],
+    }
+    verdicts = dict(bs.targets(results))
+    assert verdicts["unsorted: (a) within 10 % of (c), cold"] == "met ((a)/(c) = 0.90)"
+    assert verdicts["after layout, a 1 % slice is >= 20x faster than (c), cold"] == "met (25.0x)"
+    results["a"][1] = _row("a", bs.COLD_NO_CACHE, 1.2)
+    assert dict(bs.targets(results))["unsorted: (a) within 10 % of (c), cold"] == "NOT met ((a)/(c) = 1.20)"
+
+
+def test_summarize_keeps_each_cold_run_and_the_warm_median():
+    def run(label, wall):
+        return {"run": label, "wall_s": wall, "rows_selected": 10, "read_bytes": 100, "rchar": 100}
+
+    runs = [run(bs.COLD_NO_CACHE, 2.0), run(bs.COLD_FILL, 3.0), run("warm", 0.5), run("warm", 0.7), run("warm", 0.6)]
+    rows = bs.summarize("a", runs, 10, {"row_groups": 4, "bytes": 100}, (4, 100))
+    assert [(r["run"], r["wall_s"]) for r in rows] == [
+        (bs.COLD_NO_CACHE, 2.0), (bs.COLD_FILL, 3.0), ("warm (median of 3)", 0.6)]
+
+
 def test_layout_is_reported_missing_and_a_present_one_is_used_once(tmp_path, table_dir, monkeypatch):
     dst = tmp_path / "sorted"
     if not hasattr(detload, "layout"):
