@@ -144,6 +144,8 @@ def test_cold_targets_use_the_cold_run_without_a_cache():
     assert verdicts["after layout, a 1 % slice is >= 20x faster than (c), cold"] == "met (25.0x)"
     results["a"][1] = _row("a", bs.COLD_NO_CACHE, 1.2)
     assert dict(bs.targets(results))["unsorted: (a) within 10 % of (c), cold"] == "NOT met ((a)/(c) = 1.20)"
+    results["a"][1] = _row("a", f"{bs.COLD_NO_CACHE} (median of 3)", 0.8)  # --cold-runs 3
+    assert dict(bs.targets(results))["unsorted: (a) within 10 % of (c), cold"] == "met ((a)/(c) = 0.80)"
 
 
 def test_summarize_keeps_each_cold_run_and_the_warm_median():
@@ -154,6 +156,10 @@ def test_summarize_keeps_each_cold_run_and_the_warm_median():
     rows = bs.summarize("a", runs, 10, {"row_groups": 4, "bytes": 100}, (4, 100))
     assert [(r["run"], r["wall_s"]) for r in rows] == [
         (bs.COLD_NO_CACHE, 2.0), (bs.COLD_FILL, 3.0), ("warm (median of 3)", 0.6)]
+    runs = [run(bs.COLD_NO_CACHE, 2.0), run(bs.COLD_NO_CACHE, 1.0), run(bs.COLD_NO_CACHE, 9.0), run(bs.COLD_FILL, 3.0)]
+    rows = bs.summarize("a", runs, 10, {"row_groups": 4, "bytes": 100}, (4, 100))
+    assert [(r["run"], r["wall_s"], r["walls"]) for r in rows] == [
+        (f"{bs.COLD_NO_CACHE} (median of 3)", 2.0, [2.0, 1.0, 9.0]), (bs.COLD_FILL, 3.0, [3.0])]
 
 
 def test_layout_is_reported_missing_and_a_present_one_is_used_once(tmp_path, table_dir, monkeypatch):

@@ -366,12 +366,13 @@ COLD_NO_CACHE, COLD_FILL = "cold, no cache", "cold, fills the cache"
 
 
 def measure(way: str, data: Path, sl: Slice, args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
-    """One cold run and ``args.warm`` warm ones; for (a) and (b), which warm up through detload's
-    cache, a cold run without it first, then the cold run that fills it."""
+    """``args.cold_runs`` cold runs and ``args.warm`` warm ones; for (a) and (b), which warm up
+    through detload's cache, the cold runs are without it, then one more cold run fills it."""
     cache_dir = root / f".detload-cache-{way}-{sl.name}" if way in ("a", "b") else None
     if cache_dir is not None and cache_dir.exists():
         shutil.rmtree(cache_dir)
-    plan: list[tuple[str, Path | None]] = [(COLD_NO_CACHE, None), (COLD_FILL, cache_dir)] if cache_dir else [("cold", None)]
+    cold = [(COLD_NO_CACHE, None)] * args.cold_runs + [(COLD_FILL, cache_dir)] if cache_dir else [("cold", None)] * args.cold_runs
+    plan: list[tuple[str, Path | None]] = list(cold)
     plan += [("warm", cache_dir)] * args.warm
     runs = []
     for label, cache in plan:
@@ -443,7 +444,7 @@ def targets(results: dict[str, list[dict[str, Any]]]) -> list[tuple[str, str]]:
     def pick(way: str, run: str) -> dict[str, Any] | None:
         rows = [r for r in results.get(way, []) if "note" not in r]
         if run == "cold":  # the cold run without a cache where there is one: (c)'s work, no cache fill
-            rows = sorted(rows, key=lambda r: r["run"] != COLD_NO_CACHE)
+            rows = sorted(rows, key=lambda r: not r["run"].startswith(COLD_NO_CACHE))
         for r in rows:
             if r["run"].startswith(run):
                 return r
@@ -481,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ways", default="a,a0,b,c,d", help=f"comma-separated, of {','.join(WAYS)} (d: both Petastorm modes)")
     ap.add_argument("--slices", default=",".join(SLICES), help=f"comma-separated, of {','.join(SLICES)}")
     ap.add_argument("--warm", type=int, default=2, help="warm runs after each cold one (default 2)")
+    ap.add_argument("--cold-runs", type=int, default=1,
+                    help="cold runs per way (the median is shown; (a)/(b): without a cache, plus one filling it)")
     ap.add_argument("--workers", type=int, default=2, help="detload workers, pyarrow threads, petastorm workers")
     ap.add_argument("--batch-size", type=int, default=65_536)
     ap.add_argument("--petastorm-python", default=os.environ.get("PETASTORM_PY", str(HERE / ".venv-petastorm/bin/python")))
