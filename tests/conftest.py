@@ -9,12 +9,16 @@ workers) and ``local`` (many more). Pick one with ``HYPOTHESIS_PROFILE=local``.
 process, no ``detload-*`` thread, no ``/dev/shm/detload-<our pid>-*`` segment.
 
 ``bench_script`` loads a script of experiments/bench as a module, as it runs there.
+
+A run started with SIGINT ignored (in the background by a shell without job control, or
+under nohup) gets Python's handler back, so the Ctrl-C tests can see their KeyboardInterrupt.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +26,12 @@ from types import ModuleType
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+# An ignored SIGINT is inherited across exec, so the Ctrl-C tests' child processes would
+# ignore it too; a handler is not, so once this process has one, its children start with the
+# default disposition and Python installs its own handler in them.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Make the helper modules next to this file importable whatever the import mode.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
