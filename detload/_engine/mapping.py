@@ -1,7 +1,7 @@
 """Which local files a worker reads through a memory map (`Storage.memory_map`).
 
 A memory map lets the Parquet reader decompress straight from the page cache: no
-copy of every page into a read buffer, about 10% less read time on the CTR benchmark.
+copy of every page into a read buffer, about 4% less read time on the CTR benchmark.
 The price is how a failure shows: a page that cannot be read (a file truncated in
 place while mapped, a network filesystem that lost its server) is a SIGBUS that
 kills the process touching it, where a plain read returns an error. So "auto" (the

@@ -371,8 +371,8 @@ def measure(way: str, data: Path, sl: Slice, args: argparse.Namespace, root: Pat
     cache_dir = root / f".detload-cache-{way}-{sl.name}" if way in ("a", "b") else None
     if cache_dir is not None and cache_dir.exists():
         shutil.rmtree(cache_dir)
-    cold = [(COLD_NO_CACHE, None)] * args.cold_runs + [(COLD_FILL, cache_dir)] if cache_dir else [("cold", None)] * args.cold_runs
-    plan: list[tuple[str, Path | None]] = list(cold)
+    plan: list[tuple[str, Path | None]] = (
+        [(COLD_NO_CACHE, None)] * args.cold_runs + [(COLD_FILL, cache_dir)] if cache_dir else [("cold", None)] * args.cold_runs)
     plan += [("warm", cache_dir)] * args.warm
     runs = []
     for label, cache in plan:

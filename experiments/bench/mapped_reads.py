@@ -20,6 +20,7 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -67,6 +68,22 @@ def one(path: str, mapped: bool, sample_timed: bool = False) -> dict:
     return {"rows_per_s": rows / wall, "read_s": st.stages["read"].total_s, "peak_pss": sampler.peak}
 
 
+def paired_runs(runs: int, imports: list[str], one_args: Callable[[bool], list[str]]) -> dict[tuple[str, bool], list[dict]]:
+    """`one` in fresh subprocesses: in each run, for each of ``imports`` ("torch" or "nothing"
+    imported first), once with the factor on and once off (``one_args(on)``: the arguments
+    after "_one"). Which import and which factor value go first alternates between runs."""
+    base = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    res: dict[tuple[str, bool], list[dict]] = {(i, on): [] for i in imports for on in (True, False)}
+    for r in range(runs):
+        for imp in (imports if r % 2 == 0 else imports[::-1]):
+            env = dict(base, DETLOAD_BENCH_MAIN_TORCH="1" if imp == "torch" else "0")
+            for on in ((True, False) if r % 2 == 0 else (False, True)):
+                done = subprocess.run([sys.executable, __file__, "_one", *one_args(on)],
+                                      capture_output=True, text=True, env=env, check=True)
+                res[(imp, on)].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "_one":
@@ -83,15 +100,7 @@ def main(argv: list[str] | None = None) -> int:
 
     datagen.make_ctr(a.data, rows=1_000_000)
     imports = ["nothing", "torch"] if a.main_imports == "both" else [a.main_imports]
-    base = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    res: dict[tuple[str, bool], list[dict]] = {(i, m): [] for i in imports for m in (True, False)}
-    for r in range(a.runs):
-        for imp in (imports if r % 2 == 0 else imports[::-1]):
-            env = dict(base, DETLOAD_BENCH_MAIN_TORCH="1" if imp == "torch" else "0")
-            for mapped in ((True, False) if r % 2 == 0 else (False, True)):
-                done = subprocess.run([sys.executable, __file__, "_one", a.data, "1" if mapped else "0"],
-                                      capture_output=True, text=True, env=env, check=True)
-                res[(imp, mapped)].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    res = paired_runs(a.runs, imports, lambda mapped: [a.data, "1" if mapped else "0"])
     load = os.getloadavg()[0]
     print(f"{os.cpu_count()} cores, load average {load:.2f} at the end; {a.runs} paired runs, epochs 2-4 each.\n")
     print("| imports | memory_map | rows/s (median) | read s (median) | peak PSS MiB (median) |")

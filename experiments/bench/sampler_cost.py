@@ -12,15 +12,12 @@ goes first alternates. Prints the medians and the per-run ratios.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,19 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     sys.path.insert(0, str(HERE))
     import datagen
+    from mapped_reads import paired_runs
 
     datagen.make_ctr(a.data, rows=1_000_000)
-    runner = str(HERE / "mapped_reads.py")
-    base = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     imports = ["torch", "nothing"]
-    res: dict[tuple[str, bool], list[dict]] = {(i, s): [] for i in imports for s in (True, False)}
-    for r in range(a.runs):
-        for imp in (imports if r % 2 == 0 else imports[::-1]):
-            env = dict(base, DETLOAD_BENCH_MAIN_TORCH="1" if imp == "torch" else "0")
-            for sampled in ((True, False) if r % 2 == 0 else (False, True)):
-                done = subprocess.run([sys.executable, runner, "_one", a.data, "1", "1" if sampled else "0"],
-                                      capture_output=True, text=True, env=env, check=True)
-                res[(imp, sampled)].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    # mapped_reads.py's `one` with maps on ("1") and the timed epochs sampled or not
+    res = paired_runs(a.runs, imports, lambda sampled: [a.data, "1", "1" if sampled else "0"])
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the end; {a.runs} paired runs, "
           "epochs 2-4 each.\n")
     print("| imports | timed epochs sampled | rows/s (median) | read s (median) |")
