@@ -1,5 +1,6 @@
 """experiments/bench/decode_gap.py: the wall-time ratio is exactly the product of its factors,
-and the worker stage shares (with the untracked rest) add up to 100%."""
+the worker stage shares (with the untracked rest) add up to 100%, and a worker's work measured
+without the pool reads every row of each epoch."""
 
 from __future__ import annotations
 
@@ -32,3 +33,17 @@ def test_a_small_run_measures_rates_and_shares_that_add_up(gap, tmp_path, pool):
     assert dec["rows_per_cpu_s"] > 0 and det["rows_per_cpu_s"] > 0 and det["cores"] > 0
     assert sum(det["worker_shares"].values()) == pytest.approx(1.0)
     assert "read" in det["worker_shares"] and "bound by:" in det["stage_table"]
+    # Process workers: the consuming process's own share of the cores is reported apart.
+    assert ("consumer_cores" in det) == (pool == "process")
+    if pool == "process":
+        assert 0 < det["consumer_cores"] < det["cores"]
+
+
+def test_a_workers_work_alone_reads_every_row_of_each_epoch(gap, tmp_path):
+    import datagen
+
+    data = str(tmp_path / "ctr")
+    datagen.make_ctr(data, rows=40_000, row_group_rows=4_096)
+    work = gap.work_one(data, 3)
+    assert work["rows"] == 80_000  # epochs 2 and 3
+    assert work["rows_per_s"] > 0 and work["rows_per_cpu_s"] > 0

@@ -148,7 +148,7 @@ class RowGroupDataset:
         self.columns = columns
         self.items = [(str(f), rg) for f in parquet_files(path) for rg in range(pq.read_metadata(f).num_row_groups)]
         self._files: dict[str, pq.ParquetFile] = {}
-        self._pid = None
+        self._pid: int | None = None
 
     def __len__(self) -> int:
         return len(self.items)
