@@ -128,29 +128,30 @@ def detload_one(path: str, pool: str, workers: int, epochs: int) -> dict:
 def work_one(path: str, epochs: int, window: int = 4, seed: int = 1234) -> dict:
     """A worker's work without the pool, one thread: blocks of ``window`` row groups in the
     plan's unit order, each row group read through a memory map whose pages are given back
-    after it (as detload's workers read local files), its columns as NumPy, then the block's
-    permutation (detload's own `block_permutation`) and, per column, a copy of its units into a
-    scratch and a gather by the permutation into a reused output. No hand-off, no consumer."""
-    import mmap
-
+    after it (detload's `MappedFile`, as its workers read local files), its columns as NumPy,
+    then the block's permutation (detload's own `block_permutation`) and, per column, a copy of
+    its units into a scratch and a gather by the permutation into a reused output (detload's
+    per-thread `_workspace` arrays). No hand-off, no consumer. Fixed-width columns only (the CTR
+    shape this script generates)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
     from baselines import _arrow_to_numpy
     from measure import parquet_files
 
+    from detload._engine.block import _workspace
+    from detload._engine.mapping import open_mapped
     from detload.plan import block_permutation, unit_permutation
 
     pa.set_cpu_count(1)  # as in a worker process
-    maps, handles = [], []
+    maps = []  # the worker's own maps
     for f in parquet_files(path):
-        with open(f, "rb") as fh:
-            m = mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ)
+        m = open_mapped(str(f))
+        if m is None:
+            raise SystemExit(f"{f} cannot be memory-mapped")
         maps.append(m)
-        handles.append(pq.ParquetFile(pa.BufferReader(pa.py_buffer(m)), pre_buffer=False))
+    handles = [pq.ParquetFile(m.source, pre_buffer=False) for m in maps]
     units = [(i, g) for i, pf in enumerate(handles) for g in range(pf.num_row_groups)]
-    scratch = np.empty(0, np.uint8)
-    output = np.empty(0, np.uint8)
     out = []
     for epoch in range(epochs):
         order = unit_permutation(seed, epoch, len(units))  # the epoch's unit order, as the plan's
@@ -161,24 +162,23 @@ def work_one(path: str, epochs: int, window: int = 4, seed: int = 1234) -> dict:
             for u in order[first : first + window]:
                 i, g = units[int(u)]
                 t = handles[i].read_row_group(g, use_threads=False)
-                maps[i].madvise(mmap.MADV_DONTNEED)
+                maps[i].release()
                 cols.append([_arrow_to_numpy(c)[0] for c in t.columns])
                 rows += t.num_rows
             n = sum(len(c[0]) for c in cols)
             perm = block_permutation(seed, epoch, 0, b, n)
-            width = max(a.dtype.itemsize for a in cols[0])
-            if scratch.nbytes < n * width:
-                scratch = np.empty(n * width, np.uint8)
-            if output.nbytes < n * width * len(cols[0]):
-                output = np.empty(n * width * len(cols[0]), np.uint8)
+            output = _workspace("output", n * sum(a.dtype.itemsize for a in cols[0]), np.uint8)
             at = 0
             for j in range(len(cols[0])):
                 dt = cols[0][j].dtype
-                src = scratch[: n * dt.itemsize].view(dt)
+                src = _workspace("scratch", n, dt)
                 np.concatenate([c[j] for c in cols], out=src)
                 np.take(src, perm, out=output[at : at + n * dt.itemsize].view(dt), mode="wrap")
                 at += n * dt.itemsize
         out.append({"rows": rows, "wall_s": time.perf_counter() - w0, "cpu_s": time.thread_time() - c0})
+    del handles
+    for m in maps:
+        m.close()
     return _steady(out)
 
 
