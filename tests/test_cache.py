@@ -410,7 +410,7 @@ def _write_runs(src) -> None:
 def test_runs_of_same_typed_columns_take_the_grouped_path(tmp_path):
     """Entries expose back-to-back columns as one strided run, and warm epochs built from
     those runs yield the same manifest as an uncached loader."""
-    from detload._cache import _load
+    from detload._cache.entry import _load
 
     src = tmp_path / "runs"
     _write_runs(src)
@@ -575,7 +575,7 @@ def test_cache_map_limit_keeps_the_first_entries_mapped(data, tmp_path, monkeypa
 
 
 def test_cache_map_limit_is_per_process(data, tmp_path):
-    from detload._cache import memory_available
+    from detload._cache.sizes import memory_available
 
     with Loader(data, cache=detload.Cache(tmp_path / "c", map_limit="1MB"), workers=4, **OPTS) as loader:
         assert loader.cache.map_budget == 10**6

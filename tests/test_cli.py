@@ -189,7 +189,8 @@ def test_bench_trace_path_is_checked_before_running(data, tmp_path, capsys, monk
 
 @pytest.mark.parametrize("action", ["info", "clear"])
 def test_cache_dir_whose_objects_folder_is_a_file(tmp_path, capsys, action):
-    from detload._cache import _MARKER, CACHE_FORMAT
+    from detload._cache import CACHE_FORMAT
+    from detload._cache.format import _MARKER
 
     d = tmp_path / "cache"
     (d / f"v{CACHE_FORMAT}").mkdir(parents=True)

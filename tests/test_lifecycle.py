@@ -25,7 +25,8 @@ from testhooks import hooked
 
 import detload
 from detload import Loader, WorkerError, WorkerStalledError
-from detload._cache import _safe_host, cache_info
+from detload._cache import cache_info
+from detload._cache.store import _safe_host
 from detload._engine.config import DebugHooks
 
 

@@ -61,25 +61,12 @@ every read; a damaged entry is discarded and read again from the source.
 
 from .admin import cache_info, clear_cache
 from .config import CacheConfig, CacheWarning, open_cache
-from .config import map_limit as map_limit
 from .derived import DerivedStore
-from .entry import PendingCheck as PendingCheck
-from .entry import _entry as _entry
-from .entry import _load as _load
-from .format import _MARKER as _MARKER
 from .format import CACHE_FORMAT, CONVERTER_VERSION
-from .kept import _KEPT_COUNT as _KEPT_COUNT
 from .kept import KeptMappings
 from .keys import object_key
-from .keys import specs_key as specs_key
-from .mapping import _map as _map
 from .rowgroups import RowGroupCache
-from .sizes import memory_available as memory_available
 from .sizes import parse_size
-from .store import _safe_host as _safe_host
-from .store import _Store as _Store
-from .write import _IOV_MAX as _IOV_MAX
-from .write import _pwritev_all as _pwritev_all
 
 __all__ = [
     "CACHE_FORMAT",

@@ -10,7 +10,9 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from _sample import OBJ, RG, sample  # noqa: E402
 
-from detload._cache import KeptMappings, RowGroupCache, _entry, _load, _map, open_cache  # noqa: E402
+from detload._cache import KeptMappings, RowGroupCache, open_cache  # noqa: E402
+from detload._cache.entry import _entry, _load  # noqa: E402
+from detload._cache.mapping import _map  # noqa: E402
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 from _sample import OBJ, RG, sample  # noqa: E402
 
-from detload._cache import RowGroupCache, _Store, cache_info, open_cache  # noqa: E402
+from detload._cache import RowGroupCache, cache_info, open_cache  # noqa: E402
+from detload._cache.store import _Store  # noqa: E402
 
 
 def test_recount_counts_an_entry_once_while_its_temp_name_still_exists(tmp_path):
