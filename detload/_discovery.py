@@ -185,12 +185,13 @@ def _to_filesystem(filesystem: Any) -> pafs.FileSystem | None:
     )
 
 
-def _resolve(path: str, filesystem: pafs.FileSystem | None) -> tuple[pafs.FileSystem, str]:
+def _resolve(path: str, filesystem: pafs.FileSystem | None,
+             stall_timeout: float | None = None) -> tuple[pafs.FileSystem, str]:
     if filesystem is not None:
         return filesystem, path_on(filesystem, path)
     if path.startswith(("s3://", "s3a://")):
         try:
-            return s3_from_uri(path)
+            return s3_from_uri(path, stall_timeout)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             raise DatasetError(f"cannot open {path!r}: {exc}") from None
     if "://" in path and not path.startswith("file://"):
@@ -216,9 +217,10 @@ def _is_parquet_magic(fs: pafs.FileSystem, location: str) -> bool:
 
 
 def _list_source(source: Any, filesystem: pafs.FileSystem | None, skipped: list[str] | None = None,
-                 ) -> tuple[pafs.FileSystem, str, list[tuple[str, int, int | None]]]:
+                 stall_timeout: float | None = None) -> tuple[pafs.FileSystem, str, list[tuple[str, int, int | None]]]:
     """(filesystem, root, [(location, size, mtime_ns)]) of the data files a source names;
-    ``skipped`` collects the locations of non-Parquet files found in listed folders."""
+    ``skipped`` collects the locations of non-Parquet files found in listed folders;
+    ``stall_timeout`` bounds the requests of an S3 filesystem opened here (see `s3_from_uri`)."""
     if isinstance(source, (str, os.PathLike)):
         items = [os.fspath(source)]
         single = True
@@ -230,7 +232,7 @@ def _list_source(source: Any, filesystem: pafs.FileSystem | None, skipped: list[
     fs: pafs.FileSystem | None = None
     locations: list[str] = []
     for item in items:
-        ifs, loc = _resolve(item, filesystem)
+        ifs, loc = _resolve(item, filesystem, stall_timeout)
         if fs is None:
             fs = ifs
         elif type(ifs) is not type(fs):
@@ -439,6 +441,7 @@ def discover(
     partitioning: Mapping[str, str] | None = None,
     footer_threads: int = 16,
     footers: list[pq.FileMetaData] | None = None,
+    stall_timeout: float | None = None,
 ) -> Dataset:
     """List a source's data files and read their footers.
 
@@ -446,10 +449,12 @@ def discover(
     without it a key is int64 when every value found is an integer, else string.
     ``footers``, a list, receives each file's footer (in the order of ``files``), so that
     planning a filter need not read them again; the Dataset keeps none (footers of many
-    files take much memory).
+    files take much memory). ``stall_timeout``, a loader's, sets the timeouts of an S3
+    filesystem opened for an s3:// source, so that a stalled request ends soon after the
+    loader gave up on it (None: the default timeouts, 10 s and 60 s).
     """
     skipped: list[str] = []
-    fs, root, listed = _list_source(source, _to_filesystem(filesystem), skipped)
+    fs, root, listed = _list_source(source, _to_filesystem(filesystem), skipped, stall_timeout)
     rels = []
     for loc, size, mt in listed:
         rel = posixpath.relpath(loc, root) if root else loc

@@ -5,10 +5,17 @@ Retries come from the AWS SDK inside pyarrow (standard mode: bounded exponential
 backoff with jitter). pyarrow drops ``retry_strategy`` when an S3FileSystem is
 pickled, so process workers would silently lose it; `RetryingS3FileSystem`
 pickles its settings and rebuilds the same filesystem in the worker.
+
+A thread cannot be interrupted in a read, and pyarrow's exit-time S3 finalizer
+waits for every request still in flight: a read stuck when the loader gave up
+(WorkerStalledError) would hold the interpreter's exit for as long as its
+attempts last. So a loader's filesystem gets timeouts that end a request, all its
+attempts included, within about ``stall_timeout`` (`s3_timeouts`).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import urllib.parse
@@ -19,7 +26,7 @@ import pyarrow.fs as pafs
 from .errors import OptionError
 
 __all__ = ["DEFAULT_MAX_ATTEMPTS", "RetryingS3FileSystem", "describe_attempts", "display_uri", "object_uri",
-           "path_on", "s3_from_uri"]
+           "path_on", "s3_from_uri", "s3_timeouts"]
 
 #: Attempts per S3 request (the first try included) unless AWS_MAX_ATTEMPTS says otherwise.
 DEFAULT_MAX_ATTEMPTS = 5
@@ -27,6 +34,8 @@ DEFAULT_MAX_ATTEMPTS = 5
 #: defaults (1 s / 3 s) give up on a busy server; no limit at all could hang.
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_REQUEST_TIMEOUT = 60.0
+#: The shortest timeouts set: the SDK (curl) counts the request timeout in whole seconds, and 0 is none at all.
+MIN_TIMEOUT = 1.0
 
 # Query parameters of an s3:// URI that become S3FileSystem options (pyarrow's spelling).
 _URI_OPTIONS = {"region": str, "endpoint_override": str, "scheme": str, "connect_timeout": float,
@@ -62,14 +71,35 @@ def _env_int(name: str, default: int) -> int:
     return value
 
 
-def s3_from_uri(uri: str) -> tuple[RetryingS3FileSystem, str]:
+def s3_timeouts(stall_timeout: float | None, attempts: int) -> tuple[float, float]:
+    """(connect, request) timeouts per attempt with which a request of ``attempts`` attempts
+    gives up within about ``stall_timeout`` seconds (None: the defaults, 10 s and 60 s).
+
+    Each is ``stall_timeout / attempts``, at most its default and at least `MIN_TIMEOUT`;
+    the request timeout (the longest wait for the next byte of a response) in whole
+    seconds, as the SDK counts it. A request that gets no answer then gives up after
+    ``attempts x request`` seconds (about ``stall_timeout``, at least ``attempts`` seconds)
+    plus the SDK's backoff between attempts, a random share of 1, 2, 4, 8, ... s (at
+    most 15 s over 5 attempts). The retry budget itself stays the user's: a 503 is retried
+    as often whatever the stall timeout. The defaults (300 s, 5 attempts) give the defaults.
+    """
+    if stall_timeout is None:
+        return DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT
+    share = stall_timeout / attempts
+    connect = min(DEFAULT_CONNECT_TIMEOUT, max(MIN_TIMEOUT, share))
+    request = min(DEFAULT_REQUEST_TIMEOUT, max(MIN_TIMEOUT, float(math.floor(share))))
+    return connect, request
+
+
+def s3_from_uri(uri: str, stall_timeout: float | None = None) -> tuple[RetryingS3FileSystem, str]:
     """(filesystem, "bucket/key") for ``s3://bucket/key[?region=..&endpoint_override=..]``.
 
     The endpoint comes from the URI, else AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL;
     the region from the URI, else AWS_REGION or AWS_DEFAULT_REGION; credentials
     from the AWS SDK's usual chain (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
     AWS_SESSION_TOKEN, profiles, instance roles); the retry budget from
-    AWS_MAX_ATTEMPTS (default 5 attempts per request).
+    AWS_MAX_ATTEMPTS (default 5 attempts per request); the timeouts from the URI,
+    else from the loader's ``stall_timeout`` (`s3_timeouts`).
     """
     parts = urllib.parse.urlsplit(uri)
     if not parts.netloc:
@@ -95,8 +125,10 @@ def s3_from_uri(uri: str) -> tuple[RetryingS3FileSystem, str]:
     elif endpoint:
         # A custom endpoint (MinIO, a local server) has no region to look up.
         options["region"] = "us-east-1"
-    options.setdefault("connect_timeout", DEFAULT_CONNECT_TIMEOUT)
-    options.setdefault("request_timeout", DEFAULT_REQUEST_TIMEOUT)
+    attempts = _env_int("AWS_MAX_ATTEMPTS", DEFAULT_MAX_ATTEMPTS)
+    connect, request = s3_timeouts(stall_timeout, attempts)
+    options.setdefault("connect_timeout", connect)
+    options.setdefault("request_timeout", request)
     # Credentials from the environment are made explicit so that process workers get them too:
     # a forkserver started before they were set would not pass them on.
     access, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
@@ -105,7 +137,6 @@ def s3_from_uri(uri: str) -> tuple[RetryingS3FileSystem, str]:
         token = os.environ.get("AWS_SESSION_TOKEN")
         if token:
             options["session_token"] = token
-    attempts = _env_int("AWS_MAX_ATTEMPTS", DEFAULT_MAX_ATTEMPTS)
     path = (parts.netloc + "/" + parts.path.lstrip("/")).rstrip("/")
     return RetryingS3FileSystem(max_attempts=attempts, **options), path
 

@@ -254,7 +254,8 @@ class Loader:
         # A filter's planning reads the footers discovery read: kept until then, not longer.
         footers: list[Any] | None = [] if filter is not None else None
         self.dataset: Dataset = discover(source, filesystem=storage_opts.filesystem,
-                                         partitioning=storage_opts.partition_types, footers=footers)
+                                         partitioning=storage_opts.partition_types, footers=footers,
+                                         stall_timeout=self.stall_timeout)
         if self.dataset.skipped:
             warnings.warn(SkippedFilesWarning(
                 f"{describe_skipped(self.dataset.skipped)} in {self.dataset.root}: they are not Parquet "

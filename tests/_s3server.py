@@ -2,8 +2,9 @@
 
 `MotoServer` starts ``moto_server`` as a subprocess (no in-process mocking of the
 S3 client) and stops it. `FaultProxy` is a small threaded HTTP forwarder on
-loopback that logs every request and can answer 503, throttle or drop the
-connection for a fraction of requests, or for all of them.
+loopback that logs every request and can answer 503, throttle, drop the
+connection or stall (read the request, never answer) for a fraction of
+requests, or for all of them.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ class Request:
     method: str
     path: str
     range: str | None
-    status: int  # 0: connection dropped
+    status: int  # 0: connection dropped, -1: stalled
     body_bytes: int
 
 
@@ -122,8 +123,10 @@ class FaultProxy:
     row, so a retry budget of ``max_repeats + 1`` attempts always gets through),
     "all" (every request gets a fault), "parquet" (every request for a .parquet
     object, so listing works and reading fails). ``faults`` cycles through "503"
-    (ServiceUnavailable), "throttle" (503 SlowDown) and "drop" (connection reset
-    before any response).
+    (ServiceUnavailable), "throttle" (503 SlowDown), "drop" (connection reset
+    before any response) and "stall" (the request is read and never answered, the
+    connection kept open, as a hung server or load balancer would; logged with
+    status -1, held until `release` or the proxy stops).
     """
 
     def __init__(self, upstream_port: int, *, mode: str = "ok", fraction: float = 0.2,
@@ -138,6 +141,7 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._n = 0
         self._repeats: dict[tuple[str, str, str | None], int] = {}
+        self._stalls = threading.Event()  # set: the stalled requests are let go
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -165,9 +169,16 @@ class FaultProxy:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.release()
         self.server.shutdown()
         self.server.server_close()
         self._thread.join(timeout=5)
+
+    def release(self) -> None:
+        """Let every stalled request go (its connection is closed unanswered); later ones stall anew."""
+        with self._lock:
+            stalls, self._stalls = self._stalls, threading.Event()
+        stalls.set()
 
     def reset_log(self) -> None:
         with self._lock:
@@ -204,6 +215,13 @@ class FaultProxy:
         body = h.rfile.read(length) if length else b""
         rng = h.headers.get("Range")
         fault = self._decide((h.command, h.path, rng))
+        if fault == "stall":
+            self._record(Request(h.command, h.path, rng, -1, 0))
+            with self._lock:
+                stalls = self._stalls
+            stalls.wait()
+            h.close_connection = True
+            return
         if fault == "drop":
             self._record(Request(h.command, h.path, rng, 0, 0))
             # SO_LINGER 0: close with a TCP reset, as a dying load balancer would.

@@ -3,14 +3,18 @@
 Checks: the same manifest as the local copy (cold and warm cache, several
 worker counts, both pools); ranged reads of only the requested columns; no
 source reads in warm epochs; transient faults retried; a clear error within
-the retry budget when everything fails; a replaced object never served stale.
+the retry budget when everything fails; a replaced object never served stale;
+a process whose loader met a server that stopped answering exits soon after close().
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import queue
+import subprocess
 import sys
+import threading
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -24,7 +28,7 @@ from leaks import wait_until  # noqa: E402
 import detload
 from detload import DataError, Loader, OptionError, SourceError, WorkerError, WorkerStalledError  # noqa: E402
 from detload._cache import cache_info  # noqa: E402
-from detload._storage import RetryingS3FileSystem, s3_from_uri  # noqa: E402
+from detload._storage import RetryingS3FileSystem, s3_from_uri, s3_timeouts  # noqa: E402
 from detload.cli import main as cli  # noqa: E402
 from detload.verify import verify  # noqa: E402
 
@@ -55,6 +59,7 @@ def proxy(s3):
     p.reset_log()
     yield p
     p.mode = "ok"
+    p.release()
 
 
 def run(source, manifest, *, epochs=2, **kw):
@@ -138,6 +143,78 @@ def test_every_request_failing_gives_a_clear_error_within_the_budget(s3, proxy, 
     assert f"s3://{BUCKET}/ds/" in msg and "row group" in msg
     assert "after 2 attempts per request" in msg and "503" in msg
     assert proxy.log and all(r.status == 503 for r in proxy.log)
+
+
+# Meets a stall mid-epoch and closes; the parent times its exit. Each report is one line on stdout.
+_STALLED_CHILD = r"""
+import sys
+import detload
+
+loader = detload.Loader(sys.argv[1], batch_size=100, seed=1, shuffle_window=1, workers=1,
+                        pool=detload.Pool(kind=sys.argv[2], stall_timeout=2, prefetch=1))
+batches = iter(loader)
+next(batches)
+print("first batch", flush=True)
+sys.stdin.readline()  # the proxy stops answering now
+try:
+    for _ in batches:
+        pass
+    print("no error", flush=True)
+except detload.DetloadError as exc:
+    print(type(exc).__name__ + ": " + " ".join(str(exc).split()), flush=True)
+loader.close()
+print("closed", flush=True)
+"""
+#: Seconds the child may take to exit after close(). pyarrow finalizes S3 at exit and waits for
+#: the requests still in flight: unbounded by the stall timeout, that was ~5 min (5 attempts x 60 s).
+EXIT_BUDGET = 20.0
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_exit_soon_after_close_when_the_server_stops_answering(s3, proxy, tmp_path, pool):
+    """A thread worker cannot be interrupted in a read: the S3 filesystem detload opens gives each
+    request timeouts tied to stall_timeout, so the read stuck at the WorkerStalledError ends soon
+    after it and nothing holds the interpreter's exit. A worker process is killed at close()."""
+    moto = s3[0]
+    # Many small row groups, one worker, prefetch 1: most reads are still to come after the first batch.
+    local = write_sample_dataset(tmp_path / "many", {"a.parquet": [100] * 20, "b.parquet": [100] * 20})
+    uri = moto.upload_dir(local, f"stall-{pool}")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, **s3_env(proxy.endpoint), "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    env.pop("AWS_MAX_ATTEMPTS")  # the default retry budget (5 attempts), as a user has it
+    with open(tmp_path / "stderr", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", _STALLED_CHILD, uri, pool], env=env, text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        assert lines.get(timeout=120) == "first batch", (tmp_path / "stderr").read_text()
+        proxy.reset_log()
+        proxy.mode, proxy.faults = "all", ("stall",)
+        assert proc.stdin is not None
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        error = lines.get(timeout=120)
+        assert lines.get(timeout=60) == "closed", (tmp_path / "stderr").read_text()
+        try:
+            proc.wait(timeout=EXIT_BUDGET)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the process did not exit within {EXIT_BUDGET:g} s of close() after: {error}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proxy.release()
+    assert error is not None and error.startswith("WorkerStalledError: worker 0 made no progress for 2 s "), error
+    assert proc.returncode == 0, (tmp_path / "stderr").read_text()
+    assert any(r.status == -1 for r in proxy.log)  # a request really went unanswered
 
 
 def test_every_request_failing_at_discovery(s3, proxy, monkeypatch, capsys, tmp_path):
@@ -356,6 +433,29 @@ def test_s3_uri_options_and_environment(monkeypatch):
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "many")
     with pytest.raises(OptionError, match="AWS_MAX_ATTEMPTS='many' is not an integer"):
         s3_from_uri("s3://bucket/p")
+
+
+def test_s3_timeouts_follow_the_stall_timeout(monkeypatch):
+    assert s3_timeouts(None, 5) == (10.0, 60.0) == s3_timeouts(300, 5)  # the defaults stay the defaults
+    assert s3_timeouts(1e9, 1) == (10.0, 60.0)
+    assert s3_timeouts(30, 5) == (6.0, 6.0)
+    assert s3_timeouts(12, 5) == (2.4, 2.0)  # the SDK counts the request timeout in whole seconds
+    assert s3_timeouts(2, 5) == (1.0, 1.0)  # never below 1 s (0 would be no timeout at all)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "3")
+    fs, _ = s3_from_uri("s3://bucket/p", stall_timeout=30)
+    assert (fs.options["connect_timeout"], fs.options["request_timeout"]) == (10.0, 10.0)
+    assert pickle.loads(pickle.dumps(fs)).options["request_timeout"] == 10.0  # process workers get them
+    fs, _ = s3_from_uri("s3://bucket/p?request_timeout=45", stall_timeout=30)  # the URI's own win
+    assert (fs.options["connect_timeout"], fs.options["request_timeout"]) == (10.0, 45.0)
+
+
+def test_a_loader_gives_its_s3_filesystem_the_stall_timeout(s3, proxy):
+    uri = s3[3]
+    with Loader(uri, pool=detload.Pool(stall_timeout=12), **OPTS) as loader:  # AWS_MAX_ATTEMPTS=3 here
+        assert loader.dataset.filesystem.options["request_timeout"] == 4.0
+    with Loader(uri, pool=detload.Pool(stall_timeout=None), **OPTS) as loader:
+        assert loader.dataset.filesystem.options["request_timeout"] == 60.0
 
 
 def test_retry_budget_survives_pickling():
