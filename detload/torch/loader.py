@@ -1,361 +1,60 @@
-"""PyTorch adapter: detload batches as ``torch.Tensor``, pinned in a background thread, copied to the GPU ahead of the step.
-
-Import it only where torch is installed (``import detload`` never imports
-torch). See docs/distributed.md for DDP, resume and PyTorch Lightning.
+"""`TorchLoader`: a `detload.Loader` iterated as tensors. Its feeder thread takes the Loader's batches,
+has the iteration's `Handoff` (handoff.py) turn them into tensors, and queues one named message per
+batch, `Ready`, then `End` or `Failed`; the training loop reads them in order.
 """
 
 from __future__ import annotations
 
-import collections
-import functools
 import os
 import queue
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Literal, NamedTuple
+from collections.abc import Iterator, Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
+import torch
+import torch.utils.data
 
-try:
-    import torch
-    import torch.utils.data
-except ModuleNotFoundError as exc:
-    if exc.name not in ("torch", "torch.utils", "torch.utils.data"):
-        raise  # torch is there but broken (one of its own dependencies is missing): say so as it is
-    raise ModuleNotFoundError(
-        'detload.torch needs PyTorch, which is not installed: pip install "detload[torch]". '
-        "An unpinned torch from PyPI pulls a multi-GB CUDA build; for the CPU build, install torch first "
-        "with pip install torch --index-url https://download.pytorch.org/whl/cpu",
-        name="torch",
-    ) from None
+from .. import _hooks
+from .._engine.messages import POLL, put_until
+from .._hooks import Hooks
+from .._trace import StatsMark
+from .._types import Column
+from ..errors import DetloadError, OptionError
+from ..loader import Loader, check_epoch, refuse_pickling, refuse_torch_workers
+from ..packed import Packed
+from ..stats import Stats
+from .handoff import Handoff, PerColumn, PinnedSlab, Ready, Registered, Target, ZeroCopy
+from .registry import HandoffStats, HostRegistry, cuda_registrar
+from .tensors import Stack, TorchBatch, Unpack, finisher, wire
 
-from . import _hooks
-from ._engine.messages import POLL, put_until
-from ._hooks import Hooks
-from ._pinned import HandoffStats, HostRegistry, RegisteredHandoff, cuda_registrar
-from ._trace import StatsMark
-from ._types import Column, Ragged
-from .errors import DetloadError, OptionError
-from .loader import Loader, check_epoch, refuse_pickling, refuse_torch_workers
-from .options import warn_deprecated
-from .packed import Packed
-from .stats import Stats
+__all__ = ["End", "Failed", "Message", "TorchLoader", "local_device"]
 
-__all__ = ["PackedTensors", "RaggedTensor", "TorchLoader", "to_torch"]
-
-
-class RaggedTensor(NamedTuple):
-    """A variable-length column as two tensors: row ``i`` is ``values[offsets[i]:offsets[i+1]]``.
-
-    ``offsets`` is int64 with ``rows + 1`` entries starting at 0; strings and
-    binary hold their bytes as uint8 ``values`` (``kind`` is ``"utf8"``,
-    ``"binary"`` or ``"list"``). A NamedTuple, so collate/transfer helpers that
-    walk tuples (Lightning's ``move_data_to_device``) move both tensors.
-    """
-
-    values: torch.Tensor
-    offsets: torch.Tensor
-    kind: str
-
-    @property
-    def rows(self) -> int:
-        return int(self.offsets.shape[0]) - 1
-
-    def to(self, *args: Any, **kwargs: Any) -> RaggedTensor:
-        return RaggedTensor(self.values.to(*args, **kwargs), self.offsets.to(*args, **kwargs), self.kind)
-
-    def pin_memory(self) -> RaggedTensor:
-        return RaggedTensor(self.values.pin_memory(), self.offsets.pin_memory(), self.kind)
-
-    def lengths(self) -> torch.Tensor:
-        return self.offsets[1:] - self.offsets[:-1]
-
-    def to_nested(self) -> torch.Tensor:
-        """A jagged nested tensor sharing ``values`` (for ``list`` columns of numbers)."""
-        return torch.nested.nested_tensor_from_jagged(self.values, self.offsets)
-
-
-TorchColumn = torch.Tensor | RaggedTensor
-TorchBatch = dict[str, TorchColumn]
-
-
-def _host_dtype(name: str, a: np.ndarray) -> np.dtype:
-    """The dtype column ``name``'s array has as a tensor; OptionError if torch cannot hold it."""
-    if a.dtype.kind in "mM":
-        # datetime64/timedelta64: torch has no such dtype; the int64 ticks keep the bytes.
-        return np.dtype(np.int64)
-    if a.dtype.kind not in "biufc":
-        raise OptionError(f"column {name!r} has dtype {a.dtype}, which torch cannot hold; leave it out with columns=")
-    return a.dtype
-
-
-def _tensor(name: str, a: np.ndarray) -> torch.Tensor:
-    if a.dtype.kind not in "biufc":  # numbers go as they are (the common case, checked first)
-        a = a.view(_host_dtype(name, a))
-    if not a.flags.writeable:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # shares memory on purpose, as documented
-            return torch.from_numpy(a)
-    return torch.from_numpy(a)
-
-
-def to_torch(batch: Mapping[str, Column]) -> TorchBatch:
-    """Wrap a detload batch as tensors sharing its memory (no copy)."""
-    out: TorchBatch = {}
-    for name, col in batch.items():
-        if isinstance(col, Ragged):
-            out[name] = RaggedTensor(_tensor(name, col.values), _tensor(name, col.offsets), col.kind)
-        else:
-            out[name] = _tensor(name, col)
-    return out
-
-
-# Names the group index and offsets of a packed batch travel under, beside its columns
-# (column names come from Parquet and never start with a NUL).
-_GROUP_INDEX = "\x00group_index"
-_OFFSETS = "\x00offsets"
 # The registered hand-off's registries per Loader (and device): a buffer cannot be registered
 # twice, so a second TorchLoader over the same Loader reuses the first's; gone with the Loader.
 _REGISTRIES: weakref.WeakKeyDictionary[Loader, dict[Any, HostRegistry]] = weakref.WeakKeyDictionary()
 
-Unpack = Literal["device", "host"] | None
+
+class End(NamedTuple):
+    """The feeder's last message: the pass is over."""
 
 
-def _expand(col: TorchColumn, index: torch.Tensor) -> TorchColumn:
-    """Rows ``index`` of a column (a group column expanded to its items), on the column's device."""
-    if not isinstance(col, RaggedTensor):
-        return col.index_select(0, index)
-    lengths = (col.offsets[1:] - col.offsets[:-1]).index_select(0, index)
-    offsets = torch.zeros(len(index) + 1, dtype=col.offsets.dtype, device=col.offsets.device)
-    torch.cumsum(lengths, 0, out=offsets[1:])
-    total = int(offsets[-1]) if len(index) else 0
-    # Value k of the output is value (first value of its source row) + (k - its row's start).
-    src = torch.repeat_interleave(col.offsets[:-1].index_select(0, index) - offsets[:-1], lengths,
-                                  output_size=total)
-    src += torch.arange(total, dtype=src.dtype, device=src.device)
-    return RaggedTensor(col.values.index_select(0, src), offsets, col.kind)
+class Failed(NamedTuple):
+    """The feeder's last message when reading or converting raised: ``error`` is raised in the loop."""
+
+    error: BaseException
 
 
-class PackedTensors(NamedTuple):
-    """A `detload.Packed` batch as tensors (``TorchLoader(..., unpack=None)``).
-
-    ``items``: the item columns (``n_items`` rows); ``groups``: the group columns, one row
-    per group (a query tower can run once per query); ``group_index``: int64, the row of
-    each item's group in ``groups``; ``offsets``: int64, ``n_groups + 1`` values;
-    ``columns``: the flat column order. A NamedTuple, so helpers that walk tuples and dicts
-    (Lightning's ``move_data_to_device``) move every tensor.
-    """
-
-    items: TorchBatch
-    groups: TorchBatch
-    group_index: torch.Tensor
-    offsets: torch.Tensor
-    columns: tuple[str, ...]
-
-    @property
-    def n_items(self) -> int:
-        return int(self.group_index.shape[0])
-
-    @property
-    def n_groups(self) -> int:
-        return int(self.offsets.shape[0]) - 1
-
-    def unpack(self) -> TorchBatch:
-        """The flat batch: each group column expanded by ``group_index`` with one ``index_select``
-        (on the tensors' device), columns in ``columns`` order (stacked groups last)."""
-        out: TorchBatch = {}
-        for name in self.columns:
-            col = self.items.get(name)
-            out[name] = col if col is not None else _expand(self.groups[name], self.group_index)
-        for name, col in self.items.items():
-            out.setdefault(name, col)
-        for name, col in self.groups.items():
-            if name not in out:
-                out[name] = _expand(col, self.group_index)
-        return out
-
-    def to(self, *args: Any, **kwargs: Any) -> PackedTensors:
-        move = functools.partial(_move, args=args, kwargs=kwargs)
-        return PackedTensors(_apply(self.items, move), _apply(self.groups, move), move(self.group_index),
-                             move(self.offsets), self.columns)
-
-    def pin_memory(self) -> PackedTensors:
-        pin = torch.Tensor.pin_memory
-        return PackedTensors(_apply(self.items, pin), _apply(self.groups, pin), pin(self.group_index),
-                             pin(self.offsets), self.columns)
-
-
-def _move(x: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
-    return x.to(*args, **kwargs)
-
-
-def _wire(batch: Packed) -> dict[str, Column]:
-    """A packed batch as one flat mapping of its arrays (what a slab carries)."""
-    return {**batch.items, **batch.groups, _GROUP_INDEX: batch.group_index, _OFFSETS: batch.offsets}
-
-
-def _from_wire(t: TorchBatch, group_names: frozenset[str], columns: tuple[str, ...]) -> PackedTensors:
-    """The `PackedTensors` of a batch that travelled as `_wire` made it (stacks included)."""
-    gi, offs = t[_GROUP_INDEX], t[_OFFSETS]
-    assert isinstance(gi, torch.Tensor) and isinstance(offs, torch.Tensor)
-    items = {k: v for k, v in t.items() if k not in group_names and k not in (_GROUP_INDEX, _OFFSETS)}
-    groups = {k: v for k, v in t.items() if k in group_names}
-    return PackedTensors(items, groups, gi, offs, columns)
-
-
-def _apply(batch: TorchBatch, fn: Callable[[torch.Tensor], torch.Tensor]) -> TorchBatch:
-    return {k: RaggedTensor(fn(v.values), fn(v.offsets), v.kind) if isinstance(v, RaggedTensor) else fn(v)
-            for k, v in batch.items()}
-
-
-def _each(batch: TorchBatch, fn: Callable[[torch.Tensor], Any]) -> None:
-    for v in batch.values():
-        if isinstance(v, RaggedTensor):
-            fn(v.values)
-            fn(v.offsets)
-        else:
-            fn(v)
-
-
-def _each_any(batch: TorchBatch | PackedTensors, fn: Callable[[torch.Tensor], Any]) -> None:
-    if isinstance(batch, PackedTensors):
-        _each(batch.items, fn)
-        _each(batch.groups, fn)
-        fn(batch.group_index)
-        fn(batch.offsets)
-    else:
-        _each(batch, fn)
-
-
-def _record(x: torch.Tensor, stream: Any) -> None:
-    x.record_stream(stream)
-
-
-# Each array starts on this byte boundary inside a slab: a multiple of every
-# dtype's size (so views of the slab can take any dtype) and of the GPU's
-# preferred load width.
-_ALIGN = 256
-_TORCH_DTYPES: dict[np.dtype, torch.dtype] = {}
-
-
-class _Part(NamedTuple):
-    name: str
-    kind: str | None  # None for a plain column; a Ragged's kind for its two arrays
-    offset: int  # bytes from the slab's start
-    nbytes: int
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]  # contiguous, in elements
-
-
-def _torch_dtype(dt: np.dtype) -> torch.dtype:
-    t = _TORCH_DTYPES.get(dt)
-    if t is None:
-        t = _TORCH_DTYPES[dt] = torch.from_numpy(np.empty(0, dtype=dt)).dtype
-    return t
-
-
-def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
-    stride, step = [], 1
-    for n in reversed(shape):
-        stride.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(stride))
-
-
-Stack = tuple[tuple[str, tuple[str, ...]], ...]
-
-
-def _pack(batches: Sequence[Mapping[str, Column]], pin: bool,
-          stack: Stack = ()) -> tuple[torch.Tensor, list[list[_Part]]]:
-    """Copy every array of some batches into one (pinned) byte slab; return it and where each array lies.
-
-    One allocation and one host-to-device copy per slab instead of two per
-    column and batch: each torch call of the feeder thread lets the training
-    thread's GIL hand-offs in, so it makes few. The copies are NumPy's. Each
-    ``stack`` group becomes one ``(rows, k)`` array (one ``np.stack``), after
-    the columns left unstacked.
-    """
-    stacked = {c for _, cols in stack for c in cols}
-    work: list[tuple[np.ndarray | list[np.ndarray], np.dtype, _Part]] = []
-    layout: list[list[_Part]] = []
-    total = 0
-    for batch in batches:
-        items: list[tuple[str, str | None, np.ndarray | list[np.ndarray]]] = []
-        for name, col in batch.items():
-            if name in stacked:
-                continue
-            if isinstance(col, Ragged):
-                items.append((name, col.kind, col.values))
-                items.append((name, col.kind, col.offsets))
-            else:
-                items.append((name, None, col))
-        for out, cols in stack:
-            items.append((out, None, [batch[c] for c in cols]))  # type: ignore[misc]  # validated: 1-D, fixed
-        parts: list[_Part] = []
-        for name, kind, a in items:
-            first = a[0] if isinstance(a, list) else a
-            dt = _host_dtype(name, first)
-            shape = (len(first), len(a)) if isinstance(a, list) else first.shape
-            nbytes = int(np.prod(shape)) * dt.itemsize
-            part = _Part(name, kind, total, nbytes, _torch_dtype(dt), shape, _contiguous_stride(shape))
-            parts.append(part)
-            work.append((a, dt, part))
-            total += -(-nbytes // _ALIGN) * _ALIGN
-        layout.append(parts)
-    slab = torch.empty(max(total, _ALIGN), dtype=torch.uint8, device="cpu", pin_memory=pin)
-    buf = slab.numpy()
-    for a, dt, p in work:
-        dst = buf[p.offset : p.offset + p.nbytes].view(dt).reshape(p.shape)
-        if isinstance(a, list):
-            np.stack([x.view(dt) for x in a], axis=1, out=dst, casting="no")
-        else:
-            np.copyto(dst, a.view(dt), casting="no")
-    return slab, layout
-
-
-def _unpack(slab: torch.Tensor, parts: list[_Part], typed: dict[torch.dtype, torch.Tensor]) -> TorchBatch:
-    """One batch as tensors over ``slab``'s memory (on whichever device it now is); ``typed``
-    caches the slab viewed as each dtype (share it across a slab's batches).
-
-    ``.data`` makes each one a tensor of its own for autograd, not a view: views of one
-    base share its version counter, so an in-place change of one column (normalising a
-    target, say) would fail ``backward()`` through any other.
-    """
-    out: TorchBatch = {}
-    pending: dict[str, torch.Tensor] = {}
-    for p in parts:
-        whole = typed.get(p.dtype)
-        if whole is None:
-            whole = typed[p.dtype] = slab.view(p.dtype)
-        t = whole.as_strided(p.shape, p.stride, p.offset // whole.element_size()).data
-        if p.kind is None:
-            out[p.name] = t
-        elif p.name in pending:
-            out[p.name] = RaggedTensor(pending.pop(p.name), t, p.kind)
-        else:
-            pending[p.name] = t
-    return out
-
-
-class _End:
-    pass
-
-
-class _Failed:
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
+Message = Ready | End | Failed
 
 
 class TorchLoader:
     """Iterate a `Loader` as dicts of tensors; what a training loop iterates directly.
 
     ``TorchLoader(loader, device=...)``, where ``loader`` is a `detload.Loader` (its
-    options are the Loader's; this adapter's are below). The older form
-    ``TorchLoader(source, batch_size=..., seed=..., **loader_options)`` still works for
-    this release, with a DeprecationWarning.
+    options are the Loader's; this adapter's are below).
 
     - ``device=None`` and ``pin_memory=False``: tensors share the NumPy batch's
       memory (``torch.from_numpy``), no thread, no copy.
@@ -411,7 +110,7 @@ class TorchLoader:
 
     def __init__(
         self,
-        loader: Loader | Any,
+        loader: Loader,
         *,
         device: str | torch.device | None = None,
         pin_memory: bool = False,
@@ -420,17 +119,12 @@ class TorchLoader:
         copy_batches: int = 1,
         check_ranks: bool = True,
         unpack: Unpack | str = "auto",
-        **loader_options: Any,
     ) -> None:
-        if isinstance(loader, Loader):
-            if loader_options:
-                raise OptionError(f"options {sorted(loader_options)} apply when TorchLoader builds the Loader; "
-                                  "pass them to Loader(...) instead")
-            self.loader = loader
-        else:
-            warn_deprecated("TorchLoader(source, **loader_options) is deprecated: use "
-                            "TorchLoader(detload.Loader(source, ...), device=...)")
-            self.loader = Loader(loader, **loader_options)
+        if not isinstance(loader, Loader):
+            raise OptionError(f"TorchLoader takes a detload.Loader, got {type(loader).__name__}: build the Loader "
+                              "with its options and wrap it, TorchLoader(detload.Loader(source, batch_size=..., "
+                              "seed=...), device=...)")
+        self.loader = loader
         if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 1:
             raise OptionError(f"prefetch must be an int >= 1 (batches), got {prefetch!r}")
         self.prefetch = int(prefetch)
@@ -462,6 +156,7 @@ class TorchLoader:
         # group_by: the names that travel one row per group (group columns and their stacks).
         groups = set(self.loader.group_columns)
         self._group_names = frozenset(groups | {n for n, cols in self.stack if cols[0] in groups})
+        self._grouped = self.loader.group_by is not None  # its batches are `detload.Packed`
         self._columns = tuple(s.name for s in self.loader.column_specs
                               if s.name not in {c for _, cols in self.stack for c in cols})
         self.pin_memory = bool(pin_memory)
@@ -480,7 +175,7 @@ class TorchLoader:
         self._latest: object | None = None
         self._stop: threading.Event | None = None
         self._thread: threading.Thread | None = None
-        self._queue: queue.Queue[Any] | None = None
+        self._queue: queue.Queue[Message] | None = None
 
     def _register_block_memory(self) -> HostRegistry | None:
         """With ``device="cuda"`` and process workers: register every shared-memory segment the
@@ -589,89 +284,72 @@ class TorchLoader:
                                "iter() was called since it was made; start a new one")
         if self.check_ranks:
             self.loader.check_ranks()
+        handoff = self._handoff()
         it = iter(self.loader)
         self._pos = self.loader.position
         if not self._threaded:
-            yield from self._direct(it)
+            yield from self._direct(it, handoff)
             return
-        q: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)
+        q: queue.Queue[Message] = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
-        th = threading.Thread(target=self._feed, args=(it, q, stop), name="detload-torch-feeder", daemon=True)
+        th = threading.Thread(target=self._feed, args=(it, q, stop, handoff), name="detload-torch-feeder",
+                              daemon=True)
         self._stop, self._thread, self._queue = stop, th, q
-        yield from self._consume(q, stop, th)
+        yield from self._consume(q, stop, th, handoff)
 
-    def _direct(self, it: Iterator[dict[str, Column]]) -> Iterator[TorchBatch]:
+    def _handoff(self) -> Handoff:
+        """This iteration's copy path, from the options as they are when it starts."""
+        finish = finisher(self.unpack, self._group_names, self._columns) if self._grouped else None
+        target = Target(self.device, self.pin_memory, self.stack, grouped=self._grouped, finish=finish,
+                        expands_on_device=finish is not None and self.unpack == "device")
+        if not self._threaded:
+            return ZeroCopy(target)
+        if self._registry is not None:
+            return Registered(target, self._registry, self._handoff_stats)
+        per_column = self._hooks.torch_per_column
+        if self.stack or (not per_column and (self.pin_memory or self.copy_batches > 1)):
+            return PinnedSlab(target, self.copy_batches)
+        return PerColumn(target) if per_column else ZeroCopy(target)
+
+    def _host(self, batch: Mapping[str, Column]) -> Mapping[str, Column]:
+        """A batch as the host arrays a hand-off takes: a packed one as `wire` lays it out (group
+        columns once per group), or unpacked here with ``unpack="host"``."""
+        if isinstance(batch, Packed):
+            return batch.unpack() if self.unpack == "host" else wire(batch)
+        return batch
+
+    def _direct(self, it: Iterator[dict[str, Column]], handoff: Handoff) -> Iterator[TorchBatch]:
+        """No thread (``device=None`` without pinning): each batch converted in the loop itself."""
         loader = self.loader
-        stack = self.stack
-        stacked = {c for _, cols in stack for c in cols}
         try:
             for batch in it:
                 self._pos = loader.position
-                if isinstance(batch, Packed):
-                    yield self._finish(self._direct_packed(batch))
-                    continue
-                if stack:
-                    # Only the groups are copied; the other columns share the batch's memory as usual.
-                    out = to_torch({k: v for k, v in batch.items() if k not in stacked})
-                    slab, layout = _pack([{c: batch[c] for c in stacked}], pin=False, stack=stack)
-                    out.update(_unpack(slab, layout[0], {}))
-                    yield out
-                else:
-                    yield to_torch(batch)
+                # A PackedTensors with unpack=None: the declared type is the flat batch most loops index.
+                yield handoff.convert([self._host(batch)], [self._pos])[0].batch  # type: ignore[misc]
         finally:
             close = getattr(it, "close", None)
             if close is not None:
                 close()
 
-    def _direct_packed(self, batch: Packed) -> TorchBatch:
-        """A packed batch as tensors sharing its memory (stacks copied), unpacked on the host if asked."""
-        flat: Mapping[str, Column] = batch.unpack() if self.unpack == "host" else _wire(batch)
-        stack = self.stack
-        if not stack:
-            return to_torch(flat)
-        stacked = {c for _, cols in stack for c in cols}
-        out = to_torch({k: v for k, v in flat.items() if k not in stacked})
-        slab, layout = _pack([{c: flat[c] for c in stacked}], pin=False, stack=stack)
-        out.update(_unpack(slab, layout[0], {}))
-        return out
-
-    def _finish(self, t: TorchBatch) -> TorchBatch | PackedTensors:
-        """What the training loop receives of a packed batch that arrived as ``t``."""
-        if self.unpack == "host":
-            return t
-        packed = _from_wire(t, self._group_names, self._columns)
-        return packed if self.unpack is None else packed.unpack()
-
-    def _feed(self, it: Iterator[dict[str, Column]], q: queue.Queue[Any], stop: threading.Event) -> None:
-        """Background thread: convert, pin, start the device copy; ``prefetch`` batches ahead."""
-        dev = self.device
-        cuda = dev is not None and dev.type == "cuda"
-        packed = bool(self.stack) or (not self._hooks.torch_per_column and (self.pin_memory or self.copy_batches > 1))
-        group = self.copy_batches if packed else 1
-        handoff = self._new_handoff(cuda)
-        if handoff is not None:
-            group = 1  # a copy per block already serves all of its batches
-        slab: torch.Tensor | None = None
-        t: TorchBatch | None = None
-        batches: list[dict[str, Column]] = []
-        grouped = False  # the loader yields Packed batches (group_by)
+    def _feed(self, it: Iterator[dict[str, Column]], q: queue.Queue[Message], stop: threading.Event,
+              handoff: Handoff) -> None:
+        """Background thread: take `handoff.per_copy` batches at a time, convert them (pin, start
+        the device copy), and queue a `Ready` for each, ``prefetch`` ahead; then `End`, or
+        `Failed` with the error (after the good batches read before it)."""
+        batches: list[Mapping[str, Column]] = []
+        readies: list[Ready] | None = None
+        ready: Ready | None = None
         try:
-            stream = torch.cuda.Stream(dev) if cuda else None
             ended = False
             failed: Exception | None = None
             while not ended:
                 batches = []
-                positions: list[int] = []
-                while len(batches) < group:
+                steps: list[int] = []
+                while len(batches) < handoff.per_copy:
                     if stop.is_set():
                         return  # the loop has left: read no further
                     try:
-                        got: Any = next(it)
-                        if isinstance(got, Packed):
-                            # Group columns travel once per group; unpacked here only when asked.
-                            got = got.unpack() if self.unpack == "host" else _wire(got)
-                            grouped = True
-                        batches.append(got)
+                        batches.append(self._host(next(it)))
                     except StopIteration:
                         ended = True
                         break
@@ -680,115 +358,36 @@ class TorchLoader:
                             raise
                         failed, ended = exc, True
                         break
-                    positions.append(self.loader.position)
+                    steps.append(self.loader.position)
                 if not batches or stop.is_set():
                     break
-                event = None
-                if handoff is not None:
-                    if cuda:
-                        with torch.cuda.device(dev), torch.cuda.stream(stream):
-                            t, event, bases = handoff.convert(batches[0])
-                    else:
-                        t, event, bases = handoff.convert(batches[0])
-                    batches = []
-                    if not _put(q, (t, positions[0], event, bases), stop):
+                readies = handoff.convert(batches, steps)
+                batches = []
+                for ready in readies:
+                    if not _put(q, ready, stop):
                         return
-                    continue
-                if packed:
-                    # The copy into the slab also lets the workers' shared memory go at once.
-                    slab, layout = _pack(batches, pin=self.pin_memory, stack=self.stack)
-                    del batches
-                    typed: dict[torch.dtype, torch.Tensor] = {}
-                    outs: list[Any] | None
-                    if cuda:
-                        with torch.cuda.device(dev), torch.cuda.stream(stream):
-                            slab = slab.to(dev, non_blocking=True)
-                            # unpack="device": the expansion runs on this stream too, ahead of the step.
-                            outs = [self._finish(_unpack(slab, parts, typed)) if grouped
-                                    else _unpack(slab, parts, typed) for parts in layout]
-                            event = torch.cuda.Event()
-                            event.record(stream)
-                    else:
-                        if dev is not None:
-                            slab = slab.to(dev)
-                        outs = [self._finish(_unpack(slab, parts, typed)) if grouped
-                                else _unpack(slab, parts, typed) for parts in layout]
-                    # Expanded group columns are new tensors outside the slab: each is waited for.
-                    held = None if grouped and self.unpack == "device" else slab
-                    for out, pos in zip(outs, positions, strict=True):
-                        if not _put(q, (out, pos, event, held), stop):
-                            return
-                    out = outs = held = None  # this frame must not keep the slab past its batches
-                    continue
-                t = to_torch(batches.pop())
-                if grouped:  # per-column copies (a test hook): the packed structure after them
-                    t = _apply(t, lambda x: x.pin_memory()) if self.pin_memory else t
-                    if dev is not None:
-                        t = _apply(t, lambda x: x.to(dev))
-                    if not _put(q, (self._finish(t), positions[0], None, None), stop):
-                        return
-                    continue
-                if self.pin_memory:
-                    t = _apply(t, lambda x: x.pin_memory())
-                if cuda:
-                    with torch.cuda.device(dev), torch.cuda.stream(stream):
-                        t = _apply(t, lambda x: x.to(dev, non_blocking=True))
-                        event = torch.cuda.Event()
-                        event.record(stream)
-                elif dev is not None:
-                    t = _apply(t, lambda x: x.to(dev))
-                if not _put(q, (t, positions[0], event, None), stop):
-                    return
+                readies = ready = None  # this frame must not keep a buffer past its batches
             if failed is not None:
                 err, failed = failed, None
                 try:
                     raise err
                 finally:
                     del err  # no cycle through this frame
-            _put(q, _End(), stop)
+            _put(q, End(), stop)
         except BaseException as exc:  # noqa: BLE001 - carried to the training loop
             # The error's traceback holds this frame: let go of its buffers before handing it on,
             # or they live as long as the error (and until the cyclic collector runs).
-            slab = t = out = outs = held = got = None
+            readies = ready = None
             batches = []
-            _put(q, _Failed(exc), stop)
+            _put(q, Failed(exc), stop)
         finally:
-            if handoff is not None:
-                handoff.drain()  # no copy reads a segment once its block goes back to its worker
+            handoff.drain()  # no copy reads a segment once its block goes back to its worker
             close = getattr(it, "close", None)
             if close is not None:
                 close()  # stops the loader's run: workers drop the rest, shared memory is freed
 
-    def _new_handoff(self, cuda: bool) -> RegisteredHandoff | None:
-        if self._registry is None:
-            return None
-        dev = self.device
-        assert dev is not None
-        if cuda:
-            def to_device(t: torch.Tensor) -> torch.Tensor:
-                return t.to(dev, non_blocking=True)
-
-            def new_event() -> Any:
-                event = torch.cuda.Event()
-                event.record()  # on the current (the feeder's) stream
-                return event
-        else:  # the CPU stand-in (a test hook): a synchronous copy
-            def to_device(t: torch.Tensor) -> torch.Tensor:
-                return t.clone()
-
-            def new_event() -> Any:
-                return None
-        handoff = RegisteredHandoff(self._registry, to_device, new_event, self.stack, _host_dtype, _torch_dtype,
-                                    pin=self.pin_memory, stats=self._handoff_stats)
-        self._registry.handoffs.add(handoff)
-        return handoff
-
-    def _consume(self, q: queue.Queue[Any], stop: threading.Event, th: threading.Thread) -> Iterator[TorchBatch]:
-        dev = self.device
-        seen: tuple[Any, Any] = (None, None)  # (slab, stream) already waited for and recorded
-        # The registered hand-off: (event, stream) last waited for, (buffer, stream) pairs recorded.
-        waited: tuple[Any, Any] = (None, None)
-        recorded: collections.deque[tuple[torch.Tensor, Any]] = collections.deque(maxlen=8)
+    def _consume(self, q: queue.Queue[Message], stop: threading.Event, th: threading.Thread,
+                 handoff: Handoff) -> Iterator[TorchBatch]:
         try:
             if self._stop is stop:
                 th.start()
@@ -797,50 +396,28 @@ class TorchLoader:
                     raise DetloadError("this TorchLoader iteration was stopped: set_epoch(), load_state_dict(), "
                                        "close() or a new iter() was called since it began; start a new one")
                 try:
-                    item = q.get(timeout=POLL)
+                    msg = q.get(timeout=POLL)
                 except queue.Empty:
                     if not th.is_alive() and q.empty():
                         raise RuntimeError("detload's torch feeder thread ended without a result") from None
                     continue
-                if isinstance(item, _End):
+                if isinstance(msg, End):
                     return
-                if isinstance(item, _Failed):
-                    err = item.error
-                    item = t = slab = None
-                    seen = waited = (None, None)
-                    recorded.clear()
+                if isinstance(msg, Failed):
+                    err = msg.error
+                    del msg
+                    handoff.forget()
                     try:
                         raise err
                     finally:
                         del err  # no cycle through this frame: the buffers go with the error handled
-                t, pos, event, slab = item
-                if event is not None:
-                    current = torch.cuda.current_stream(dev)
-                    if isinstance(slab, tuple):
-                        # The registered hand-off: batches of one block share its event and buffer.
-                        if event is not waited[0] or current != waited[1]:
-                            current.wait_event(event)
-                            waited = (event, current)
-                        for buf in slab:
-                            if not any(b is buf and s == current for b, s in recorded):
-                                buf.record_stream(current)
-                                recorded.append((buf, current))
-                    elif slab is None:
-                        current.wait_event(event)
-                        # The memory was allocated on the side stream; tell the allocator
-                        # the training stream uses it, so it is not reused too early.
-                        _each_any(t, functools.partial(_record, stream=current))
-                    elif slab is not seen[0] or current != seen[1]:
-                        # Once per slab and stream: every column of its batches lies in its memory.
-                        current.wait_event(event)
-                        slab.record_stream(current)
-                        seen = (slab, current)
-                self._pos = pos
-                yield t
+                handoff.wait(msg)
+                self._pos = msg.step
+                yield msg.batch  # type: ignore[misc]  # or a PackedTensors (unpack=None), as in _direct
         finally:
             self._halt(stop, th, q)
 
-    def _halt(self, stop: threading.Event, th: threading.Thread, q: queue.Queue[Any] | None) -> None:
+    def _halt(self, stop: threading.Event, th: threading.Thread, q: queue.Queue[Message] | None) -> None:
         stop.set()
         try:
             if self._thread is th and th.ident is not None:
@@ -850,7 +427,7 @@ class TorchLoader:
         finally:
             self._join(th, q)
 
-    def _join(self, th: threading.Thread, q: queue.Queue[Any] | None) -> None:
+    def _join(self, th: threading.Thread, q: queue.Queue[Message] | None) -> None:
         if th is not threading.current_thread() and th.ident is not None:
             th.join(timeout=30.0)
         if q is not None:
