@@ -439,15 +439,30 @@ def test_slab_carries_odd_dtypes_and_layouts():
 
 def test_slab_columns_do_not_share_autograd_versions(tabular):
     # Columns of one buffer share memory, not a view base: an in-place change of one column
-    # must not fail backward() through another (views of one base share a version counter).
-    lin = torch.nn.Linear(3, 1)
+    # must not bump another's version counter (views of one base share it), so backward()
+    # through the other works and gives the gradient of the same step on copies.
     for opts in (dict(), dict(device="cpu", copy_batches=2)):
         with TorchLoader(Loader(tabular, **TAB), stack=STACK, **opts) as tl:
+            steps = 0
             for b in tl:
-                out = lin(b["dense"]).squeeze(1)  # Linear saves its input for backward
-                target = b["ids"][:, 0].float()
-                b["ids"].sub_(1)  # an in-place change of another tensor of the same buffer
-                ((out - target) ** 2).mean().backward()
+                dense, ids = b["dense"], b["ids"]
+                assert dense.untyped_storage().data_ptr() == ids.untyped_storage().data_ptr(), "one buffer"
+                lin = torch.nn.Linear(3, 1)
+                ref = torch.nn.Linear(3, 1)
+                ref.load_state_dict(lin.state_dict())
+                ref_loss = ((ref(dense.clone()).squeeze(1) - ids[:, 0].float()) ** 2).mean()
+                out = lin(dense).squeeze(1)  # Linear saves its input for backward
+                target = ids[:, 0].float()
+                version, want_ids = dense._version, ids - 1
+                ids.sub_(1)  # an in-place change of another tensor of the same buffer
+                assert dense._version == version and torch.equal(ids, want_ids)
+                loss = ((out - target) ** 2).mean()
+                loss.backward()
+                ref_loss.backward()
+                assert torch.equal(loss, ref_loss)
+                assert torch.equal(lin.weight.grad, ref.weight.grad) and torch.equal(lin.bias.grad, ref.bias.grad)
+                steps += 1
+            assert steps == len(tl), opts
 
 
 def test_stack_with_copy_batches_on_the_cpu(tabular, monkeypatch):
