@@ -31,7 +31,7 @@ class Hooks:
       before the one-slab copy), to measure the slab against it.
     - ``torch_staged``: `TorchLoader` with ``device="cuda"`` and process workers packs every
       batch into a pinned buffer in its feeder thread (the path before the registered hand-off
-      of detload/_pinned.py), so one benchmark run measures both.
+      of detload/torch/handoff.py), so one benchmark run measures both.
     - ``torch_registrar``: a ``(register(address, nbytes) -> bool, unregister(address))`` pair
       standing in for ``cudaHostRegister``: `TorchLoader` then takes the registered hand-off on
       the CPU too (``device="cpu"``, process workers; the "device copy" is a clone), so tests and

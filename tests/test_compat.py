@@ -4,7 +4,6 @@ and gives the batches, ``order``, state and manifest bytes of the new spelling."
 from __future__ import annotations
 
 import inspect
-import pathlib
 import warnings
 
 import numpy as np
@@ -15,9 +14,8 @@ import pytest
 from _perfdata import write_small
 
 import detload
-from detload import Cache, Distributed, Loader, OptionError, Pool, Storage, hash_batch
+from detload import Cache, Distributed, Loader, OptionError, Pool, Storage
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 OPTS = {"batch_size": 256, "seed": 3, "workers": 2}
 
 
@@ -173,32 +171,3 @@ def test_rank_alone_still_takes_the_world_size_from_the_environment(data, monkey
     with pytest.warns(DeprecationWarning, match="rank= is deprecated"):
         ld = Loader(data, **OPTS, rank=1)
     assert (ld.rank, ld.options.world_size) == (1, 2)
-
-
-def test_the_old_torch_loader_form_warns_once_and_gives_the_same_tensors(data):
-    pytest.importorskip("torch")
-    from detload.torch import TorchLoader
-
-    def run(tl):
-        with tl:
-            return [hash_batch({k: v.numpy() for k, v in b.items() if k != "s"})[0] for b in tl]
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        old = run(TorchLoader(data, device="cpu", **OPTS))
-    assert [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)] == [
-        "TorchLoader(source, **loader_options) is deprecated: use TorchLoader(detload.Loader(source, ...), device=...)"]
-    assert caught[0].filename == __file__
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        assert run(TorchLoader(Loader(data, **OPTS), device="cpu")) == old
-    with pytest.raises(OptionError, match=r"options \['seed'\] apply when TorchLoader builds the Loader"):
-        TorchLoader(Loader(data, **OPTS), seed=4)
-
-
-def test_torch_loader_uses_only_public_loader_methods():
-    """What the adapter needs from Loader is public: no call of a Loader private remains."""
-    import re
-
-    text = (ROOT / "detload" / "torch.py").read_text()
-    assert not re.findall(r"\.loader\._\w+", text)

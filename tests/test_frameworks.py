@@ -245,7 +245,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
-from detload import hash_batch
+from detload import Loader, hash_batch
 from detload.torch import TorchLoader
 from detload.verify import verify
 
@@ -261,8 +261,8 @@ class Model(L.LightningModule):
 
     def train_dataloader(self):
         if self.loader is None:
-            self.loader = TorchLoader(data, batch_size=200, seed=3, columns=["id", "s", "x"], workers=2,
-                                      manifest=self.manifest)
+            self.loader = TorchLoader(Loader(data, batch_size=200, seed=3, columns=["id", "s", "x"], workers=2,
+                                             manifest=self.manifest))
         return DataLoader(self.loader, batch_size=None) if self.wrap else self.loader
 
     def on_train_start(self):
@@ -323,6 +323,7 @@ ACCELERATE = '''
 import json, os, sys
 import torch
 from accelerate import Accelerator
+from detload import Distributed, Loader
 from detload.torch import TorchLoader
 from detload.verify import verify
 
@@ -331,8 +332,8 @@ data, out = sys.argv[1], sys.argv[2]
 
 def train(manifest, state_dir, stop_after=None):
     accelerator = Accelerator()
-    loader = TorchLoader(data, batch_size=200, seed=3, columns=["id", "s", "x"], workers=2, manifest=manifest,
-                         rank=accelerator.process_index, world_size=accelerator.num_processes,
+    loader = TorchLoader(Loader(data, batch_size=200, seed=3, columns=["id", "s", "x"], workers=2, manifest=manifest,
+                                distributed=Distributed(accelerator.process_index, accelerator.num_processes)),
                          device=accelerator.device)
     model = torch.nn.Linear(1, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -1,4 +1,4 @@
-"""The registered hand-off of TorchLoader (detload/_pinned.py), on the CPU with a stand-in registrar.
+"""The registered hand-off of TorchLoader (detload/torch/handoff.py, registry.py), on the CPU with a stand-in registrar.
 
 With device="cuda" and process workers, TorchLoader registers every shared-memory segment
 once as pinned memory and copies each block to the device straight from it. There is no GPU
@@ -24,8 +24,8 @@ torch = pytest.importorskip("torch")
 
 from detload import Loader, hash_batch  # noqa: E402
 from detload._hooks import Hooks, installed  # noqa: E402
-from detload._pinned import HandoffStats, HostRegistry  # noqa: E402
 from detload.torch import RaggedTensor, TorchLoader  # noqa: E402
+from detload.torch.registry import HandoffStats, HostRegistry  # noqa: E402
 
 OPTS = dict(batch_size=40, seed=5, columns=["id", "s", "x"])
 
@@ -291,3 +291,45 @@ def test_a_new_torch_loader_over_the_same_loader_reuses_its_registrations(ds):
     assert stats["batches"] == len(got0) + len(got1) and stats["registration_failures"] == 0
     second.close()
     assert fake.live == {}
+
+
+@pytest.fixture(scope="module")
+def queries(tmp_path_factory) -> str:
+    from _groupdata import write_queries
+
+    root = str(tmp_path_factory.mktemp("pinned_q") / "q")
+    write_queries(root, [[5, 3, 7, 2, 4, 6, 1, 9, 3], [1, 8, 3, 2, 6, 11]], 7)
+    return root
+
+
+@pytest.mark.parametrize("unpack", [None, "host"])
+def test_grouped_batches_come_out_packed_or_flat_as_asked(queries, unpack):
+    # A group_by loader's batches travel with their group index and offsets beside the columns;
+    # the registered hand-off hands out what unpack= asks for, as the other paths do.
+    from detload.torch import PackedTensors
+
+    kw = dict(batch_size=32, seed=3, shuffle_window=2, group_by="q", group_columns=["qf", "emb", "qtext"],
+              columns=["q", "qf", "emb", "qtext", "item", "price", "tags"], workers=2, pool="process")
+
+    def run(tl):
+        with tl:
+            got = [b.unpack() if isinstance(b, PackedTensors) else b for b in tl]
+            kinds = {type(b) for b in tl}
+            return [back_to_numpy(b) for b in got], kinds, tl.handoff_stats()
+
+    want, want_kinds, _ = run(TorchLoader(Loader(queries, **kw), device="cpu", unpack=unpack))
+    fake = FakeRegistrar()
+    with installed(Hooks(torch_registrar=fake.pair)):
+        tl = TorchLoader(Loader(queries, **kw), device="cpu", unpack=unpack)
+    got, kinds, stats = run(tl)
+    assert kinds == want_kinds == {PackedTensors if unpack is None else dict}
+    assert stats["batches"] == 2 * len(want) and stats["block_copies"] > 0  # the registered path ran
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert list(g) == list(w)
+        for k in w:
+            if hasattr(w[k], "offsets"):
+                assert g[k].values.tobytes() == w[k].values.tobytes(), k
+                assert g[k].offsets.tobytes() == w[k].offsets.tobytes(), k
+            else:  # the same bytes (NaNs included)
+                assert g[k].dtype == w[k].dtype and g[k].shape == w[k].shape and g[k].tobytes() == w[k].tobytes(), k

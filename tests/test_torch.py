@@ -140,8 +140,11 @@ def test_guards(ds):
         with pytest.warns(UserWarning, match="pin_memory=True but no accelerator"):
             tl = TorchLoader(Loader(ds, **OPTS), pin_memory=True)
         assert tl.pin_memory is False
-    with pytest.raises(OptionError, match=r"options \['seed'\] apply when TorchLoader builds the Loader"):
-        TorchLoader(Loader(ds, **OPTS), seed=3)
+    with pytest.raises(OptionError, match=r"^TorchLoader takes a detload\.Loader, got str: build the Loader with its "
+                                          r"options and wrap it, TorchLoader\(detload\.Loader\(source, "):
+        TorchLoader(ds)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'seed'"):
+        TorchLoader(Loader(ds, **OPTS), seed=3)  # the Loader's options go to the Loader
     with pytest.raises(OptionError, match="prefetch must be an int >= 1"):
         TorchLoader(Loader(ds, **OPTS), prefetch=0)
 
@@ -172,11 +175,11 @@ def _odd_batch() -> dict:
 
 
 def test_slab_holds_every_column_aligned_in_its_memory():
-    from detload.torch import _ALIGN, _pack, _unpack
+    from detload.torch.tensors import ALIGN, pack, unpack_slab
     batch = _odd_batch()
-    slab, layout = _pack([batch, batch], pin=False)
-    got = _unpack(slab, layout[0], {})
-    again = _unpack(slab, layout[1], {})
+    slab, layout = pack([batch, batch], pin=False)
+    got = unpack_slab(slab, layout[0], {})
+    again = unpack_slab(slab, layout[1], {})
     assert all(layout[1][i].offset > layout[0][-1].offset for i in range(len(layout[1])))  # one after the other
     assert list(got) == list(batch)
     want = to_torch(batch)
@@ -190,7 +193,7 @@ def test_slab_holds_every_column_aligned_in_its_memory():
             assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), k
             assert a.untyped_storage().data_ptr() == base  # in the slab's memory, no copy of its own
             if a.numel():  # an empty tensor's data_ptr() may be 0
-                assert (a.data_ptr() - base) % _ALIGN == 0
+                assert (a.data_ptr() - base) % ALIGN == 0
     assert all(torch.equal(again[k], got[k]) for k in ("f", "b", "m", "g"))
     # The slab is a copy: changing the NumPy batch afterwards changes nothing handed out.
     batch["f"][:] = -1
@@ -198,22 +201,22 @@ def test_slab_holds_every_column_aligned_in_its_memory():
 
 
 def test_slab_refuses_a_dtype_torch_cannot_hold():
-    from detload.torch import _pack
+    from detload.torch.tensors import pack
     with pytest.raises(OptionError, match=r"column 'o' has dtype object, which torch cannot hold"):
-        _pack([{"x": np.zeros(3), "o": np.array([None, 1, "a"], dtype=object)}], pin=False)
+        pack([{"x": np.zeros(3), "o": np.array([None, 1, "a"], dtype=object)}], pin=False)
 
 
 def test_feeder_slab_path_yields_the_same_batches(ds, monkeypatch):
     # Pinning needs an accelerator; the same feeder path runs here with an unpinned slab.
-    import detload.torch as dt
+    import detload.torch.handoff as dt
     packed = []
-    real = dt._pack
+    real = dt.pack
 
     def unpinned(batches, pin, stack=()):
         packed.append(len(batches))
         return real(batches, pin=False, stack=stack)
 
-    monkeypatch.setattr(dt, "_pack", unpinned)
+    monkeypatch.setattr(dt, "pack", unpinned)
     want = reference(ds)
     for group in (1, 3):
         packed.clear()
@@ -226,9 +229,9 @@ def test_feeder_slab_path_yields_the_same_batches(ds, monkeypatch):
 
 
 def test_copy_batches_counts_what_the_loop_received(ds, monkeypatch):
-    import detload.torch as dt
-    real = dt._pack
-    monkeypatch.setattr(dt, "_pack", lambda batches, pin, stack=(): real(batches, pin=False, stack=stack))
+    import detload.torch.handoff as dt
+    real = dt.pack
+    monkeypatch.setattr(dt, "pack", lambda batches, pin, stack=(): real(batches, pin=False, stack=stack))
     want = reference(ds)
     with TorchLoader(Loader(ds, **OPTS), device="cpu", copy_batches=4) as tl:
         tl.pin_memory = True
@@ -417,14 +420,14 @@ ODD = {
 
 def test_slab_carries_odd_dtypes_and_layouts():
     from detload import Ragged
-    from detload.torch import _pack, _unpack
+    from detload.torch.tensors import pack, unpack_slab
     batch = dict(ODD, empty_values=Ragged(np.empty(0, np.uint8), np.zeros(11, np.int64), "utf8"),
                  lists=Ragged(np.arange(5, dtype=np.float32), np.array([0, 1, 1, 1, 1, 1, 2, 2, 3, 4, 5]), "list"))
     zero = {"a": np.empty(0, np.float32), "m": np.empty((0, 3), np.int16),
             "s": Ragged(np.empty(0, np.uint8), np.zeros(1, np.int64), "utf8")}
-    slab, layout = _pack([batch, zero, batch], pin=False)
+    slab, layout = pack([batch, zero, batch], pin=False)
     for parts, src in zip(layout, (batch, zero, batch), strict=True):
-        got = _unpack(slab, parts, {})
+        got = unpack_slab(slab, parts, {})
         want = to_torch({k: v if isinstance(v, Ragged) else np.ascontiguousarray(v) for k, v in src.items()})
         assert list(got) == list(want)
         for k, w in want.items():
@@ -436,21 +439,36 @@ def test_slab_carries_odd_dtypes_and_layouts():
 
 def test_slab_columns_do_not_share_autograd_versions(tabular):
     # Columns of one buffer share memory, not a view base: an in-place change of one column
-    # must not fail backward() through another (views of one base share a version counter).
-    lin = torch.nn.Linear(3, 1)
+    # must not bump another's version counter (views of one base share it), so backward()
+    # through the other works and gives the gradient of the same step on copies.
     for opts in (dict(), dict(device="cpu", copy_batches=2)):
         with TorchLoader(Loader(tabular, **TAB), stack=STACK, **opts) as tl:
+            steps = 0
             for b in tl:
-                out = lin(b["dense"]).squeeze(1)  # Linear saves its input for backward
-                target = b["ids"][:, 0].float()
-                b["ids"].sub_(1)  # an in-place change of another tensor of the same buffer
-                ((out - target) ** 2).mean().backward()
+                dense, ids = b["dense"], b["ids"]
+                assert dense.untyped_storage().data_ptr() == ids.untyped_storage().data_ptr(), "one buffer"
+                lin = torch.nn.Linear(3, 1)
+                ref = torch.nn.Linear(3, 1)
+                ref.load_state_dict(lin.state_dict())
+                ref_loss = ((ref(dense.clone()).squeeze(1) - ids[:, 0].float()) ** 2).mean()
+                out = lin(dense).squeeze(1)  # Linear saves its input for backward
+                target = ids[:, 0].float()
+                version, want_ids = dense._version, ids - 1
+                ids.sub_(1)  # an in-place change of another tensor of the same buffer
+                assert dense._version == version and torch.equal(ids, want_ids)
+                loss = ((out - target) ** 2).mean()
+                loss.backward()
+                ref_loss.backward()
+                assert torch.equal(loss, ref_loss)
+                assert torch.equal(lin.weight.grad, ref.weight.grad) and torch.equal(lin.bias.grad, ref.bias.grad)
+                steps += 1
+            assert steps == len(tl), opts
 
 
 def test_stack_with_copy_batches_on_the_cpu(tabular, monkeypatch):
-    import detload.torch as dt
-    real, calls = dt._pack, []
-    monkeypatch.setattr(dt, "_pack", lambda batches, pin, stack=(): calls.append(len(batches)) or real(
+    import detload.torch.handoff as dt
+    real, calls = dt.pack, []
+    monkeypatch.setattr(dt, "pack", lambda batches, pin, stack=(): calls.append(len(batches)) or real(
         batches, pin=pin, stack=stack))
     with Loader(tabular, **TAB) as plain:
         want = list(plain)
@@ -463,9 +481,9 @@ def test_stack_with_copy_batches_on_the_cpu(tabular, monkeypatch):
 
 
 def test_copy_batches_groups_on_the_cpu_device_too(ds, monkeypatch):
-    import detload.torch as dt
-    real, calls = dt._pack, []
-    monkeypatch.setattr(dt, "_pack", lambda batches, pin, stack=(): calls.append(len(batches)) or real(
+    import detload.torch.handoff as dt
+    real, calls = dt.pack, []
+    monkeypatch.setattr(dt, "pack", lambda batches, pin, stack=(): calls.append(len(batches)) or real(
         batches, pin=pin, stack=stack))
     with TorchLoader(Loader(ds, **OPTS), device="cpu", copy_batches=4) as tl:
         got = [hash_batch(back_to_numpy(b))[0] for b in tl]
@@ -563,15 +581,15 @@ def test_a_replaced_iterator_says_so_and_leaves_the_state_alone(ds):
 def test_buffers_go_with_a_handled_error_without_the_cycle_collector(ds, monkeypatch):
     import weakref
 
-    import detload.torch as dt
-    real, slabs = dt._pack, []
+    import detload.torch.handoff as dt
+    real, slabs = dt.pack, []
 
     def tracked(batches, pin, stack=()):
         slab, layout = real(batches, pin=False, stack=stack)
         slabs.append(weakref.ref(slab))
         return slab, layout
 
-    monkeypatch.setattr(dt, "_pack", tracked)
+    monkeypatch.setattr(dt, "pack", tracked)
     gc.collect()
     gc.disable()
     try:
@@ -680,3 +698,30 @@ def test_device_must_be_the_cpu_or_cuda(ds, device):
 def test_a_cuda_index_is_a_cuda_device(ds):
     with pytest.raises(OptionError, match=r"device='cuda:0' but torch.cuda.is_available\(\) is False"):
         TorchLoader(Loader(ds, **OPTS), device=0)
+
+
+def test_torch_loader_uses_only_public_loader_methods():
+    """What the adapter needs from Loader is public: no call of a Loader private remains."""
+    import re
+    from pathlib import Path
+
+    import detload.torch
+
+    files = sorted(Path(detload.torch.__file__).parent.glob("*.py"))
+    assert {f.name for f in files} >= {"__init__.py", "loader.py", "handoff.py", "tensors.py"}
+    for f in files:
+        assert not re.findall(r"\bloader\._\w+", f.read_text()), f.name
+
+
+def test_the_adapter_imports_at_module_level_only():
+    """No import inside a function of detload/torch/ (one would hide an import cycle)."""
+    import ast
+    from pathlib import Path
+
+    import detload.torch
+
+    for f in sorted(Path(detload.torch.__file__).parent.glob("*.py")):
+        tree = ast.parse(f.read_text())
+        inner = [(f.name, node.lineno) for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 for node in ast.walk(fn) if isinstance(node, (ast.Import, ast.ImportFrom))]
+        assert not inner, inner

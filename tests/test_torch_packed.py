@@ -101,11 +101,11 @@ def test_unpack_errors(root, tmp_path):
 
 
 def test_ragged_group_columns_expand_on_the_tensor_side():
-    from detload.torch import _expand
+    from detload.torch.tensors import expand
 
     col = RaggedTensor(torch.tensor([1, 2, 3, 4, 5, 6], dtype=torch.uint8), torch.tensor([0, 2, 2, 6]), "binary")
-    out = _expand(col, torch.tensor([2, 0, 0, 1, 2]))
+    out = expand(col, torch.tensor([2, 0, 0, 1, 2]))
     assert out.offsets.tolist() == [0, 4, 6, 8, 8, 12]
     assert out.values.tolist() == [3, 4, 5, 6, 1, 2, 1, 2, 3, 4, 5, 6]
-    empty = _expand(col, torch.zeros(0, dtype=torch.int64))
+    empty = expand(col, torch.zeros(0, dtype=torch.int64))
     assert empty.offsets.tolist() == [0] and empty.values.numel() == 0

@@ -24,7 +24,7 @@ py=${PYTHON:-python3}
   "$py" -c "import sys, torch, pyarrow, numpy; print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'pyarrow', pyarrow.__version__, 'numpy', numpy.__version__)"
 } >"$out/machine.txt" 2>&1
 cat "$out/machine.txt"
-timeout 180 "$py" -m pytest -q -p no:cacheprovider tests/test_torch.py tests/test_pinned_handoff.py 2>&1 | tee "$out/pytest_torch.txt" | tail -5
+timeout 180 "$py" -m pytest -q -p no:cacheprovider tests/test_torch.py tests/test_torch_packed.py tests/test_pinned_handoff.py 2>&1 | tee "$out/pytest_torch.txt" | tail -5
 timeout 420 "$py" experiments/bench/gpu_feed.py --budget "${GPU_FEED_BUDGET:-300}" --json "$out/gpu_feed.json" "$@" \
   2>"$out/gpu_feed.log" | tee "$out/gpu_feed.md"
 rc=$?

@@ -5,12 +5,13 @@ pinned in-memory tensors (the upper bound), a torch DataLoader over row groups, 
 (thread and process pools), at several worker counts and two model sizes. Feed efficiency =
 a feeder's rows/s / the in-memory loop's rows/s with the same model in the same run.
 
-detload feeds through `detload.torch.TorchLoader(device=..., stack=...)`. With process workers
-(`detload-process`) that is the registered hand-off: workers' shared-memory segments registered
-once as pinned memory, one host-to-device copy per block straight from them, the model's matrices
-stacked on the device; `detload-process-staged` is the path before it (a benchmark hook: a
-background thread packs each batch into one pinned buffer and copies that; `-stackK` feeders: K
-batches per buffer, copy_batches=K). Every row also reports the CPU time of every thread of the
+detload feeds through `detload.torch.TorchLoader(Loader(...), device=..., stack=...)`. With
+process workers (`detload-process`) that is the registered hand-off (`Registered` in
+detload/torch/handoff.py): workers' shared-memory segments registered once as pinned memory, one
+host-to-device copy per block straight from them, the model's matrices stacked on the device;
+`detload-process-staged` is the path before it (a benchmark hook: `PinnedSlab`, a background
+thread packs each batch into one pinned buffer and copies that; `-stackK` feeders: K batches per
+buffer, copy_batches=K). Every row also reports the CPU time of every thread of the
 training process per batch (/proc/self/task), so the two hand-offs compare within one run. Variants, with the first model only: `-slab` (no stack=: columns stacked
 on the device), `-columns` (per-column pin and copy), `-numpy` (NumPy batches staged by the
 training thread), `torch-columns` (the DataLoader yielding a dict of columns per row group).
