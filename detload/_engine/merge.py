@@ -29,8 +29,9 @@ from ..errors import DetloadError, WorkerError
 from ..packed import Packed
 from ..plan import PlanV2
 from .block import slice_rows, views
+from .fdless import descriptor_limit_error, is_out_of_descriptors
 from .groups import block_piece, pack
-from .messages import POLL, BlockReady, Task, WorkerFailed, put_until
+from .messages import POLL, BlockReady, PackedError, Task, WorkerFailed, put_until
 from .passes import concerns
 from .pool import WorkerPool
 from .watch import Watch
@@ -201,6 +202,8 @@ class Run:
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the consumer
             self.pool.passes.cancel(self.gen)
             _forget_frames(exc)
+            if is_out_of_descriptors(exc) and not isinstance(exc, DetloadError):
+                exc = descriptor_limit_error("in the loader's process", exc)
             try:
                 self._emit(Failure(exc))
             except _Cancelled:
@@ -311,6 +314,8 @@ class Run:
 
     def _raise_worker_error(self, w: int, msg: WorkerFailed) -> None:
         err = msg.error
+        if _out_of_descriptors(err):
+            raise descriptor_limit_error(f"in worker {w}", f"{err.type_name}: {err.message}")
         if msg.stage != "block":
             pids = self.pool.pids()
             who = f"worker process {w}" + (f" (pid {pids[w]})" if w < len(pids) else "")
@@ -491,6 +496,15 @@ class Run:
             line = batch_line(self.plan.epoch, step, rows, digest, cols, [p[0] for p in parts])
             tr.span("hash", MERGER, t1, time.perf_counter())
         return batch, step, line, rows
+
+
+def _out_of_descriptors(err: PackedError) -> bool:
+    """A worker's error says it ran out of descriptors (carried back as text: Arrow's
+    errors name the errno only in their message)."""
+    exc = err.exception()
+    if exc is not None and is_out_of_descriptors(exc):
+        return True
+    return "Too many open files" in err.message
 
 
 def _forget_frames(exc: BaseException) -> None:
