@@ -201,7 +201,7 @@ class WorkerPool:
         self.token = uuid.uuid4().hex[:10]
         self.shm_dir = _shm.SHM_DIR if kind == "process" else None
         self.shm_prefix = _shm.segment_prefix(os.getpid(), self.token)
-        self.cfg: WorkerConfig = cfg_factory(self.shm_dir, self.shm_prefix)
+        self.cfg: WorkerConfig = cfg_factory(kind, self.shm_prefix)
         # Thread workers build blocks in reused heap slabs (see _engine/heap.py) and share
         # the cache entries they keep mapped (one mapping per entry in the process).
         # Who hears of the consumer-side buffers blocks live in (memory.py; a pinned hand-off).
