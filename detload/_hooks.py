@@ -1,5 +1,6 @@
-"""Test and benchmark hooks, kept out of every public signature: fault injection, a cache write
-failure, the benchmark's unordered merge and the torch adapter's per-column copy path.
+"""Test and benchmark hooks, kept out of every public signature: fault injection (`DebugHooks`,
+which workers obey), a cache write failure, the benchmark's unordered merge and the torch
+adapter's per-column copy path.
 
 A `Loader` or `TorchLoader` takes the hooks in force when it is built (``with installed(Hooks(...)):``);
 production code never sets them. tests/testhooks.py wraps this for the tests.
@@ -13,9 +14,33 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from ._engine.config import DebugHooks
+__all__ = ["NO_HOOKS", "DebugHooks", "Hooks", "current", "installed"]
 
-__all__ = ["NO_HOOKS", "Hooks", "current", "installed"]
+
+@dataclass(frozen=True)
+class DebugHooks:
+    """Test hooks (never set in production): random per-unit delays and injected failures.
+
+    ``delay_max`` seconds of delay, pseudo-random per (seed, epoch, unit) from
+    ``delay_seed``; ``fail_unit`` a (relative path, row group) whose read raises
+    ``fail_exc`` (an exception instance); ``stall_unit`` a unit whose read blocks
+    for ``stall_seconds`` (only in epoch ``stall_epoch`` when that is set);
+    ``die_unit`` a unit whose read kills the process (with ``die_signal``).
+    """
+
+    delay_max: float = 0.0
+    delay_seed: int = 0
+    fail_unit: tuple[str, int] | None = None
+    fail_exc: BaseException | None = None
+    stall_unit: tuple[str, int] | None = None
+    stall_seconds: float = 3600.0
+    stall_epoch: int | None = None
+    die_unit: tuple[str, int] | None = None
+    block_delay_max: float = 0.0  # benchmark/test: pseudo-random sleep before each block
+    #: A unit whose file the reader truncates to half right after its pre-read size check,
+    #: as a rewrite racing that read would (through a memory map: a real SIGBUS).
+    shrink_unit: tuple[str, int] | None = None
+    die_signal: int = 9  # the signal die_unit kills with
 
 
 @dataclass(frozen=True)

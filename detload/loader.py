@@ -29,7 +29,7 @@ from ._arrow import fill_value
 from ._cache import object_key, open_cache
 from ._check import check_int, check_path, check_writable_file
 from ._discovery import Dataset, SkippedFilesWarning, describe_skipped, discover
-from ._engine.config import FileRef, WorkerConfig
+from ._engine.config import FileRef, WorkerConfig, WorkerKind
 from ._engine.memory import BufferWatch, finalize
 from ._engine.merge import END, STOPPED, Failure, Run, make_tasks
 from ._engine.pool import WorkerPool
@@ -418,7 +418,7 @@ class Loader:
         if self.pool_kind == "process":
             check_for_processes(self.transform)
         try:
-            planned = plan_transform(self.transform, self._worker_config(None, "", planning=True), self._units.units,
+            planned = plan_transform(self.transform, self._worker_config("thread", "", planning=True), self._units.units,
                                      self._selections, self.options.seed)
         except TransformFailed as exc:
             import traceback
@@ -434,7 +434,7 @@ class Loader:
         """The delivered columns: the transform's output, else the columns read."""
         return list(self._xform.specs) if self._xform is not None else self.specs
 
-    def _worker_config(self, shm_dir: str | None, prefix: str, *, planning: bool = False) -> WorkerConfig:
+    def _worker_config(self, kind: WorkerKind, prefix: str, *, planning: bool = False) -> WorkerConfig:
         """The workers' configuration; ``planning``: the one the consumer reads with while it
         plans (no test hooks, no transform yet)."""
         ds = self.dataset
@@ -450,9 +450,9 @@ class Loader:
             specs = tuple(s for s in self.specs if s.name not in self.group_columns)
         # Maps only where a fault kills a worker process, not the consumer (see Storage.memory_map).
         mapping = ("never" if planning or self._memory_map is False else "always" if self._memory_map is True
-                   else "local-disk" if shm_dir is not None else "never")
-        return WorkerConfig(files, ds.filesystem, specs, self.null_fill, shm_dir,
-                            prefix, os.getpid(), None if planning else self._hooks.debug,
+                   else "local-disk" if kind == "process" else "never")
+        return WorkerConfig(files, ds.filesystem, specs, self.null_fill, kind,
+                            prefix, hooks=None if planning else self._hooks.debug,
                             cache=self.cache, selections=self._selections, group_by=self.group_by,
                             group_columns=self.group_columns, transform=self._xform, group_specs=group_specs,
                             memory_map=mapping)
@@ -694,8 +694,9 @@ class Loader:
                 if type(item) is Failure:
                     raise self._explain(item.error, run)
                 for i in range(len(item)):
-                    batch, step, line, rows = item[i]
-                    item[i] = None  # the item must not keep yielded batches (and their blocks) alive
+                    cut, item[i] = item[i], None  # the item must not keep yielded batches (and their blocks) alive
+                    batch, step, line, rows = cut.batch, cut.step, cut.line, cut.rows
+                    del cut
                     if run.stopped:
                         # Superseded meanwhile (also between taking this item and here, when another
                         # thread stops the pass: a TorchLoader's loop): fail like an empty queue would,

@@ -4,22 +4,31 @@ Stages, in the order data flows (each module's docstring has the details):
 
     Loader (loader.py) -- plans a pass, hands its tasks to -->
     pool.py      starts, feeds, watches and stops the workers (threads or processes)
-    worker.py    the worker loop: takes a `Task`, builds the block, hands it over
-      config.py  what a worker is configured with (plain picklable data)
+    worker.py    the worker loop: takes a `Task`, runs each of its row groups through the
+                 row-group steps chosen once per configuration (read, verify, select,
+                 transform, group rows), assembles the block, hands it over
+      config.py  what a worker is configured with (plain picklable data; its kind,
+                 "thread" or "process", is a field; test hooks in one field, ``hooks``)
       reader.py  one row group of one file as checked NumPy columns (through the cache)
+      mapping.py which local files are read through a memory map, and that map
       block.py   concatenates a block's units and applies its permutation
+      groups.py  group_by: blocks of whole groups, their group columns once per group
       heap.py    block memory of thread workers: reused heap slabs
       shm.py     block memory of process workers: reused /dev/shm segments
+      fdless.py  memory maps that keep no file descriptor; the out-of-descriptors error
       spawn.py   how worker processes start (forkserver, never fork) and the ints they share
-    merge.py     takes block k from worker k mod W, cuts batches, records manifest lines
+    merge.py     takes block k from worker k mod W, cuts steps, records manifest lines
+      cut.py     how a step is cut (`StepCutter`): `FlatCutter`, or `PackedCutter` (group_by)
       watch.py   the stall/death watch: a dead or stalled worker while the merger waits
+    memory.py    who is told of the consumer-side buffers blocks live in
     passes.py    the pass-number rules: what is stale, what a stop cancels, what close does
     messages.py  every message between them, as named types, and the one bounded-put helper
 
 Messages: the pool sends `Tasks` (a pass number and `Task` list) to each worker;
 a worker answers with `BlockReady` (block k of a pass, its `Layout` and
-`Timings`) or `WorkerFailed` (the unit it was on and its traceback). Nothing
-travels as a tuple read by position.
+`Timings`) or `WorkerFailed` (the unit it was on and its traceback). The merger
+hands the consumer lists of `StepCut` (a step's batch, number, manifest line and
+rows), then `END` or a `Failure`. Nothing travels as a tuple read by position.
 
 Pass numbers ("generations"): every pass of the loader (an epoch, or the rest of
 one after a resume) has a number, and one object, the pool's `Passes`

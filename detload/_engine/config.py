@@ -1,43 +1,29 @@
-"""What a worker is configured with: the planned files and plain picklable settings (and the test hooks)."""
+"""What a worker is configured with: the planned files and plain picklable settings.
+
+The test hooks a worker obeys (`DebugHooks`) live with the others in detload/_hooks.py; a
+configuration carries them in one field, ``hooks``, None in production.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow.fs as pafs
 
 from .._cache import CacheConfig, KeptMappings
 from .._filters.selection import Selection
+from .._hooks import DebugHooks
 from .._types import ColumnSpec
 from .heap import BlockBuffers
+from .shm import SHM_DIR
 
+__all__ = ["DebugHooks", "FileRef", "WorkerConfig", "WorkerKind"]
 
-@dataclass(frozen=True)
-class DebugHooks:
-    """Test hooks (never set in production): random per-unit delays and injected failures.
-
-    ``delay_max`` seconds of delay, pseudo-random per (seed, epoch, unit) from
-    ``delay_seed``; ``fail_unit`` a (relative path, row group) whose read raises
-    ``fail_exc`` (an exception instance); ``stall_unit`` a unit whose read blocks
-    for ``stall_seconds`` (only in epoch ``stall_epoch`` when that is set);
-    ``die_unit`` a unit whose read kills the process (with ``die_signal``).
-    """
-
-    delay_max: float = 0.0
-    delay_seed: int = 0
-    fail_unit: tuple[str, int] | None = None
-    fail_exc: BaseException | None = None
-    stall_unit: tuple[str, int] | None = None
-    stall_seconds: float = 3600.0
-    stall_epoch: int | None = None
-    die_unit: tuple[str, int] | None = None
-    block_delay_max: float = 0.0  # benchmark/test: pseudo-random sleep before each block
-    #: A unit whose file the reader truncates to half right after its pre-read size check,
-    #: as a rewrite racing that read would (through a memory map: a real SIGBUS).
-    shrink_unit: tuple[str, int] | None = None
-    die_signal: int = 9  # the signal die_unit kills with
+#: Where a worker runs: a thread of the consumer's process (blocks in heap slabs, heap.py) or a
+#: process of its own (blocks in /dev/shm segments, shm.py).
+WorkerKind = Literal["thread", "process"]
 
 
 @dataclass(frozen=True)
@@ -63,11 +49,12 @@ class WorkerConfig:
     filesystem: pafs.FileSystem
     specs: tuple[ColumnSpec, ...]
     null_fill: Mapping[str, Any]
-    shm_dir: str | None  # None: thread workers, blocks stay in the heap
-    shm_prefix: str
-    parent_pid: int
-    debug: DebugHooks | None = None
-    open_files: int = 32
+    kind: WorkerKind
+    #: Process workers: the start of their segments' names in `shm_dir` (the consumer's pid and
+    #: the pool's token, see shm.segment_prefix).
+    shm_prefix: str = ""
+    #: Test hooks (detload/_hooks.py): worker delays and injected failures. None in production.
+    hooks: DebugHooks | None = None
     cache: CacheConfig | None = None
     buffers: BlockBuffers | None = None  # thread workers: reused block buffers (never pickled)
     kept: KeptMappings | None = None  # thread workers: cache entries kept mapped (never pickled)
@@ -87,6 +74,11 @@ class WorkerConfig:
     #: How local files are opened (Storage.memory_map): "never" (plain reads), "local-disk"
     #: (memory-mapped where the mount is a local disk or memory filesystem) or "always".
     memory_map: str = "never"
+
+    @property
+    def shm_dir(self) -> str | None:
+        """Where process workers make their segments (None for thread workers)."""
+        return SHM_DIR if self.kind == "process" else None
 
     @property
     def block_specs(self) -> tuple[ColumnSpec, ...]:

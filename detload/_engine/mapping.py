@@ -26,6 +26,8 @@ import sys
 
 import pyarrow as pa
 
+from .fdless import map_file
+
 __all__ = ["LOCAL_FILESYSTEMS", "MappedFile", "mounts", "on_local_disk", "open_mapped", "should_map"]
 
 #: Mount types whose pages come from a local block device or from memory. Anything else
@@ -94,7 +96,8 @@ _DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 class MappedFile:
     """A local file mapped read-only: `source` for the Parquet reader, `release` to give
     back the pages touched so far. Keeps its own descriptor, so `fileno` stats the file
-    that is mapped even after its path was replaced."""
+    that is mapped even after its path was replaced; the map itself holds none (one
+    descriptor per open file, not two)."""
 
     def __init__(self, fd: int, size: int, mm: mmap.mmap) -> None:
         self._fd = fd
@@ -139,7 +142,7 @@ def open_mapped(location: str) -> MappedFile | None:
         size = os.fstat(fd).st_size
         if size == 0:  # an empty file cannot be mapped; the plain read says what is wrong with it
             raise OSError("empty")
-        mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+        mm = map_file(fd, size, prot=mmap.PROT_READ)
         return MappedFile(fd, size, mm)
     except (OSError, ValueError, pa.ArrowException):
         os.close(fd)

@@ -1,4 +1,5 @@
-"""The ordered merger: takes block k from worker k mod W, and nothing else, then cuts batches.
+"""The ordered merger: takes block k from worker k mod W, and nothing else, then cuts batches
+(through a `StepCutter`, cut.py) and hands them to the consumer as `StepCut` messages.
 
 It runs in its own thread so that stitching, hashing and manifest-line
 formatting never happen in the consumer's thread. The epoch ends when the
@@ -19,18 +20,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from .._cache import CacheWarning
 from .._trace import MERGER, Tracer
-from .._types import Column, ColumnSpec, Ragged
+from .._types import Column, ColumnSpec
 from ..audit import batch_line, hash_batch
 from ..errors import DetloadError, WorkerError
-from ..packed import Packed
 from ..plan import PlanV2
-from .block import slice_rows, views
-from .groups import block_piece, pack
-from .messages import POLL, BlockReady, Task, WorkerFailed, put_until
+from .block import views
+from .cut import Buffer, make_cutter
+from .fdless import descriptor_limit_error, is_out_of_descriptors
+from .messages import POLL, BlockReady, PackedError, StepCut, Task, WorkerFailed, put_until
 from .passes import concerns
 from .pool import WorkerPool
 from .watch import Watch
@@ -61,21 +60,6 @@ class _Cancelled(Exception):
     pass
 
 
-def _concat(parts: Sequence[Column]) -> Column:
-    if len(parts) == 1:
-        return parts[0]
-    if isinstance(parts[0], Ragged):
-        rparts: list[Ragged] = list(parts)  # type: ignore[arg-type]
-        values = np.concatenate([p.values for p in rparts])
-        offs = [np.zeros(1, dtype=np.int64)]
-        base = 0
-        for p in rparts:
-            offs.append(p.offsets[1:] + base)
-            base += int(p.offsets[-1])
-        return Ragged(values, np.concatenate(offs), rparts[0].kind)
-    return np.concatenate(parts, axis=0)  # type: ignore[arg-type]
-
-
 def make_tasks(plan: PlanV2, start_step: int, workers: int) -> list[list[Task]]:
     """Each worker's blocks of ``plan`` from ``start_step`` on, as dealt by `PlanV2.worker_schedules`
     (block k to worker k mod W, so worker w's j-th block is k = j*W + w); a task lists
@@ -88,21 +72,6 @@ def make_tasks(plan: PlanV2, start_step: int, workers: int) -> list[list[Task]]:
          for j, b in enumerate(blocks)]
         for w, blocks in enumerate(plan.worker_schedules(workers, start_step))
     ]
-
-
-def _join(pieces: list[dict[str, Column]], specs: Sequence[ColumnSpec]) -> dict[str, Column]:
-    """Pieces' columns concatenated (the piece itself when there is one; empty columns for none)."""
-    if not pieces:
-        return {s.name: _empty(s) for s in specs}
-    if len(pieces) == 1:
-        return pieces[0]
-    return {s.name: _concat([pc[s.name] for pc in pieces]) for s in specs}
-
-
-def _empty(spec: ColumnSpec) -> Column:
-    if spec.kind == "ragged":
-        return Ragged(np.empty(0, dtype=np.dtype(spec.dtype)), np.zeros(1, dtype=np.int64), spec.ragged_kind)
-    return np.empty((0, *spec.inner), dtype=np.dtype(spec.dtype))
 
 
 class Run:
@@ -120,8 +89,8 @@ class Run:
         self.pool = pool
         self.plan = plan
         self.specs = list(specs)
-        #: group_by: the group columns; every batch is then a `Packed` (see _engine/groups.py).
-        self.group_columns = tuple(group_columns) if group_columns is not None else None
+        #: How steps are cut: flat, or packed when the loader groups (group_columns set).
+        self.cutter = make_cutter(plan, specs, group_columns)
         self.gen = gen
         self.start_step = start_step
         self.stall_timeout = stall_timeout
@@ -201,6 +170,8 @@ class Run:
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the consumer
             self.pool.passes.cancel(self.gen)
             _forget_frames(exc)
+            if is_out_of_descriptors(exc) and not isinstance(exc, DetloadError):
+                exc = descriptor_limit_error("in the loader's process", exc)
             try:
                 self._emit(Failure(exc))
             except _Cancelled:
@@ -311,6 +282,8 @@ class Run:
 
     def _raise_worker_error(self, w: int, msg: WorkerFailed) -> None:
         err = msg.error
+        if _out_of_descriptors(err):
+            raise descriptor_limit_error(f"in worker {w}", f"{err.type_name}: {err.message}")
         if msg.stage != "block":
             pids = self.pool.pids()
             who = f"worker process {w}" + (f" (pid {pids[w]})" if w < len(pids) else "")
@@ -339,7 +312,7 @@ class Run:
             return
         plan = self.plan
         owned = list(plan.owned_partitions)
-        buffers: dict[int, deque[tuple[int, dict[str, Column]]]] = {p: deque() for p in owned}
+        buffers: dict[int, Buffer] = {p: deque() for p in owned}
         step = self.start_step
         W = self.pool.workers
         for k, block in enumerate(self.schedule):
@@ -358,7 +331,7 @@ class Run:
         """Blocks in completion order, each appended where its partition's stream has reached."""
         plan = self.plan
         owned = list(plan.owned_partitions)
-        buffers: dict[int, deque[tuple[int, dict[str, Column]]]] = {p: deque() for p in owned}
+        buffers: dict[int, Buffer] = {p: deque() for p in owned}
         rr = [0] + [len(t) for t in self._tasks]
         # Where each partition's stream has reached: blocks are placed there by arrival.
         received: dict[int, int] = dict.fromkeys(owned, 0)
@@ -382,34 +355,15 @@ class Run:
         if step < plan.steps:
             self._emit_steps(step, plan.steps, owned, buffers)
 
-    def _micro(self, p: int, step: int, buf: deque[tuple[int, dict[str, Column]]]) -> dict[str, Column]:
-        lo, hi = self.plan.micro_range(p, step)
-        pieces: list[dict[str, Column]] = []
-        for start, cols in buf:
-            n = len(next(iter(cols.values())))
-            a, b = max(lo, start), min(hi, start + n)
-            if a < b:
-                i, j = a - start, b - start
-                # Arrays sliced in place: a call per column was a third of the merger's time.
-                pieces.append({k: c[i:j] if type(c) is np.ndarray else slice_rows(c, i, j) for k, c in cols.items()})
-        # Rows below hi are never needed again.
-        while buf and buf[0][0] + len(next(iter(buf[0][1].values()))) <= hi:
-            buf.popleft()
-        if not pieces:
-            return {s.name: _empty(s) for s in self.specs}
-        if len(pieces) == 1:
-            return pieces[0]
-        return {s.name: _concat([pc[s.name] for pc in pieces]) for s in self.specs}
-
     def _emit_steps(self, first: int, last: int, owned: list[int],
-                    buffers: dict[int, deque[tuple[int, dict[str, Column]]]]) -> None:
+                    buffers: dict[int, Buffer]) -> None:
         """Cut steps ``first..last-1`` and hand them over, ``steps_per_item`` per queue item.
 
         One queue hand-off per batch (a lock, a wake-up and a GIL switch on each
         side) cost more than cutting the batch; the consumer thread now takes a
         few at a time and its per-batch work is a list step.
         """
-        items: list[tuple[dict[str, Column] | Packed, int, str | None, int]] = []
+        items: list[StepCut] = []
         for step in range(first, last):
             items.append(self._cut_step(step, owned, buffers))
             if len(items) == self.steps_per_item:
@@ -418,69 +372,11 @@ class Run:
         if items:
             self._emit(items)
 
-    def _micro_packed(self, p: int, step: int, buf: deque[tuple[int, dict[str, Column]]]) -> Packed:
-        """Partition ``p``'s micro-batch at ``step`` as a `Packed`: item columns sliced from the
-        blocks, group columns taken at each group's first row (the plan knows where they are)."""
-        lo, hi = self.plan.micro_range(p, step)
-        assert self.plan.group_bounds is not None and self.group_columns is not None
-        gb = self.plan.group_bounds[p]
-        gcols = self.group_columns
-        items: list[dict[str, Column]] = []
-        groups: list[dict[str, Column]] = []
-        for start, cols in buf:
-            n = len(next(iter(cols.values())))  # an item column: grouped blocks list them first
-            a, b = max(lo, start), min(hi, start + n)
-            if a < b:
-                # Blocks begin and end at group starts, so a piece holds whole groups; a block's
-                # group columns hold one row per group (see groups.build_grouped).
-                g0 = int(np.searchsorted(gb, start))
-                it, gr = block_piece(cols, a - start, b - start, int(np.searchsorted(gb, a)) - g0,
-                                     int(np.searchsorted(gb, b)) - g0, gcols)
-                items.append(it)
-                groups.append(gr)
-        while buf and buf[0][0] + len(next(iter(buf[0][1].values()))) <= hi:
-            buf.popleft()
-        i, j = int(np.searchsorted(gb, lo)), int(np.searchsorted(gb, hi))
-        offsets = gb[i : j + 1] - lo
-        gset = set(gcols)
-        names = [s.name for s in self.specs]
-        item_specs = [s for s in self.specs if s.name not in gset]
-        group_specs = [s for s in self.specs if s.name in gset]
-        return pack(_join(items, item_specs), _join(groups, group_specs), offsets if len(offsets) else
-                    np.zeros(1, dtype=np.int64), names)
-
-    def _cut_packed(self, step: int, owned: list[int], buffers: dict[int, deque[tuple[int, dict[str, Column]]]]
-                    ) -> tuple[dict[str, Column] | Packed, int, str | None, int]:
+    def _cut_step(self, step: int, owned: list[int], buffers: dict[int, Buffer]) -> StepCut:
+        """Cut step ``step`` and, when manifests are kept, hash it (each micro-batch and the whole
+        batch, flat or packed alike) into its manifest line."""
         t0 = time.perf_counter()
-        micros = [self._micro_packed(p, step, buffers[p]) for p in owned]
-        if len(micros) == 1:
-            batch = micros[0]
-        else:
-            offs, base = [np.zeros(1, dtype=np.int64)], 0
-            for mp in micros:
-                offs.append(mp.offsets[1:] + base)
-                base += mp.n_items
-            batch = pack({k: _concat([mp.items[k] for mp in micros]) for k in micros[0].items},
-                         {k: _concat([mp.groups[k] for mp in micros]) for k in micros[0].groups},
-                         np.concatenate(offs), micros[0].columns)
-        return self._finish(step, micros, batch, batch.n_items, t0)
-
-    def _cut_step(self, step: int, owned: list[int], buffers: dict[int, deque[tuple[int, dict[str, Column]]]]
-                  ) -> tuple[dict[str, Column] | Packed, int, str | None, int]:
-        if self.group_columns is not None:
-            return self._cut_packed(step, owned, buffers)
-        t0 = time.perf_counter()
-        micros = [self._micro(p, step, buffers[p]) for p in owned]
-        if len(micros) == 1:
-            batch = micros[0]
-        else:
-            batch = {s.name: _concat([m[s.name] for m in micros]) for s in self.specs}
-        return self._finish(step, micros, batch, len(next(iter(batch.values()))), t0)
-
-    def _finish(self, step: int, micros: Sequence[Any], batch: Any, rows: int, t0: float
-                ) -> tuple[dict[str, Column] | Packed, int, str | None, int]:
-        """Trace the stitch begun at ``t0`` and, when manifests are kept, hash the step (each
-        micro-batch and the whole batch, flat or packed alike) into its manifest line."""
+        batch, micros, rows = self.cutter.cut(step, owned, buffers)
         t1 = time.perf_counter()
         tr = self.tracer
         tr.span("stitch", MERGER, t0, t1)
@@ -490,7 +386,16 @@ class Run:
             digest, cols = parts[0] if len(micros) == 1 else hash_batch(batch)
             line = batch_line(self.plan.epoch, step, rows, digest, cols, [p[0] for p in parts])
             tr.span("hash", MERGER, t1, time.perf_counter())
-        return batch, step, line, rows
+        return StepCut(batch, step, line, rows)
+
+
+def _out_of_descriptors(err: PackedError) -> bool:
+    """A worker's error says it ran out of descriptors (carried back as text: Arrow's
+    errors name the errno only in their message)."""
+    exc = err.exception()
+    if exc is not None and is_out_of_descriptors(exc):
+        return True
+    return "Too many open files" in err.message
 
 
 def _forget_frames(exc: BaseException) -> None:

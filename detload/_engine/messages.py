@@ -1,8 +1,9 @@
 """Messages between the pool and its workers, and the one way of waiting on a bounded queue.
 
 Consumer to worker: `Tasks`. Worker to merger: `BlockReady` or `WorkerFailed`.
-They travel through ``queue.Queue`` objects to thread workers and through pipes
-to process workers (see pool.py and worker.py), always as these named types,
+Merger to consumer: lists of `StepCut` on the run's ready queue. They travel through ``queue.Queue`` objects to thread workers and through pipes
+to process workers (see pool.py and worker.py; the merger's within the process),
+always as these named types,
 never as tuples read by position.
 """
 
@@ -20,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 if TYPE_CHECKING:
     from ..plan import Range
 
-__all__ = ["CREDIT", "POLL", "STOP", "BlockReady", "PackedError", "Poller", "Task", "Tasks", "Timings", "WorkerFailed",
-           "pack_exception", "put_until"]
+__all__ = ["CREDIT", "POLL", "STOP", "BlockReady", "PackedError", "Poller", "StepCut", "Task", "Tasks", "Timings",
+           "WorkerFailed", "pack_exception", "put_until"]
 
 #: Seconds between the checks of every wait that must notice something else meanwhile
 #: (a cancelled run, a dead worker or consumer, a closing pool).
@@ -80,6 +81,16 @@ class BlockReady(NamedTuple):
     payload: Any
     layout: Any  # _block.Layout
     timings: Any  # Timings
+
+
+class StepCut(NamedTuple):
+    """Step ``step`` of the pass as the merger cut it: ``batch`` (a dict of columns, or a `Packed`
+    with group_by), its manifest ``line`` (None when no manifest is kept) and its ``rows`` (items)."""
+
+    batch: Any  # dict[str, Column] | Packed
+    step: int
+    line: str | None
+    rows: int
 
 
 class WorkerFailed(NamedTuple):

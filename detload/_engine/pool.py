@@ -50,6 +50,7 @@ from ..errors import OptionError, WorkerError
 from . import shm as _shm
 from . import spawn as _spawn
 from .config import WorkerConfig
+from .fdless import check_descriptors, descriptor_limit_error, is_out_of_descriptors
 from .heap import BlockBuffers
 from .memory import BufferWatch, install_ctrl_c_hook
 from .messages import CREDIT, BlockReady, Poller, Task, Tasks, WorkerFailed
@@ -200,7 +201,7 @@ class WorkerPool:
         self.token = uuid.uuid4().hex[:10]
         self.shm_dir = _shm.SHM_DIR if kind == "process" else None
         self.shm_prefix = _shm.segment_prefix(os.getpid(), self.token)
-        self.cfg: WorkerConfig = cfg_factory(self.shm_dir, self.shm_prefix)
+        self.cfg: WorkerConfig = cfg_factory(kind, self.shm_prefix)
         # Thread workers build blocks in reused heap slabs (see _engine/heap.py) and share
         # the cache entries they keep mapped (one mapping per entry in the process).
         # Who hears of the consumer-side buffers blocks live in (memory.py; a pinned hand-off).
@@ -255,14 +256,18 @@ class WorkerPool:
             _shm.sweep_dead()
             try:
                 self._start_processes(data, prefetch, main, names)
-            except BaseException:
+            except BaseException as exc:
                 self.close()
+                if is_out_of_descriptors(exc):
+                    raise descriptor_limit_error("starting worker processes", exc) from exc
                 raise
 
     def _start_processes(self, data: bytes, prefetch: int, main: _spawn.MainSource | None,
                          names: tuple[str, ...]) -> None:
         ctx = _spawn.context()
         assert self.shm_dir is not None
+        # Four pipes per worker (two ends each); the forkserver and resource tracker need some too.
+        check_descriptors(8 * self.workers + 16, f"starting {self.workers} worker processes")
         ints = self._ints = _spawn.SharedInts(1 + _spawn.SLOTS_PER_WORKER * self.workers, directory=self.shm_dir)
         self.passes = Passes(_spawn.Slot(ints, 0))
         theirs: list[Any] = []  # the workers' ends: closed here once they have their copies

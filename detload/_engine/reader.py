@@ -31,6 +31,9 @@ from .messages import (
     Timings,
 )
 
+#: Files a reader keeps open (with their footers) between row groups; each holds one descriptor.
+OPEN_FILES = 32
+
 
 class UnitReader:
     """Reads and converts single row groups; keeps a few files open; uses the row-group cache."""
@@ -107,7 +110,7 @@ class UnitReader:
             self._unmap(i)
             raise
         self._open[i] = pf
-        if len(self._open) > self.cfg.open_files:
+        if len(self._open) > OPEN_FILES:
             self._drop(next(iter(self._open)))
         return pf
 
@@ -227,7 +230,7 @@ class UnitReader:
             pf = self._file(file_idx, rg)
             if file_idx in self._mapped:
                 self._check_mapped(file_idx, ref, rg)
-            d = self.cfg.debug
+            d = self.cfg.hooks
             if d is not None and d.shrink_unit == (ref.path, rg):  # test hook: a rewrite racing this read
                 os.truncate(ref.location, os.stat(ref.location).st_size // 2)
             table = pf.read_row_group(rg, columns=self._file_cols, use_threads=False)

@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import SharedMemoryError
+from .fdless import map_file
 from .memory import BufferWatch, address_of, finalize
 
 __all__ = ["SHM_DIR", "ConsumerSegments", "Segment", "WorkerSegments", "create", "discard", "sweep",
@@ -87,18 +88,19 @@ def create(directory: str, name: str, nbytes: int) -> tuple[np.ndarray, mmap.mma
             raise
         # Populated: every page is written soon (segments made ahead at the first block
         # are not written until a later, faster pass, which should not pay for them).
-        mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | _MAP_POPULATE)
+        mm = map_file(fd, nbytes, flags=mmap.MAP_SHARED | _MAP_POPULATE)
     finally:
         os.close(fd)
     return np.frombuffer(mm, dtype=np.uint8), mm
 
 
 def _map(directory: str, name: str, nbytes: int) -> mmap.mmap:
-    """Map a segment and unlink it: the memory goes with the last mapping."""
+    """Map a segment and unlink it: the memory goes with the last mapping (which keeps no
+    descriptor: the consumer maps a segment per block alive at once)."""
     path = os.path.join(directory, name)
     fd = os.open(path, os.O_RDWR)
     try:
-        return mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | _MAP_POPULATE)
+        return map_file(fd, nbytes, flags=mmap.MAP_SHARED | _MAP_POPULATE)
     finally:
         os.close(fd)
         os.unlink(path)

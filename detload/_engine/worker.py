@@ -1,5 +1,9 @@
 """Workers: read a block's row groups, convert them to NumPy, permute, hand the block over.
 
+Each row group of a block runs through the row-group steps its configuration needs
+(`row_group_steps`: read, verify, select, transform, group rows), chosen once per
+configuration; the block is then assembled from the ranges' rows.
+
 The same loop runs in a thread or in a process (started with forkserver or
 spawn, configured with plain picklable data, see _engine/spawn.py). A thread worker
 talks to the pool through two queues (`ThreadLink`), a process worker through
@@ -53,7 +57,7 @@ from .spawn import MainSource, SharedInts
 __all__ = ["ProcessLink", "ThreadLink", "process_main", "worker_loop"]
 
 def _debug_before_read(cfg: WorkerConfig, task: Task, file_idx: int, rg: int) -> None:
-    d = cfg.debug
+    d = cfg.hooks
     if d is None:
         return
     unit = (cfg.files[file_idx].path, rg)
@@ -67,7 +71,7 @@ def _debug_before_read(cfg: WorkerConfig, task: Task, file_idx: int, rg: int) ->
         raise d.fail_exc
     if d.stall_unit == unit and d.stall_epoch in (None, task.epoch):
         time.sleep(d.stall_seconds)
-    if d.die_unit == unit and cfg.shm_dir is not None:
+    if d.die_unit == unit and cfg.kind == "process":
         os.kill(os.getpid(), d.die_signal)
 
 
@@ -90,69 +94,140 @@ class Status:
         return int(s[0]), int(s[1]), int(s[2]), int(s[3])
 
 
-def _produce(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: Status,
+def _produce(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, gen: int, status: Status,
              segs: _shm.WorkerSegments | None, t: Timings) -> tuple[Any, Layout, Timings]:
-    payload, layout, intact = _build(cfg, reader, task, gen, status, segs, t, defer=True)
+    payload, layout, intact = _build(cfg, reader, steps, task, gen, status, segs, t, defer=True)
     if not intact:
         # A cache entry failed the checksum verified while the block was built: the
         # block is never handed over; the entry is gone, so the rebuild reads the source.
         _release(segs, payload)
-        payload, layout, intact = _build(cfg, reader, task, gen, status, segs, t, defer=False)
+        payload, layout, intact = _build(cfg, reader, steps, task, gen, status, segs, t, defer=False)
         assert intact
     return payload, layout, t
 
 
-def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: Status,
+# -- the row-group steps -------------------------------------------------------------
+# Each range of a block goes through the same steps, chosen once per configuration
+# (`row_group_steps`): read, verify, select, transform, group rows, those the configuration
+# needs, in that order; then its rows are taken and the block assembled. A step returns False
+# when a cache entry failed its deferred checksum: the block is then rebuilt from the source.
+
+
+class _Build:
+    """What the steps of one block share: the block's task, its timings, and what they collect."""
+
+    __slots__ = ("cfg", "defer", "parts", "reader", "t", "task", "units", "whole")
+
+    def __init__(self, cfg: WorkerConfig, reader: UnitReader, task: Task, t: Timings, defer: bool) -> None:
+        self.cfg, self.reader, self.task, self.t, self.defer = cfg, reader, task, t, defer
+        self.whole: list[UnitColumns] = []  # each range's row group as read (and cached): what `settle` checks
+        self.units: list[UnitColumns] = []  # each range's rows: the row group itself, or a view of its rows
+        self.parts: list[GroupRows] = []  # group_by with a cache: each range's group rows
+
+
+class _RowGroup:
+    """One range's row group on its way through the steps."""
+
+    __slots__ = ("cols", "done", "f", "first", "picked", "rg")
+    cols: UnitColumns  # set by the read, then replaced by each step that changes the rows
+
+    def __init__(self, f: int, rg: int, first: int) -> None:
+        self.f, self.rg, self.first = f, rg, first  # first: the range's first (delivered) row
+        self.picked: Selection | None = None  # the filter's selection of its rows (None: all)
+        self.done = False  # a transform's cached output: no step after the read applies
+
+
+Steps = tuple[Callable[[_Build, _RowGroup], bool], ...]
+
+
+def _read(b: _Build, u: _RowGroup) -> bool:
+    xf = b.reader.transform
+    done = xf.cached(b.cfg, u.f, u.rg, b.t) if xf is not None else None
+    if done is not None:  # a transform's cached output: nothing to read, convert or transform
+        u.cols, u.done = done, True
+    else:
+        # The whole row group, read and checked against its stored row count exactly as
+        # without cuts (the cache holds row groups, not ranges); a range is a view of it.
+        u.cols = b.reader.read(u.f, u.rg, b.t, defer=b.defer)
+        selections = b.cfg.selections
+        u.picked = selections.get((u.f, u.rg)) if selections else None
+    b.whole.append(u.cols)
+    return True
+
+
+def _verify(b: _Build, u: _RowGroup) -> bool:
+    # A selection's gather and a transform read the whole entry: a cache entry's deferred
+    # checksum is settled before either (after a selection the rows are new arrays).
+    if u.cols.check is not None and (u.picked is not None or b.reader.transform is not None):
+        return b.reader.settle(u.cols, u.f, u.rg)
+    return True
+
+
+def _select_rows(b: _Build, u: _RowGroup) -> bool:
+    if u.picked is not None:
+        # A filter's selection: its rows are gathered first, and the range counts in them.
+        t0 = time.perf_counter()
+        u.cols = _select(u.cols, u.picked)
+        b.t.add("select", t0, time.perf_counter())  # the filter's stage, as planning's selection pass
+    return True
+
+
+def _transform(b: _Build, u: _RowGroup) -> bool:
+    # On the whole (selected) row group, before the range is taken.
+    xf = b.reader.transform
+    assert xf is not None
+    before = u.cols
+    u.cols = xf.apply(b.cfg, u.cols, u.f, u.rg, u.picked, b.task.seed, b.task.epoch, b.t)
+    if b.cfg.group_by is not None:
+        check_key_kept(b.cfg, before, u.cols, u.f, u.rg)
+    return True
+
+
+def _group_rows(b: _Build, u: _RowGroup) -> bool:
+    # group_by with a cache: the group columns once per key run (read apart from the items).
+    b.parts.append(group_rows(b.cfg, u.f, u.rg, u.picked, u.first, b.t))
+    return True
+
+
+def row_group_steps(cfg: WorkerConfig) -> Steps:
+    """The steps every range of a block goes through under ``cfg``, in order; the range's
+    rows are then taken from what the last one left."""
+    steps: list[Callable[[_Build, _RowGroup], bool]] = [_read]
+    if cfg.selections or cfg.transform is not None:
+        steps.append(_verify)
+    if cfg.selections:
+        steps.append(_select_rows)
+    if cfg.transform is not None:
+        steps.append(_transform)
+    if cfg.group_specs:
+        steps.append(_group_rows)
+    return tuple(steps)
+
+
+def _build(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, gen: int, status: Status,
            segs: _shm.WorkerSegments | None, t: Timings, *, defer: bool) -> tuple[Any, Layout, bool]:
     """Build the block; False if a cache entry's deferred checksum failed (see _cache.PendingCheck)."""
-    whole = []  # each range's row group as read (and cached): what `settle` checks
-    units = []  # each range's rows: the row group itself, or a view of its rows
-    parts: list[GroupRows] = []  # group_by with a cache: each range's group rows
-    selections = cfg.selections
-    xf = reader.transform
+    b = _Build(cfg, reader, task, t, defer)
     for f, rg, first, rows in task.units:
         status.set(gen, task.k, f, rg)
         _debug_before_read(cfg, task, f, rg)
-        done = xf.cached(cfg, f, rg, t) if xf is not None else None
-        if done is not None:  # a transform's cached output: nothing to read, convert or transform
-            whole.append(done)
-            units.append(_rows_of(done, first, rows))
-            continue
-        # The whole row group, read and checked against its stored row count exactly as
-        # without cuts (the cache holds row groups, not ranges); a range is a view of it.
-        cols = reader.read(f, rg, t, defer=defer)
-        whole.append(cols)
-        picked = selections.get((f, rg)) if selections else None
-        if picked is not None:
-            # A filter's selection: its rows are gathered first, and the range counts in them.
-            # The gather reads the whole entry, so a cache entry's checksum is settled first.
-            if cols.check is not None and not reader.settle(cols, f, rg):
+        u = _RowGroup(f, rg, first)
+        for step in steps:
+            if u.done:
+                break
+            if not step(b, u):
                 return None, None, False  # type: ignore[return-value]
-            t0 = time.perf_counter()
-            cols = _select(cols, picked)
-            t.add("select", t0, time.perf_counter())  # the filter's stage, as planning's selection pass
-        if xf is not None:
-            # On the whole (selected) row group, before the range is taken; it reads every
-            # column, so a cache entry's deferred checksum is settled first.
-            if cols.check is not None and not reader.settle(cols, f, rg):
-                return None, None, False  # type: ignore[return-value]
-            before = cols
-            cols = xf.apply(cfg, cols, f, rg, picked, task.seed, task.epoch, t)
-            if cfg.group_by is not None:
-                check_key_kept(cfg, before, cols, f, rg)
-        units.append(_rows_of(cols, first, rows))
-        if cfg.group_specs:  # group_by with a cache: the group columns once per key run
-            parts.append(group_rows(cfg, f, rg, picked, first, t))
+        b.units.append(_rows_of(u.cols, first, rows))
     t0 = time.perf_counter()
     try:
-        payload, layout = _assemble(cfg, task, segs, units, parts if cfg.group_specs else None)
+        payload, layout = _assemble(cfg, task, segs, b.units, b.parts if cfg.group_specs else None)
     except Exception:
         # A damaged header field (a row count, say) can break assembly before the
         # deferred checksums are finished: if one fails, rebuild; if none does, it is a bug.
-        if all([reader.settle(u, r[0], r[1]) for u, r in zip(whole, task.units)]):
+        if all([reader.settle(u, r[0], r[1]) for u, r in zip(b.whole, task.units)]):
             raise
         return None, None, False  # type: ignore[return-value]
-    intact = all([reader.settle(u, r[0], r[1]) for u, r in zip(whole, task.units)])
+    intact = all([reader.settle(u, r[0], r[1]) for u, r in zip(b.whole, task.units)])
     t.add("permute", t0, time.perf_counter())
     return payload, layout, intact
 
@@ -269,6 +344,7 @@ class ProcessLink:
         self.passes = passes
         parent = mp.parent_process()
         self._parent = parent.sentinel if parent is not None else None
+        self._consumer_pid = _consumer_pid()
         watch = [] if self._parent is None else [self._parent]
         self._for_work = Poller([inbox, *watch])
         self._for_room = Poller([credit, *watch])
@@ -282,7 +358,7 @@ class ProcessLink:
         ready = poller.wait(POLL)
         parent_exited = self._parent is not None and self._parent in ready
         # Timed out: the slower checks (a consumer gone while its pipe lives on; a closing pool).
-        if parent_exited or (not ready and (not _shm.pid_alive(self.cfg.parent_pid)
+        if parent_exited or (not ready and (not _shm.pid_alive(self._consumer_pid)
                                             or self.passes.closed)):
             self.gone = True
         if self.credit in ready:
@@ -358,7 +434,8 @@ def worker_loop(cfg: WorkerConfig, index: int, link: ThreadLink | ProcessLink, p
     t0 = time.perf_counter()
     _warm_up()
     reader = UnitReader(cfg)
-    pid = os.getpid() if cfg.shm_dir is not None else 0
+    steps = row_group_steps(cfg)
+    pid = os.getpid() if cfg.kind == "process" else 0
     # A block's wait for room is known only after it was sent: it travels with the
     # worker's next block; so does the start-up, with the first.
     last_wait: tuple[str, float, float] | None = ("worker_startup", t0, time.perf_counter())
@@ -387,7 +464,7 @@ def worker_loop(cfg: WorkerConfig, index: int, link: ThreadLink | ProcessLink, p
                     t.spans.append(last_wait)
                     last_wait = None
                 try:
-                    payload, layout, t = _produce(cfg, reader, task, gen, status, segs, t)
+                    payload, layout, t = _produce(cfg, reader, steps, task, gen, status, segs, t)
                 except BaseException as exc:  # carried back as a value, re-raised by the merger
                     _, k, f, rg = status.get()
                     unit = (cfg.files[f].path, rg) if f >= 0 else None
@@ -426,13 +503,19 @@ def _warm_up() -> None:
     pa.nulls(1, pa.string()).cast(pa.large_string())  # the cast kernels' first dispatch
 
 
-def _parent_alive(cfg: WorkerConfig) -> bool:
+def _consumer_pid() -> int:
+    """The consumer's pid: the process that started this worker process (the forkserver only
+    forked it), or this one for a thread worker."""
+    parent = mp.parent_process()
+    return parent.pid if parent is not None and parent.pid is not None else os.getpid()
+
+
+def _parent_alive() -> bool:
     """Whether the consumer's process still runs (see `ProcessLink` for why two checks)."""
-    if cfg.shm_dir is not None:
-        parent = mp.parent_process()
-        if parent is not None and not parent.is_alive():
-            return False
-    return _shm.pid_alive(cfg.parent_pid)
+    parent = mp.parent_process()
+    if parent is not None and not parent.is_alive():
+        return False
+    return _shm.pid_alive(_consumer_pid())
 
 
 def process_main(cfg_data: bytes, index: int, inbox: Any, outbox: Any, credit: Any, ints: SharedInts, returns: Any,
@@ -460,7 +543,7 @@ def process_main(cfg_data: bytes, index: int, inbox: Any, outbox: Any, credit: A
         stage = "config"
         cfg: WorkerConfig = pickle.loads(cfg_data)
         stage = "set-up"
-        assert cfg.shm_dir is not None
+        assert cfg.kind == "process" and cfg.shm_dir is not None
         # prefetch blocks sent and the one being built.
         segs = _shm.WorkerSegments(cfg.shm_dir, cfg.shm_prefix, index, returns, reserve=prefetch + 1)
     except BaseException as exc:
@@ -480,7 +563,7 @@ def process_main(cfg_data: bytes, index: int, inbox: Any, outbox: Any, credit: A
         segs.close()
         # A parent killed with SIGKILL cannot sweep; the segments it never
         # mapped would stay in /dev/shm until the next pool starts.
-        if not _parent_alive(cfg):
+        if not _parent_alive():
             _shm.sweep(cfg.shm_dir, cfg.shm_prefix)
 
 

@@ -180,7 +180,7 @@ def rss_bound(loader, baseline: int) -> dict:
 
     ds = loader.dataset
     files = tuple(FileRef(f.location, f.path, f.partition_values) for f in ds.files)
-    reader = UnitReader(WorkerConfig(files, ds.filesystem, tuple(loader.specs), loader.null_fill, None, "", 0))
+    reader = UnitReader(WorkerConfig(files, ds.filesystem, tuple(loader.specs), loader.null_fill, "thread"))
     f0, g0 = int(loader._unit_files[0]), int(loader._unit_rgs[0])
     cols = reader.read(f0, g0, Timings())
     reader.close()

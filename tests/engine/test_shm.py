@@ -188,7 +188,7 @@ def test_release_of_a_stale_block_gives_its_segment_back(pair):
     del arr
 
 
-def test_give_back_after_the_worker_is_gone_is_silent(tmp_path):
+def test_give_back_after_the_worker_is_gone_is_silent(tmp_path, monkeypatch):
     r, w = mp.Pipe(duplex=False)
     worker = WorkerSegments(str(tmp_path), "detload-1-t-", 0, r)
     consumer = ConsumerSegments(str(tmp_path), [w])
@@ -197,9 +197,26 @@ def test_give_back_after_the_worker_is_gone_is_silent(tmp_path):
     block = consumer.attach(worker.sending(seg), 100)
     worker.close()
     r.close()
-    del block  # the pipe's reader is closed: a broken pipe, swallowed by the finalizer
+    with pytest.raises(BrokenPipeError):  # what the give-back meets: the worker's end is gone
+        w.send_bytes(b"\0" * 8)
+    ignored: list[object] = []  # what a finalizer that raised would report ("Exception ignored in")
+    monkeypatch.setattr(sys, "unraisablehook", ignored.append)
+    returns = consumer._returns[0]
+    sent: list[bytes] = []
+    send = returns.conn.send_bytes
+
+    def counted(data: bytes) -> None:
+        sent.append(data)
+        send(data)
+
+    monkeypatch.setattr(returns.conn, "send_bytes", counted)
+    del block  # the last view: its finalizer gives the segment back into the broken pipe
     gc.collect()
+    assert len(sent) == 1  # it did try
+    assert ignored == []  # and swallowed the broken pipe: nothing reported, nothing raised
+    assert not returns.pending  # nor kept to be sent again to a worker that is gone
     consumer.close()
+    assert consumer.mapped == 0 and os.listdir(tmp_path) == []
 
 
 def test_capacity_is_rounded_by_an_eighth_of_the_block():

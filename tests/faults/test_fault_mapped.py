@@ -64,7 +64,7 @@ def test_memory_map_option_is_checked(value):
 
 def _config(root, **kw):
     ld = Loader(root, **OPTS, **kw)
-    cfg = ld._worker_config("/dev/shm" if ld.pool_kind == "process" else None, "x")
+    cfg = ld._worker_config(ld.pool_kind, "x")
     ld.close()
     return cfg.memory_map
 
