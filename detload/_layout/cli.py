@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -72,17 +73,31 @@ def _cmd_digest(a: argparse.Namespace) -> int:
     return 0
 
 
+#: The flags layout's options are given as, for its messages ("--threads must be an int >= 1 ...").
+_LAYOUT_FLAGS = {"memory_limit": "--memory-limit", "threads": "--threads", "compression": "--compression",
+                 "temp_directory": "--temp-dir", "row_group_rows": "--row-group-rows", "files": "--files"}
+
+
 def _cmd_layout(a: argparse.Namespace) -> int:
-    from .rewrite import DigestMismatchError, layout
+    from .. import cli
+    from .rewrite import DigestMismatchError, layout, named, prepare
 
     try:
-        report = layout(a.src, a.dst, sort_by=a.sort_by, group_by=a.group_by, row_group_rows=a.row_group_rows,
-                        bloom_filter=[c for group in a.bloom_filter for c in group], files=a.files,
-                        memory_limit=a.memory_limit, temp_directory=a.temp_dir, threads=a.threads,
-                        compression=a.compression, progress=False if a.no_progress else None)
+        prepare()
     except ImportError as exc:
         print(f"detload layout: error: {exc}", file=sys.stderr)
         return 2
+    try:
+        # Ctrl-C and SIGTERM raise here, so the folder beside DST is removed before the exit (130, 143).
+        with cli.interruptible(), named(_LAYOUT_FLAGS):
+            report = layout(a.src, a.dst, sort_by=a.sort_by, group_by=a.group_by, row_group_rows=a.row_group_rows,
+                            bloom_filter=[c for group in a.bloom_filter for c in group], files=a.files,
+                            memory_limit=a.memory_limit, temp_directory=a.temp_dir, threads=a.threads,
+                            compression=a.compression, progress=False if a.no_progress else None)
+    except KeyboardInterrupt as exc:
+        if getattr(exc, "signum", None) == signal.SIGTERM and not isinstance(exc, cli.Terminated):
+            raise cli.Terminated from None  # a SIGTERM that reached DuckDB first: exit 143, not 130
+        raise
     except DigestMismatchError as exc:
         print(json.dumps(exc.report.to_dict(), indent=2) if a.json else exc.report)
         print(f"detload layout: error: {exc}", file=sys.stderr)
