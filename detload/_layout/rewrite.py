@@ -310,10 +310,13 @@ def layout(
     ``dst`` keeps the source's Arrow schema (Hive partition columns become ordinary columns, typed
     as detload types them, at the end), gets statistics, the page index, ``sorting_columns`` and
     bloom filters for ``bloom_filter`` columns, in ``files`` files of row groups of about
-    ``row_group_rows`` rows. DuckDB sorts within ``memory_limit`` (DuckDB's syntax, e.g. "4GB";
-    default DuckDB's own) and spills to ``temp_directory`` (default: a folder inside ``dst``,
-    removed at the end). Raises DigestMismatchError if the output's digest differs from the
-    source's; the report is also written to ``dst/_detload_layout.json``.
+    ``row_group_rows`` rows. DuckDB sorts within ``memory_limit`` (bytes, or a size such as "4GB";
+    default DuckDB's own) and spills to ``temp_directory`` (default: a folder inside the output,
+    removed at the end). The files are written into a folder beside ``dst`` that is renamed to
+    ``dst`` once the digests match, with the report in ``dst/_detload_layout.json``; on any error
+    or interrupt that folder is removed and ``dst`` is not created. Raises DigestMismatchError if
+    the output's digest differs from the source's, LayoutError if the run cannot finish (out of
+    memory, a full disk, another run writing ``dst``).
     """
     t0 = time.perf_counter()
     sort_keys = _key_list(sort_by, "sort_by")
@@ -655,6 +658,10 @@ class _SignalWatch:
             data = os.read(self._fds[0], 64)
             if not data:
                 return
+            theirs = data.split(b"\0")[0]
+            if self._old >= 0 and theirs:  # whoever watched before (an event loop) still hears of its signals
+                with contextlib.suppress(OSError):
+                    os.write(self._old, theirs)
             for sig in data:
                 if sig == 0:  # the block ended
                     return

@@ -115,6 +115,25 @@ def test_a_signal_at_each_phase_leaves_no_dst_or_a_complete_one(src, tmp_path, c
     _rerun(src, tmp_path, capsys)
 
 
+def test_a_wakeup_fd_set_before_still_hears_of_the_signal(src, tmp_path, capsys, monkeypatch, signals_restored):
+    # An event loop learns of signals through its wakeup descriptor; layout borrows it while DuckDB runs.
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    old = signal.set_wakeup_fd(w)
+    try:
+        monkeypatch.setattr(rewrite, "_phase", lambda name: signal.raise_signal(signal.SIGINT) if name == "reading"
+                            else None)
+        assert main(_argv(src, str(tmp_path / "dst"))) == 130
+        assert signal.set_wakeup_fd(old) == w  # given back
+        assert os.read(r, 16) == bytes([signal.SIGINT])
+    finally:
+        signal.set_wakeup_fd(old)
+        os.close(r)
+        os.close(w)
+    assert _beside(tmp_path) == ["src"]
+
+
 # -- real processes -----------------------------------------------------------------------------------------
 
 def _start(tmp_path: Path, argv: list[str], hold: str | None = None) -> tuple[subprocess.Popen, int]:
