@@ -36,7 +36,8 @@ def add_parsers(sub: Any, formatter_class: Any = argparse.HelpFormatter) -> None
                        description="Rewrite SRC into the new folder DST sorted by --sort-by (and grouped by "
                                    "--group-by), keeping SRC's Arrow schema, with statistics, the page index, "
                                    "sorting_columns and optional bloom filters; then compare the digests of "
-                                   "SRC and DST (exit 1 if they differ). Needs pip install 'detload[layout]'.")
+                                   "SRC and DST (exit 1 if they differ). DST appears, by a rename, only once the "
+                                   "digests match; an interrupted run leaves none. Needs pip install 'detload[layout]'.")
     p.add_argument("src", help="the dataset to rewrite (never modified)")
     p.add_argument("dst", help="a new or empty folder")
     p.add_argument("--sort-by", type=_names, default=[], metavar="K1,K2", help="sort keys, leading key first (default: none; with --group-by, groups keep their order)")
@@ -47,8 +48,8 @@ def add_parsers(sub: Any, formatter_class: Any = argparse.HelpFormatter) -> None
     p.add_argument("--bloom-filter", type=_names, action="append", default=[], metavar="COLUMN",
                    help="write a bloom filter for COLUMN (comma-separated or repeated; default: none)")
     p.add_argument("--files", type=int, default=1, help="number of output files (default 1)")
-    p.add_argument("--memory-limit", default=None, help="DuckDB's memory limit while sorting, e.g. 4GB (default: DuckDB's own, 80%% of the memory)")
-    p.add_argument("--temp-dir", default=None, help="where the sort spills (default: a folder in DST, removed after)")
+    p.add_argument("--memory-limit", default=None, help="DuckDB's memory limit while sorting: bytes or e.g. 4GB, 512MiB (default: DuckDB's own, 80%% of the memory)")
+    p.add_argument("--temp-dir", default=None, help="where the sort spills (default: a folder inside the output being written, removed after)")
     p.add_argument("--threads", type=int, default=None, help="DuckDB threads (default: one per CPU)")
     p.add_argument("--compression", default="snappy", help="Parquet codec (default snappy)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (shown only on a terminal anyway)")
