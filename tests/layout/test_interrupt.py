@@ -115,6 +115,48 @@ def test_a_signal_at_each_phase_leaves_no_dst_or_a_complete_one(src, tmp_path, c
     _rerun(src, tmp_path, capsys)
 
 
+def test_an_empty_dst_folder_is_replaced_and_a_filled_one_refused(src, tmp_path, capsys):
+    (tmp_path / "dst").mkdir()
+    _rerun(src, tmp_path, capsys)  # the rename replaces the empty folder
+    assert main(_argv(src, str(tmp_path / "dst"))) == 2
+    assert "exists and is not empty (3 entries, e.g. '_detload_layout.json')" in capsys.readouterr().err
+    assert _beside(tmp_path) == ["dst", "src"]
+    _check_complete(tmp_path / "dst", src)
+
+
+def test_without_locks_a_leftover_is_named_not_removed(src, tmp_path, capsys, monkeypatch):
+    import errno
+
+    left = tmp_path / f"{PARTIAL}7-ee"
+    left.mkdir()
+    (left / UNFINISHED_LAYOUT).write_text(json.dumps({"dst": str(tmp_path / "dst"), "pid": 7}))
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(rewrite.fcntl, "flock", no_locks)
+    assert main(_argv(src, str(tmp_path / "dst"))) == 2
+    assert capsys.readouterr().err == (
+        f"detload layout: error: {left} is the unfinished output of an earlier `detload layout` into DST "
+        f"{tmp_path / 'dst'}, and this filesystem cannot tell whether that run still lives; if it does not, remove "
+        "that folder and run again\n")
+    assert _beside(tmp_path) == [left.name, "src"]
+
+
+def test_a_dst_filled_meanwhile_is_not_replaced(src, tmp_path, capsys, monkeypatch):
+    def meanwhile(name: str) -> None:
+        if name == "digested":  # another program makes DST while the digests were computed
+            (tmp_path / "dst").mkdir()
+            (tmp_path / "dst" / "theirs.txt").write_text("x")
+
+    monkeypatch.setattr(rewrite, "_phase", meanwhile)
+    assert main(_argv(src, str(tmp_path / "dst"))) == 2
+    assert capsys.readouterr().err == (
+        f"detload layout: error: DST {tmp_path / 'dst'} was created or filled by something else while the layout ran; "
+        "the output was removed. Choose another DST or remove that one\n")
+    assert _beside(tmp_path) == ["dst", "src"] and os.listdir(tmp_path / "dst") == ["theirs.txt"]
+
+
 def test_a_wakeup_fd_set_before_still_hears_of_the_signal(src, tmp_path, capsys, monkeypatch, signals_restored):
     # An event loop learns of signals through its wakeup descriptor; layout borrows it while DuckDB runs.
     r, w = os.pipe()

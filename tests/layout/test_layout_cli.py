@@ -153,6 +153,25 @@ def _incompressible(tmp_path, rows: int = 200_000) -> str:
 
 
 @needs_duckdb
+def test_duckdb_out_of_memory_without_a_limit_says_to_set_one(tmp_path, capsys, monkeypatch):
+    import duckdb
+
+    connect = duckdb.connect
+
+    def little_memory(*args, config=None, **kwargs):  # as a machine with little free memory would
+        return connect(*args, config={**(config or {}), "memory_limit": "100KB", "threads": 1}, **kwargs)
+
+    monkeypatch.setattr(duckdb, "connect", little_memory)
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(pa.table({"k": np.random.default_rng(0).permutation(20_000)}), src / "a.parquet")
+    assert main(["layout", str(src), str(tmp_path / "dst"), "--sort-by", "k"]) == 2
+    line = _error_line(capsys.readouterr().err)
+    assert re.fullmatch(r"the sort ran out of memory \(Out of Memory Error: [^\n]*\); set --memory-limit below the "
+                        r"free memory, so that it spills to --temp-dir instead", line), line
+
+
+@needs_duckdb
 def test_a_full_spill_disk_names_the_spill_folder(tmp_path, capsys, monkeypatch):
     import duckdb
 
@@ -189,6 +208,17 @@ def test_a_full_disk_while_writing_names_the_file(tmp_path, src, capsys, monkeyp
     assert re.fullmatch(rf"the disk is full: writing {folder}\d+-[0-9a-f]+/part-00000\.parquet failed \(no space left "
                         r"on device\)\. DST was not created and the partial output was removed; free space on that "
                         r"disk, or choose a DST on a disk with room for about the size of SRC", line), line
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+    class Broken(pq.ParquetWriter):  # any other write error names the file too
+        def write_table(self, *args, **kwargs):
+            raise OSError(errno.EIO, "Error writing bytes to file. Detail: [errno 5] Input/output error")
+
+    monkeypatch.setattr(L.pq, "ParquetWriter", Broken)
+    assert main(["layout", src, str(tmp_path / "dst"), "--sort-by", "m"]) == 2
+    line = _error_line(capsys.readouterr().err)
+    assert re.fullmatch(rf"writing {folder}\d+-[0-9a-f]+/part-00000\.parquet failed: \[Errno 5\] Error writing bytes "
+                        r"to file\. Detail: \[errno 5\] Input/output error; DST was not created", line), line
     assert sorted(os.listdir(tmp_path)) == ["src"]
 
 
