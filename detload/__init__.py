@@ -23,6 +23,7 @@ _EXPORTS = {
     "Distributed": "options",
     "EmptyDatasetError": "errors",
     "LayoutCheck": "_layout.check",
+    "LayoutError": "_layout.rewrite",
     "LayoutReport": "_layout.rewrite",
     "Loader": "loader",
     "ManifestError": "errors",
@@ -43,6 +44,7 @@ _EXPORTS = {
     "Storage": "options",
     "Transform": "transform",
     "TransformContext": "transform",
+    "UnfinishedLayoutWarning": "_discovery",
     "UnsupportedTypeError": "errors",
     "WorkerError": "errors",
     "WorkerStalledError": "errors",
@@ -68,6 +70,7 @@ __all__ = [
     "Distributed",
     "EmptyDatasetError",
     "LayoutCheck",
+    "LayoutError",
     "LayoutReport",
     "Loader",
     "ManifestError",
@@ -88,6 +91,7 @@ __all__ = [
     "Storage",
     "Transform",
     "TransformContext",
+    "UnfinishedLayoutWarning",
     "UnsupportedTypeError",
     "WorkerError",
     "WorkerStalledError",
@@ -104,10 +108,10 @@ __all__ = [
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
     from ._cache import CacheWarning
-    from ._discovery import SkippedFilesWarning
+    from ._discovery import SkippedFilesWarning, UnfinishedLayoutWarning
     from ._layout.check import LayoutCheck, check_layout
     from ._layout.digest import Digest, digest
-    from ._layout.rewrite import DigestMismatchError, LayoutReport, layout
+    from ._layout.rewrite import DigestMismatchError, LayoutError, LayoutReport, layout
     from ._types import ColumnSpec, Ragged
     from .audit import hash_batch, read_manifest
     from .errors import (

@@ -13,6 +13,7 @@ import os
 import posixpath
 import re
 import urllib.parse
+import warnings
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,17 +29,25 @@ from ._storage import describe_attempts, display_uri, object_uri, path_on, s3_fr
 from ._types import INT96_UNIT, ColumnSpec, column_spec
 from .errors import DatasetError, EmptyDatasetError, OptionError, SchemaMismatchError, SourceError
 
-__all__ = ["Dataset", "FileInfo", "SkippedFilesWarning", "discover", "Source"]
+__all__ = ["Dataset", "FileInfo", "SkippedFilesWarning", "UNFINISHED_LAYOUT", "UnfinishedLayoutWarning", "discover",
+           "Source"]
 
 #: What ``Loader`` and ``discover`` accept as a source.
 Source = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
 
 _DATA_SUFFIXES = (".parquet", ".parq", ".pq")
 _INT_RE = re.compile(r"^-?[0-9]+$")
+#: The marker `detload layout` keeps in the folder it is still writing (detload/_layout/rewrite.py).
+UNFINISHED_LAYOUT = "_detload_layout_unfinished.json"
 
 
 class SkippedFilesWarning(UserWarning):
     """A dataset folder holds files that are neither Parquet nor a known side file; they were skipped."""
+
+
+class UnfinishedLayoutWarning(UserWarning):
+    """A folder being read holds the marker of a `detload layout` run that never finished: its files
+    may be incomplete and were never checked against their source."""
 
 
 def describe_skipped(skipped: Sequence[str]) -> str:
@@ -253,6 +262,7 @@ def _list_locations(fs: pafs.FileSystem, locations: list[str], single: bool, ski
                     ) -> tuple[pafs.FileSystem, str, list[tuple[str, int, int | None]]]:
     found: list[tuple[str, int, int | None]] = []
     root: str | None = None
+    unfinished: set[str] = set()  # folders that hold an unfinished layout's marker
 
     def info_of(fi: pafs.FileInfo) -> tuple[str, int, int | None]:
         mt = fi.mtime_ns if fi.mtime is not None else None
@@ -267,6 +277,9 @@ def _list_locations(fs: pafs.FileSystem, locations: list[str], single: bool, ski
             hits = [fi for fi in sel if fi.type == pafs.FileType.File and fnmatch.fnmatchcase(fi.path, loc)]
             if not hits:
                 raise FileNotFoundError(f"the glob {display_uri(fs, loc)!r} matches no file")
+            hit_dirs = {posixpath.dirname(fi.path) for fi in hits}
+            unfinished.update(posixpath.dirname(fi.path) for fi in sel
+                              if posixpath.basename(fi.path) == UNFINISHED_LAYOUT and posixpath.dirname(fi.path) in hit_dirs)
             if single:
                 # The folder above the first wildcard, so key=value folders the
                 # glob walks through stay partition columns.
@@ -285,6 +298,8 @@ def _list_locations(fs: pafs.FileSystem, locations: list[str], single: bool, ski
                 if s.type != pafs.FileType.File:
                     continue
                 rel = posixpath.relpath(s.path, fi.path)
+                if posixpath.basename(rel) == UNFINISHED_LAYOUT and not _hidden(posixpath.dirname(rel)):
+                    unfinished.add(posixpath.dirname(s.path))
                 if _hidden(rel) or s.path.endswith(".crc"):
                     continue
                 if s.path.endswith(_DATA_SUFFIXES) or _is_parquet_magic(fs, s.path):
@@ -299,6 +314,15 @@ def _list_locations(fs: pafs.FileSystem, locations: list[str], single: bool, ski
             found.extend(data)
         else:
             found.append(info_of(fi))
+            if isinstance(fs, pafs.LocalFileSystem) and os.path.exists(posixpath.join(posixpath.dirname(fi.path),
+                                                                                       UNFINISHED_LAYOUT)):
+                unfinished.add(posixpath.dirname(fi.path))
+    for folder in sorted(unfinished):
+        warnings.warn(UnfinishedLayoutWarning(
+            f"{display_uri(fs, folder)} holds {UNFINISHED_LAYOUT}: it is the output of a `detload layout` run that "
+            "was interrupted, failed or is still running, so its files may be incomplete and were never checked "
+            "against their source. Read the finished layout instead (rerunning the layout removes this folder)"),
+            stacklevel=2)
     if root is None:
         parents = [posixpath.dirname(p) for p, _, _ in found]
         root = posixpath.commonpath(parents) if parents[0].startswith("/") else _common_prefix_dir(parents)

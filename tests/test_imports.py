@@ -21,10 +21,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The public API, as it stands: a change here is a change of the API, made on purpose.
 PUBLIC = [
     "BlockMemoryWarning", "Cache", "CacheWarning", "ColumnSpec", "DataError", "DatasetError", "DetloadError", "Digest",
-    "DigestMismatchError", "Distributed", "EmptyDatasetError", "LayoutCheck", "LayoutReport", "Loader",
+    "DigestMismatchError", "Distributed", "EmptyDatasetError", "LayoutCheck", "LayoutError", "LayoutReport", "Loader",
     "ManifestError", "OptionError", "OrderOptions", "Packed", "Plan", "Pool", "Ragged", "SchemaMismatchError",
     "SharedMemoryError", "SkippedFilesWarning", "SourceError", "StageStats", "StarvationReport", "StateError",
-    "Stats", "Storage", "Transform", "TransformContext", "UnsupportedTypeError", "WorkerError",
+    "Stats", "Storage", "Transform", "TransformContext", "UnfinishedLayoutWarning", "UnsupportedTypeError", "WorkerError",
     "WorkerStalledError", "__version__", "check_layout", "digest", "hash_batch", "layout", "make_plan",
     "read_manifest", "starvation_check",
 ]

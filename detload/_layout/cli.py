@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -35,7 +36,8 @@ def add_parsers(sub: Any, formatter_class: Any = argparse.HelpFormatter) -> None
                        description="Rewrite SRC into the new folder DST sorted by --sort-by (and grouped by "
                                    "--group-by), keeping SRC's Arrow schema, with statistics, the page index, "
                                    "sorting_columns and optional bloom filters; then compare the digests of "
-                                   "SRC and DST (exit 1 if they differ). Needs pip install 'detload[layout]'.")
+                                   "SRC and DST (exit 1 if they differ). DST appears, by a rename, only once the "
+                                   "digests match; an interrupted run leaves none. Needs pip install 'detload[layout]'.")
     p.add_argument("src", help="the dataset to rewrite (never modified)")
     p.add_argument("dst", help="a new or empty folder")
     p.add_argument("--sort-by", type=_names, default=[], metavar="K1,K2", help="sort keys, leading key first (default: none; with --group-by, groups keep their order)")
@@ -46,8 +48,8 @@ def add_parsers(sub: Any, formatter_class: Any = argparse.HelpFormatter) -> None
     p.add_argument("--bloom-filter", type=_names, action="append", default=[], metavar="COLUMN",
                    help="write a bloom filter for COLUMN (comma-separated or repeated; default: none)")
     p.add_argument("--files", type=int, default=1, help="number of output files (default 1)")
-    p.add_argument("--memory-limit", default=None, help="DuckDB's memory limit while sorting, e.g. 4GB (default: DuckDB's own, 80%% of the memory)")
-    p.add_argument("--temp-dir", default=None, help="where the sort spills (default: a folder in DST, removed after)")
+    p.add_argument("--memory-limit", default=None, help="DuckDB's memory limit while sorting: bytes or e.g. 4GB, 512MiB (default: DuckDB's own, 80%% of the memory)")
+    p.add_argument("--temp-dir", default=None, help="where the sort spills (default: a folder inside the output being written, removed after)")
     p.add_argument("--threads", type=int, default=None, help="DuckDB threads (default: one per CPU)")
     p.add_argument("--compression", default="snappy", help="Parquet codec (default snappy)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (shown only on a terminal anyway)")
@@ -72,17 +74,31 @@ def _cmd_digest(a: argparse.Namespace) -> int:
     return 0
 
 
+#: The flags layout's options are given as, for its messages ("--threads must be an int >= 1 ...").
+_LAYOUT_FLAGS = {"memory_limit": "--memory-limit", "threads": "--threads", "compression": "--compression",
+                 "temp_directory": "--temp-dir", "row_group_rows": "--row-group-rows", "files": "--files"}
+
+
 def _cmd_layout(a: argparse.Namespace) -> int:
-    from .rewrite import DigestMismatchError, layout
+    from .. import cli
+    from .rewrite import DigestMismatchError, layout, named, prepare
 
     try:
-        report = layout(a.src, a.dst, sort_by=a.sort_by, group_by=a.group_by, row_group_rows=a.row_group_rows,
-                        bloom_filter=[c for group in a.bloom_filter for c in group], files=a.files,
-                        memory_limit=a.memory_limit, temp_directory=a.temp_dir, threads=a.threads,
-                        compression=a.compression, progress=False if a.no_progress else None)
+        prepare()
     except ImportError as exc:
         print(f"detload layout: error: {exc}", file=sys.stderr)
         return 2
+    try:
+        # Ctrl-C and SIGTERM raise here, so the folder beside DST is removed before the exit (130, 143).
+        with cli.interruptible(), named(_LAYOUT_FLAGS):
+            report = layout(a.src, a.dst, sort_by=a.sort_by, group_by=a.group_by, row_group_rows=a.row_group_rows,
+                            bloom_filter=[c for group in a.bloom_filter for c in group], files=a.files,
+                            memory_limit=a.memory_limit, temp_directory=a.temp_dir, threads=a.threads,
+                            compression=a.compression, progress=False if a.no_progress else None)
+    except KeyboardInterrupt as exc:
+        if getattr(exc, "signum", None) == signal.SIGTERM and not isinstance(exc, cli.Terminated):
+            raise cli.Terminated from None  # a SIGTERM that reached DuckDB first: exit 143, not 130
+        raise
     except DigestMismatchError as exc:
         print(json.dumps(exc.report.to_dict(), indent=2) if a.json else exc.report)
         print(f"detload layout: error: {exc}", file=sys.stderr)

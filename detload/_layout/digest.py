@@ -425,9 +425,13 @@ def digest(source: Any, *, filesystem: Any = None, columns: Sequence[str] | None
 
     total = _Lanes()
     workers = max(1, min(threads or os.cpu_count() or 1, len(tasks)))
-    with ThreadPoolExecutor(max_workers=workers) as ex:
+    ex = ThreadPoolExecutor(max_workers=workers)
+    try:
         for lanes in ex.map(one, tasks):
             total.merge(lanes)  # sums commute: the completion order cannot change the result
+    finally:
+        # On Ctrl-C or an error, the row groups not yet begun are dropped instead of waited for.
+        ex.shutdown(wait=True, cancel_futures=True)
     return total.result()
 
 

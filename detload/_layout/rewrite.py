@@ -4,18 +4,28 @@ DuckDB sorts out of core (memory limit, spill folder); the sorted rows stream ba
 ParquetWriter, cast to the source's Arrow schema, with statistics, the page index, sorting_columns
 and optional bloom filters. Row groups end early at key changes where that costs little. The run
 ends by comparing the order-independent digests of the source and the result (docs/layout.md).
+Everything is written into a locked, marked folder beside DST that becomes DST by one rename once
+the digests match, so an interrupted or failed run never leaves a DST behind.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import math
 import os
+import secrets
 import shutil
+import signal
+import socket
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,20 +33,34 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .._cache.sizes import parse_size
 from .._check import check_int
+from .._discovery import UNFINISHED_LAYOUT, UnfinishedLayoutWarning
 from ..errors import DatasetError, DetloadError, EmptyDatasetError, OptionError, SchemaMismatchError
 from .digest import Digest, column_seed, digest, hash_values
 
-__all__ = ["DigestMismatchError", "LayoutReport", "REPORT_NAME", "layout"]
+__all__ = ["DigestMismatchError", "LayoutError", "LayoutReport", "REPORT_NAME", "layout"]
 
 #: The report written beside the data; the underscore keeps it out of dataset discovery.
 REPORT_NAME = "_detload_layout.json"
 _TMP_NAME = "_detload_sort_tmp"
+#: The folder a run writes into: ".<DST's name>.detload-layout-partial-<pid>-<random>", beside DST.
+_PARTIAL_INFIX = ".detload-layout-partial-"
+#: The Parquet codecs pyarrow writes ("none": uncompressed), of which those built in are offered.
+_CODECS = ("snappy", "gzip", "brotli", "lz4", "lz4_raw", "zstd")
+#: How the options are named in messages: the keywords here, the flags on the command line (`named`).
+_API_NAMES = {k: k for k in ("memory_limit", "threads", "compression", "temp_directory", "row_group_rows", "files")}
+_names: ContextVar[Mapping[str, str]] = ContextVar("detload_layout_names", default=_API_NAMES)
 _FILE_COL = "__detload_file__"
 _ROW_COL = "__detload_row__"
 #: Rows per batch read from the source and fetched from the sorter.
 _BATCH = 65_536
 _INSTALL_HINT = "detload layout needs DuckDB: pip install 'detload[layout]'"
+
+
+class LayoutError(DetloadError, RuntimeError):
+    """A layout could not finish: DuckDB ran out of memory, a disk filled up, or another run is
+    writing the same DST. The message names the option or the path; DST was not created."""
 
 
 class DigestMismatchError(DetloadError, RuntimeError):
@@ -286,10 +310,13 @@ def layout(
     ``dst`` keeps the source's Arrow schema (Hive partition columns become ordinary columns, typed
     as detload types them, at the end), gets statistics, the page index, ``sorting_columns`` and
     bloom filters for ``bloom_filter`` columns, in ``files`` files of row groups of about
-    ``row_group_rows`` rows. DuckDB sorts within ``memory_limit`` (DuckDB's syntax, e.g. "4GB";
-    default DuckDB's own) and spills to ``temp_directory`` (default: a folder inside ``dst``,
-    removed at the end). Raises DigestMismatchError if the output's digest differs from the
-    source's; the report is also written to ``dst/_detload_layout.json``.
+    ``row_group_rows`` rows. DuckDB sorts within ``memory_limit`` (bytes, or a size such as "4GB";
+    default DuckDB's own) and spills to ``temp_directory`` (default: a folder inside the output,
+    removed at the end). The files are written into a folder beside ``dst`` that is renamed to
+    ``dst`` once the digests match, with the report in ``dst/_detload_layout.json``; on any error
+    or interrupt that folder is removed and ``dst`` is not created. Raises DigestMismatchError if
+    the output's digest differs from the source's, LayoutError if the run cannot finish (out of
+    memory, a full disk, another run writing ``dst``).
     """
     t0 = time.perf_counter()
     sort_keys = _key_list(sort_by, "sort_by")
@@ -301,10 +328,16 @@ def layout(
     if group_by is not None and group_by in sort_keys:
         raise OptionError(f"group_by {group_by!r} is also listed in sort_by; groups are always ordered by their key, "
                           "leave it out of sort_by")
-    row_group_rows = check_int("row_group_rows", row_group_rows, 1, what="rows per output row group")
-    files = check_int("files", files, 1, what="output files")
+    shown = _names.get()
+    row_group_rows = check_int(shown["row_group_rows"], row_group_rows, 1, what="rows per output row group")
+    files = check_int(shown["files"], files, 1, what="output files")
     if not 0.0 <= boundary_slack < 1.0:
         raise OptionError(f"boundary_slack must be in [0, 1), got {boundary_slack!r}")
+    # Refused here, before anything is read: DuckDB and the writer would fail only minutes in.
+    memory_bytes = parse_size(memory_limit, shown["memory_limit"])
+    if threads is not None:
+        threads = check_int(shown["threads"], threads, 1, what="DuckDB threads")
+    _check_compression(compression, shown["compression"])
     dst_path = _check_dst(dst)
     try:
         import duckdb
@@ -343,55 +376,371 @@ def layout(
                                "decimal columns; not for booleans, nulls, half floats or nested types)")
 
     on = sys.stderr.isatty() if progress is None else progress
-    tmp = os.fspath(temp_directory) if temp_directory is not None else os.path.join(dst_path, _TMP_NAME)
-    created_dst = not os.path.exists(dst_path)
-    os.makedirs(dst_path, exist_ok=True)
-    written: list[str] = []
-    config: dict[str, Any] = {"temp_directory": tmp, "preserve_insertion_order": False}
-    if memory_limit is not None:
-        config["memory_limit"] = str(memory_limit)
-    if threads is not None:
-        config["threads"] = int(threads)
+    partial = _Partial(dst_path)
     try:
-        con = duckdb.connect(config=config)
-        # DuckDB's own progress bar would print on stdout; tqdm's bars on stderr show the run instead.
-        con.execute("SET enable_progress_bar = false")
+        partial.claim()
+        _phase("claimed")
+        tmp = os.fspath(temp_directory) if temp_directory is not None else os.path.join(partial.path, _TMP_NAME)
+        written: list[str] = []
+        config: dict[str, Any] = {"temp_directory": tmp, "preserve_insertion_order": False}
+        if memory_bytes is not None:
+            config["memory_limit"] = f"{memory_bytes}B"
+        if threads is not None:
+            config["threads"] = threads
+        failure = _DuckDBFailure(duckdb, shown, memory_limit, tmp)
         try:
-            result = _sort_and_write(con, ds, schema, columns, sort_keys, group_by, blooms,
-                                     dst_path, row_group_rows, files, boundary_slack, compression, on, written)
+            try:
+                con = duckdb.connect(config=config)
+            except duckdb.Error as exc:
+                raise failure(exc) from None
+            watch = _SignalWatch(con)
+            try:
+                with watch:
+                    # DuckDB's own progress bar would print on stdout; tqdm's bars on stderr show the run instead.
+                    con.execute("SET enable_progress_bar = false")
+                    result = _sort_and_write(con, ds, schema, columns, sort_keys, group_by, blooms, partial.path,
+                                             row_group_rows, files, boundary_slack, compression, on, written)
+            except Exception as exc:
+                if watch.signum is not None:  # Ctrl-C or SIGTERM, seen by DuckDB or inside its callback first
+                    raise _Interrupted(watch.signum) from None
+                if isinstance(exc, duckdb.Error) or type(exc) is RuntimeError:
+                    raise failure(exc) from None
+                raise
+            finally:
+                con.close()
         finally:
-            con.close()
-    except BaseException:
-        for p in written:
-            with contextlib.suppress(OSError):
-                os.remove(p)
-        if created_dst:
-            shutil.rmtree(dst_path, ignore_errors=True)
-        raise
-    finally:
-        if temp_directory is None:
-            shutil.rmtree(tmp, ignore_errors=True)
-    sizes, sorting, notes = result
-    src_d = digest(src, filesystem=filesystem)
-    dst_d = digest(dst_path)
-    total_bytes = sum(os.path.getsize(p) for p in written)
-    ordered = sorted(sizes)
-    report = LayoutReport(
-        src=_describe(src), dst=dst_path, rows=ds.rows, files=len(written), row_groups=len(sizes),
-        bytes=total_bytes, sort_by=tuple(sort_keys), group_by=group_by, row_group_rows=row_group_rows,
-        row_group_sizes=(ordered[0], ordered[len(ordered) // 2], ordered[-1]), bloom_filter=tuple(blooms),
-        sorting_columns=tuple(sorting), serves=_serves(sort_keys, group_by, blooms, sorting),
-        src_digest=src_d, dst_digest=dst_d, seconds=time.perf_counter() - t0, notes=tuple(notes),
-    )
-    with open(os.path.join(dst_path, REPORT_NAME), "w", encoding="utf-8") as f:
-        json.dump(report.to_dict(), f, indent=2)
-    if not report.ok:
-        raise DigestMismatchError(
-            f"the digest of {dst_path} ({dst_d}) differs from the digest of SRC ({src_d}): the rewrite lost, "
-            f"duplicated or changed rows. Do not use {dst_path}; the report is in {REPORT_NAME} there.",
-            report=report,
+            if temp_directory is None:
+                shutil.rmtree(tmp, ignore_errors=True)
+        _phase("written")
+        sizes, sorting, notes = result
+        src_d = digest(src, filesystem=filesystem)
+        with warnings.catch_warnings():  # the marker is there until the rename: this run's own
+            warnings.simplefilter("ignore", UnfinishedLayoutWarning)
+            dst_d = digest(partial.path)
+        total_bytes = sum(os.path.getsize(p) for p in written)
+        ordered = sorted(sizes)
+        report = LayoutReport(
+            src=_describe(src), dst=dst_path, rows=ds.rows, files=len(written), row_groups=len(sizes),
+            bytes=total_bytes, sort_by=tuple(sort_keys), group_by=group_by, row_group_rows=row_group_rows,
+            row_group_sizes=(ordered[0], ordered[len(ordered) // 2], ordered[-1]), bloom_filter=tuple(blooms),
+            sorting_columns=tuple(sorting), serves=_serves(sort_keys, group_by, blooms, sorting),
+            src_digest=src_d, dst_digest=dst_d, seconds=time.perf_counter() - t0, notes=tuple(notes),
         )
+        if not report.ok:
+            raise DigestMismatchError(
+                f"the digest of the output ({dst_d}) differs from the digest of SRC ({src_d}): the rewrite lost, "
+                f"duplicated or changed rows, so DST {dst_path} was not created; the report holds both digests",
+                report=report,
+            )
+        report_path = os.path.join(partial.path, REPORT_NAME)
+        with _writing(report_path), open(report_path, "w", encoding="utf-8") as f:
+            json.dump(report.to_dict(), f, indent=2)
+        _phase("digested")
+        partial.commit([*written, report_path])
+    except BaseException:
+        partial.discard()
+        raise
+    _phase("renamed")
     return report
+
+
+# -- the folder beside DST, and what can stop a run -----------------------------------------------------
+
+def _phase(name: str) -> None:
+    """A test hook between the phases of a run (tests/layout/test_interrupt.py; never set otherwise):
+    with $DETLOAD_TEST_LAYOUT_FD, write the phase's name and a newline to that descriptor, and
+    wait there when $DETLOAD_TEST_LAYOUT_HOLD names it, so a signal can be sent at that moment.
+
+    The wait ends with the signal: in the main thread its handler raises out of the sleep; in a
+    DuckDB thread (reading the source) the `_SignalWatch` says so, as a read would end there."""
+    fd = os.environ.get("DETLOAD_TEST_LAYOUT_FD")
+    if fd is None:
+        return
+    os.write(int(fd), f"{name}\n".encode())
+    if os.environ.get("DETLOAD_TEST_LAYOUT_HOLD") == name:
+        _signalled.wait(300)
+
+
+#: Set by `_SignalWatch` when Ctrl-C or SIGTERM arrived (read by the test hook above).
+_signalled = threading.Event()
+
+
+class _Partial:
+    """The folder a run writes into, beside DST: marked unfinished, locked (flock) while this
+    process lives, and renamed to DST only after the digests matched.
+
+    The lock is what proves a leftover folder abandoned: the kernel drops it when its process dies,
+    even by SIGKILL, so a later run removes such a folder itself, and refuses to start while another
+    live run holds one for the same DST. The parent folder's lock makes finding and creating these
+    one step, so two runs started together cannot both proceed.
+    """
+
+    def __init__(self, dst: str) -> None:
+        self.dst = dst
+        self.parent, self.name = os.path.split(dst)
+        self.prefix = f".{self.name}{_PARTIAL_INFIX}"
+        self.path = os.path.join(self.parent, f"{self.prefix}{os.getpid()}-{secrets.token_hex(4)}")
+        self.marker = os.path.join(self.path, UNFINISHED_LAYOUT)
+        self.fd: int | None = None
+
+    def claim(self) -> None:
+        os.makedirs(self.parent, exist_ok=True)
+        parent_fd = _open_dir(self.parent)
+        try:
+            if parent_fd is not None:
+                with contextlib.suppress(OSError):  # no locks on this filesystem: the names still differ
+                    fcntl.flock(parent_fd, fcntl.LOCK_EX)
+            for entry in sorted(os.listdir(self.parent)):
+                if entry.startswith(self.prefix):
+                    self._clear(os.path.join(self.parent, entry))
+            _check_dst(self.dst)  # again, under the lock: a run that finished meanwhile made DST
+            os.mkdir(self.path)
+            self.fd = _open_dir(self.path)
+            if self.fd is not None:
+                with contextlib.suppress(OSError):
+                    fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            info = {"what": "the unfinished output of `detload layout`; it becomes DST by a rename once its digest "
+                            "matches the source's. Not data to read.",
+                    "dst": self.dst, "pid": os.getpid(), "host": socket.gethostname(),
+                    "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            with _writing(self.marker), open(self.marker, "w", encoding="utf-8") as f:
+                json.dump(info, f, indent=2)
+        finally:
+            if parent_fd is not None:
+                os.close(parent_fd)
+
+    def _clear(self, other: str) -> None:
+        """Remove another run's folder for this DST when its process is gone; refuse while it lives."""
+        fd = _open_dir(other)
+        if fd is None:
+            return
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = _read_json(os.path.join(other, UNFINISHED_LAYOUT))
+                who = f"pid {owner.get('pid')} on {owner.get('host')}, " if owner else ""
+                raise LayoutError(f"another `detload layout` is writing DST {self.dst} right now ({who}into {other}); "
+                                  "wait for it to finish, or stop it and run again") from None
+            except OSError:  # no locks on this filesystem: whether that run lives cannot be told
+                raise LayoutError(f"{other} is the unfinished output of an earlier `detload layout` into DST "
+                                  f"{self.dst}, and this filesystem cannot tell whether that run still lives; "
+                                  "if it does not, remove that folder and run again") from None
+            entries = set(os.listdir(other))
+            marker = _read_json(os.path.join(other, UNFINISHED_LAYOUT))
+            report = _read_json(os.path.join(other, REPORT_NAME))
+            # Ours: its marker or (killed between removing the marker and the rename) its report names this
+            # DST; or nothing but a marker begun, from a run killed as it started.
+            ours = any(d and os.path.basename(str(d.get("dst", ""))) == self.name for d in (marker, report))
+            if ours or entries <= {UNFINISHED_LAYOUT}:
+                shutil.rmtree(other, ignore_errors=True)
+            else:
+                warnings.warn(UnfinishedLayoutWarning(
+                    f"{other} looks like an unfinished layout of {self.dst} but holds no marker of one; it was "
+                    "left alone: remove it if nothing uses it"), stacklevel=4)
+        finally:
+            os.close(fd)
+
+    def commit(self, files: Sequence[str]) -> None:
+        """Make the folder DST: durable first, then renamed (the marker removed just before)."""
+        for p in files:
+            with _writing(p):
+                _fsync(p)
+        os.remove(self.marker)
+        _fsync(self.path, directory=True)
+        try:
+            os.rename(self.path, self.dst)
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                raise LayoutError(f"DST {self.dst} was created or filled by something else while the layout ran; "
+                                  "the output was removed. Choose another DST or remove that one") from None
+            raise
+        _fsync(self.parent, directory=True)
+        self._unlock()
+
+    def discard(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _open_dir(path: str) -> int | None:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            out = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return out if isinstance(out, dict) else None
+
+
+def _fsync(path: str, *, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        if directory:
+            with contextlib.suppress(OSError):  # not every filesystem syncs a folder
+                os.fsync(fd)
+        else:
+            os.fsync(fd)  # a delayed write error (a full disk, on some filesystems) comes out here
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _writing(path: str) -> Iterator[None]:
+    """Name the file, and say that the disk is full, when writing ``path`` fails."""
+    try:
+        yield
+    except OSError as exc:
+        if isinstance(exc, DetloadError):
+            raise
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(exc)
+        if full:
+            raise LayoutError(f"the disk is full: writing {path} failed (no space left on device). DST was not "
+                              "created and the partial output was removed; free space on that disk, or choose a "
+                              "DST on a disk with room for about the size of SRC") from None
+        raise LayoutError(f"writing {path} failed: {' '.join(str(exc).split())}; DST was not created") from None
+
+
+class _Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM that DuckDB turned into its own error: raised as the interrupt it was."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__()
+        self.signum = signum
+
+
+class _SignalWatch:
+    """While DuckDB runs, cancel its query as soon as Ctrl-C or SIGTERM arrives.
+
+    A signal's Python handler runs only when the main thread returns to Python, which a sort may
+    not do for minutes; the signal's number also goes to a wakeup descriptor, and a thread that
+    reads it interrupts the connection at once. ``signum`` is the signal seen, once the block ends.
+    """
+
+    def __init__(self, con: Any) -> None:
+        self.con = con
+        self.signum: int | None = None
+        self._fds: tuple[int, int] | None = None
+        self._old = -1
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> _SignalWatch:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        try:
+            self._old = signal.set_wakeup_fd(w)
+        except (ValueError, OSError):
+            os.close(r)
+            os.close(w)
+            return self
+        self._fds = (r, w)
+        _signalled.clear()
+        self._thread = threading.Thread(target=self._watch, name="detload-layout-signals", daemon=True)
+        self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        assert self._fds is not None
+        while True:
+            data = os.read(self._fds[0], 64)
+            if not data:
+                return
+            theirs = data.split(b"\0")[0]
+            if self._old >= 0 and theirs:  # whoever watched before (an event loop) still hears of its signals
+                with contextlib.suppress(OSError):
+                    os.write(self._old, theirs)
+            for sig in data:
+                if sig == 0:  # the block ended
+                    return
+                if sig in (signal.SIGINT, signal.SIGTERM) and self.signum is None:
+                    self.signum = sig
+                    _signalled.set()
+                    with contextlib.suppress(Exception):
+                        self.con.interrupt()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fds is None or self._thread is None:
+            return
+        with contextlib.suppress(ValueError, OSError):
+            signal.set_wakeup_fd(self._old)
+        r, w = self._fds
+        os.set_blocking(w, True)
+        os.write(w, b"\0")  # after any signal's byte: the thread has seen those when it stops
+        self._thread.join()
+        os.close(r)
+        os.close(w)
+
+
+class _DuckDBFailure:
+    """DuckDB's errors as one line that names the option or the path to change."""
+
+    def __init__(self, duckdb: Any, shown: Mapping[str, str], memory_limit: Any, spill: str) -> None:
+        self.duckdb = duckdb
+        self.shown = shown
+        self.memory_limit = memory_limit
+        self.spill = os.path.abspath(spill)
+
+    def __call__(self, exc: BaseException) -> LayoutError:
+        text = str(exc)
+        first = text.strip().splitlines()[0].rstrip(".") if text.strip() else type(exc).__name__
+        mem, spill_opt = self.shown["memory_limit"], self.shown["temp_directory"]
+        if "No space left" in text or "max_temp_directory_size" in text:
+            return LayoutError(f"the disk is full: the sort could not write its spill files in {self.spill} "
+                               f"({first}). DST was not created; free space on that disk, or give {spill_opt} a "
+                               "folder on a disk with room for about the size of SRC")
+        if isinstance(exc, self.duckdb.OutOfMemoryException):
+            if self.memory_limit is not None:
+                return LayoutError(f"the sort ran out of memory under {mem} {self.memory_limit} ({first}); raise "
+                                   f"{mem}, or lower {self.shown['threads']} (each thread sorts in buffers of its own)")
+            return LayoutError(f"the sort ran out of memory ({first}); set {mem} below the free memory, so that "
+                               f"it spills to {spill_opt} instead")
+        if isinstance(exc, self.duckdb.IOException):
+            return LayoutError(f"the sort failed to read or write a file ({first}); its spill folder is {self.spill}")
+        return LayoutError(f"the sort failed in DuckDB: {first}")
+
+
+def _check_compression(value: Any, name: str) -> None:
+    codecs = ["none", *(c for c in _CODECS if pa.Codec.is_available(c))]
+    values = list(value.values()) if isinstance(value, Mapping) else [value]
+    for v in values:
+        if not isinstance(v, str) or v.lower() not in codecs:
+            raise OptionError(f"{name} {v!r} is not a Parquet codec this pyarrow writes; use one of "
+                              f"{', '.join(codecs)}")
+
+
+@contextlib.contextmanager
+def named(names: Mapping[str, str]) -> Iterator[None]:
+    """Within the block, layout's messages call its options ``names`` (the command line's flags)."""
+    token = _names.set({**_API_NAMES, **names})
+    try:
+        yield
+    finally:
+        _names.reset(token)
+
+
+def prepare() -> None:
+    """Import now what a layout imports on first use: an interrupt inside an extension's import
+    comes out as an ImportError (see detload.cli.interruptible)."""
+    try:
+        import duckdb  # noqa: F401
+    except ImportError:
+        raise ImportError(_INSTALL_HINT) from None
+    import concurrent.futures.thread  # noqa: F401
+
+    import tqdm  # noqa: F401
 
 
 def _describe(src: Any) -> str:
@@ -417,6 +766,8 @@ def _check_dst(dst: str | os.PathLike[str]) -> str:
     if "://" in path and not path.startswith("file://"):
         raise OptionError(f"DST {path!r} must be a local folder (layout writes with the local filesystem)")
     path = os.path.abspath(path[len("file://"):] if path.startswith("file://") else path)
+    if os.path.islink(path):  # the rename at the end replaces what DST names, not a link to it
+        path = os.path.realpath(path)
     if os.path.exists(path):
         if not os.path.isdir(path):
             raise OptionError(f"DST {path!r} exists and is a file; layout writes into a new or empty folder")
@@ -487,6 +838,8 @@ def _source_reader(ds: Any, columns: list[_Column], partition: dict[str, str], f
     schema = pa.schema(fields)
     fs = ds.filesystem
 
+    first = next(i for i, f in enumerate(ds.files) if sum(f.row_groups))
+
     def batches() -> Iterator[pa.RecordBatch]:
         for fi, f in enumerate(ds.files):
             if not sum(f.row_groups):
@@ -510,6 +863,8 @@ def _source_reader(ds: Any, columns: list[_Column], partition: dict[str, str], f
                         arrays.append(pa.array(np.arange(row, row + n, dtype=np.int64)))
                     row += n
                     bar.update(n)
+                    if extra and row == n and fi == first:
+                        _phase("reading")  # inside DuckDB's scan of the source
                     yield pa.RecordBatch.from_arrays(arrays, schema=schema)
 
     return pa.RecordBatchReader.from_batches(schema, batches())
@@ -573,9 +928,10 @@ def _sort_and_write(con: Any, ds: Any, schema: pa.Schema, columns: list[_Column]
     def open_next() -> pq.ParquetWriter:
         path = os.path.join(dst, f"part-{len(written):05d}.parquet")
         written.append(path)
-        return pq.ParquetWriter(path, schema, compression=compression, write_statistics=True,
-                                write_page_index=True, sorting_columns=sorting_columns,
-                                bloom_filter_options=bloom_opts, store_schema=True)
+        with _writing(path):
+            return pq.ParquetWriter(path, schema, compression=compression, write_statistics=True,
+                                    write_page_index=True, sorting_columns=sorting_columns,
+                                    bloom_filter_options=bloom_opts, store_schema=True)
 
     buf: list[pa.RecordBatch] = []
     lead_h = np.zeros(0, np.uint64)
@@ -589,7 +945,10 @@ def _sort_and_write(con: Any, ds: Any, schema: pa.Schema, columns: list[_Column]
         table = pa.Table.from_batches(buf, schema=schema)
         if writer is None:
             writer = open_next()
-        writer.write_table(table.slice(0, cut), row_group_size=cut)
+        with _writing(written[-1]):
+            writer.write_table(table.slice(0, cut), row_group_size=cut)
+        if not sizes:
+            _phase("writing")  # a part file without its footer yet
         sizes.append(cut)
         file_rows += cut
         # A file ends at a row-group end past its share of rows, never inside a group.
@@ -600,32 +959,40 @@ def _sort_and_write(con: Any, ds: Any, schema: pa.Schema, columns: list[_Column]
             group_h = group_h[cut:]
         buffered -= cut
         if file_rows >= rows_per_file and group_ends and buffered:
-            writer.close()
+            with _writing(written[-1]):
+                writer.close()
             writer = None
             file_rows = 0
 
     with tqdm(total=ds.rows, desc="reading", unit="rows", disable=not progress, file=sys.stderr) as bar:
         con.register("detload_src", _source_reader(ds, columns, partition, file_cols, bar, extra=True))
         sorted_rows = con.sql(query).to_arrow_reader(_BATCH)
-    with tqdm(total=ds.rows, desc="writing", unit="rows", disable=not progress, file=sys.stderr) as bar:
-        for batch in sorted_rows:
-            if not batch.num_rows:
-                continue
-            arrays = [by_name[name].from_sorter(batch.column(i)) for i, name in enumerate(schema.names)]
-            b = pa.RecordBatch.from_arrays(arrays, schema=schema)
-            buf.append(b)
-            buffered += b.num_rows
-            lead_h = np.concatenate([lead_h, hash_values(b.column(lead_key), lead_seed)])
-            if group_h is not None:
-                assert group_by is not None
-                group_h = np.concatenate([group_h, hash_values(b.column(group_by), group_seed)])
-            while buffered > row_group_rows:
-                emit(at_end=False)
-            bar.update(b.num_rows)
-        while buffered:
-            emit(at_end=True)
+    try:
+        with tqdm(total=ds.rows, desc="writing", unit="rows", disable=not progress, file=sys.stderr) as bar:
+            for batch in sorted_rows:
+                if not batch.num_rows:
+                    continue
+                arrays = [by_name[name].from_sorter(batch.column(i)) for i, name in enumerate(schema.names)]
+                b = pa.RecordBatch.from_arrays(arrays, schema=schema)
+                buf.append(b)
+                buffered += b.num_rows
+                lead_h = np.concatenate([lead_h, hash_values(b.column(lead_key), lead_seed)])
+                if group_h is not None:
+                    assert group_by is not None
+                    group_h = np.concatenate([group_h, hash_values(b.column(group_by), group_seed)])
+                while buffered > row_group_rows:
+                    emit(at_end=False)
+                bar.update(b.num_rows)
+            while buffered:
+                emit(at_end=True)
+    except BaseException:
+        if writer is not None:  # closed here, not by the collector later on a file already removed
+            with contextlib.suppress(Exception):
+                writer.close()
+        raise
     if writer is not None:
-        writer.close()
+        with _writing(written[-1]):
+            writer.close()
     con.unregister("detload_src")
     return sizes, sorting, notes
 
