@@ -451,3 +451,11 @@ def test_a_nul_in_the_cache_folder_is_refused_naming_it(ds, tmp_path, no_workers
     assert str(e.value) == (f"{name} {bad!r} holds a NUL character (\\x00) at position {len(str(tmp_path)) + 2}, "
                             "which no path or URI can contain; remove it")
     assert not (tmp_path / "c").exists()
+
+
+def test_a_nul_in_the_manifest_path_is_refused_naming_it(ds, tmp_path, no_workers):
+    bad = f"{tmp_path}/m\x00.jsonl"
+    with pytest.raises(OptionError) as e:
+        Loader(ds, batch_size=8, seed=0, manifest=bad)
+    assert str(e.value) == (f"manifest {bad!r} holds a NUL character (\\x00) at position {len(str(tmp_path)) + 2}, "
+                            "which no path or URI can contain; remove it")
