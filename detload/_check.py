@@ -14,7 +14,7 @@ import numpy as np
 
 from .errors import OptionError
 
-__all__ = ["check_int", "check_path", "check_seconds", "check_writable_file"]
+__all__ = ["check_int", "check_no_nul", "check_path", "check_seconds", "check_writable_file"]
 
 
 def check_int(name: str, value: Any, lo: int, hi: int | None = None, *, below: int | None = None,
@@ -62,6 +62,7 @@ def check_path(name: str, value: Any) -> str:
     if isinstance(value, (str, os.PathLike)):
         path = os.fspath(value)
         if isinstance(path, str):
+            check_no_nul(name, path)
             return path
         value = path
     if isinstance(value, (bytes, bytearray)):
@@ -95,3 +96,12 @@ def check_writable_file(name: str, path: str) -> None:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OptionError(f"{name} {path} cannot be created: {parent} is not writable "
                           "(permissions, or a read-only file system)")
+
+
+def check_no_nul(name: str, path: str) -> None:
+    """Refuse a path or URI holding a NUL character: no file system can name one, and the OS
+    interfaces would fail later with a message about an "embedded null byte" that names nothing."""
+    at = path.find("\x00")
+    if at >= 0:
+        raise OptionError(f"{name} {path!r} holds a NUL character (\\x00) at position {at}, which no path "
+                          "or URI can contain; remove it")

@@ -25,6 +25,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import xxhash
 
+from ._check import check_no_nul
 from ._storage import describe_attempts, display_uri, object_uri, path_on, s3_from_uri
 from ._types import INT96_UNIT, ColumnSpec, column_spec
 from .errors import DatasetError, EmptyDatasetError, OptionError, SchemaMismatchError, SourceError
@@ -238,6 +239,9 @@ def _list_source(source: Any, filesystem: pafs.FileSystem | None, skipped: list[
         single = False
     else:
         raise OptionError(f"source must be a path, a glob, a URI or a non-empty list of them, got {source!r}")
+    for n, item in enumerate(items):
+        if isinstance(item, str):
+            check_no_nul("source" if single else f"source[{n}]", item)
     fs: pafs.FileSystem | None = None
     locations: list[str] = []
     for item in items:

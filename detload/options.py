@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from ._check import check_int, check_seconds
+from ._check import check_int, check_no_nul, check_seconds
 from .errors import OptionError
 
 __all__ = ["Cache", "Distributed", "Pool", "Storage"]
@@ -91,6 +91,7 @@ def _check_cache(dir: Any, limit: Any, map_limit: Any, names: Mapping[str, str])
     if not isinstance(text, str) or not text.strip():
         # "" would make the current directory the cache (an unset $CACHE_DIR in a script).
         raise OptionError(f"{names['dir']} must name a folder, got {dir!r}")
+    check_no_nul(names["dir"], text)
     return text, limit, map_limit
 
 

@@ -431,3 +431,31 @@ def test_unsupported_types_suggest_columns(tmp_path, t, advice):
     assert advice in msg and "columns=[...]" in msg
     with Loader(str(tmp_path), batch_size=8, seed=0, columns=["id"]) as loader:  # what the advice says works
         assert [b["id"].tolist() for b in loader] == [[1]]
+
+
+@pytest.mark.parametrize("given, name", [("{root}/a\x00b", "source"), (["{root}", "{root}/x\x00.parquet"], "source[1]")])
+def test_a_nul_in_source_is_refused_naming_source(ds, no_workers, given, name):
+    source = [s.format(root=ds) for s in given] if isinstance(given, list) else given.format(root=ds)
+    bad = source if isinstance(source, str) else source[1]
+    with pytest.raises(OptionError) as e:
+        Loader(source, batch_size=8, seed=0)
+    assert str(e.value) == (f"{name} {bad!r} holds a NUL character (\\x00) at position {bad.index(chr(0))}, "
+                            "which no path or URI can contain; remove it")
+
+
+@pytest.mark.parametrize("cache, name", [(str, "cache"), (detload.Cache, "Cache.dir")])
+def test_a_nul_in_the_cache_folder_is_refused_naming_it(ds, tmp_path, no_workers, cache, name):
+    bad = f"{tmp_path}/c\x00"
+    with pytest.raises(OptionError) as e:
+        Loader(ds, batch_size=8, seed=0, cache=bad if cache is str else cache(dir=bad))
+    assert str(e.value) == (f"{name} {bad!r} holds a NUL character (\\x00) at position {len(str(tmp_path)) + 2}, "
+                            "which no path or URI can contain; remove it")
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_nul_in_the_manifest_path_is_refused_naming_it(ds, tmp_path, no_workers):
+    bad = f"{tmp_path}/m\x00.jsonl"
+    with pytest.raises(OptionError) as e:
+        Loader(ds, batch_size=8, seed=0, manifest=bad)
+    assert str(e.value) == (f"manifest {bad!r} holds a NUL character (\\x00) at position {len(str(tmp_path)) + 2}, "
+                            "which no path or URI can contain; remove it")

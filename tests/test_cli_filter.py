@@ -108,3 +108,33 @@ def test_a_bad_filter_is_one_error_line(data, capsys, cmd, flt, message):
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"detload {cmd}: error: "), err
     assert message in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("cmd", ["plan", "bench"])
+@pytest.mark.parametrize("flt, message", [
+    # A command line's bytes that are not UTF-8 reach Python as lone surrogates.
+    ('id == "\udcff"', "filter text 'id == \"\\udcff\"' holds the lone surrogate '\\udcff' at column 8, which is "
+                       "not a character and cannot be encoded as UTF-8"),
+    ('[["x", "in", [1.5, NaN]]]', "filter isin on column 'x' lists NaN: NaN is not allowed in isin values"),
+    ('x in (1.5, float("nan"))', "filter isin on column 'x' lists NaN: NaN is not allowed in isin values"),
+])
+def test_a_surrogate_or_nan_in_the_filter_is_one_error_line(data, capsys, cmd, flt, message):
+    root, _ = data
+    args = ["--batch-size", "8", "--seed", "1"] if cmd == "plan" else ["--workers", "1", "--epochs", "1"]
+    assert main([cmd, root, *args, "--filter", flt]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"detload {cmd}: error: {message}"), lines
+
+
+@pytest.mark.parametrize("cmd, where", [("plan", "source"), ("bench", "source"), ("bench", "cache")])
+def test_a_nul_in_a_path_is_one_error_line_naming_the_option(data, tmp_path, capsys, cmd, where):
+    root, _ = data
+    args = ["--batch-size", "8", "--seed", "1"] if cmd == "plan" else ["--workers", "1", "--epochs", "1"]
+    bad = f"{tmp_path}/c\x00" if where == "cache" else f"{root}/p=0\x00"
+    source = root if where == "cache" else bad
+    extra = ["--cache-dir", bad] if where == "cache" else []
+    assert main([cmd, source, *args, *extra]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    name = "--cache-dir" if where == "cache" else "source"
+    assert lines == [f"detload {cmd}: error: {name} {bad!r} holds a NUL character (\\x00) at position "
+                     f"{bad.index(chr(0))}, which no path or URI can contain; remove it"], lines

@@ -75,3 +75,45 @@ def test_a_python_callable_is_refused_saying_to_use_an_expression(root, flt):
         Loader(root, batch_size=8, seed=0, filter=flt)
     assert str(e.value) == (f"filter={flt!r} is a Python callable: it cannot be fingerprinted or pruned — use a "
                             "pyarrow.compute expression or a DNF list")
+
+
+_SURROGATE_TEXT = ("holds the lone surrogate '\\ud800' at column {col}, which is not a character and cannot be "
+                   "encoded as UTF-8 (on a command line it comes from bytes that are not UTF-8); write the filter "
+                   "in valid UTF-8")
+_SURROGATE_VALUE = ("filter value str '\\ud800' does not fit column 's' of type string: it holds the lone surrogate "
+                    "'\\ud800', which is not a character and cannot be stored in a string column (UTF-8 cannot "
+                    "encode it)")
+
+
+@pytest.mark.parametrize("flt, message", [
+    ('s == "\ud800"', "filter text 's == \"\\ud800\"' " + _SURROGATE_TEXT.format(col=7)),
+    ('s\ud800 == "a"', "filter text 's\\ud800 == \"a\"' " + _SURROGATE_TEXT.format(col=2)),
+    ('[["s", "==", "\ud800"]]', "filter text '[[\"s\", \"==\", \"\\ud800\"]]' " + _SURROGATE_TEXT.format(col=15)),
+    ('[["s", "==", "\\ud800"]]', _SURROGATE_VALUE),  # escaped in the JSON: the value is the surrogate
+    ([("s", "==", "\ud800")], _SURROGATE_VALUE),
+    ([("s", "in", ["a", "\ud800"])], _SURROGATE_VALUE),
+    ({"op": "isin", "field": "s", "type": "string", "values": ["\ud800"]}, _SURROGATE_VALUE),
+])
+def test_a_lone_surrogate_is_refused_by_name_not_by_the_codec(root, flt, message):
+    with pytest.raises(OptionError) as e:
+        Loader(root, batch_size=8, seed=0, filter=flt)
+    assert str(e.value) == message
+
+
+_NAN_ISIN = ("filter isin on column 'nf' lists NaN: NaN is not allowed in isin values (filters take no NaN: "
+             "pyarrow's isin would match NaN rows with it, == never does, and other engines disagree); "
+             "remove NaN from the list")
+
+
+@pytest.mark.parametrize("flt", [
+    f("nf").isin([1.0, float("nan")]),
+    f("id").is_valid() & ~f("nf").isin([float("nan")]),
+    [("nf", "in", [1.0, float("nan")])],
+    [("nf", "not in", [float("nan")])],
+    'nf in (1.0, float("nan"))',
+    '[["nf", "in", [1.0, NaN]]]',
+])
+def test_nan_in_an_isin_list_is_named(root, flt):
+    with pytest.raises(OptionError) as e:
+        Loader(root, batch_size=8, seed=0, filter=flt)
+    assert str(e.value) == _NAN_ISIN

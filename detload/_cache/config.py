@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._check import check_no_nul
 from ..errors import OptionError
 from .format import CACHE_FORMAT
 from .sizes import memory_available, parse_size
@@ -92,6 +93,7 @@ def open_cache(cache_dir: str | os.PathLike[str], cache_limit: int | str | None,
     if not isinstance(text, str) or not text.strip():
         # "" would make the current directory the cache (an unset $CACHE_DIR in a script).
         raise OptionError(f"Cache.dir must name a folder, got {cache_dir!r}")
+    check_no_nul("Cache.dir", text)
     base = os.path.abspath(os.path.expanduser(text))
     if os.path.exists(base) and not os.path.isdir(base):
         raise OptionError(f"Cache.dir {base!r} exists and is not a directory")

@@ -15,7 +15,6 @@ import re
 import struct
 import threading
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -25,6 +24,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from ..errors import OptionError
+from .prune import SortedKeys
 
 __all__ = ["BloomReader", "check_bloom_type", "parse_bloom_header", "split_block_contains"]
 
@@ -258,8 +258,9 @@ def check_bloom_type(arrow_type: pa.DataType, *, column: str | None = None) -> N
         )
 
 
-def _encoder(col: Any, arrow_type: pa.DataType) -> Encoder | None:
-    """The PLAIN encoder of one Parquet leaf column, or None when unsupported."""
+def _encoder(col: Any, arrow_type: pa.DataType) -> tuple[Encoder, tuple[Any, ...]] | None:
+    """The PLAIN encoder of one Parquet leaf column and what it depends on (equal for equal
+    encoders, so that hashes of an ``isin`` list are kept across files), or None when unsupported."""
     if not _supported(arrow_type):
         return None
     t = arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
@@ -267,28 +268,116 @@ def _encoder(col: Any, arrow_type: pa.DataType) -> Encoder | None:
     logical = str(col.logical_type)
     if pa.types.is_timestamp(t):
         m = _UNIT_RE.search(logical)
-        return _int_encoder(8, _UNIT_NS[m.group(1)]) if phys == "INT64" and m else None
+        return (_int_encoder(8, _UNIT_NS[m.group(1)]), ("int", 8, _UNIT_NS[m.group(1)])) if phys == "INT64" and m else None
     if pa.types.is_decimal(t):
         if phys == "INT32":
-            return _int_encoder(4)
+            return _int_encoder(4), ("int", 4, 1)
         if phys == "INT64":
-            return _int_encoder(8)
+            return _int_encoder(8), ("int", 8, 1)
         if phys == "FIXED_LEN_BYTE_ARRAY":
-            return _decimal_flba_encoder(col.length)
+            return _decimal_flba_encoder(col.length), ("decimal", col.length)
         return None  # BYTE_ARRAY decimals: the writer picks the byte length
     if phys == "INT32" and (pa.types.is_integer(t) or pa.types.is_date(t)):
-        return _int_encoder(4)
+        return _int_encoder(4), ("int", 4, 1)
     if phys == "INT64" and pa.types.is_integer(t):
-        return _int_encoder(8)
+        return _int_encoder(8), ("int", 8, 1)
     if phys == "FLOAT" and pa.types.is_floating(t):
-        return _float_encoder("<f")
+        return _float_encoder("<f"), ("float", "<f")
     if phys == "DOUBLE" and pa.types.is_floating(t):
-        return _float_encoder("<d")
+        return _float_encoder("<d"), ("float", "<d")
     if phys == "BYTE_ARRAY" and not pa.types.is_fixed_size_binary(t) and not pa.types.is_integer(t):
-        return _bytes_encoder(None)
+        return _bytes_encoder(None), ("bytes", None)
     if phys == "FIXED_LEN_BYTE_ARRAY" and pa.types.is_fixed_size_binary(t):
-        return _bytes_encoder(col.length)
+        return _bytes_encoder(col.length), ("bytes", col.length)
     return None
+
+
+_P1, _P2, _P3, _P4, _P5 = (np.uint64(p) for p in (
+    0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5))
+
+
+def _rotl(x: np.ndarray, r: int) -> np.ndarray:
+    out: np.ndarray = (x << np.uint64(r)) | (x >> np.uint64(64 - r))
+    return out
+
+
+def xxh64_words(words: np.ndarray, width: int) -> np.ndarray:
+    """XXH64 (seed 0) of each value's ``width`` (4 or 8) little-endian bytes, as `xxhash.xxh64_intdigest`
+    gives it, for a whole array at once (the specification's steps for an input under 32 bytes)."""
+    x = words.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        h = np.full(x.shape, _P5 + np.uint64(width), dtype=np.uint64)
+        if width == 8:
+            k = _rotl(x * _P2, 31) * _P1
+            h = _rotl(h ^ k, 27) * _P1 + _P4
+        else:
+            h = _rotl(h ^ (x * _P1), 23) * _P2 + _P3
+        h ^= h >> np.uint64(33)
+        h *= _P2
+        h ^= h >> np.uint64(29)
+        h *= _P3
+        h ^= h >> np.uint64(32)
+    return h
+
+
+def _int_key_hashes(keys: Sequence[Any], width: int, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """`_key_hashes` for `_int_encoder(width, step)`, in NumPy; None when a key is beyond int64."""
+    try:
+        a = np.array(keys, dtype=np.int64)
+    except (OverflowError, TypeError, ValueError):
+        return None
+    if a.ndim != 1:
+        return None
+    q = a // step
+    ok = a % step == 0
+    if width == 4:
+        ok &= (q >= -(1 << 31)) & (q <= (1 << 32) - 1)
+        words = (q[ok] & 0xFFFFFFFF).astype(np.uint64)
+    else:  # every int64 fits 8 bytes; its two's complement is the uint64 view
+        words = q[ok].view(np.uint64)
+    zero = np.zeros(1, dtype=np.int64)
+    return (xxh64_words(words, width), np.concatenate([zero, np.cumsum(ok)]),
+            np.concatenate([zero, np.cumsum(~ok)]))
+
+
+def _key_hashes(encoder: Encoder, keys: Sequence[Any], signature: tuple[Any, ...] = ()
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The hashes of every key's encodings, where key ``i``'s lie (``hashes[starts[i]:starts[i + 1]]``)
+    and how many keys before ``i`` have no encoding (``unencodable[i]``; such a key may be stored)."""
+    if signature[:1] == ("int",) and all(type(k) is int for k in keys):
+        got = _int_key_hashes(keys, signature[1], signature[2])
+        if got is not None:
+            return got
+    hashes: list[int] = []
+    starts = np.zeros(len(keys) + 1, dtype=np.int64)
+    unencodable = np.zeros(len(keys) + 1, dtype=np.int64)
+    bad = 0
+    for i, k in enumerate(keys):
+        encoded = encoder(k)
+        if encoded is None:
+            bad += 1
+        else:
+            hashes.extend(xxhash.xxh64_intdigest(b) for b in encoded)
+        starts[i + 1] = len(hashes)
+        unencodable[i + 1] = bad
+    return np.array(hashes, dtype=np.uint64), starts, unencodable
+
+
+class _RowGroupProbe:
+    """`BloomReader.probe`'s answer: ``probe(column, keys)``, and ``sorted_range`` for an ``isin`` list."""
+
+    __slots__ = ("_reader", "_row_group")
+
+    def __init__(self, reader: BloomReader, row_group: int) -> None:
+        self._reader = reader
+        self._row_group = row_group
+
+    def __call__(self, column: str, values: Sequence[Any]) -> bool:
+        return self._reader.might_contain(self._row_group, column, values)
+
+    def sorted_range(self, column: str, keys: SortedKeys, i: int, j: int) -> bool:
+        """``probe(column, keys.items[i:j])``, from hashes of the whole list made once per encoding."""
+        return self._reader.might_contain_range(self._row_group, column, keys, i, j)
 
 
 # -- the reader ------------------------------------------------------------------------
@@ -320,11 +409,12 @@ class BloomReader:
         #: (row group, column) → why its filter was not used, for diagnostics.
         self.skipped: dict[tuple[int, str], str] = {}
         arrow = metadata.schema.to_arrow_schema()
-        self._columns: dict[str, tuple[int, Encoder | None]] = {}
+        self._columns: dict[str, tuple[int, Encoder | None, tuple[Any, ...]]] = {}
         for i in range(metadata.num_columns):
             col = metadata.schema.column(i)
             if col.path in arrow.names:
-                self._columns[col.path] = (i, _encoder(col, arrow.field(col.path).type))
+                enc = _encoder(col, arrow.field(col.path).type)
+                self._columns[col.path] = (i, None, ()) if enc is None else (i, *enc)
 
     def __enter__(self) -> BloomReader:
         return self
@@ -340,7 +430,7 @@ class BloomReader:
 
     def probe(self, row_group: int) -> Callable[[str, Sequence[Any]], bool]:
         """The ``bloom`` callable `Filter.prune` takes, for one row group."""
-        return partial(self.might_contain, row_group)
+        return _RowGroupProbe(self, row_group)
 
     def has_filter(self, row_group: int, column: str) -> bool:
         """Whether the column chunk has a bloom filter detload can probe."""
@@ -359,7 +449,7 @@ class BloomReader:
         entry = self._columns.get(column)
         if entry is None:
             return True
-        index, encoder = entry
+        index, encoder, _ = entry
         if encoder is None:
             return True
         bitset = self._bitset(row_group, index, column)
@@ -369,6 +459,35 @@ class BloomReader:
         if hashes is None:
             return True
         return bool(split_block_contains(bitset, hashes).any())
+
+    def might_contain_range(self, row_group: int, column: str, keys: SortedKeys, i: int, j: int) -> bool:
+        """`might_contain` of ``keys.items[i:j]``; the list's hashes are made once and kept with it."""
+        if i >= j:
+            return False
+        entry = self._columns.get(column)
+        if entry is None:
+            return True
+        index, encoder, signature = entry
+        if encoder is None:
+            return True
+        bitset = self._bitset(row_group, index, column)
+        if bitset is None:
+            return True
+        enc = encoder
+        hashes, starts, unencodable = keys.memo(("bloom", signature),
+                                                lambda items: _key_hashes(enc, items, signature))
+        if unencodable[j] != unencodable[i]:
+            return True
+        # In growing chunks, stopping at the first hit: a long list nearly always has one early
+        # (a true member or a false positive), and probing all of it per row group would cost
+        # values x row groups again.
+        lo, hi, step = int(starts[i]), int(starts[j]), 256
+        while lo < hi:
+            if split_block_contains(bitset, hashes[lo:min(hi, lo + step)]).any():
+                return True
+            lo += step
+            step = min(step * 2, 65536)
+        return False
 
     def _hash(self, index: int, encoder: Encoder, values: Sequence[Any]) -> np.ndarray | None:
         key = (index, tuple(values))

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Union
 
 import numpy as np
@@ -21,6 +22,7 @@ import pyarrow.dataset as ds
 import xxhash
 
 from ..errors import OptionError
+from .isin import NARROW_MIN, ValueSet
 from .prune import (
     BloomProbe,
     ColumnStats,
@@ -43,7 +45,7 @@ from .scalars import (
     type_name,
     value_type,
 )
-from .text import TEXT_SYNTAX, TextLiteral, read_filter_text, text_literal_hint
+from .text import TEXT_SYNTAX, TextLiteral, check_text, read_filter_text, text_literal_hint
 
 __all__ = [
     "BloomProbe",
@@ -215,6 +217,16 @@ def _raw_expression(raw: Raw) -> pc.Expression:
     raise AssertionError(tag)
 
 
+def _refuse_nan_raw(raw: Raw) -> None:
+    if raw[0] in ("and", "or"):
+        _refuse_nan_raw(raw[1])
+        _refuse_nan_raw(raw[2])
+    elif raw[0] == "not":
+        _refuse_nan_raw(raw[1])
+    elif raw[0] == "isin":
+        _refuse_nan_isin(raw[1], raw[2])
+
+
 class _Json:
     """A literal read from JSON: strings still need decoding by the column's type."""
 
@@ -376,16 +388,84 @@ class _Canonicalizer:
         if tag == "isin":
             _, field, values, skip_nulls = raw
             t = self.column(field, typed=True)
+            quick = _quick_isin(values, t)  # a list it takes holds no NaN
+            if quick is None:
+                _refuse_nan_isin(field, values)
+            vals: list[Any]
+            if quick is not None:  # plain ints or strs: what the general path gives, in one pass
+                null, members = quick
+                vals = [None] if null and not skip_nulls else []
+                vals += members
+                return {"op": "isin", "field": field, "type": type_name(value_type(t)), "values": vals}
             items = [values[i] for i in range(len(values))] if isinstance(values, pa.Array) else list(values)
             null = any(_is_null_literal(x) for x in items)
             fitted = [self.literal(x, field, t, one_zero=False) for x in items if not _is_null_literal(x)]
             if len({ct for ct, _ in fitted}) > 1:  # a float32 column with some inexact literals
                 fitted = [self.literal(x, field, pa.float64(), one_zero=False) for x in items if not _is_null_literal(x)]
             ct = fitted[0][0] if fitted else value_type(t)
-            vals: list[Any] = [None] if null and not skip_nulls else []
+            vals = [None] if null and not skip_nulls else []
             vals += [encode_value(ct, v) for v in _sorted_unique(fitted)]
             return {"op": "isin", "field": field, "type": type_name(ct), "values": vals}
         raise AssertionError(tag)
+
+
+def _is_nan(x: Any) -> bool:
+    if isinstance(x, (_Json, TextLiteral)):
+        x = x.value
+    if isinstance(x, pa.Scalar):
+        x = x.as_py() if x.is_valid and pa.types.is_floating(x.type) else None
+    return isinstance(x, (float, np.floating)) and math.isnan(x)
+
+
+def _refuse_nan_isin(field: str, values: Any) -> None:
+    """NaN in an isin list: pyarrow's isin matches NaN rows with it while == never does and
+    engines disagree on NaN = NaN, so filters take no NaN at all; said plainly, by name."""
+    if isinstance(values, pa.Array):
+        nan = pa.types.is_floating(values.type) and bool(pc.any(pc.is_nan(values)).as_py())
+    else:
+        nan = any(_is_nan(x) for x in values)
+    if nan:
+        raise OptionError(
+            f"filter isin on column {field!r} lists NaN: NaN is not allowed in isin values (filters take no "
+            "NaN: pyarrow's isin would match NaN rows with it, == never does, and other engines disagree); "
+            "remove NaN from the list"
+        )
+
+
+def _quick_isin(values: Any, t: pa.DataType) -> tuple[bool, list[Any]] | None:
+    """(whether a null is listed, the sorted distinct members) of an isin list of plain ints for an
+    integer column or of plain strs for a string column, all in range and valid, exactly as
+    fitting each value would give them; None for any other list (it is fitted value by value)."""
+    fam = family_of(t)
+    if fam not in ("int", "string"):
+        return None
+    if isinstance(values, pa.Array):
+        vt = values.type
+        if not (pa.types.is_integer(vt) if fam == "int" else (pa.types.is_string(vt) or pa.types.is_large_string(vt))):
+            return None
+        items = values.to_pylist()
+    else:
+        items = [x.value if isinstance(x, (_Json, TextLiteral)) else x for x in values]
+    kind = int if fam == "int" else str
+    members = [x for x in items if x is not None]
+    if members and set(map(type, members)) != {kind}:  # exact types: no bool, no subclass
+        return None
+    if members and fam == "int":
+        bits = value_type(t).bit_width
+        unsigned = pa.types.is_unsigned_integer(value_type(t))
+        lo, hi = (0, (1 << bits) - 1) if unsigned else (-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
+        if min(members) < lo or max(members) > hi:
+            return None
+    if members and fam == "string":
+        try:
+            "".join(members).encode("utf-8")
+        except UnicodeEncodeError:
+            return None  # a lone surrogate: refused by name, value by value
+    # sorted(set(members)), done by Arrow: integers sort by value and UTF-8 bytes in code point
+    # order, which is Python's order of ints and strs.
+    arr = pa.array(members, value_type(t) if fam == "int" else pa.string())
+    uniq = pc.unique(arr)
+    return len(members) < len(items), uniq.take(pc.sort_indices(uniq)).to_pylist()
 
 
 def _sorted_unique(fitted: list[tuple[pa.DataType, Any]]) -> list[Any]:
@@ -417,10 +497,13 @@ def parse_filter(
     """
     ptypes = dict(partition_types or {})
     canon = _Canonicalizer(schema, ptypes)
+    if isinstance(filter, str):
+        check_text(filter, "filter text")
     if isinstance(filter, Filter):
         raw = _read_canonical(filter.canonical)
     elif isinstance(filter, pc.Expression):
         raw = _read_expression(filter)
+        _refuse_nan_raw(raw)  # NaN != NaN would fail the check below with a vaguer message
         try:
             same = _raw_expression(raw).equals(filter)
         except Exception:
@@ -473,15 +556,29 @@ class Filter:
     Build one with `parse_filter`. Equal filters compare equal and share a `digest`.
     """
 
-    __slots__ = ("_text", "_partitions", "_compiled")
+    __slots__ = ("_text", "_partitions", "_prepared")
     _text: str
     _partitions: tuple[tuple[str, str], ...]
-    _compiled: Leaf | None
+    _prepared: _Prepared | None
 
     def __init__(self, canonical_text: str, partitions: Sequence[tuple[str, str]] = ()) -> None:
         object.__setattr__(self, "_text", canonical_text)
         object.__setattr__(self, "_partitions", tuple((str(k), str(v)) for k, v in partitions))
-        object.__setattr__(self, "_compiled", None)
+        object.__setattr__(self, "_prepared", None)
+
+    def prepare(self) -> _Prepared:
+        """The parsed tree, pruning closures, expression and ``isin`` value sets, built once.
+
+        Planning calls this before its threads start; every later call returns the same object.
+        """
+        got = self._prepared
+        if got is None:
+            with _PREPARE_LOCK:
+                got = self._prepared
+                if got is None:
+                    got = _Prepared(self._text, self._partitions)
+                    object.__setattr__(self, "_prepared", got)
+        return got
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Filter is immutable")
@@ -515,7 +612,7 @@ class Filter:
     @property
     def columns(self) -> tuple[str, ...]:
         """Every column the filter reads, sorted, Hive partition columns included."""
-        return tuple(sorted(_fields(self.canonical)))
+        return self.prepare().columns
 
     @property
     def partition_columns(self) -> tuple[str, ...]:
@@ -552,7 +649,7 @@ class Filter:
 
     def expression(self) -> pc.Expression:
         """The canonical tree as a pyarrow.compute expression, scalars in their canonical types."""
-        return _build(self.canonical)
+        return self.prepare().expression
 
     # -- pruning ----------------------------------------------------------------
 
@@ -576,11 +673,7 @@ class Filter:
         """
         if num_rows <= 0:
             return "none"
-        root = self._compiled
-        if root is None:
-            root = compile_prune(self.canonical, dict(self._partitions))
-            object.__setattr__(self, "_compiled", root)
-        return verdict(root(stats, partition_values, num_rows, bloom))
+        return verdict(self.prepare().prune(stats, partition_values, num_rows, bloom))
 
     def prune_source(
         self,
@@ -627,35 +720,107 @@ class Filter:
             else:
                 col = pa.array([int(v) if ptype == "int64" else str(v)], typ).take(np.zeros(n, dtype=np.int64))
             t = t.append_column(name, col)
-        mask = ds.dataset(t).to_table(columns={"m": self.expression()}, use_threads=False).column("m")
+        expr = self.prepare().select_expression(t)
+        mask = ds.dataset(t).to_table(columns={"m": expr}, use_threads=False).column("m")
         keep = mask.fill_null(False).to_numpy(zero_copy_only=False)
         return np.flatnonzero(keep).astype(np.int64, copy=False)
 
 
 # -- rebuilding and compiling the canonical tree ---------------------------------------
 
-def _array(t: pa.DataType, values: list[Any]) -> pa.Array:
-    return pa.array([None if v is None else to_scalar(t, v) for v in values], t)
+_PREPARE_LOCK = threading.Lock()
+
+#: ``table -> expression``: the filter's expression for one table (its isin sets narrowed to it).
+Selector = Callable[[pa.Table], pc.Expression]
 
 
-def _build(node: Mapping[str, Any]) -> pc.Expression:
+class _Prepared:
+    """What a `Filter` computes from its canonical text once: the tree, its columns, the pruning
+    closure, the expression and the selection's per-table expression. Each ``isin`` list becomes
+    one `ValueSet` that all of them share, so no row group rebuilds or converts a list."""
+
+    __slots__ = ("tree", "columns", "prune", "expression", "select_expression", "value_sets")
+
+    def __init__(self, text: str, partitions: Sequence[tuple[str, str]]) -> None:
+        tree = json.loads(text)
+        sets: dict[int, ValueSet] = {}
+
+        def walk(node: Mapping[str, Any]) -> None:
+            if "args" in node:
+                for a in node["args"]:
+                    walk(a)
+            elif "arg" in node:
+                walk(node["arg"])
+            elif node["op"] == "isin":
+                sets[id(node)] = ValueSet(node)
+
+        walk(tree)
+        self.tree: dict[str, Any] = tree
+        self.value_sets = list(sets.values())
+        self.columns = tuple(sorted(_fields(tree)))
+        self.prune: Leaf = compile_prune(tree, dict(partitions), lambda n: sets[id(n)].keys)
+        self.expression = _build(tree, sets)
+        self.select_expression: Selector = _selector(tree, sets, self.expression)
+
+
+def _build(node: Mapping[str, Any], sets: Mapping[int, ValueSet]) -> pc.Expression:
     op = node["op"]
     if op in ("and", "or"):
-        out = _build(node["args"][0])
+        out = _build(node["args"][0], sets)
         for a in node["args"][1:]:
-            out = (out & _build(a)) if op == "and" else (out | _build(a))
+            out = (out & _build(a, sets)) if op == "and" else (out | _build(a, sets))
         return out
     if op == "not":
-        return ~_build(node["arg"])
+        return ~_build(node["arg"], sets)
     f = pc.field(node["field"])
     if op == "is_null":
         return f.is_null()
     if op == "is_valid":
         return f.is_valid()
     if op == "isin":
-        t = parse_type_name(node["type"])
-        vals = [None if j is None else node_literal(node, j)[1] for j in node["values"]]
-        return f.isin(_array(t, vals))
+        return f.isin(sets[id(node)].array)
     t, v = node_literal(node, node["value"])
     return _CMP_FUNC[op](f, pc.scalar(to_scalar(t, v)))
+
+
+def _selector(tree: Mapping[str, Any], sets: Mapping[int, ValueSet], whole: pc.Expression) -> Selector:
+    """The expression `Filter.select` evaluates on a table: the filter's, except that a long isin
+    list is narrowed to the members the table's column may hold (`ValueSet.narrowed`), which
+    keeps the same rows and spares ``is_in`` a hash table of the whole list per row group."""
+    if all(vs.size <= NARROW_MIN for vs in sets.values()):
+        return lambda table: whole
+
+    def compile_node(node: Mapping[str, Any]) -> Selector:
+        op = node["op"]
+        if op in ("and", "or"):
+            kids = [compile_node(a) for a in node["args"]]
+            if op == "and":
+                def conj(table: pa.Table) -> pc.Expression:
+                    out = kids[0](table)
+                    for k in kids[1:]:
+                        out = out & k(table)
+                    return out
+                return conj
+
+            def disj(table: pa.Table) -> pc.Expression:
+                out = kids[0](table)
+                for k in kids[1:]:
+                    out = out | k(table)
+                return out
+            return disj
+        if op == "not":
+            kid = compile_node(node["arg"])
+            return lambda table: ~kid(table)
+        vs = sets.get(id(node))
+        fixed = _build(node, sets)
+        if vs is None or vs.size <= NARROW_MIN:
+            return lambda table: fixed
+        field = node["field"]
+
+        def isin(table: pa.Table) -> pc.Expression:
+            subset = vs.narrowed(table.column(field))
+            return fixed if subset is None else pc.field(field).isin(subset)
+        return isin
+
+    return compile_node(tree)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import math
 import re
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -26,6 +27,7 @@ __all__ = [
     "Leaf",
     "PruneResult",
     "PruneSource",
+    "SortedKeys",
     "compile_prune",
     "row_group_stats",
     "verdict",
@@ -104,11 +106,41 @@ def _partition_key(ptype: str, value: Any) -> Any:
 _MISSING = object()
 
 
-def compile_prune(node: Mapping[str, Any], partitions: Mapping[str, str]) -> Leaf:
-    """One closure for a canonical tree; ``partitions`` maps the Hive columns it reads to their types."""
+class SortedKeys:
+    """An ``isin`` list's keys in the statistics' comparison domain, sorted, and what is derived
+    from them once and kept (`memo`: a bloom filter's hashes of every key, per encoding), so that
+    a row group costs a binary search and a slice, not a pass over the list."""
+
+    __slots__ = ("items", "_memo", "_lock")
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+        self._memo: dict[Any, Any] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def memo(self, key: Any, build: Callable[[list[Any]], Any]) -> Any:
+        """``build(items)``, computed once per ``key`` (thread-safe)."""
+        got = self._memo.get(key, _MISSING)
+        if got is _MISSING:
+            with self._lock:
+                got = self._memo.get(key, _MISSING)
+                if got is _MISSING:
+                    got = self._memo[key] = build(self.items)
+        return got
+
+
+def compile_prune(node: Mapping[str, Any], partitions: Mapping[str, str],
+                  keys_of: Callable[[Mapping[str, Any]], SortedKeys] | None = None) -> Leaf:
+    """One closure for a canonical tree; ``partitions`` maps the Hive columns it reads to their types.
+
+    ``keys_of(node)`` gives an ``isin`` node's `SortedKeys` when the caller already built them.
+    """
     op = node["op"]
     if op in ("and", "or"):
-        kids = [compile_prune(a, partitions) for a in node["args"]]
+        kids = [compile_prune(a, partitions, keys_of) for a in node["args"]]
         table = _AND if op == "and" else _OR
         stop = _F if op == "and" else _T
 
@@ -122,7 +154,7 @@ def compile_prune(node: Mapping[str, Any], partitions: Mapping[str, str]) -> Lea
 
         return combine
     if op == "not":
-        kid = compile_prune(node["arg"], partitions)
+        kid = compile_prune(node["arg"], partitions, keys_of)
         return lambda stats, pv, n, bloom: _NOT[kid(stats, pv, n, bloom)]
     field = node["field"]
     if op in ("is_null", "is_valid"):
@@ -147,11 +179,14 @@ def compile_prune(node: Mapping[str, Any], partitions: Mapping[str, str]) -> Lea
     t = parse_type_name(node["type"])
     is_float = family_of(t) == "float"
     if op == "isin":
-        keys = sorted(compare_key(t, node_literal(node, j)[1]) for j in node["values"] if j is not None)
+        if keys_of is not None:
+            keys = keys_of(node)
+        else:
+            keys = SortedKeys(sorted(compare_key(t, node_literal(node, j)[1]) for j in node["values"] if j is not None))
         null_hit = _T if None in node["values"] else _F
         if field in partitions:
             ptype = partitions[field]
-            keyset = set(keys)
+            keyset = set(keys.items)
 
             def part_isin(stats: Mapping[str, Any], pv: Mapping[str, Any], n: int, bloom: Any) -> int:
                 v = pv.get(field, _MISSING)
@@ -229,8 +264,9 @@ def _cmp_leaf(field: str, op: str, v: Any, is_float: bool) -> Leaf:
     return leaf
 
 
-def _isin_leaf(field: str, keys: list[Any], null_hit: int, is_float: bool) -> Leaf:
+def _isin_leaf(field: str, sorted_keys: SortedKeys, null_hit: int, is_float: bool) -> Leaf:
     nan = _F if is_float else 0
+    keys = sorted_keys.items
 
     def leaf(stats: Mapping[str, Any], pv: Mapping[str, Any], n: int, bloom: Any) -> int:
         s = stats.get(field) or _UNKNOWN
@@ -243,8 +279,11 @@ def _isin_leaf(field: str, keys: list[Any], null_hit: int, is_float: bool) -> Le
         i = 0 if lo is None else bisect.bisect_left(keys, lo)
         j = len(keys) if hi is None else bisect.bisect_right(keys, hi)
         t = i < j
-        if t and bloom is not None and not bloom(field, keys[i:j]):
-            t = False
+        if t and bloom is not None:
+            # A bloom reader's probe hashes the whole list once and slices the hashes.
+            ranged = getattr(bloom, "sorted_range", None)
+            if not (ranged(field, sorted_keys, i, j) if ranged is not None else bloom(field, keys[i:j])):
+                t = False
         f = lo is None or hi is None or lo != hi or j - i != 1
         return out | nan | (_T if t else 0) | (_F if f else 0)
 

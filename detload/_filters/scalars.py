@@ -25,6 +25,7 @@ __all__ = [
     "SUPPORTED_SUBSET",
     "coerce",
     "compare_key",
+    "compare_keys",
     "decode_value",
     "encode_value",
     "family_of",
@@ -255,6 +256,11 @@ def coerce(value: Any, column: str, t: pa.DataType, *, one_zero: bool = True) ->
     if fam == "string":
         if kind != "str":
             raise bad("a string column is compared with str values only")
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise bad(f"it holds the lone surrogate {v[e.start]!r}, which is not a character and cannot be "
+                      "stored in a string column (UTF-8 cannot encode it)") from None
         return t, v
     if fam == "binary":
         if kind != "bytes":
@@ -348,6 +354,17 @@ def compare_key(t: pa.DataType, v: Any) -> Any:
     if fam == "timestamp":
         return v * _NS[t.unit]
     return v
+
+
+def compare_keys(t: pa.DataType, values: list[Any]) -> list[Any]:
+    """`compare_key` of each of ``values`` (internal values of type ``t``), in one pass."""
+    fam = family_of(t)
+    if fam == "string":
+        return [v.encode("utf-8") for v in values]
+    if fam == "timestamp":
+        step = _NS[t.unit]
+        return [v * step for v in values]
+    return list(values)
 
 
 def to_scalar(t: pa.DataType, v: Any) -> pa.Scalar:

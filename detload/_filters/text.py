@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from ..errors import OptionError
 
-__all__ = ["FILTER_HELP", "TEXT_SYNTAX", "TextLiteral", "read_filter_text", "text_literal_hint"]
+__all__ = ["FILTER_HELP", "TEXT_SYNTAX", "TextLiteral", "check_text", "read_filter_text", "text_literal_hint"]
 
 TEXT_SYNTAX = (
     "COLUMN OP LITERAL with OP one of == != < <= > >= (the literal may come first; a chain such as "
@@ -306,8 +306,23 @@ def _balanced(tag: str, parts: list[Raw]) -> Raw:
     return (tag, _balanced(tag, parts[:mid]), _balanced(tag, parts[mid:]))
 
 
+def check_text(text: str, what: str) -> None:
+    """Refuse text that holds a lone surrogate (U+D800 to U+DFFF): it is no character, UTF-8 cannot
+    encode it, and on a command line it stands for bytes that were not UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        shown = text if len(text) <= 200 else text[:197] + "..."
+        raise OptionError(
+            f"{what} {shown!r} holds the lone surrogate {text[e.start]!r} at column {e.start + 1}, which is not "
+            "a character and cannot be encoded as UTF-8 (on a command line it comes from bytes that are not "
+            "UTF-8); write the filter in valid UTF-8"
+        ) from None
+
+
 def read_filter_text(text: str) -> Raw:
     """Read filter text into a raw tree whose literals are `TextLiteral` (None in an in-list stays None)."""
+    check_text(text, "filter text")
     stripped = text.strip()
     reader = _Reader(stripped)
     if not stripped:
