@@ -215,6 +215,23 @@ def spread(n: int, groups: int, keys: np.ndarray, jitter: int | None) -> np.ndar
     return out
 
 
+def balance(piece_rows: np.ndarray, tasks: int, keys: np.ndarray, tolerance: int) -> np.ndarray:
+    """The task of each piece (canonical order) such that every task's rows stay level with the
+    others' over every prefix: each piece goes to one of the tasks whose rows so far are below the
+    smallest + ``tolerance``, the choice made by the piece's key. With equal pieces and a tolerance
+    below their size this is `spread` with independent strata; with unequal ones (a file's short
+    last row group) no task falls behind by more than ``tolerance`` + the largest piece anywhere in
+    the canonical order, so every task covers every part of it in rows, not only in row groups."""
+    load = np.zeros(tasks, dtype=np.int64)
+    out = np.empty(len(piece_rows), dtype=np.int64)
+    for i, r in enumerate(piece_rows.tolist()):
+        low = np.flatnonzero(load < load.min() + tolerance)
+        t = int(low[int(keys[i] % np.uint64(len(low)))])
+        out[i] = t
+        load[t] += r
+    return out
+
+
 def _balanced(rows: int, parts: int) -> tuple[int, ...]:
     return tuple(i * rows // parts for i in range(parts + 1))
 
@@ -239,8 +256,8 @@ def _partitions(units: list[Piece], seed: int, epoch: int, P: int, jitter: int |
 
 
 def stratified_order(unit_rows: Sequence[int] | np.ndarray, seed: int, epoch: int, *, window: int = 16,
-                     block_rows: int | None = None, partitions: int = 1, jitter: int | None = None
-                     ) -> EpochOrder:
+                     block_rows: int | None = None, partitions: int = 1, jitter: int | None = None,
+                     assign: str = "strata") -> EpochOrder:
     """The proposed default: stratified windows.
 
     Within each partition (its row groups in canonical order), T = ceil(n_p / window) tasks each take
@@ -249,6 +266,9 @@ def stratified_order(unit_rows: Sequence[int] | np.ndarray, seed: int, epoch: in
     (stream ``[TAG_MIX_ROWS, seed_lo, seed_hi, epoch, partition, task]``) and cut into
     ceil(rows / block_rows) blocks of equal size (within one row). The partition's stream is its
     tasks in number order.
+
+    ``assign="rows"`` instead forms T = ceil(rows_p / (window * median rows)) tasks and deals row
+    groups with `balance`, so tasks stay level in rows over the canonical order (unequal row groups).
     """
     rows = _check_rows(unit_rows)
     if window < 1 or partitions < 1:
@@ -263,9 +283,15 @@ def stratified_order(unit_rows: Sequence[int] | np.ndarray, seed: int, epoch: in
         if n == 0:
             streams.append(np.zeros(0, dtype=np.int64))
             continue
-        T = -(-n // window)
-        keys = _raw(_entropy(TAG_MIX_TASKS, seed, epoch, p), -(-n // T) * T)
-        task_of = spread(n, T, keys, jitter)
+        if assign == "rows":
+            med = int(np.median(rows))
+            prow = np.asarray([pc.rows for pc in pieces], dtype=np.int64)
+            T = max(1, -(-int(prow.sum()) // (window * med)))
+            task_of = balance(prow, T, _raw(_entropy(TAG_MIX_TASKS, seed, epoch, p), n), med)
+        else:
+            T = -(-n // window)
+            keys = _raw(_entropy(TAG_MIX_TASKS, seed, epoch, p), -(-n // T) * T)
+            task_of = spread(n, T, keys, jitter)
         pos, out = 0, []
         for t in range(T):
             mine = tuple(pieces[i] for i in np.flatnonzero(task_of == t))
@@ -275,7 +301,8 @@ def stratified_order(unit_rows: Sequence[int] | np.ndarray, seed: int, epoch: in
             out.append(ids)
             pos += len(ids)
         streams.append(np.concatenate(out))
-    return EpochOrder(f"stratified K={window}" + ("" if jitter is None else f" jitter={jitter}"),
+    return EpochOrder(f"stratified K={window}" + ("" if jitter is None else f" jitter={jitter}")
+                      + (" by rows" if assign == "rows" else ""),
                       rows, tuple(streams), tuple(tasks), TAG_MIX_ROWS, seed, epoch)
 
 

@@ -27,6 +27,7 @@ def _orders(rows: list[int], seed: int, epoch: int, P: int) -> list[o.EpochOrder
     return [
         o.stratified_order(rows, seed, epoch, window=8, block_rows=40, partitions=P),
         o.stratified_order(rows, seed, epoch, window=5, block_rows=64, partitions=P, jitter=2),
+        o.stratified_order(rows, seed, epoch, window=4, block_rows=50, partitions=P, assign="rows"),
         o.windowed_order(rows, seed, epoch, window=3, partitions=P),
         o.chunk_order(rows, seed, epoch, chunk_rows=16, block_rows=100, partitions=P),
     ]
@@ -109,6 +110,27 @@ def test_tasks_span_the_partition(jitter: int | None) -> None:
         assert len(pos) >= n // T
         if jitter is not None:
             assert np.diff(pos).max() < T + jitter
+
+
+def test_balance_keeps_tasks_level_in_rows() -> None:
+    # Short last row groups of every file (the AUC data's 424-row ones) must not leave a task
+    # behind in some part of the canonical order: over every prefix, tasks differ by less than
+    # the tolerance plus the largest piece.
+    rows = np.asarray(([4096] * 6 + [424]) * 8 + list(np.random.default_rng(1).integers(1, 5000, 40)))
+    tol = int(np.median(rows))
+    for T in (1, 3, 7):
+        task = o.balance(rows, T, o._raw([9, 9, 9, 9], len(rows)), tol)
+        loads = np.zeros(T, dtype=np.int64)
+        for i in range(len(rows)):
+            loads[task[i]] += rows[i]
+            assert loads.max() - loads.min() < tol + rows.max()
+    # Equal row groups: one per task in every run of T (independent strata).
+    task = o.balance(np.full(20, 10), 4, o._raw([1, 1, 1, 1], 20), 10)
+    assert all(sorted(task[i:i + 4].tolist()) == [0, 1, 2, 3] for i in range(0, 20, 4))
+    # Different keys give different groupings (the randomness is in the choice, not only ties).
+    a = o.balance(rows, 5, o._raw([1, 2, 3, 4], len(rows)), tol)
+    b = o.balance(rows, 5, o._raw([1, 2, 3, 5], len(rows)), tol)
+    assert not np.array_equal(a, b)
 
 
 def test_spread_gives_every_group_one_slot_per_stratum() -> None:
