@@ -255,7 +255,7 @@ def _partitions(units: list[Piece], seed: int, epoch: int, P: int, jitter: int |
     return [sorted(p, key=lambda x: (x.unit, x.first)) for p in parts], cuts
 
 
-def stratified_order(unit_rows: Sequence[int] | np.ndarray, seed: int, epoch: int, *, window: int = 16,
+def stratified_order(unit_rows: Sequence[int] | np.ndarray, seed: int, epoch: int, *, window: int = 64,
                      block_rows: int | None = None, partitions: int = 1, jitter: int | None = None,
                      assign: str = "strata") -> EpochOrder:
     """The proposed default: stratified windows.
