@@ -43,6 +43,7 @@ _EXPORTS = {
     "Storage": "options",
     "Transform": "transform",
     "TransformContext": "transform",
+    "UnitList": "plan",
     "UnsupportedTypeError": "errors",
     "WorkerError": "errors",
     "WorkerStalledError": "errors",
@@ -88,6 +89,7 @@ __all__ = [
     "Storage",
     "Transform",
     "TransformContext",
+    "UnitList",
     "UnsupportedTypeError",
     "WorkerError",
     "WorkerStalledError",
@@ -128,7 +130,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from .loader import BlockMemoryWarning, Loader
     from .options import Cache, Distributed, Pool, Storage
     from .packed import Packed
-    from .plan import OrderOptions, Plan, make_plan
+    from .plan import OrderOptions, Plan, UnitList, make_plan
     from .starvation import StarvationReport, starvation_check
     from .stats import StageStats, Stats
     from .transform import Transform, TransformContext

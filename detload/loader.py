@@ -41,12 +41,12 @@ from .audit import MANIFEST_FORMAT, MANIFEST_VERSION, ManifestWriter
 from .errors import DataError, DetloadError, OptionError, StateError, WorkerError
 from .options import Cache, Distributed, Pool, PoolKind, Storage, resolve_groups
 from .plan import (
-    PLAN_FORMAT_V2,
+    PLAN_FORMAT_VERSION,
     OrderOptions,
-    PlanV2,
+    Plan,
     UnitList,
     block_memory_warning,
-    make_plan_v2,
+    make_plan,
 )
 from .stats import Stats, _cores, summarize
 
@@ -318,7 +318,7 @@ class Loader:
             "null_fill": {k: _jsonable(v) for k, v in sorted(self.null_fill.items())},
             # 1 unless an INT96 column is loaded, so that other datasets keep their states.
             "type_mapping": type_mapping_version(self.specs),
-            "plan_format": PLAN_FORMAT_V2,
+            "plan_format": PLAN_FORMAT_VERSION,
             "dataset": self.dataset.fingerprint,
             # The units the plan cuts into partitions; the fingerprint covers them through this.
             "units_digest": self._units.digest,
@@ -350,7 +350,7 @@ class Loader:
         if self._filter_stats is not None:  # the selection pass ran above: traced as "select"
             self._tracer.planned(self._select_spans, self._filter_stats.as_dict())
         self._epoch = 0
-        self._plans: dict[int, PlanV2] = {}
+        self._plans: dict[int, Plan] = {}
         self._memory_checked = False
         self._resume_step = 0
         self._position = 0  # batches of the current epoch already yielded
@@ -485,7 +485,7 @@ class Loader:
             per += _ragged_bytes_per_row(self.dataset, ragged)
         return per
 
-    def _warn_block_memory(self, plan: PlanV2) -> None:
+    def _warn_block_memory(self, plan: Plan) -> None:
         """Warn once per loader when the largest block would exceed the block memory budget."""
         if self._block_memory is None:
             return
@@ -507,11 +507,11 @@ class Loader:
             self._resume_step = 0
             self._position = 0
 
-    def plan(self, epoch: int | None = None) -> PlanV2:
+    def plan(self, epoch: int | None = None) -> Plan:
         e = self._epoch if epoch is None else epoch
         p = self._plans.get(e)
         if p is None:
-            p = make_plan_v2(self._units, self.options, epoch=e, rank=self.rank,
+            p = make_plan(self._units, self.options, epoch=e, rank=self.rank,
                              dataset_fingerprint=self.fingerprint)
             if not self._memory_checked:
                 self._memory_checked = True
@@ -550,7 +550,7 @@ class Loader:
             "detload_version": __version__,
             "order": self.order,
             "fingerprint": self.fingerprint,
-            "plan_format": PLAN_FORMAT_V2,
+            "plan_format": PLAN_FORMAT_VERSION,
             "batch_size": self.options.batch_size,
             "rank": self.rank,
             "world_size": self.options.world_size,
@@ -773,7 +773,7 @@ class Loader:
         return {
             "format": STATE_FORMAT_VERSION,
             "fingerprint": self.fingerprint,
-            "plan_format": PLAN_FORMAT_V2,
+            "plan_format": PLAN_FORMAT_VERSION,
             "epoch": self._epoch,
             "step": self._position,
             "order": dict(self.order),

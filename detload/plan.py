@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -22,13 +21,10 @@ from .errors import EmptyDatasetError, OptionError
 
 __all__ = [
     "DEFAULT_BLOCK_BUDGET",
-    "PLAN_FORMAT_V2",
     "PLAN_FORMAT_VERSION",
     "Block",
-    "BlockV2",
     "OrderOptions",
     "Plan",
-    "PlanV2",
     "Range",
     "Unit",
     "UnitList",
@@ -38,13 +34,14 @@ __all__ = [
     "group_permutation",
     "group_row_order",
     "make_plan",
-    "make_plan_v2",
+    "order_fingerprint",
     "row_group_entropy",
     "unit_permutation",
 ]
 
-#: Bumped whenever the same inputs would yield a different order.
-PLAN_FORMAT_VERSION = 1
+#: Bumped whenever the same inputs would yield a different order. Format 1 (whole row
+#: groups dealt round-robin to partitions) is gone; 2 is the only format.
+PLAN_FORMAT_VERSION = 2
 
 # Purpose tags: the first entropy word of every random stream, so that streams
 # of different purposes never coincide even when the other words do.
@@ -251,136 +248,6 @@ class OrderOptions:
         return d
 
 
-@dataclass(frozen=True)
-class Block:
-    """``shuffle_window`` consecutive units of one partition, whose rows are permuted together.
-
-    ``start`` is the block's first row within its partition's stream; ``first_step``
-    and ``last_step`` the steps whose micro-batches take rows from it.
-    """
-
-    partition: int
-    number: int
-    units: tuple[int, ...]
-    rows: int
-    start: int
-    first_step: int
-    last_step: int
-
-    @property
-    def end(self) -> int:
-        return self.start + self.rows
-
-
-class _Steps:
-    """What every plan format computes alike from its partition streams: steps, ranks, schedules.
-
-    The attributes are declared by the plan classes (frozen dataclasses).
-    """
-
-    options: OrderOptions
-    rank: int
-    partition_rows: tuple[int, ...]
-    schedule: tuple[Any, ...]
-    #: Grouped plans (``group_batches``): per partition, the first row of each of its
-    #: micro-batches and its end (len = the partition's own step count + 1); None otherwise.
-    step_starts: tuple[np.ndarray, ...] | None = None
-
-    @property
-    def owned_partitions(self) -> range:
-        per = self.options.partitions // self.options.world_size
-        return range(self.rank * per, (self.rank + 1) * per)
-
-    def micro_range(self, partition: int, step: int) -> tuple[int, int]:
-        """Rows [lo, hi) of ``partition``'s stream that ``step`` yields (maybe empty)."""
-        n = self.partition_rows[partition]
-        if self.step_starts is not None:
-            s = self.step_starts[partition]
-            if step + 1 < len(s):
-                return int(s[step]), int(s[step + 1])
-            return n, n  # the partition ran out: an empty micro-batch (docs/packing.md)
-        m = self.options.micro_batch
-        return min(step * m, n), min(step * m + m, n)
-
-    def step_rows(self, step: int) -> int:
-        """Rows this rank's batch at ``step`` holds."""
-        return sum(hi - lo for lo, hi in (self.micro_range(p, step) for p in self.owned_partitions))
-
-    def schedule_from(self, step: int) -> tuple[Any, ...]:
-        """The blocks still needed when the epoch starts (or resumes) at ``step``."""
-        if step == 0:
-            return self.schedule
-        # A block is still needed if its last micro-batch is at or after ``step``
-        # (without groups: its end lies past row step * m).
-        return tuple(b for b in self.schedule if b.last_step >= step)
-
-    def worker_schedules(self, workers: int, start_step: int = 0) -> list[list[Any]]:
-        """Block k of the schedule goes to worker k mod ``workers``."""
-        out: list[list[Any]] = [[] for _ in range(workers)]
-        for k, b in enumerate(self.schedule_from(start_step)):
-            out[k % workers].append(b)
-        return out
-
-
-@dataclass(frozen=True)
-class Plan(_Steps):
-    """One epoch's plan for one rank. Plain data: print it, test it, fingerprint it."""
-
-    options: OrderOptions
-    epoch: int
-    rank: int
-    unit_rows: np.ndarray = field(repr=False)
-    unit_order: np.ndarray = field(repr=False)
-    partition_rows: tuple[int, ...]
-    blocks: tuple[tuple[Block, ...], ...] = field(repr=False)
-    steps: int
-    dropped_rows: int
-    fingerprint: str
-    schedule: tuple[Block, ...] = field(repr=False)
-
-    @property
-    def total_rows(self) -> int:
-        return int(self.unit_rows.sum())
-
-    def to_dict(self, workers: int = 1) -> dict[str, object]:
-        """A JSON-able description (what ``detload plan`` prints)."""
-        return {
-            "plan_format": PLAN_FORMAT_VERSION,
-            "fingerprint": self.fingerprint,
-            "epoch": self.epoch,
-            "rank": self.rank,
-            "options": self.options.order_dict() | {"batch_size": self.options.batch_size,
-                                                    "world_size": self.options.world_size},
-            "units": int(self.unit_rows.shape[0]),
-            "rows": self.total_rows,
-            "steps": self.steps,
-            "dropped_rows": self.dropped_rows,
-            "partition_rows": list(self.partition_rows),
-            "unit_order": self.unit_order.tolist(),
-            "blocks": [
-                {
-                    "k": k,
-                    "partition": b.partition,
-                    "number": b.number,
-                    "units": list(b.units),
-                    "rows": b.rows,
-                    "steps": [b.first_step, b.last_step],
-                    "worker": k % workers,
-                }
-                for k, b in enumerate(self.schedule)
-            ],
-        }
-
-
-def order_fingerprint(dataset_fingerprint: str, options: OrderOptions) -> str:
-    """Identifies the order of every epoch: same fingerprint, same batches."""
-    payload = json.dumps(
-        {"plan_format": PLAN_FORMAT_VERSION, "dataset": dataset_fingerprint, **options.order_dict()},
-        sort_keys=True,
-    )
-    return xxhash.xxh3_128_hexdigest(payload.encode())
-
-
 def _steps(part_rows: Sequence[int], m: int, drop_last: bool) -> int:
     """Steps every rank takes: each partition gives one micro-batch of ``m`` rows per step, so
     the shortest partition's full micro-batches (drop_last) or the longest one's, last short."""
@@ -395,104 +262,9 @@ def _rank_schedule(blocks: Sequence[Sequence[Any]], options: OrderOptions, rank:
     return tuple(sorted(needed, key=lambda b: (b.first_step, b.partition, b.number)))
 
 
-def make_plan(
-    unit_rows: Sequence[int] | np.ndarray,
-    options: OrderOptions,
-    *,
-    epoch: int,
-    rank: int = 0,
-    dataset_fingerprint: str = "",
-) -> Plan:
-    """Plan epoch ``epoch`` for ``rank``.
-
-    ``unit_rows[j]`` is the row count of unit j (a non-empty row group) in
-    canonical order. Unit j of the permuted list goes to partition j mod P;
-    within a partition, ``shuffle_window`` consecutive units form a block; the
-    partition's stream is its blocks' rows in order and step i takes rows
-    [i*m, (i+1)*m) of every partition (m = global batch / P).
-
-    Deprecated: this is plan format 1, which the loader no longer uses (its
-    partitions follow the writer's row-group sizes); `make_plan_v2` is format 2.
-    """
-    warnings.warn("make_plan builds a format-1 plan, which Loader no longer uses; use make_plan_v2 "
-                  "(plan format 2: row-range units, partitions balanced by rows). make_plan goes in a "
-                  "later release", DeprecationWarning, stacklevel=2)
-    return _make_plan_v1(unit_rows, options, epoch=epoch, rank=rank, dataset_fingerprint=dataset_fingerprint)
-
-
-def _make_plan_v1(
-    unit_rows: Sequence[int] | np.ndarray,
-    options: OrderOptions,
-    *,
-    epoch: int,
-    rank: int = 0,
-    dataset_fingerprint: str = "",
-) -> Plan:
-    check_int("epoch", epoch, 0, _U32, shown="[0, 2**32)")
-    check_int("rank", rank, 0)
-    if rank >= options.world_size:
-        raise OptionError(f"rank {rank} is not below the world size {options.world_size}")
-    rows = np.asarray(unit_rows, dtype=np.int64)
-    if rows.ndim != 1 or (rows <= 0).any():
-        raise OptionError("unit_rows must list positive row counts (empty row groups are not units)")
-    n = int(rows.shape[0])
-    if n == 0:
-        raise EmptyDatasetError("the dataset has no rows: every file is empty")
-    P = options.partitions
-    if n < P:
-        raise OptionError(
-            f"partitions={P} exceeds the {n} non-empty row groups of the dataset: "
-            "some partitions would hold no data. Use fewer partitions or smaller row groups."
-        )
-    order = unit_permutation(options.seed, epoch, n) if options.shuffle else np.arange(n, dtype=np.int64)
-    m = options.micro_batch
-    blocks: list[tuple[Block, ...]] = []
-    part_rows: list[int] = []
-    for p in range(P):
-        units = order[p::P]
-        bs: list[Block] = []
-        start = 0
-        for number, lo in enumerate(range(0, len(units), options.shuffle_window)):
-            members = tuple(int(u) for u in units[lo : lo + options.shuffle_window])
-            r = int(rows[list(members)].sum())
-            bs.append(Block(p, number, members, r, start, start // m, (start + r - 1) // m))
-            start += r
-        blocks.append(tuple(bs))
-        part_rows.append(start)
-    total = int(rows.sum())
-    steps = _steps(part_rows, m, options.drop_last)
-    if options.drop_last and steps == 0:
-        raise OptionError(
-            f"drop_last=True with a global batch of {options.global_batch_size} rows drops "
-            f"every row: the smallest partition holds {min(part_rows)} rows. "
-            "Use a smaller batch_size or drop_last=False."
-        )
-    dropped = total - steps * m * P if options.drop_last else 0
-    schedule = _rank_schedule(blocks, options, rank, steps)
-    return Plan(
-        options=options,
-        epoch=epoch,
-        rank=rank,
-        unit_rows=rows,
-        unit_order=order,
-        partition_rows=tuple(part_rows),
-        blocks=tuple(blocks),
-        steps=steps,
-        dropped_rows=dropped,
-        fingerprint=order_fingerprint(dataset_fingerprint, options),
-        schedule=schedule,
-    )
-
-
-# -- plan format 2: row-range units, partitions balanced by rows ---------------------
+# -- units: row ranges; partitions balanced by rows -----------------------------------
 #
-# Not yet used by the loader (which plans with format 1 above); see
-# docs/determinism.md for the model. The unit permutation, block streams, blocks,
-# steps, schedule and worker deal are those of format 1; what changes is what a
-# unit is and where partitions begin.
-
-#: The format `make_plan_v2` implements; `PLAN_FORMAT_VERSION` becomes this once the loader uses it.
-PLAN_FORMAT_V2 = 2
+# See docs/determinism.md for the model.
 
 #: The block-memory estimate above which `block_memory_warning` warns (1 GiB).
 DEFAULT_BLOCK_BUDGET = 1 << 30
@@ -580,10 +352,10 @@ def _check_unit(j: int, u: object) -> Unit:
 
 
 class UnitList:
-    """The epoch-independent input of format 2: the units in canonical order, checked once.
+    """The epoch-independent input of the planner: the units in canonical order, checked once.
 
     Build it once per dataset (`from_row_groups` for the common case) and pass it
-    to every epoch's `make_plan_v2`; ``digest`` is the xxh3-128 over the units
+    to every epoch's `make_plan`; ``digest`` is the xxh3-128 over the units
     that the plan fingerprint covers, so a state holds one hash, not the units.
     """
 
@@ -606,7 +378,7 @@ class UnitList:
 
     @classmethod
     def from_rows(cls, rows: Sequence[int] | np.ndarray) -> UnitList:
-        """Plain row counts (the format-1 call form): row groups 0, 1, ... of file 0."""
+        """Plain row counts: row groups 0, 1, ... of file 0."""
         a = np.asarray(rows, dtype=np.int64)
         if a.ndim != 1 or (a <= 0).any():
             raise OptionError("unit_rows must list positive row counts (empty row groups are not units)")
@@ -670,7 +442,7 @@ def _snap(unit: Unit, c: int) -> int:
 
 
 @dataclass(frozen=True)
-class BlockV2:
+class Block:
     """``shuffle_window`` consecutive units of one partition, whose rows are permuted together.
 
     ``sources[i]`` is the canonical index of the input unit ``units[i]`` came from
@@ -709,8 +481,8 @@ class BlockV2:
 
 
 @dataclass(frozen=True)
-class PlanV2(_Steps):
-    """One epoch's plan for one rank in format 2. Plain data: print it, test it, fingerprint it.
+class Plan:
+    """One epoch's plan for one rank. Plain data: print it, test it, fingerprint it.
 
     ``boundaries[p]`` is where partition p starts in the epoch's permuted unit
     stream (``boundaries[P]`` = total rows); ``redundant_reads`` counts the row
@@ -725,18 +497,53 @@ class PlanV2(_Steps):
     boundaries: tuple[int, ...]
     partition_rows: tuple[int, ...]
     redundant_reads: int
-    blocks: tuple[tuple[BlockV2, ...], ...] = field(repr=False)
+    blocks: tuple[tuple[Block, ...], ...] = field(repr=False)
     steps: int
     dropped_rows: int
     fingerprint: str
-    schedule: tuple[BlockV2, ...] = field(repr=False)
+    schedule: tuple[Block, ...] = field(repr=False)
     #: With ``group_batches``: per partition, the first row of each micro-batch and the end.
     step_starts: tuple[np.ndarray, ...] | None = field(default=None, repr=False)
     #: With ``group_batches``: per partition, the first row of each group in its stream
     #: (groups in permuted order) and the end, so a batch's group offsets are known from the plan.
     group_bounds: tuple[np.ndarray, ...] | None = field(default=None, repr=False)
 
-    plan_format = PLAN_FORMAT_V2
+    plan_format = PLAN_FORMAT_VERSION
+
+    @property
+    def owned_partitions(self) -> range:
+        per = self.options.partitions // self.options.world_size
+        return range(self.rank * per, (self.rank + 1) * per)
+
+    def micro_range(self, partition: int, step: int) -> tuple[int, int]:
+        """Rows [lo, hi) of ``partition``'s stream that ``step`` yields (maybe empty)."""
+        n = self.partition_rows[partition]
+        if self.step_starts is not None:
+            s = self.step_starts[partition]
+            if step + 1 < len(s):
+                return int(s[step]), int(s[step + 1])
+            return n, n  # the partition ran out: an empty micro-batch (docs/packing.md)
+        m = self.options.micro_batch
+        return min(step * m, n), min(step * m + m, n)
+
+    def step_rows(self, step: int) -> int:
+        """Rows this rank's batch at ``step`` holds."""
+        return sum(hi - lo for lo, hi in (self.micro_range(p, step) for p in self.owned_partitions))
+
+    def schedule_from(self, step: int) -> tuple[Block, ...]:
+        """The blocks still needed when the epoch starts (or resumes) at ``step``."""
+        if step == 0:
+            return self.schedule
+        # A block is still needed if its last micro-batch is at or after ``step``
+        # (without groups: its end lies past row step * m).
+        return tuple(b for b in self.schedule if b.last_step >= step)
+
+    def worker_schedules(self, workers: int, start_step: int = 0) -> list[list[Block]]:
+        """Block k of the schedule goes to worker k mod ``workers``."""
+        out: list[list[Block]] = [[] for _ in range(workers)]
+        for k, b in enumerate(self.schedule_from(start_step)):
+            out[k % workers].append(b)
+        return out
 
     @property
     def total_rows(self) -> int:
@@ -758,7 +565,7 @@ class PlanV2(_Steps):
             return d
 
         return {
-            "plan_format": PLAN_FORMAT_V2,
+            "plan_format": PLAN_FORMAT_VERSION,
             "fingerprint": self.fingerprint,
             "units_digest": self.units.digest,
             "epoch": self.epoch,
@@ -789,25 +596,26 @@ class PlanV2(_Steps):
         }
 
 
-def order_fingerprint_v2(dataset_fingerprint: str, units_digest: str, options: OrderOptions) -> str:
-    """Identifies the order of every epoch in format 2: it covers the units through their digest."""
+def order_fingerprint(dataset_fingerprint: str, units_digest: str, options: OrderOptions) -> str:
+    """Identifies the order of every epoch: same fingerprint, same batches. It covers the units
+    through their digest."""
     payload = json.dumps(
-        {"plan_format": PLAN_FORMAT_V2, "dataset": dataset_fingerprint, "units": units_digest,
+        {"plan_format": PLAN_FORMAT_VERSION, "dataset": dataset_fingerprint, "units": units_digest,
          **options.order_dict()},
         sort_keys=True,
     )
     return xxhash.xxh3_128_hexdigest(payload.encode())
 
 
-def make_plan_v2(
+def make_plan(
     units: UnitList | Sequence[Unit] | Sequence[int] | np.ndarray,
     options: OrderOptions,
     *,
     epoch: int,
     rank: int = 0,
     dataset_fingerprint: str = "",
-) -> PlanV2:
-    """Plan epoch ``epoch`` for ``rank`` in format 2.
+) -> Plan:
+    """Plan epoch ``epoch`` for ``rank``.
 
     ``units`` in canonical order: a `UnitList` (build it once), a list of `Unit`,
     or plain row counts (whole row groups 0, 1, ... of file 0). The units are
@@ -851,7 +659,7 @@ def make_plan_v2(
 
     # The permuted stream's pieces (units, and the pieces of cut units), each with its
     # source unit; at most P - 1 units are cut, the rest is array work (100,000 units:
-    # the loop this replaces took twice format 1's planning time).
+    # a loop over the pieces took twice as long).
     order_l = order.tolist()
     pieces: list[Unit] = [units.units[j] for j in order_l]
     sources: list[int] = order_l
@@ -871,14 +679,14 @@ def make_plan_v2(
     cs = csum.tolist()
 
     W = options.shuffle_window
-    blocks: list[tuple[BlockV2, ...]] = []
+    blocks: list[tuple[Block, ...]] = []
     for p in range(P):
-        bs: list[BlockV2] = []
+        bs: list[Block] = []
         lo_p, hi_p = edges[p], edges[p + 1]
         for number, lo in enumerate(range(lo_p, hi_p, W)):
             hi = min(lo + W, hi_p)
             start, r = cs[lo] - bounds[p], cs[hi] - cs[lo]
-            bs.append(BlockV2(p, number, tuple(pieces[lo:hi]), tuple(sources[lo:hi]),
+            bs.append(Block(p, number, tuple(pieces[lo:hi]), tuple(sources[lo:hi]),
                               r, start, start // m, (start + r - 1) // m))
         blocks.append(tuple(bs))
     part_rows = tuple(bounds[p + 1] - bounds[p] for p in range(P))
@@ -902,7 +710,7 @@ def make_plan_v2(
     else:
         dropped = total - steps * m * P if options.drop_last else 0
     schedule = _rank_schedule(blocks, options, rank, steps)
-    return PlanV2(
+    return Plan(
         options=options,
         epoch=epoch,
         rank=rank,
@@ -914,20 +722,20 @@ def make_plan_v2(
         blocks=tuple(blocks),
         steps=steps,
         dropped_rows=dropped,
-        fingerprint=order_fingerprint_v2(dataset_fingerprint, units.digest, options),
+        fingerprint=order_fingerprint(dataset_fingerprint, units.digest, options),
         schedule=schedule,
         step_starts=step_starts,
         group_bounds=group_bounds,
     )
 
 
-def _group_steps(blocks: list[tuple[BlockV2, ...]], options: OrderOptions, epoch: int
-                 ) -> tuple[list[tuple[BlockV2, ...]], tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+def _group_steps(blocks: list[tuple[Block, ...]], options: OrderOptions, epoch: int
+                 ) -> tuple[list[tuple[Block, ...]], tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
     """``group_batches``: each partition's groups in stream order (blocks in order, each
     block's groups permuted by its groups stream), the greedy micro-batch starts, and the
     blocks with their first and last steps counted in those micro-batches."""
     m = options.micro_batch
-    out_blocks: list[tuple[BlockV2, ...]] = []
+    out_blocks: list[tuple[Block, ...]] = []
     starts: list[np.ndarray] = []
     gbounds: list[np.ndarray] = []
     for p, bs in enumerate(blocks):
@@ -954,14 +762,14 @@ def _group_steps(blocks: list[tuple[BlockV2, ...]], options: OrderOptions, epoch
         gbounds.append(gb)
         # A block's steps: those whose rows it holds (block boundaries are group boundaries).
         out_blocks.append(tuple(
-            BlockV2(b.partition, b.number, b.units, b.sources, b.rows, b.start,
+            Block(b.partition, b.number, b.units, b.sources, b.rows, b.start,
                     int(np.searchsorted(st, b.start, side="right")) - 1,
                     int(np.searchsorted(st, b.end - 1, side="right")) - 1)
             for b in bs))
     return out_blocks, tuple(starts), tuple(gbounds)
 
 
-def block_memory_warning(plan: Plan | PlanV2, bytes_per_row: float,
+def block_memory_warning(plan: Plan, bytes_per_row: float,
                          budget: int = DEFAULT_BLOCK_BUDGET) -> str | None:
     """A warning text when the plan's largest block would hold more than ``budget`` bytes, else None.
 

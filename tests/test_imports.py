@@ -24,7 +24,7 @@ PUBLIC = [
     "DigestMismatchError", "Distributed", "EmptyDatasetError", "LayoutCheck", "LayoutReport", "Loader",
     "ManifestError", "OptionError", "OrderOptions", "Packed", "Plan", "Pool", "Ragged", "SchemaMismatchError",
     "SharedMemoryError", "SkippedFilesWarning", "SourceError", "StageStats", "StarvationReport", "StateError",
-    "Stats", "Storage", "Transform", "TransformContext", "UnsupportedTypeError", "WorkerError",
+    "Stats", "Storage", "Transform", "TransformContext", "UnitList", "UnsupportedTypeError", "WorkerError",
     "WorkerStalledError", "__version__", "check_layout", "digest", "hash_batch", "layout", "make_plan",
     "read_manifest", "starvation_check",
 ]

@@ -22,7 +22,7 @@ import detload
 from detload import DataError, DatasetError, Loader, OptionError, Packed
 from detload._grouping import runs_of
 from detload.audit import hash_batch
-from detload.plan import OrderOptions, Range, Unit, greedy_steps, group_row_order, make_plan_v2
+from detload.plan import OrderOptions, Range, Unit, greedy_steps, group_row_order, make_plan
 
 # -- the planner -----------------------------------------------------------------------
 
@@ -48,7 +48,7 @@ def test_grouped_plan_fills_micro_batches_greedily_with_whole_groups(units, micr
                         drop_last=drop_last, partitions=parts, group_batches=True)
     total = sum(u.rows for u in units)
     try:
-        plan = make_plan_v2(units, opts, epoch=epoch)
+        plan = make_plan(units, opts, epoch=epoch)
     except OptionError as exc:
         assert drop_last and "drops every row" in str(exc)
         return

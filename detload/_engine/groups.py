@@ -1,7 +1,7 @@
 """``group_by`` in the workers and the merger: a block's group order, the group-column check, packed batches.
 
 A grouped block's rows are laid out group by group (`block_order`), so the merger can cut
-micro-batches at group starts the plan knows (`PlanV2.group_bounds`). The worker checks
+micro-batches at group starts the plan knows (`Plan.group_bounds`). The worker checks
 that each group column is constant within every group, bitwise, on the block's ranges
 before the permutation (`check_constant`), then builds the item columns for every row and
 the group columns once per group (`build_grouped`); the merger cuts pieces of such blocks

@@ -27,7 +27,7 @@ from .._types import Column, ColumnSpec, Ragged
 from ..audit import batch_line, hash_batch
 from ..errors import DetloadError, WorkerError
 from ..packed import Packed
-from ..plan import PlanV2
+from ..plan import Plan
 from .block import slice_rows, views
 from .groups import block_piece, pack
 from .messages import POLL, BlockReady, Task, WorkerFailed, put_until
@@ -76,8 +76,8 @@ def _concat(parts: Sequence[Column]) -> Column:
     return np.concatenate(parts, axis=0)  # type: ignore[arg-type]
 
 
-def make_tasks(plan: PlanV2, start_step: int, workers: int) -> list[list[Task]]:
-    """Each worker's blocks of ``plan`` from ``start_step`` on, as dealt by `PlanV2.worker_schedules`
+def make_tasks(plan: Plan, start_step: int, workers: int) -> list[list[Task]]:
+    """Each worker's blocks of ``plan`` from ``start_step`` on, as dealt by `Plan.worker_schedules`
     (block k to worker k mod W, so worker w's j-th block is k = j*W + w); a task lists
     its block's row ranges (file, row group, first, rows)."""
     opts = plan.options
@@ -113,7 +113,7 @@ class Run:
     public option reaches it, and a loader with a manifest refuses it.
     """
 
-    def __init__(self, pool: WorkerPool, plan: PlanV2, specs: Sequence[ColumnSpec], *, gen: int,
+    def __init__(self, pool: WorkerPool, plan: Plan, specs: Sequence[ColumnSpec], *, gen: int,
                  start_step: int, stall_timeout: float | None, ready_depth: int = 1, ordered: bool = True,
                  hash_batches: bool = True, tracer: Tracer | None = None,
                  ahead: Sequence[int] | None = None, group_columns: Sequence[str] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""Plan format 2 through the Loader: balanced partitions on unequal row groups, tiny datasets,
+"""The planner through the Loader: balanced partitions on unequal row groups, tiny datasets,
 the block memory warning, and what happens to format-1 manifests and states."""
 
 from __future__ import annotations
