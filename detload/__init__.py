@@ -51,7 +51,7 @@ _EXPORTS = {
     "digest": "_layout.digest",
     "hash_batch": "audit",
     "layout": "_layout.rewrite",
-    "make_plan": "plan",
+    "make_plan": "planning.order",
     "read_manifest": "audit",
     "starvation_check": "starvation",
 }
@@ -130,7 +130,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from .loader import BlockMemoryWarning, Loader
     from .options import Cache, Distributed, Pool, Storage
     from .packed import Packed
-    from .plan import OrderOptions, Plan, UnitList, make_plan
+    from .plan import OrderOptions, Plan, UnitList
+    from .planning.order import make_plan
     from .starvation import StarvationReport, starvation_check
     from .stats import StageStats, Stats
     from .transform import Transform, TransformContext

@@ -485,7 +485,7 @@ def read_resume_state(where: str) -> dict[str, Any]:
 
 def _sweep_state_temps(path: str) -> None:
     """Remove the temp files a killed run left beside its state (``path.tmpPID``, PID gone)."""
-    from ._engine.shm import pid_alive
+    from ._procs import pid_alive
 
     folder, base = os.path.split(path)
     try:

@@ -20,9 +20,11 @@ from matrix import check_matrix
 
 import detload
 from detload import DataError, DatasetError, Loader, OptionError, Packed
-from detload._grouping import runs_of
+from detload._streams import group_row_order
 from detload.audit import hash_batch
-from detload.plan import OrderOptions, Range, Unit, greedy_steps, group_row_order, make_plan
+from detload.plan import OrderOptions, Range, Unit
+from detload.planning.groups import runs_of
+from detload.planning.order import greedy_steps, make_plan
 
 # -- the planner -----------------------------------------------------------------------
 

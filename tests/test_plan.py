@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from strategies import TAG_BLOCK, TAG_UNITS, ref_permutation, unit_rows
 
 from detload import EmptyDatasetError, OptionError, OrderOptions, make_plan
-from detload.plan import _entropy, block_permutation, unit_permutation
+from detload._streams import _entropy, block_permutation, unit_permutation
 
 # Planner tests start nothing: afford ten times the profile's examples.
 PURE = settings(max_examples=10 * settings().max_examples)
@@ -290,7 +290,7 @@ def test_make_plan_errors(rows, kw, err, match):
 @pytest.mark.parametrize("n", [0, 1, 4095, 4096, 70_000])
 def test_two_pass_argsort_equals_numpy_stable_argsort(n):
     """The planner's two-pass sort must give exactly NumPy's stable order, ties included."""
-    from detload.plan import _stable_argsort_u64
+    from detload._streams import _stable_argsort_u64
 
     keys = np.asarray(np.random.PCG64(np.random.SeedSequence([7, n])).random_raw(n), dtype=np.uint64)
     if n > 3:
@@ -308,7 +308,7 @@ _COLLIDING = [0, 1, 2**48 - 1, 2**48, 2**63, 2**64 - 1, 0xDEAD_BEEF_0000_0001]
 @settings(max_examples=25)
 def test_two_pass_argsort_any_keys(pool, n, seed):
     """Stable order holds for keys drawn from few values that collide in either digit."""
-    from detload.plan import _stable_argsort_u64
+    from detload._streams import _stable_argsort_u64
 
     rng = np.random.default_rng(seed)
     keys = np.asarray(pool, dtype=np.uint64)[rng.integers(0, len(pool), n)]
@@ -317,7 +317,7 @@ def test_two_pass_argsort_any_keys(pool, n, seed):
 
 def test_two_pass_argsort_of_a_strided_view():
     """The top digit is read in place from contiguous keys; a strided view takes the shifted copy."""
-    from detload.plan import _stable_argsort_u64
+    from detload._streams import _stable_argsort_u64
 
     keys = np.asarray(np.random.PCG64(3).random_raw(20000), dtype=np.uint64)
     keys[::5] = keys[7]
@@ -328,7 +328,7 @@ def test_two_pass_argsort_of_a_strided_view():
 
 def test_packed_order_is_the_stable_order_of_random_keys():
     """Random keys take the one-sort path, and it gives NumPy's stable order."""
-    from detload.plan import _packed_order
+    from detload._streams import _packed_order
 
     for n in (4096, 65_536, 100_003):
         keys = np.asarray(np.random.PCG64(n).random_raw(n), dtype=np.uint64)
@@ -342,7 +342,7 @@ def test_packed_order_is_the_stable_order_of_random_keys():
 def test_packed_order_declines_keys_that_share_top_bits(n, seed, dups):
     """Distinct keys whose top bits coincide (low bits differ, in either order) are declined,
     and the caller's answer is still the stable order."""
-    from detload.plan import _packed_order, _stable_argsort_u64
+    from detload._streams import _packed_order, _stable_argsort_u64
 
     rng = np.random.default_rng(seed)
     keys = np.asarray(np.random.PCG64(seed).random_raw(n), dtype=np.uint64)

@@ -15,20 +15,9 @@ from hypothesis import strategies as st
 from strategies import TAG_BLOCK, TAG_UNITS, model_partitions_v2, skewed_row_groups
 
 from detload import EmptyDatasetError, OptionError, OrderOptions
-from detload.plan import (
-    DEFAULT_BLOCK_BUDGET,
-    PLAN_FORMAT_VERSION,
-    TAG_ROW_GROUP,
-    Plan,
-    Range,
-    Unit,
-    UnitList,
-    _entropy,
-    block_memory_warning,
-    block_permutation,
-    make_plan,
-    row_group_entropy,
-)
+from detload._streams import TAG_ROW_GROUP, _entropy, block_permutation, row_group_entropy
+from detload.plan import PLAN_FORMAT_VERSION, Plan, Range, Unit, UnitList
+from detload.planning.order import DEFAULT_BLOCK_BUDGET, block_memory_warning, make_plan
 
 # Plans of up to a few hundred thousand rows are materialised per world size: a few
 # times the profile's examples, not the tenfold of the schedule tests (test_plan.py).

@@ -10,6 +10,7 @@ import pyarrow.fs as pafs
 
 from .._cache import CacheConfig, KeptMappings
 from .._filters.selection import Selection
+from .._read import FileRef
 from .._types import ColumnSpec
 from .heap import BlockBuffers
 
@@ -38,21 +39,6 @@ class DebugHooks:
     #: as a rewrite racing that read would (through a memory map: a real SIGBUS).
     shrink_unit: tuple[str, int] | None = None
     die_signal: int = 9  # the signal die_unit kills with
-
-
-@dataclass(frozen=True)
-class FileRef:
-    """A data file as planned; its size, version and row groups let a worker notice a changed file."""
-
-    location: str
-    path: str
-    partition_values: tuple[tuple[str, str], ...]
-    row_groups: tuple[int, ...] | None = None
-    cache_key: str = ""  # this version of the file in the row-group cache (_cache.object_key)
-    uri: str = ""  # the object's full name, for messages
-    size: int | None = None
-    etag: str | None = None  # where the filesystem reports one (S3)
-    mtime_ns: int | None = None
 
 
 @dataclass(frozen=True)

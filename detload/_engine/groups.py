@@ -18,10 +18,12 @@ import numpy as np
 import xxhash
 
 from .._cache.derived import DerivedStore
+from .._read import UnitReader
+from .._streams import block_permutation, group_permutation, group_row_order
 from .._types import Column, ColumnSpec, Ragged, UnitColumns
 from ..errors import DataError
 from ..packed import Packed
-from ..plan import Range, block_permutation, group_permutation, group_row_order
+from ..plan import Range
 from .block import ColumnSlot, Layout, assemble, slice_rows, take_rows
 from .block import _aligned as aligned
 from .config import WorkerConfig
@@ -286,8 +288,6 @@ def group_rows(cfg: WorkerConfig, f: int, rg: int, selection: Any, first: int, t
     names = [s.name for s in cfg.group_specs]
     if got is not None and isinstance(got.get("starts"), np.ndarray) and all(f"c/{n}" in got for n in names):
         return GroupRows(np.asarray(got["starts"], dtype=np.int64), {n: got[f"c/{n}"] for n in names}, picked, first)
-    from .reader import UnitReader
-
     reader = UnitReader(dataclasses.replace(cfg, specs=cfg.group_specs, cache=None, group_specs=()))
     try:
         full = reader.read(f, rg, t)

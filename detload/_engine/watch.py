@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
 
+from .._read.reader import _file_changed, _stat_matches
 from ..errors import DataError, DetloadError, WorkerError, WorkerStalledError
 
 if TYPE_CHECKING:
@@ -103,9 +104,6 @@ class Watch:
         _, _, f, rg = pool.statuses[w].get()
         if f < 0:
             return None
-        # reader imports pyarrow.parquet; the watch is imported early
-        from .reader import _file_changed, _stat_matches
-
         ref = pool.cfg.files[f]
         try:
             now = pool.cfg.filesystem.get_file_info(ref.location)  # a local file: only those are mapped

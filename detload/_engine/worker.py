@@ -26,11 +26,11 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from .._filters.selection import Selection
+from .._read import UnitReader, select_rows
 from .._types import UnitColumns
 from . import shm as _shm
 from . import spawn as _spawn
-from .block import Layout, assemble, slice_rows, take_rows
+from .block import Layout, assemble, slice_rows
 from .config import WorkerConfig
 from .groups import GroupRows, block_order, build_grouped, check_compact, check_constant, check_key_kept, group_rows
 from .messages import (
@@ -47,7 +47,6 @@ from .messages import (
     put_until,
 )
 from .passes import EVERY, Passes
-from .reader import UnitReader
 from .spawn import MainSource, SharedInts
 
 __all__ = ["ProcessLink", "ThreadLink", "process_main", "worker_loop"]
@@ -129,7 +128,7 @@ def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: 
             if cols.check is not None and not reader.settle(cols, f, rg):
                 return None, None, False  # type: ignore[return-value]
             t0 = time.perf_counter()
-            cols = _select(cols, picked)
+            cols = select_rows(cols, picked)
             t.add("select", t0, time.perf_counter())  # the filter's stage, as planning's selection pass
         if xf is not None:
             # On the whole (selected) row group, before the range is taken; it reads every
@@ -155,15 +154,6 @@ def _build(cfg: WorkerConfig, reader: UnitReader, task: Task, gen: int, status: 
     intact = all([reader.settle(u, r[0], r[1]) for u, r in zip(whole, task.units)])
     t.add("permute", t0, time.perf_counter())
     return payload, layout, intact
-
-
-def _select(cols: UnitColumns, picked: Selection) -> UnitColumns:
-    """The rows ``picked`` of a row group's columns: views of one run, else new arrays."""
-    run = picked.single_run()
-    if run is not None:
-        return UnitColumns({k: slice_rows(v, *run) for k, v in cols.items()})
-    idx = picked.indices()
-    return UnitColumns({k: take_rows(v, idx) for k, v in cols.items()})
 
 
 def _rows_of(cols: UnitColumns, first: int, rows: int) -> UnitColumns:

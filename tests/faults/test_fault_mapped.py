@@ -19,9 +19,9 @@ from testhooks import hooked
 
 import detload
 from detload import DataError, Loader, OptionError, WorkerError
-from detload._engine import mapping
 from detload._engine.config import DebugHooks
-from detload._engine.mapping import LOCAL_FILESYSTEMS, on_local_disk, open_mapped, parse_mounts, should_map
+from detload._read import mapping
+from detload._read.mapping import LOCAL_FILESYSTEMS, on_local_disk, open_mapped, parse_mounts, should_map
 from detload.audit import hash_batch
 
 OPTS = dict(batch_size=100, seed=7, shuffle_window=2)

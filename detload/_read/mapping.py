@@ -80,7 +80,7 @@ def on_local_disk(path: str, table: list[tuple[str, str]] | None = None) -> bool
     return kind in LOCAL_FILESYSTEMS
 
 
-def should_map(mode: str, fs_type: str, location: str) -> bool:
+def should_map(mode: bool | str, fs_type: str, location: str) -> bool:
     """Whether a worker opens ``location`` with a memory map under ``mode``
     (WorkerConfig.memory_map: "never", "local-disk" or "always")."""
     if mode == "never" or fs_type != "local" or sys.platform == "win32":
