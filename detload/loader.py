@@ -38,7 +38,7 @@ from ._trace import CONSUMER, StatsMark, Tracer
 from ._types import INT96_UNIT, Column, ColumnSpec, normalize_cast
 from .audit import MANIFEST_FORMAT, MANIFEST_VERSION, ManifestWriter
 from .errors import DataError, DetloadError, OptionError, StateError
-from .options import Cache, Distributed, Pool, PoolKind, Storage, resolve_groups
+from .options import Cache, Distributed, Pool, PoolKind, Storage, as_cache, as_distributed, as_pool, as_storage
 from .plan import PLAN_FORMAT_VERSION, OrderOptions, Plan
 from .planning.order import block_memory_warning
 from .stats import Stats, _cores, summarize
@@ -178,10 +178,7 @@ class Loader:
       ``memory_map`` False/"auto"/True: whether workers read local files through memory
       maps), or a filesystem. Default: local paths, or the filesystem a URI names.
 
-    The flat keywords of earlier releases (``prefetch``, ``stall_timeout``, ``trace``,
-    ``cache_dir``, ``cache_limit``, ``cache_map_limit``, ``rank``, ``world_size``,
-    ``filesystem``, ``partitioning``) still work, each with a DeprecationWarning naming
-    its new spelling. docs/loader.md has the full table of options.
+    docs/loader.md has the full table of options.
     """
 
     def __init__(
@@ -208,13 +205,13 @@ class Loader:
         group_columns: Sequence[str] | None = None,
         max_group_items: int | None = None,
         transform: Any = None,
-        **deprecated: Any,
     ) -> None:
         #: Test and benchmark hooks (never set in production): those in force when built.
         self._hooks: Hooks = _hooks.current()
         _register_with_torch()  # in case torch.utils.data was loaded past the finder (a cheap check)
         self.workers = resolve_workers(workers)
-        pool_opts, cache_opts, dist, storage_opts = resolve_groups(pool, cache, distributed, storage, deprecated)
+        pool_opts, cache_opts = as_pool(pool), as_cache(cache)
+        dist, storage_opts = as_distributed(distributed), as_storage(storage)
         self.pool_kind: PoolKind = pool_opts.kind
         self._memory_map = storage_opts.memory_map
         self.prefetch = pool_opts.prefetch
@@ -222,10 +219,10 @@ class Loader:
         trace = pool_opts.trace
         _check_source(source)
         manifest_path = check_path("manifest", manifest) if manifest is not None else None
-        if isinstance(dist, Distributed):
+        if dist is not None:
             self.rank, world = dist.rank, dist.world_size
-        else:  # detected, or the deprecated rank=/world_size= (either may be left to detection)
-            self.rank, world = _distributed_defaults(*(dist or (None, None)))
+        else:  # from torch.distributed, else $RANK and $WORLD_SIZE, else (0, 1)
+            self.rank, world = _distributed_defaults(None, None)
         if partitions is None:
             partitions = world
         self.options = OrderOptions(

@@ -332,7 +332,7 @@ data, out = sys.argv[1], sys.argv[2]
 def train(manifest, state_dir, stop_after=None):
     accelerator = Accelerator()
     loader = TorchLoader(data, batch_size=200, seed=3, columns=["id", "s", "x"], workers=2, manifest=manifest,
-                         rank=accelerator.process_index, world_size=accelerator.num_processes,
+                         distributed=(accelerator.process_index, accelerator.num_processes),
                          device=accelerator.device)
     model = torch.nn.Linear(1, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
