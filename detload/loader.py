@@ -345,8 +345,7 @@ class Loader:
             group_specs = tuple(s for s in self.specs if s.name in self.group_columns)
             specs = tuple(s for s in self.specs if s.name not in self.group_columns)
         # Maps only where a fault kills a worker process, not the consumer (see Storage.memory_map).
-        mapping = ("never" if self._memory_map is False else "always" if self._memory_map is True
-                   else "local-disk" if shm_dir is not None else "never")
+        mapping = self._memory_map if self._memory_map != "auto" or shm_dir is not None else False
         return WorkerConfig(self._files, self.dataset.filesystem, specs, self.null_fill, shm_dir,
                             prefix, os.getpid(), self._hooks.debug,
                             cache=self.cache, selections=self._selections, group_by=self.group_by,

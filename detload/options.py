@@ -18,9 +18,11 @@ from typing import Any, Literal
 from ._check import check_int, check_seconds
 from .errors import OptionError
 
-__all__ = ["Cache", "Distributed", "Pool", "Storage"]
+__all__ = ["Cache", "Distributed", "MemoryMap", "Pool", "Storage"]
 
 PoolKind = Literal["thread", "process"]
+#: `Storage.memory_map`'s values, the same from the option down to the reader (_read/mapping.py).
+MemoryMap = Literal[False, "auto", True]
 #: Blocks queued per worker at most: each holds shuffle_window row groups, so more
 #: only holds memory (and a process queue's semaphore cannot count past 2**31 - 1).
 MAX_PREFETCH = 1024
@@ -199,7 +201,7 @@ class Storage:
 
     filesystem: Any = None
     partition_types: Mapping[str, str] | None = field(default=None, hash=False)
-    memory_map: bool | Literal["auto"] = "auto"
+    memory_map: MemoryMap = "auto"
 
     def __post_init__(self) -> None:
         _set(self, zip(("filesystem", "partition_types", "memory_map"),

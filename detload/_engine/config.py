@@ -70,9 +70,9 @@ class WorkerConfig:
     #: A transform (_xform.TransformPlan): run on each row group after the selection; its
     #: output schema (``transform.specs``) is what blocks hold. None: columns as read.
     transform: Any = None
-    #: How local files are opened (Storage.memory_map): "never" (plain reads), "local-disk"
-    #: (memory-mapped where the mount is a local disk or memory filesystem) or "always".
-    memory_map: str = "never"
+    #: How local files are opened: Storage.memory_map's value (False, "auto" or True; thread
+    #: workers get False for "auto"), see _read/mapping.should_map.
+    memory_map: bool | str = False
 
     @property
     def block_specs(self) -> tuple[ColumnSpec, ...]:

@@ -99,7 +99,7 @@ class Watch:
         before any check could see it. Reported as that change, as a plain read's error would be;
         None when the file still matches the plan (another cause: see describe_death)."""
         pool = self.pool
-        if pool.kind != "process" or pool.cfg.memory_map == "never" or not pool.killed_by_sigbus(w):
+        if pool.kind != "process" or pool.cfg.memory_map is False or not pool.killed_by_sigbus(w):
             return None
         _, _, f, rg = pool.statuses[w].get()
         if f < 0:

@@ -87,7 +87,7 @@ class ReadConfig:
     cache: Any = None
     kept: Any = None
     transform: Any = None
-    memory_map: bool | str = "never"
+    memory_map: bool | str = False  # Storage.memory_map's values (False, "auto", True)
     debug: Any = None
     open_files: int = 32
 
