@@ -62,7 +62,7 @@ def _rank_batches(plan: Plan, starts: dict[tuple[int, int], int]) -> list[np.nda
 def plan_inputs(draw: st.DrawFn) -> tuple[list[int], int, int, dict[str, object]]:
     """(row-group sizes, P, micro-batch, the other order options)."""
     rows = draw(skewed_row_groups())
-    P = draw(st.integers(1, 16))
+    P = draw(st.integers(1, min(16, len(rows))))  # at most one partition per row group
     total = sum(rows)
     micro = draw(st.one_of(st.integers(1, 64), st.integers(1, max(1, total // P + 3))))
     return rows, P, micro, {
@@ -156,6 +156,7 @@ def grouped_units(draw: st.DrawFn) -> list[Unit]:
 @PURE
 @given(grouped_units(), st.integers(1, 16), st.integers(0, 2**64 - 1), st.booleans(), st.integers(1, 5))
 def test_groups_are_never_split(units, P, seed, shuffle, window):
+    P = min(P, len(units))  # at most one partition per row group
     plan = make_plan(units, OrderOptions(seed=seed, batch_size=P, partitions=P, shuffle=shuffle,
                                             shuffle_window=window), epoch=0)
     total = sum(u.rows for u in units)
@@ -213,15 +214,13 @@ def test_newcomer_case_27_unequal_row_groups():
                 assert plan.dropped_rows == 0
 
 
-def test_fewer_rows_than_partitions_or_one_batch():
-    # 3 rows, 8 partitions: five partitions are empty; every row delivered once, in one step
-    plan = make_plan([2, 1], OrderOptions(seed=1, batch_size=8, partitions=8, world_size=4), epoch=0)
-    assert sum(plan.partition_rows) == 3 and plan.partition_rows.count(0) == 5
-    assert plan.steps == 1
-    assert [plan.step_rows(0)] == [sum(plan.partition_rows[:2])]
-    rows_per_rank = [make_plan([2, 1], plan.options, epoch=0, rank=r).step_rows(0) for r in range(4)]
-    assert sum(rows_per_rank) == 3 and 0 in rows_per_rank  # an empty micro-batch is a valid step
-    # fewer rows than one global batch: one short step; with drop_last a planning error naming the sizes
+def test_fewer_rows_than_one_batch():
+    # 3 rows, 2 partitions on 2 ranks, micro-batch 4: every row delivered once, in one step
+    plan = make_plan([2, 1], OrderOptions(seed=1, batch_size=4, partitions=2, world_size=2), epoch=0)
+    assert sum(plan.partition_rows) == 3 and plan.steps == 1
+    rows_per_rank = [make_plan([2, 1], plan.options, epoch=0, rank=r).step_rows(0) for r in range(2)]
+    assert sorted(rows_per_rank) == [1, 2]
+    # a short step; with drop_last a planning error naming the sizes
     plan = make_plan([5, 6], OrderOptions(seed=1, batch_size=8, partitions=2, world_size=2), epoch=0)
     assert (plan.steps, plan.partition_rows) == (1, (5, 6))
     with pytest.raises(OptionError, match=r"drop_last=True drops every row: the epoch holds 11 rows, the "
@@ -231,12 +230,34 @@ def test_fewer_rows_than_partitions_or_one_batch():
                   epoch=0)
 
 
-def test_more_partitions_than_row_groups_is_fine():
-    """A boundary may cut a unit: four partitions of one row group each read a quarter of it."""
-    plan = make_plan([100], OrderOptions(seed=0, batch_size=4, partitions=4), epoch=0)
-    assert plan.partition_rows == (25, 25, 25, 25) and plan.redundant_reads == 3
-    assert [[u.ranges for u in plan.blocks[p][0].units] for p in range(4)] == [
-        [(Range(0, 0, 25 * p, 25),)] for p in range(4)]
+def test_partitions_and_world_size_are_at_most_the_units():
+    """No more partitions, nor ranks, than row groups that deliver rows: refused by name, value and
+    bound before the planner loops over partitions (a huge count would plan forever)."""
+    one = [100]
+    plan = make_plan([100, 50, 1], OrderOptions(seed=0, batch_size=3, partitions=3), epoch=0)
+    assert len(plan.partition_rows) == 3 and sum(plan.partition_rows) == 151  # the bound itself plans
+    for opts, match in [
+        (OrderOptions(seed=0, batch_size=4, partitions=4), r"^partitions=4 exceeds the 1 non-empty row groups .*"
+                                                           r"partitions must be at most 1\. Use a smaller partitions"),
+        (OrderOptions(seed=0, batch_size=2**63, partitions=2**63),
+         r"^partitions=9223372036854775808 exceeds the 1 non-empty row groups.* at most 1\."),
+        (OrderOptions(seed=0, batch_size=1, partitions=10**20, world_size=10**20),
+         r"^world_size=100000000000000000000 exceeds the 1 non-empty row groups.* world_size must be at most 1\."),
+    ]:
+        with pytest.raises(OptionError, match=match):
+            make_plan(one, opts, epoch=0)
+    with pytest.raises(OptionError, match=r"^partitions=4 exceeds the 3 non-empty row groups.* at most 3\."):
+        make_plan([100, 50, 1], OrderOptions(seed=0, batch_size=4, partitions=4), epoch=0)
+    with pytest.raises(OptionError, match=r"^world_size=4 exceeds the 3 non-empty row groups.* at most 3\."):
+        make_plan([100, 50, 1], OrderOptions(seed=0, batch_size=1, partitions=4, world_size=4), epoch=0)
+
+
+def test_a_boundary_may_cut_a_unit():
+    """Two partitions of one 100-row unit and a 1-row one: the boundary at row 50 cuts the big unit."""
+    plan = make_plan([100, 1], OrderOptions(seed=0, batch_size=2, partitions=2, shuffle=False), epoch=0)
+    assert plan.boundaries == (0, 50, 101) and plan.redundant_reads == 1
+    assert [[u.ranges for u in b.units] for p in range(2) for b in plan.blocks[p]] == [
+        [(Range(0, 0, 0, 50),)], [(Range(0, 0, 50, 50),), (Range(0, 1, 0, 1),)]]
 
 
 def test_single_partition_cuts_nothing():
@@ -251,21 +272,23 @@ def test_single_partition_cuts_nothing():
 
 
 def test_cut_multi_range_unit_and_redundant_reads():
-    # one unit across two row groups (a group running over the boundary), cut at the row-group boundary
+    # one unit across two row groups (a group running over the boundary), cut at the row-group
+    # boundary; a one-row unit after it
+    tail = Unit((Range(4, 0, 0, 1),))
     u = Unit((Range(3, 4, 10, 6), Range(3, 5, 0, 6)), groups=(0, 6))
-    plan = make_plan([u], OrderOptions(seed=0, batch_size=2, partitions=2), epoch=0)
+    plan = make_plan([u, tail], OrderOptions(seed=0, batch_size=2, partitions=2, shuffle=False), epoch=0)
     assert plan.redundant_reads == 0
     assert [b.units for b in (plan.blocks[0][0], plan.blocks[1][0])] == [
-        (Unit((Range(3, 4, 10, 6),), (0,)),), (Unit((Range(3, 5, 0, 6),), (0,)),)]
+        (Unit((Range(3, 4, 10, 6),), (0,)),), (Unit((Range(3, 5, 0, 6),), (0,)), tail)]
     # cut inside the second range: row group 5 is read by both partitions
     u = Unit((Range(3, 4, 10, 2), Range(3, 5, 0, 6)), selection="f1")
-    plan = make_plan([u], OrderOptions(seed=0, batch_size=2, partitions=2), epoch=0)
+    plan = make_plan([u, tail], OrderOptions(seed=0, batch_size=2, partitions=2, shuffle=False), epoch=0)
     assert plan.redundant_reads == 1
     assert [b.ranges for b in (plan.blocks[0][0], plan.blocks[1][0])] == [
-        (Range(3, 4, 10, 2), Range(3, 5, 0, 2)), (Range(3, 5, 2, 4),)]
-    assert {x.selection for p in range(2) for x in plan.blocks[p][0].units} == {"f1"}
+        (Range(3, 4, 10, 2), Range(3, 5, 0, 2)), (Range(3, 5, 2, 4), Range(4, 0, 0, 1))]
+    assert {x.selection for p in range(2) for x in plan.blocks[p][0].units if x != tail} == {"f1"}
     # one huge row group among tiny ones, 16 partitions: cut 15 times, P-1 redundant reads
-    plan = make_plan([1, 1, 100_000, 1], OrderOptions(seed=5, batch_size=16, partitions=16), epoch=0)
+    plan = make_plan([1] * 7 + [100_000] + [1] * 8, OrderOptions(seed=5, batch_size=16, partitions=16), epoch=0)
     assert plan.redundant_reads == 15 and max(plan.partition_rows) - min(plan.partition_rows) <= 1
 
 

@@ -19,7 +19,8 @@ from .._streams import group_permutation, unit_permutation
 from ..errors import OptionError
 from ..plan import PLAN_FORMAT_VERSION, Block, OrderOptions, Plan, Range, Unit, UnitList
 
-__all__ = ["DEFAULT_BLOCK_BUDGET", "block_memory_warning", "greedy_steps", "make_plan", "order_fingerprint"]
+__all__ = ["DEFAULT_BLOCK_BUDGET", "block_memory_warning", "check_partitions", "greedy_steps", "make_plan",
+           "order_fingerprint"]
 
 _U32 = 0xFFFF_FFFF
 
@@ -101,6 +102,22 @@ def order_fingerprint(dataset_fingerprint: str, units_digest: str, options: Orde
     return xxhash.xxh3_128_hexdigest(payload.encode())
 
 
+def check_partitions(units: UnitList, options: OrderOptions) -> None:
+    """Refuse a world size or a partition count above the row groups that deliver rows.
+
+    The planner's work grows with the partitions (a world size of 10**20 would plan forever),
+    so both are bounded by the data: by its non-empty row groups (after a filter; a unit that a
+    group joins across row groups counts each of them), which docs/loader.md states.
+    """
+    groups = len({(r.file, r.row_group) for u in units.units for r in u.ranges})
+    for name, value in (("world_size", options.world_size), ("partitions", options.partitions)):
+        if value > groups:
+            raise OptionError(
+                f"{name}={value} exceeds the {groups:,} non-empty row groups of the dataset (after any filter): "
+                f"{name} must be at most {groups:,}. Use a smaller {name}, or rewrite the data with more, "
+                "smaller row groups (detload layout SRC DST --row-group-rows N)")
+
+
 def make_plan(
     units: UnitList | Sequence[Unit] | Sequence[int] | np.ndarray,
     options: OrderOptions,
@@ -130,6 +147,7 @@ def make_plan(
         else:
             units = UnitList(units)  # type: ignore[arg-type]
     n = len(units)
+    check_partitions(units, options)
     P = options.partitions
     m = options.micro_batch
     order = unit_permutation(options.seed, epoch, n) if options.shuffle else np.arange(n, dtype=np.int64)

@@ -32,7 +32,7 @@ from .._xform import TransformFailed, TransformPlan
 from ..errors import OptionError, WorkerError
 from ..plan import PLAN_FORMAT_VERSION, OrderOptions, Plan, UnitList
 from ..transform import Transform
-from .order import make_plan
+from .order import check_partitions, make_plan
 from .transform import plan_transform
 
 if TYPE_CHECKING:  # imported when a filter or group_by is given (below): they import pyarrow.compute
@@ -173,6 +173,8 @@ def plan(dataset: Dataset, files: tuple[FileRef, ...], specs: tuple[ColumnSpec, 
         xform = planned.plan
         if planned.units is not None:
             units = UnitList(planned.units)
+    # Now, not at the first len() or iteration: the bound is known once the units are.
+    check_partitions(units, options)
 
     order: dict[str, Any] = {
         **options.order_dict(),
