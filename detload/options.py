@@ -71,7 +71,7 @@ class Pool:
     block_memory: int | str | None = "1GiB"
 
     def __post_init__(self) -> None:
-        from ._cache import parse_size
+        from ._cache import parse_size  # start-up time: _cache imports NumPy, `import detload` must not
 
         _set(self, zip(("kind", "prefetch", "stall_timeout", "trace"),
                        _check_pool(self.kind, self.prefetch, self.stall_timeout, self.trace, _names(Pool))))
@@ -80,7 +80,7 @@ class Pool:
     @property
     def block_memory_bytes(self) -> int | None:
         """``block_memory`` in bytes (None: no warning)."""
-        from ._cache import parse_size
+        from ._cache import parse_size  # start-up time: _cache imports NumPy, `import detload` must not
 
         return parse_size(self.block_memory, "Pool.block_memory")
 
@@ -97,7 +97,7 @@ def _check_cache(dir: Any, limit: Any, map_limit: Any, names: Mapping[str, str])
 
 
 def _check_sizes(limit: Any, map_limit: Any, names: Mapping[str, str]) -> None:
-    from ._cache import parse_size
+    from ._cache import parse_size  # start-up time: _cache imports NumPy, `import detload` must not
 
     parse_size(limit, names["limit"])
     if not (map_limit is None or _is_auto(map_limit)):
