@@ -45,6 +45,7 @@ _EXPORTS = {
     "Transform": "transform",
     "TransformContext": "transform",
     "UnfinishedLayoutWarning": "_discovery",
+    "UnitList": "plan",
     "UnsupportedTypeError": "errors",
     "WorkerError": "errors",
     "WorkerStalledError": "errors",
@@ -52,7 +53,7 @@ _EXPORTS = {
     "digest": "_layout.digest",
     "hash_batch": "audit",
     "layout": "_layout.rewrite",
-    "make_plan": "plan",
+    "make_plan": "planning.order",
     "read_manifest": "audit",
     "starvation_check": "starvation",
 }
@@ -92,6 +93,7 @@ __all__ = [
     "Transform",
     "TransformContext",
     "UnfinishedLayoutWarning",
+    "UnitList",
     "UnsupportedTypeError",
     "WorkerError",
     "WorkerStalledError",
@@ -132,7 +134,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from .loader import BlockMemoryWarning, Loader
     from .options import Cache, Distributed, Pool, Storage
     from .packed import Packed
-    from .plan import OrderOptions, Plan, make_plan
+    from .plan import OrderOptions, Plan, UnitList
+    from .planning.order import make_plan
     from .starvation import StarvationReport, starvation_check
     from .stats import StageStats, Stats
     from .transform import Transform, TransformContext

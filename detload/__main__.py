@@ -1,6 +1,6 @@
 """``python -m detload`` and the ``detload`` script: the command line, with signals handled from the start.
 
-Until a command enters the part of its work that holds resources (`cli.interruptible`),
+Until a command enters the part of its work that holds resources (`_signals.interruptible`),
 Ctrl-C or SIGTERM ends the process at once with one line, ``interrupted`` (exit 130)
 or ``terminated`` (exit 143): there is nothing to clean up, and a KeyboardInterrupt
 raised while NumPy or pyarrow import would come out as an ImportError with a traceback.

@@ -12,9 +12,7 @@ import contextlib
 import json
 import os
 import re
-import signal
 import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -22,6 +20,7 @@ from typing import Any
 from . import __version__
 from ._check import check_int, check_writable_file
 from ._layout import cli as _layout_cli
+from ._signals import Terminated, hold_signals, interruptible
 from .errors import DetloadError, ManifestError, OptionError, SchemaMismatchError
 
 _MAP_HELP = ("cache entries kept memory-mapped between epochs (thread workers together, or each worker "
@@ -31,11 +30,6 @@ _LAST_EPOCH = 2**32 - 1
 
 class CommandError(Exception):
     """A bad command-line input found by the command itself: one error line, exit 2."""
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt, so that the same
-    clean-up runs (every ``with Loader`` closes); main() then exits 143 instead of 130."""
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -170,36 +164,49 @@ def _loader_kwargs(a: argparse.Namespace) -> dict[str, Any]:
         batch_size=a.batch_size, seed=a.seed, columns=a.columns, shuffle=not a.no_shuffle,
         shuffle_window=a.shuffle_window, drop_last=a.drop_last, partitions=a.partitions,
         null_fill=dict(a.null_fill), cast=dict(a.cast) or None,
-        **_groups(a, rank=a.rank, world_size=a.world_size),
+        **_groups(rank=a.rank, world_size=a.world_size),
     )
 
 
-#: The flags the flat Loader keywords are given as; errors name the flag ("--cache-limit needs --cache-dir").
-_FLAGS = {"pool": "--pool", "prefetch": "--prefetch", "cache_dir": "--cache-dir", "cache_limit": "--cache-limit",
-          "cache_map_limit": "--cache-map-limit", "rank": "--rank", "world_size": "--world-size"}
-
-
-def _groups(a: argparse.Namespace, **flat: Any) -> dict[str, Any]:
-    """The Loader's option groups from flat flags (--prefetch, --cache-dir, --rank ...), whose
-    errors name the flags."""
+def _groups(*, pool: str | None = None, prefetch: int | None = None, cache_dir: str | None = None,
+            cache_limit: str | None = None, cache_map_limit: str | None = None, rank: int | None = None,
+            world_size: int | None = None) -> dict[str, Any]:
+    """The Loader's option groups (`Pool`, `Cache`, `Distributed`) from the flags given; a bad
+    value's message names its flag ("--cache-limit needs --cache-dir"). Flags left out leave
+    their group to the Loader's default."""
+    # Imported here for start-up time (they import NumPy): `detload --help` does not need them.
     from .loader import _distributed_defaults
-    from .options import Distributed, from_flat
+    from .options import (
+        MAX_PREFETCH,
+        Cache,
+        Distributed,
+        Pool,
+        _check_cache,
+        _check_distributed,
+        _check_sizes,
+        _is_auto,
+    )
 
-    pool, cache, dist, _ = from_flat(flat.pop("pool", None), {k: v for k, v in flat.items() if v is not None},
-                                     shown=_FLAGS)
-    out: dict[str, Any] = {"pool": pool, "cache": cache}
-    if dist is not None:
-        rank, world = _distributed_defaults(*dist)
-        out["distributed"] = Distributed(*_check_flat_distributed(rank, world, given=dist))
+    out: dict[str, Any] = {}
+    if pool is not None or prefetch is not None:
+        more = {} if prefetch is None else {
+            "prefetch": check_int("--prefetch", prefetch, 1, MAX_PREFETCH, what="blocks queued per worker")}
+        out["pool"] = Pool(kind=pool or "thread", **more)  # type: ignore[arg-type]  # argparse's choices
+    map_limit = "auto" if cache_map_limit is None else cache_map_limit
+    if cache_dir is not None or cache_limit is not None or not _is_auto(map_limit):  # --cache-map-limit: auto
+        names = {"dir": "--cache-dir", "limit": "--cache-limit", "map_limit": "--cache-map-limit"}
+        _check_sizes(cache_limit, map_limit, names)  # a bad size first, even without --cache-dir
+        if cache_dir is None:
+            raise OptionError(f"{'--cache-limit' if cache_limit is not None else '--cache-map-limit'} "
+                              "needs --cache-dir")
+        out["cache"] = Cache(*_check_cache(cache_dir, cache_limit, map_limit, names))
+    if rank is not None or world_size is not None:
+        r, w = _distributed_defaults(rank, world_size)
+        # A flag's name where the flag gave the value; else it came from torch.distributed or $RANK/$WORLD_SIZE.
+        shown = {"rank": "--rank" if rank is not None else "rank",
+                 "world_size": "--world-size" if world_size is not None else "world_size"}
+        out["distributed"] = Distributed(*_check_distributed(r, w, shown))
     return out
-
-
-def _check_flat_distributed(rank: Any, world: Any, given: tuple[Any, Any] = (None, None)) -> tuple[int, int]:
-    from .options import _check_distributed
-
-    # A flag's name where the flag gave the value; else it came from torch.distributed or $RANK/$WORLD_SIZE.
-    names = {k: _FLAGS[k] if v is not None else k for k, v in zip(("rank", "world_size"), given)}
-    return _check_distributed(rank, world, names)
 
 
 def _workers(s: str) -> int | str:
@@ -402,7 +409,7 @@ def _cmd_run(a: argparse.Namespace) -> int:
                            f"epochs are numbered 0 to {_LAST_EPOCH}")
     _preload(a)
     t0 = time.perf_counter()
-    kwargs = {**_loader_kwargs(a), **_groups(a, pool=a.pool, prefetch=a.prefetch, cache_dir=a.cache_dir,
+    kwargs = {**_loader_kwargs(a), **_groups(pool=a.pool, prefetch=a.prefetch, cache_dir=a.cache_dir,
                                             cache_limit=a.cache_limit, cache_map_limit=a.cache_map_limit)}
     kwargs.update(_filter_kwargs(a))
     kwargs.update(_group_kwargs(a))
@@ -485,7 +492,7 @@ def read_resume_state(where: str) -> dict[str, Any]:
 
 def _sweep_state_temps(path: str) -> None:
     """Remove the temp files a killed run left beside its state (``path.tmpPID``, PID gone)."""
-    from ._engine.shm import pid_alive
+    from ._procs import pid_alive
 
     folder, base = os.path.split(path)
     try:
@@ -517,7 +524,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     with interruptible(), Loader(a.source, batch_size=a.batch_size, seed=a.seed, workers=a.workers,
                                  shuffle_window=a.shuffle_window, columns=a.columns, null_fill=dict(a.null_fill),
                                  cast=dict(a.cast) or None, **_filter_kwargs(a), **_group_kwargs(a),
-                                 **_groups(a, pool=a.pool, prefetch=a.prefetch, cache_dir=a.cache_dir,
+                                 **_groups(pool=a.pool, prefetch=a.prefetch, cache_dir=a.cache_dir,
                                            cache_limit=a.cache_limit, cache_map_limit=a.cache_map_limit)) as loader:
         _check_outside_dataset(loader, a.source, "--trace", a.trace)
         _check_outside_dataset(loader, a.source, "--cache-dir", a.cache_dir)
@@ -820,47 +827,6 @@ def _check_writable_dir(option: str, path: str) -> None:
 
 _COMMANDS = {"run": _cmd_run, "verify": _cmd_verify, "inspect": _cmd_inspect, "plan": _cmd_plan, "demo": _cmd_demo,
              "cache": _cmd_cache, "bench": _cmd_bench, **_layout_cli.COMMANDS}
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    # The first signal decides: a second one must not cut short the clean-up it starts.
-    hold_signals()
-    raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def interruptible() -> Iterator[None]:
-    """Within the block, Ctrl-C raises KeyboardInterrupt and SIGTERM `Terminated` in the main
-    thread, so that every ``with Loader`` inside closes (workers stopped, shared memory and
-    semaphores freed) before main() reports; further signals are ignored meanwhile.
-
-    Outside such blocks the console script exits at once on either signal (see
-    detload/__main__.py): an interrupt raised inside a C extension's import (NumPy's,
-    pyarrow's) comes out as an ImportError with a traceback, so the commands import what
-    they need before entering the block.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            if handler is not None:
-                with contextlib.suppress(OSError, ValueError):
-                    signal.signal(sig, handler)
-
-
-def hold_signals() -> None:
-    """Ignore Ctrl-C and SIGTERM from here on: the outcome is decided, and a second signal
-    must not put a traceback on stderr while the process reports and exits."""
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(OSError, ValueError):
-                signal.signal(sig, signal.SIG_IGN)
 
 
 def main(argv: Sequence[str] | None = None, *, _process: bool = False) -> int:

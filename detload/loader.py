@@ -22,41 +22,30 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import xxhash
 
-from . import __version__, _hooks
-from ._arrow import fill_value
-from ._cache import object_key, open_cache
+from . import __version__, _hooks, planning
+from ._cache import open_cache
 from ._check import check_int, check_path, check_writable_file
 from ._discovery import Dataset, SkippedFilesWarning, describe_skipped, discover
-from ._engine.config import FileRef, WorkerConfig, WorkerKind
+from ._engine.config import WorkerConfig, WorkerKind
 from ._engine.memory import BufferWatch, finalize
 from ._engine.merge import END, STOPPED, Failure, Run, make_tasks
 from ._engine.pool import WorkerPool
+from ._engine.spawn import check_for_processes
 from ._hooks import Hooks
-from ._storage import display_uri, object_uri
+from ._storage import display_uri
 from ._trace import CONSUMER, StatsMark, Tracer
-from ._types import INT96_UNIT, SCALED, Column, ColumnSpec, normalize_cast, type_mapping_version
+from ._types import INT96_UNIT, Column, ColumnSpec, normalize_cast
 from .audit import MANIFEST_FORMAT, MANIFEST_VERSION, ManifestWriter
-from .errors import DataError, DetloadError, OptionError, StateError, WorkerError
-from .options import Cache, Distributed, Pool, PoolKind, Storage, resolve_groups
-from .plan import (
-    PLAN_FORMAT_V2,
-    OrderOptions,
-    PlanV2,
-    UnitList,
-    block_memory_warning,
-    make_plan_v2,
-)
+from .errors import DataError, DetloadError, OptionError, StateError
+from .options import Cache, Distributed, Pool, PoolKind, Storage, as_cache, as_distributed, as_pool, as_storage
+from .plan import PLAN_FORMAT_VERSION, OrderOptions, Plan
+from .planning.order import block_memory_warning
 from .stats import Stats, _cores, summarize
+from .transform import Transform
 
 if TYPE_CHECKING:  # imported when a filter is given: pyarrow.compute and .dataset cost import time
     from ._filters.canonical import Filter
-    from ._filters.planning import FilterStats
-    from ._filters.selection import Selection
-    from ._grouping import GroupStats
-    from ._xform import TransformPlan
-    from .transform import Transform
 
 __all__ = ["STATE_FORMAT_VERSION", "BlockMemoryWarning", "Loader", "compare_ranks", "resolve_workers"]
 
@@ -189,10 +178,7 @@ class Loader:
       ``memory_map`` False/"auto"/True: whether workers read local files through memory
       maps), or a filesystem. Default: local paths, or the filesystem a URI names.
 
-    The flat keywords of earlier releases (``prefetch``, ``stall_timeout``, ``trace``,
-    ``cache_dir``, ``cache_limit``, ``cache_map_limit``, ``rank``, ``world_size``,
-    ``filesystem``, ``partitioning``) still work, each with a DeprecationWarning naming
-    its new spelling. docs/loader.md has the full table of options.
+    docs/loader.md has the full table of options.
     """
 
     def __init__(
@@ -219,13 +205,13 @@ class Loader:
         group_columns: Sequence[str] | None = None,
         max_group_items: int | None = None,
         transform: Any = None,
-        **deprecated: Any,
     ) -> None:
         #: Test and benchmark hooks (never set in production): those in force when built.
         self._hooks: Hooks = _hooks.current()
         _register_with_torch()  # in case torch.utils.data was loaded past the finder (a cheap check)
         self.workers = resolve_workers(workers)
-        pool_opts, cache_opts, dist, storage_opts = resolve_groups(pool, cache, distributed, storage, deprecated)
+        pool_opts, cache_opts = as_pool(pool), as_cache(cache)
+        dist, storage_opts = as_distributed(distributed), as_storage(storage)
         self.pool_kind: PoolKind = pool_opts.kind
         self._memory_map = storage_opts.memory_map
         self.prefetch = pool_opts.prefetch
@@ -233,10 +219,10 @@ class Loader:
         trace = pool_opts.trace
         _check_source(source)
         manifest_path = check_path("manifest", manifest) if manifest is not None else None
-        if isinstance(dist, Distributed):
+        if dist is not None:
             self.rank, world = dist.rank, dist.world_size
-        else:  # detected, or the deprecated rank=/world_size= (either may be left to detection)
-            self.rank, world = _distributed_defaults(*(dist or (None, None)))
+        else:  # from torch.distributed, else $RANK and $WORLD_SIZE, else (0, 1)
+            self.rank, world = _distributed_defaults(None, None)
         if partitions is None:
             partitions = world
         self.options = OrderOptions(
@@ -253,91 +239,51 @@ class Loader:
         self.cast: dict[str, str] = {str(k): normalize_cast(str(k), v) for k, v in (cast or {}).items()}
         # A filter's planning reads the footers discovery read: kept until then, not longer.
         footers: list[Any] | None = [] if filter is not None else None
-        self.dataset: Dataset = discover(source, filesystem=storage_opts.filesystem,
-                                         partitioning=storage_opts.partition_types, footers=footers,
-                                         stall_timeout=self.stall_timeout)
-        if self.dataset.skipped:
+        dataset = discover(source, filesystem=storage_opts.filesystem,
+                           partitioning=storage_opts.partition_types, footers=footers,
+                           stall_timeout=self.stall_timeout)
+        if dataset.skipped:
             warnings.warn(SkippedFilesWarning(
-                f"{describe_skipped(self.dataset.skipped)} in {self.dataset.root}: they are not Parquet "
-                f"(no .parquet/.parq/.pq suffix, no Parquet magic), e.g. {self.dataset.skipped[0]}. "
+                f"{describe_skipped(dataset.skipped)} in {dataset.root}: they are not Parquet "
+                f"(no .parquet/.parq/.pq suffix, no Parquet magic), e.g. {dataset.skipped[0]}. "
                 "`detload inspect` lists them; move them out of the dataset folder to silence this."),
                 stacklevel=2)
-        self.specs: list[ColumnSpec] = self.dataset.specs(columns, self.cast)
-        names = [s.name for s in self.specs]
-        unknown_fill = [k for k in self.null_fill if k not in names]
-        if unknown_fill:
-            raise OptionError(f"null_fill names {unknown_fill}, which are not among the loaded columns {names}")
-        for spec in self.specs:
-            if spec.name in self.null_fill:
-                _check_fill(spec, self.dataset, self.null_fill[spec.name])
-        self._unit_files, self._unit_rgs, self._unit_rows = self.dataset.units()
+        specs = planning.column_specs(dataset, columns, self.null_fill, self.cast)
+        files = planning.file_refs(dataset)
         # Cache state never enters `order`: cold, warm and uncached runs yield the same bytes.
-        fs = self.dataset.filesystem
-        self._cache_keys = [object_key(fs, f.location, f.size, f.mtime_ns, f.etag) for f in self.dataset.files]
-        self._uris = [object_uri(fs, f.location) for f in self.dataset.files]
-        self.cache = (open_cache(cache_opts.dir, cache_opts.limit, self._cache_keys,
+        self.cache = (open_cache(cache_opts.dir, cache_opts.limit, [f.cache_key for f in files],
                                  cache_map_limit=cache_opts.map_limit, fail_after_bytes=self._hooks.cache_fail_after_bytes)
                       if cache_opts is not None else None)
+        xf = _transform_option(transform)
+        if xf is not None and self.pool_kind == "process":
+            check_for_processes(xf)  # before planning runs it: what worker processes could not receive
+        #: Everything planning decided (planning.Planned): this loader runs it.
+        self.planned = p = planning.plan(
+            dataset, files, specs, self.options, null_fill=self.null_fill, cast=self.cast, filter=filter,
+            group_by=group_by, group_columns=group_columns, max_group_items=max_group_items, transform=xf,
+            cache=self.cache, footers=footers)
+        self.dataset: Dataset = p.dataset
+        self.specs: list[ColumnSpec] = list(p.specs)
+        self.options = p.options
+        self._units = p.units
+        self._unit_files, self._unit_rgs, self._unit_rows = self.dataset.units()
+        self._files = p.files
+        self._cache_keys = [f.cache_key for f in p.files]
+        self._uris = [f.uri for f in p.files]
         #: The parsed filter (None: every row), and what planning did with it.
-        self.filter: Filter | None = None
-        self._selections: dict[tuple[int, int], Selection] | None = None
-        self._filter_stats: FilterStats | None = None
-        if filter is not None:
-            from ._filters.canonical import parse_filter
-            from ._filters.planning import filter_units
-
-            self.filter = parse_filter(filter, self.dataset.schema, dict(self.dataset.partition_types))
-            # Planning prunes row groups and runs the selection pass now, so that the plan is
-            # exact: len(), partitions and resume count the selected rows.
-            chosen = filter_units(self.dataset, self.filter, cache=self.cache, cache_keys=self._cache_keys,
-                                  footers=footers)
-            footers = None
-            self._units = UnitList(chosen.units)
-            self._selections = chosen.selections
-            self._filter_stats = chosen.stats
-            self._select_spans = chosen.spans
-        else:
-            # Format 2's units, built once: every epoch's plan cuts and deals the same list.
-            self._units = UnitList.from_row_groups(self._unit_files, self._unit_rgs, self._unit_rows)
+        self.filter: Filter | None = p.filter
+        self._selections = p.selections
+        self._filter_stats = p.filter_stats
         #: group_by: the key, the group columns (the key among them) and max_group_items.
-        self.group_by: str | None = None
-        self.group_columns: tuple[str, ...] = ()
-        self.max_group_items: int | None = None
-        self._group_stats: GroupStats | None = None
-        if group_by is not None:
-            self._plan_groups(names, group_by, group_columns, max_group_items)
-        elif group_columns is not None or max_group_items is not None:
-            raise OptionError("group_columns and max_group_items apply with group_by=, which is not set")
+        self.group_by: str | None = p.group_by
+        self.group_columns: tuple[str, ...] = p.group_columns
+        self.max_group_items: int | None = p.max_group_items
+        self._group_stats = p.group_stats
         #: The transform (None: the columns as read), and what planning made of it.
-        self.transform = _transform_option(transform)
-        self._xform: TransformPlan | None = None
-        if self.transform is not None:
-            self._plan_transform()
-        self.order = {
-            **self.options.order_dict(),
-            "columns": names,
-            "null_fill": {k: _jsonable(v) for k, v in sorted(self.null_fill.items())},
-            # 1 unless an INT96 column is loaded, so that other datasets keep their states.
-            "type_mapping": type_mapping_version(self.specs),
-            "plan_format": PLAN_FORMAT_V2,
-            "dataset": self.dataset.fingerprint,
-            # The units the plan cuts into partitions; the fingerprint covers them through this.
-            "units_digest": self._units.digest,
-        }
-        if self.cast:  # only when given: loaders without a cast keep their fingerprints
-            self.order["cast"] = dict(sorted(self.cast.items()))
-        if self.filter is not None:  # likewise: unfiltered loaders keep their order and fingerprint
-            # A long isin list enters as its hash (the manifest header keeps it whole).
-            self.order["filter"] = json.dumps(self.filter.order_value(), sort_keys=True, separators=(",", ":"),
-                                              ensure_ascii=False)
-        if self.group_by is not None:  # likewise: ungrouped loaders keep their order and fingerprint
-            self.order["group_by"] = self.group_by
-            self.order["group_columns"] = list(self.group_columns)
-            if self.max_group_items is not None:
-                self.order["max_group_items"] = self.max_group_items
-        if self.transform is not None:  # likewise: loaders without a transform keep their fingerprints
-            self.order["transform"] = self.transform.identity
-        self.fingerprint = xxhash.xxh3_128_hexdigest(json.dumps(self.order, sort_keys=True).encode())
+        self.transform = p.transform
+        self._xform = p.xform
+        self.order = dict(p.order)
+        self.fingerprint = p.fingerprint
         self._block_memory: int | None = pool_opts.block_memory_bytes
         # Estimated now, with discovery: a variable-length column's estimate reads a footer,
         # and once iteration starts a warm run must fetch nothing but the rows it needs.
@@ -348,10 +294,10 @@ class Loader:
             raise OptionError("the unordered merge is a benchmark-only hook and cannot write a manifest")
         self._ordered = not self._hooks.unordered
         self._tracer = Tracer(enabled=trace)
-        if self._filter_stats is not None:  # the selection pass ran above: traced as "select"
-            self._tracer.planned(self._select_spans, self._filter_stats.as_dict())
+        if self._filter_stats is not None:  # the selection pass ran in planning: traced as "select"
+            self._tracer.planned(p.select_spans, self._filter_stats.as_dict())
         self._epoch = 0
-        self._plans: dict[int, PlanV2] = {}
+        self._plans: dict[int, Plan] = {}
         self._memory_checked = False
         self._resume_step = 0
         self._position = 0  # batches of the current epoch already yielded
@@ -379,80 +325,30 @@ class Loader:
         there, and the rows selected out of the rows in all."""
         return None if self._filter_stats is None else self._filter_stats.as_dict()
 
-    def _plan_groups(self, names: Sequence[str], group_by: Any, group_columns: Any, max_group_items: Any) -> None:
-        """group_by: check the options, run the cached pass over the key column, and give every
-        unit its groups (docs/packing.md); batches are then filled with whole groups."""
-        import dataclasses
-
-        from ._grouping import check_group_options, group_units
-
-        m = self.options.micro_batch
-        self.group_by, self.group_columns, self.max_group_items = check_group_options(
-            self.dataset, names, group_by, group_columns, max_group_items, m)
-        grouped = group_units(self.dataset, self.group_by, self._units.units, selections=self._selections,
-                              micro_batch=m, batch_size=self.options.batch_size,
-                              world_size=self.options.world_size, partitions=self.options.partitions,
-                              max_group_items=self.max_group_items, cache=self.cache,
-                              cache_keys=self._cache_keys)
-        self._units = UnitList(grouped.units)
-        self._group_stats = grouped.stats
-        self.options = dataclasses.replace(self.options, group_batches=True)
-
     @property
     def group_stats(self) -> dict[str, int] | None:
         """What planning found with ``group_by=`` (None without it): groups, chunks (groups
         after max_group_items split them), the largest group, row groups scanned or cached."""
         return None if self._group_stats is None else self._group_stats.as_dict()
 
-    def _plan_transform(self) -> None:
-        """Refuse what worker processes could not receive, then plan the transform: its output
-        schema and, for rows="changes", the units with its row counts."""
-        from ._xform import TransformFailed, check_for_processes, plan_transform
-
-        assert self.transform is not None
-        if self.group_by is not None and self.transform.rows == "changes":
-            raise OptionError(
-                f"transform {self.transform.name!r} has rows='changes', which group_by= does not allow: the "
-                f"groups of {self.group_by!r} are planned from the stored rows, so a transform under "
-                "group_by must keep every row and the key (use rows='same')")
-        if self.pool_kind == "process":
-            check_for_processes(self.transform)
-        try:
-            planned = plan_transform(self.transform, self._worker_config("thread", "", planning=True), self._units.units,
-                                     self._selections, self.options.seed)
-        except TransformFailed as exc:
-            import traceback
-
-            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            raise WorkerError(f"planning failed: {exc}\n\nTraceback:\n{tb}", traceback=tb) from exc.__cause__
-        self._xform = planned.plan
-        if planned.units is not None:
-            self._units = UnitList(planned.units)
-
     @property
     def _block_specs(self) -> list[ColumnSpec]:
         """The delivered columns: the transform's output, else the columns read."""
-        return list(self._xform.specs) if self._xform is not None else self.specs
+        return list(self.planned.block_specs)
 
-    def _worker_config(self, kind: WorkerKind, prefix: str, *, planning: bool = False) -> WorkerConfig:
-        """The workers' configuration; ``planning``: the one the consumer reads with while it
-        plans (no test hooks, no transform yet)."""
-        ds = self.dataset
-        files = tuple(FileRef(f.location, f.path, f.partition_values, f.row_groups, key, uri,
-                              f.size, f.etag, f.mtime_ns)
-                      for f, key, uri in zip(ds.files, self._cache_keys, self._uris))
+    def _worker_config(self, kind: WorkerKind, prefix: str) -> WorkerConfig:
+        """The workers' configuration."""
         specs: tuple[ColumnSpec, ...] = tuple(self.specs)
         group_specs: tuple[ColumnSpec, ...] = ()
-        if self.group_by is not None and self.cache is not None and self._xform is None and not planning:
+        if self.group_by is not None and self.cache is not None and self._xform is None:
             # The cache keeps the group columns once per group, apart from the items' entries
             # (a transform reads every column of the row group, so it keeps them together).
             group_specs = tuple(s for s in self.specs if s.name in self.group_columns)
             specs = tuple(s for s in self.specs if s.name not in self.group_columns)
         # Maps only where a fault kills a worker process, not the consumer (see Storage.memory_map).
-        mapping = ("never" if planning or self._memory_map is False else "always" if self._memory_map is True
-                   else "local-disk" if kind == "process" else "never")
-        return WorkerConfig(files, ds.filesystem, specs, self.null_fill, kind,
-                            prefix, hooks=None if planning else self._hooks.debug,
+        mapping = self._memory_map if self._memory_map != "auto" or kind == "process" else False
+        return WorkerConfig(self._files, self.dataset.filesystem, specs, self.null_fill, kind,
+                            prefix, hooks=self._hooks.debug,
                             cache=self.cache, selections=self._selections, group_by=self.group_by,
                             group_columns=self.group_columns, transform=self._xform, group_specs=group_specs,
                             memory_map=mapping)
@@ -486,7 +382,7 @@ class Loader:
             per += _ragged_bytes_per_row(self.dataset, ragged)
         return per
 
-    def _warn_block_memory(self, plan: PlanV2) -> None:
+    def _warn_block_memory(self, plan: Plan) -> None:
         """Warn once per loader when the largest block would exceed the block memory budget."""
         if self._block_memory is None:
             return
@@ -508,12 +404,11 @@ class Loader:
             self._resume_step = 0
             self._position = 0
 
-    def plan(self, epoch: int | None = None) -> PlanV2:
+    def plan(self, epoch: int | None = None) -> Plan:
         e = self._epoch if epoch is None else epoch
         p = self._plans.get(e)
         if p is None:
-            p = make_plan_v2(self._units, self.options, epoch=e, rank=self.rank,
-                             dataset_fingerprint=self.fingerprint)
+            p = self.planned.epoch_plan(e, self.rank)
             if not self._memory_checked:
                 self._memory_checked = True
                 self._warn_block_memory(p)
@@ -551,7 +446,7 @@ class Loader:
             "detload_version": __version__,
             "order": self.order,
             "fingerprint": self.fingerprint,
-            "plan_format": PLAN_FORMAT_V2,
+            "plan_format": PLAN_FORMAT_VERSION,
             "batch_size": self.options.batch_size,
             "rank": self.rank,
             "world_size": self.options.world_size,
@@ -775,7 +670,7 @@ class Loader:
         return {
             "format": STATE_FORMAT_VERSION,
             "fingerprint": self.fingerprint,
-            "plan_format": PLAN_FORMAT_V2,
+            "plan_format": PLAN_FORMAT_VERSION,
             "epoch": self._epoch,
             "step": self._position,
             "order": dict(self.order),
@@ -996,41 +891,6 @@ class _Ahead:
     counts: list[int]
 
 
-def _check_fill(spec: ColumnSpec, dataset: Dataset, value: Any) -> None:
-    """Reject a null_fill value that does not fit its column now, not at the first null."""
-    import pyarrow as pa
-
-    if spec.partition:
-        t = pa.int64() if spec.kind == "fixed" else pa.string()
-    else:
-        t = dataset.schema.field(spec.name).type
-    if pa.types.is_dictionary(t):
-        t = t.value_type
-    target = _cast_target(spec, t)
-    if fill_value(t, value) is not None and (target is None or fill_value(target, value) is not None):
-        return  # fits (the cast too), decided without pa.scalar (which imports pandas: see _arrow.py)
-    try:
-        scalar = pa.scalar(value, type=t)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
-        raise OptionError(f"null_fill[{spec.name!r}] = {value!r} does not fit the column's type {t}: {exc}") from None
-    if target is not None:
-        try:
-            scalar.cast(target, safe=True)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-            raise OptionError(f"null_fill[{spec.name!r}] = {value!r} does not fit {spec.cast}, which "
-                              f"cast[{spec.name!r}] asks for: {exc}") from None
-
-
-def _cast_target(spec: ColumnSpec, t: Any) -> Any:
-    """The Arrow type a cast integer or timestamp column is checked against, else None."""
-    import pyarrow as pa
-
-    if spec.cast is None or spec.cast == SCALED or not (pa.types.is_integer(t) or pa.types.is_timestamp(t)):
-        return None
-    dt = np.dtype(spec.dtype)
-    return pa.timestamp(np.datetime_data(dt)[0], tz=t.tz) if dt.kind == "M" else pa.from_numpy_dtype(dt)
-
-
 def _ragged_bytes_per_row(dataset: Dataset, names: Sequence[str]) -> float:
     """Uncompressed Parquet bytes per row of the columns ``names`` in the dataset's first
     non-empty file (0 when it cannot be read: the estimate only decides a warning)."""
@@ -1056,11 +916,7 @@ def _ragged_bytes_per_row(dataset: Dataset, names: Sequence[str]) -> float:
 
 
 def _transform_option(value: Any) -> Transform | None:
-    if value is None:
-        return None
-    from .transform import Transform
-
-    return Transform.of(value)
+    return None if value is None else Transform.of(value)
 
 
 def _check_source(source: Any) -> None:
@@ -1097,16 +953,6 @@ def _ranges(steps: Sequence[int]) -> str:
         if s is not None:
             lo = prev = s
     return ", ".join(out)
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, (np.generic,)):
-        return v.item()
-    if isinstance(v, bytes):
-        return v.decode("latin-1")
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    return v
 
 
 def compare_ranks(infos: Sequence[Mapping[str, Any]]) -> None:

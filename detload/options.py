@@ -18,9 +18,11 @@ from typing import Any, Literal
 from ._check import check_int, check_no_nul, check_seconds
 from .errors import OptionError
 
-__all__ = ["Cache", "Distributed", "Pool", "Storage"]
+__all__ = ["Cache", "Distributed", "MemoryMap", "Pool", "Storage"]
 
 PoolKind = Literal["thread", "process"]
+#: `Storage.memory_map`'s values, the same from the option down to the reader (_read/mapping.py).
+MemoryMap = Literal[False, "auto", True]
 #: Blocks queued per worker at most: each holds shuffle_window row groups, so more
 #: only holds memory (and a process queue's semaphore cannot count past 2**31 - 1).
 MAX_PREFETCH = 1024
@@ -28,8 +30,8 @@ MAX_PREFETCH = 1024
 MAX_STALL_TIMEOUT = 1e9
 
 # Each group checks its fields under the names a message should show: the field's own
-# ("Pool.prefetch") when the group is built, the old keyword's ("prefetch") when a
-# deprecated flat keyword is, so that those keep today's messages word for word.
+# ("Pool.prefetch") when the group is built, a shorthand's ("pool") or a command-line
+# flag's ("--prefetch", cli.py) where the value came from there.
 
 
 def _check_pool(kind: Any, prefetch: Any, stall_timeout: Any, trace: Any, names: Mapping[str, str]) -> tuple[Any, ...]:
@@ -69,7 +71,7 @@ class Pool:
     block_memory: int | str | None = "1GiB"
 
     def __post_init__(self) -> None:
-        from ._cache import parse_size
+        from ._cache import parse_size  # start-up time: _cache imports NumPy, `import detload` must not
 
         _set(self, zip(("kind", "prefetch", "stall_timeout", "trace"),
                        _check_pool(self.kind, self.prefetch, self.stall_timeout, self.trace, _names(Pool))))
@@ -78,7 +80,7 @@ class Pool:
     @property
     def block_memory_bytes(self) -> int | None:
         """``block_memory`` in bytes (None: no warning)."""
-        from ._cache import parse_size
+        from ._cache import parse_size  # start-up time: _cache imports NumPy, `import detload` must not
 
         return parse_size(self.block_memory, "Pool.block_memory")
 
@@ -96,7 +98,7 @@ def _check_cache(dir: Any, limit: Any, map_limit: Any, names: Mapping[str, str])
 
 
 def _check_sizes(limit: Any, map_limit: Any, names: Mapping[str, str]) -> None:
-    from ._cache import parse_size
+    from ._cache import parse_size  # start-up time: _cache imports NumPy, `import detload` must not
 
     parse_size(limit, names["limit"])
     if not (map_limit is None or _is_auto(map_limit)):
@@ -200,7 +202,7 @@ class Storage:
 
     filesystem: Any = None
     partition_types: Mapping[str, str] | None = field(default=None, hash=False)
-    memory_map: bool | Literal["auto"] = "auto"
+    memory_map: MemoryMap = "auto"
 
     def __post_init__(self) -> None:
         _set(self, zip(("filesystem", "partition_types", "memory_map"),
@@ -273,29 +275,9 @@ def as_storage(value: Any) -> Storage:
                       f"or None, got {type(value).__name__} {value!r}")
 
 
-# -- the flat keywords of earlier releases ---------------------------------------------
+# -- warnings ---------------------------------------------------------------------------
 
-#: Old keyword -> (its group's keyword, the field it became).
-DEPRECATED: dict[str, tuple[str, str]] = {
-    "prefetch": ("pool", "prefetch"),
-    "stall_timeout": ("pool", "stall_timeout"),
-    "trace": ("pool", "trace"),
-    "cache_dir": ("cache", "dir"),
-    "cache_limit": ("cache", "limit"),
-    "cache_map_limit": ("cache", "map_limit"),
-    "rank": ("distributed", "rank"),
-    "world_size": ("distributed", "world_size"),
-    "filesystem": ("storage", "filesystem"),
-    "partitioning": ("storage", "partition_types"),
-}
-_GROUP_CLASS = {"pool": "Pool", "cache": "Cache", "distributed": "Distributed", "storage": "Storage"}
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
-
-
-def deprecation(old: str) -> str:
-    """The warning for flat keyword ``old``, naming its new spelling."""
-    group, name = DEPRECATED[old]
-    return f"{old}= is deprecated: use {group}=detload.{_GROUP_CLASS[group]}({name}=...)"
 
 
 def warn_deprecated(message: str) -> None:
@@ -305,81 +287,3 @@ def warn_deprecated(message: str) -> None:
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE + os.sep):
         frame, level = frame.f_back, level + 1  # type: ignore[assignment]
     warnings.warn(message, DeprecationWarning, stacklevel=level)
-
-
-def unexpected_keyword(owner: str, name: str) -> TypeError:
-    """What Python says for an unknown keyword argument."""
-    return TypeError(f"{owner}() got an unexpected keyword argument {name!r}")
-
-
-def resolve_groups(pool: Any, cache: Any, distributed: Any, storage: Any,
-                   old: Mapping[str, Any], owner: str = "Loader.__init__") -> tuple[Pool, Cache | None, Any, Storage]:
-    """The four groups from the new keywords and any deprecated flat ones (each warned about once).
-
-    The third value is a `Distributed`, or ``(rank, world_size)`` with either part None
-    (to be detected) when it came from the old keywords, or None.
-    """
-    for name in old:
-        if name not in DEPRECATED:
-            raise unexpected_keyword(owner, name)
-    given = {"pool": pool, "cache": cache, "distributed": distributed, "storage": storage}
-    for name in old:
-        group = DEPRECATED[name][0]
-        # pool="thread"/"process" was the old keyword too: it goes with the old prefetch= etc.
-        if given[group] is not None and not (group == "pool" and isinstance(pool, str)):
-            raise OptionError(f"{name}= (deprecated) and {group}= both set it: pass only "
-                              f"{group}=detload.{_GROUP_CLASS[group]}(..., {DEPRECATED[name][1]}=...)")
-        warn_deprecated(deprecation(name))
-    p, c, dist, s = from_flat(pool, old)
-    return (p, as_cache(cache) if c is None and not _any(old, CACHE_KEYS) else c,
-            dist if dist is not None else as_distributed(distributed),
-            s if _any(old, ("filesystem", "partitioning")) else as_storage(storage))
-
-
-CACHE_KEYS = ("cache_dir", "cache_limit", "cache_map_limit")
-
-
-def _any(old: Mapping[str, Any], keys: tuple[str, ...]) -> bool:
-    return any(k in old for k in keys)
-
-
-def from_flat(pool: Any, old: Mapping[str, Any], shown: Mapping[str, str] | None = None,
-              ) -> tuple[Pool, Cache | None, tuple[Any, Any] | None, Storage]:
-    """The groups from flat keywords (those of `DEPRECATED` given in ``old``; `pool` a kind or None),
-    checked with the flat keywords' own messages; no warning (the command line uses this).
-
-    ``shown``: how messages spell each flat name (``"pool"`` included), where not as the
-    keyword itself: the command line names its flags (``"--cache-limit needs --cache-dir"``).
-    The third value is ``(rank, world_size)`` (either may be None: detected) when either was
-    given, else None; ``rank`` is checked once the world size is known.
-    """
-    def name(key: str) -> str:
-        return (shown or {}).get(key, key)
-
-    if any(k in old for k in ("prefetch", "stall_timeout", "trace")):
-        kind = pool if pool is not None else "thread"
-        values = _check_pool(kind, old.get("prefetch", 2), old.get("stall_timeout", 300.0), old.get("trace", True),
-                             {"kind": name("pool"), "prefetch": name("prefetch"),
-                              "stall_timeout": name("stall_timeout"), "trace": name("trace")})
-        p = Pool(*values)
-    else:
-        p = as_pool(pool)
-
-    c: Cache | None = None
-    if _any(old, CACHE_KEYS):
-        d, lim, ml = old.get("cache_dir"), old.get("cache_limit"), old.get("cache_map_limit", "auto")
-        flat = {"dir": name("cache_dir"), "limit": name("cache_limit"), "map_limit": name("cache_map_limit")}
-        _check_sizes(lim, ml, flat)  # first, as before
-        if d is None:
-            # The old keywords could say this; the group cannot (its dir is required).
-            if lim is not None:
-                raise OptionError(f"{flat['limit']} needs {flat['dir']}")
-            if not _is_auto(ml):
-                raise OptionError(f"{flat['map_limit']} needs {flat['dir']}")  # None included: it was set
-            c = None
-        else:
-            c = Cache(*_check_cache(d, lim, ml, flat))
-    dist = (old.get("rank"), old.get("world_size")) if _any(old, ("rank", "world_size")) else None
-    s = Storage(*_check_storage(old.get("filesystem"), old.get("partitioning"),
-                                {"filesystem": name("filesystem"), "partition_types": name("partitioning")}))
-    return p, c, dist, s

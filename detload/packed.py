@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
+from ._columns import take_rows
 from ._types import Column, Ragged
 
 __all__ = ["Packed"]
@@ -57,8 +58,6 @@ class Packed:
 
         Item columns are the packed arrays themselves; each group column is a new array.
         """
-        from ._engine.block import take_rows
-
         out: dict[str, Column] = {}
         for name in self.columns:
             col = self.items.get(name)

@@ -1,18 +1,15 @@
-"""The planner: a pure function from row-group sizes, seed, epoch and options to a plan.
+"""The plan as data: what the planning stage (detload.planning) produces and the engine executes.
 
-No threads, no I/O. The plan fixes, before any data is read, which rows every
-step of the epoch yields on every rank; workers and the merger only execute it.
-See docs/determinism.md for the contract this file implements.
+The order options, the units (row ranges of row groups), and one epoch's `Plan` for one
+rank: its partitions, blocks and schedule. Plain values, no I/O; `detload.make_plan`
+computes a `Plan`. See docs/determinism.md for the contract.
 """
 
 from __future__ import annotations
 
-import json
-import sys
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import xxhash
@@ -20,171 +17,13 @@ import xxhash
 from ._check import check_int
 from .errors import EmptyDatasetError, OptionError
 
-__all__ = [
-    "DEFAULT_BLOCK_BUDGET",
-    "PLAN_FORMAT_V2",
-    "PLAN_FORMAT_VERSION",
-    "Block",
-    "BlockV2",
-    "OrderOptions",
-    "Plan",
-    "PlanV2",
-    "Range",
-    "Unit",
-    "UnitList",
-    "block_memory_warning",
-    "block_permutation",
-    "greedy_steps",
-    "group_permutation",
-    "group_row_order",
-    "make_plan",
-    "make_plan_v2",
-    "row_group_entropy",
-    "unit_permutation",
-]
+__all__ = ["PLAN_FORMAT_VERSION", "Block", "OrderOptions", "Plan", "Range", "Unit", "UnitList"]
 
-#: Bumped whenever the same inputs would yield a different order.
-PLAN_FORMAT_VERSION = 1
+#: Bumped whenever the same inputs would yield a different order. Format 1 (whole row
+#: groups dealt round-robin to partitions) is gone; 2 is the only format.
+PLAN_FORMAT_VERSION = 2
 
-# Purpose tags: the first entropy word of every random stream, so that streams
-# of different purposes never coincide even when the other words do.
-TAG_UNITS = 0x554E_4954  # "UNIT"
-TAG_BLOCK = 0x424C_4B52  # "BLKR"
-TAG_GROUPS = 0x4752_5053  # "GRPS": the order of a block's groups (group_batches)
-
-_U32 = 0xFFFF_FFFF
 _MAX_SEED = 2**64 - 1
-
-
-def _entropy(tag: int, seed: int, *words: int) -> list[int]:
-    # Fixed length for a given tag: SeedSequence([s, e]) == SeedSequence([s, e, 0]),
-    # so a variable-length list could make two purposes share a stream.
-    return [tag, seed & _U32, seed >> 32, *words]
-
-
-def _stream_permutation(entropy: list[int], n: int) -> np.ndarray:
-    """A permutation of range(n) fixed by PCG64's raw output, not by a NumPy algorithm.
-
-    ``Generator.permutation``'s algorithm may change between NumPy releases;
-    ``random_raw`` is the bit generator's output, which NumPy keeps stable, and a
-    stable argsort of it is a fixed function of those numbers.
-    """
-    bits = np.asarray(np.random.PCG64(np.random.SeedSequence(entropy)).random_raw(n), dtype=np.uint64)
-    return _stable_argsort_u64(bits)
-
-
-def _stable_argsort_u64(keys: np.ndarray) -> np.ndarray:
-    """``np.argsort(keys, kind="stable")`` for uint64 keys.
-
-    Random keys almost always take `_packed_order` (one plain sort). Otherwise two
-    stable passes: the first sorts by the top 16 bits, which NumPy radix-sorts in linear
-    time; for random keys that leaves short unordered runs, which the second,
-    stable sort by the full key (NumPy's timsort) finishes in near-linear time.
-    Both passes are stable, so equal keys keep their positions' order and the
-    result is exactly the stable order, whatever the keys. It runs once per
-    block per epoch, in the workers: about 2x faster than a four-digit LSD
-    radix sort and 3x faster than a merge sort of 64-bit keys at 65,536 keys.
-    """
-    if keys.shape[0] < 4096:
-        return np.argsort(keys, kind="stable").astype(np.int64)
-    order = _packed_order(keys)
-    return order if order is not None else _two_pass_order(keys)
-
-
-def _two_pass_order(keys: np.ndarray) -> np.ndarray:
-    """The stable order of uint64 ``keys`` in two stable passes (see `_stable_argsort_u64`)."""
-    # The top 16 bits: on a little-endian machine, every fourth uint16 of the keys, read
-    # in place (no shifted copy and no cast; 0.2 ms less per 65,536-row block).
-    top = (keys.view(np.uint16)[3::4] if sys.byteorder == "little" and keys.flags.c_contiguous
-           else (keys >> np.uint64(48)).astype(np.uint16))
-    order = np.argsort(top, kind="stable")
-    order = order[np.argsort(keys[order], kind="stable")]
-    return order.astype(np.int64, copy=False)
-
-
-# Positions 0..n-1 as uint64 for `_packed_order`, kept for the last n asked (a block's size
-# repeats; read-only, so threads may share it).
-_POSITIONS: list[np.ndarray] = [np.arange(0, dtype=np.uint64)]
-
-
-def _packed_order(keys: np.ndarray) -> np.ndarray | None:
-    """The stable order of ``keys``, found by one plain sort, when that is exact; else None.
-
-    With b = the bits of n - 1, each key keeps its top 64 - b bits and carries its position
-    in the low b: the packed words are distinct, so any sorting algorithm orders them the
-    same way (no stability needed, and NumPy's vectorised quicksort is used). Where the top
-    bits of all keys differ, that order is the keys' order, exactly; where two keys share
-    them (for 65,536 random keys, about once in 130,000 blocks), it is not, and None sends
-    the caller to the two-pass sort. About 40% faster per block than that sort.
-    """
-    n = keys.shape[0]
-    b = (n - 1).bit_length()
-    if b > 32:
-        return None  # so many keys that shared top bits become likely
-    low = np.uint64((1 << b) - 1)
-    positions = _POSITIONS[0]
-    if positions.shape[0] != n:
-        positions = np.arange(n, dtype=np.uint64)
-        positions.flags.writeable = False
-        _POSITIONS[0] = positions
-    packed = np.bitwise_and(keys, ~low)
-    packed |= positions
-    packed.sort()
-    # Two keys with equal top bits are neighbours that differ in the low bits only.
-    if (np.bitwise_xor(packed[1:], packed[:-1]) <= low).any():
-        return None
-    packed &= low
-    return packed.view(np.int64)
-
-
-def unit_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
-    """The order of the epoch's units when shuffling."""
-    return _stream_permutation(_entropy(TAG_UNITS, seed, epoch), n)
-
-
-def block_permutation(seed: int, epoch: int, partition: int, block: int, n: int) -> np.ndarray:
-    """The order of the ``n`` rows of one block when shuffling."""
-    return _stream_permutation(_entropy(TAG_BLOCK, seed, epoch, partition, block), n)
-
-
-def group_permutation(seed: int, epoch: int, partition: int, block: int, n: int) -> np.ndarray:
-    """The order of the ``n`` groups of one block when shuffling with ``group_batches``.
-
-    Its own purpose tag, so a block of n groups and a block of n rows never share a stream.
-    """
-    return _stream_permutation(_entropy(TAG_GROUPS, seed, epoch, partition, block), n)
-
-
-def group_row_order(starts: np.ndarray, rows: int, order: np.ndarray) -> np.ndarray:
-    """The row permutation that lays a block's groups out in ``order``, rows in stored order.
-
-    ``starts`` are the groups' first rows (increasing, the first 0), ``rows`` the block's
-    rows; row ``i`` of the result is the stored row that lands at position ``i``.
-    """
-    starts = np.asarray(starts, dtype=np.int64)
-    sizes = np.diff(np.append(starts, rows))
-    s_sizes = sizes[order]
-    # Position i inside permuted group g (which begins at out_start[g]) takes stored row
-    # starts[g] + (i - out_start[g]).
-    out_start = np.cumsum(s_sizes) - s_sizes
-    return np.repeat(starts[order] - out_start, s_sizes) + np.arange(rows, dtype=np.int64)
-
-
-def greedy_steps(bounds: np.ndarray, m: int) -> np.ndarray:
-    """Micro-batch starts of a stream of whole groups (``bounds``: their first rows and the end).
-
-    Each micro-batch takes consecutive groups, as many as fit in ``m`` rows; every group
-    holds at most ``m`` rows, so each takes at least one. Returns the first row of every
-    micro-batch and the stream's end (docs/packing.md states this rule).
-    """
-    out = [0]
-    i, n = 0, len(bounds) - 1
-    while i < n:
-        j = int(np.searchsorted(bounds, bounds[i] + m, side="right")) - 1
-        assert j > i, "a group larger than the micro-batch reached the planner"
-        out.append(int(bounds[j]))
-        i = j
-    return np.asarray(out, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -249,266 +88,6 @@ class OrderOptions:
         if self.group_batches:  # only when set: ungrouped plans keep their fingerprints
             d["group_batches"] = True
         return d
-
-
-@dataclass(frozen=True)
-class Block:
-    """``shuffle_window`` consecutive units of one partition, whose rows are permuted together.
-
-    ``start`` is the block's first row within its partition's stream; ``first_step``
-    and ``last_step`` the steps whose micro-batches take rows from it.
-    """
-
-    partition: int
-    number: int
-    units: tuple[int, ...]
-    rows: int
-    start: int
-    first_step: int
-    last_step: int
-
-    @property
-    def end(self) -> int:
-        return self.start + self.rows
-
-
-class _Steps:
-    """What every plan format computes alike from its partition streams: steps, ranks, schedules.
-
-    The attributes are declared by the plan classes (frozen dataclasses).
-    """
-
-    options: OrderOptions
-    rank: int
-    partition_rows: tuple[int, ...]
-    schedule: tuple[Any, ...]
-    #: Grouped plans (``group_batches``): per partition, the first row of each of its
-    #: micro-batches and its end (len = the partition's own step count + 1); None otherwise.
-    step_starts: tuple[np.ndarray, ...] | None = None
-
-    @property
-    def owned_partitions(self) -> range:
-        per = self.options.partitions // self.options.world_size
-        return range(self.rank * per, (self.rank + 1) * per)
-
-    def micro_range(self, partition: int, step: int) -> tuple[int, int]:
-        """Rows [lo, hi) of ``partition``'s stream that ``step`` yields (maybe empty)."""
-        n = self.partition_rows[partition]
-        if self.step_starts is not None:
-            s = self.step_starts[partition]
-            if step + 1 < len(s):
-                return int(s[step]), int(s[step + 1])
-            return n, n  # the partition ran out: an empty micro-batch (docs/packing.md)
-        m = self.options.micro_batch
-        return min(step * m, n), min(step * m + m, n)
-
-    def step_rows(self, step: int) -> int:
-        """Rows this rank's batch at ``step`` holds."""
-        return sum(hi - lo for lo, hi in (self.micro_range(p, step) for p in self.owned_partitions))
-
-    def schedule_from(self, step: int) -> tuple[Any, ...]:
-        """The blocks still needed when the epoch starts (or resumes) at ``step``."""
-        if step == 0:
-            return self.schedule
-        # A block is still needed if its last micro-batch is at or after ``step``
-        # (without groups: its end lies past row step * m).
-        return tuple(b for b in self.schedule if b.last_step >= step)
-
-    def worker_schedules(self, workers: int, start_step: int = 0) -> list[list[Any]]:
-        """Block k of the schedule goes to worker k mod ``workers``."""
-        out: list[list[Any]] = [[] for _ in range(workers)]
-        for k, b in enumerate(self.schedule_from(start_step)):
-            out[k % workers].append(b)
-        return out
-
-
-@dataclass(frozen=True)
-class Plan(_Steps):
-    """One epoch's plan for one rank. Plain data: print it, test it, fingerprint it."""
-
-    options: OrderOptions
-    epoch: int
-    rank: int
-    unit_rows: np.ndarray = field(repr=False)
-    unit_order: np.ndarray = field(repr=False)
-    partition_rows: tuple[int, ...]
-    blocks: tuple[tuple[Block, ...], ...] = field(repr=False)
-    steps: int
-    dropped_rows: int
-    fingerprint: str
-    schedule: tuple[Block, ...] = field(repr=False)
-
-    @property
-    def total_rows(self) -> int:
-        return int(self.unit_rows.sum())
-
-    def to_dict(self, workers: int = 1) -> dict[str, object]:
-        """A JSON-able description (what ``detload plan`` prints)."""
-        return {
-            "plan_format": PLAN_FORMAT_VERSION,
-            "fingerprint": self.fingerprint,
-            "epoch": self.epoch,
-            "rank": self.rank,
-            "options": self.options.order_dict() | {"batch_size": self.options.batch_size,
-                                                    "world_size": self.options.world_size},
-            "units": int(self.unit_rows.shape[0]),
-            "rows": self.total_rows,
-            "steps": self.steps,
-            "dropped_rows": self.dropped_rows,
-            "partition_rows": list(self.partition_rows),
-            "unit_order": self.unit_order.tolist(),
-            "blocks": [
-                {
-                    "k": k,
-                    "partition": b.partition,
-                    "number": b.number,
-                    "units": list(b.units),
-                    "rows": b.rows,
-                    "steps": [b.first_step, b.last_step],
-                    "worker": k % workers,
-                }
-                for k, b in enumerate(self.schedule)
-            ],
-        }
-
-
-def order_fingerprint(dataset_fingerprint: str, options: OrderOptions) -> str:
-    """Identifies the order of every epoch: same fingerprint, same batches."""
-    payload = json.dumps(
-        {"plan_format": PLAN_FORMAT_VERSION, "dataset": dataset_fingerprint, **options.order_dict()},
-        sort_keys=True,
-    )
-    return xxhash.xxh3_128_hexdigest(payload.encode())
-
-
-def _steps(part_rows: Sequence[int], m: int, drop_last: bool) -> int:
-    """Steps every rank takes: each partition gives one micro-batch of ``m`` rows per step, so
-    the shortest partition's full micro-batches (drop_last) or the longest one's, last short."""
-    return min(r // m for r in part_rows) if drop_last else max(-(-r // m) for r in part_rows)
-
-
-def _rank_schedule(blocks: Sequence[Sequence[Any]], options: OrderOptions, rank: int, steps: int) -> tuple[Any, ...]:
-    """The blocks of ``rank``'s partitions that the epoch's ``steps`` reach, in the order the
-    merger needs them (by first step, then partition, then number)."""
-    per = options.partitions // options.world_size
-    needed = [b for q in range(rank * per, (rank + 1) * per) for b in blocks[q] if b.first_step < steps]
-    return tuple(sorted(needed, key=lambda b: (b.first_step, b.partition, b.number)))
-
-
-def make_plan(
-    unit_rows: Sequence[int] | np.ndarray,
-    options: OrderOptions,
-    *,
-    epoch: int,
-    rank: int = 0,
-    dataset_fingerprint: str = "",
-) -> Plan:
-    """Plan epoch ``epoch`` for ``rank``.
-
-    ``unit_rows[j]`` is the row count of unit j (a non-empty row group) in
-    canonical order. Unit j of the permuted list goes to partition j mod P;
-    within a partition, ``shuffle_window`` consecutive units form a block; the
-    partition's stream is its blocks' rows in order and step i takes rows
-    [i*m, (i+1)*m) of every partition (m = global batch / P).
-
-    Deprecated: this is plan format 1, which the loader no longer uses (its
-    partitions follow the writer's row-group sizes); `make_plan_v2` is format 2.
-    """
-    warnings.warn("make_plan builds a format-1 plan, which Loader no longer uses; use make_plan_v2 "
-                  "(plan format 2: row-range units, partitions balanced by rows). make_plan goes in a "
-                  "later release", DeprecationWarning, stacklevel=2)
-    return _make_plan_v1(unit_rows, options, epoch=epoch, rank=rank, dataset_fingerprint=dataset_fingerprint)
-
-
-def _make_plan_v1(
-    unit_rows: Sequence[int] | np.ndarray,
-    options: OrderOptions,
-    *,
-    epoch: int,
-    rank: int = 0,
-    dataset_fingerprint: str = "",
-) -> Plan:
-    check_int("epoch", epoch, 0, _U32, shown="[0, 2**32)")
-    check_int("rank", rank, 0)
-    if rank >= options.world_size:
-        raise OptionError(f"rank {rank} is not below the world size {options.world_size}")
-    rows = np.asarray(unit_rows, dtype=np.int64)
-    if rows.ndim != 1 or (rows <= 0).any():
-        raise OptionError("unit_rows must list positive row counts (empty row groups are not units)")
-    n = int(rows.shape[0])
-    if n == 0:
-        raise EmptyDatasetError("the dataset has no rows: every file is empty")
-    P = options.partitions
-    if n < P:
-        raise OptionError(
-            f"partitions={P} exceeds the {n} non-empty row groups of the dataset: "
-            "some partitions would hold no data. Use fewer partitions or smaller row groups."
-        )
-    order = unit_permutation(options.seed, epoch, n) if options.shuffle else np.arange(n, dtype=np.int64)
-    m = options.micro_batch
-    blocks: list[tuple[Block, ...]] = []
-    part_rows: list[int] = []
-    for p in range(P):
-        units = order[p::P]
-        bs: list[Block] = []
-        start = 0
-        for number, lo in enumerate(range(0, len(units), options.shuffle_window)):
-            members = tuple(int(u) for u in units[lo : lo + options.shuffle_window])
-            r = int(rows[list(members)].sum())
-            bs.append(Block(p, number, members, r, start, start // m, (start + r - 1) // m))
-            start += r
-        blocks.append(tuple(bs))
-        part_rows.append(start)
-    total = int(rows.sum())
-    steps = _steps(part_rows, m, options.drop_last)
-    if options.drop_last and steps == 0:
-        raise OptionError(
-            f"drop_last=True with a global batch of {options.global_batch_size} rows drops "
-            f"every row: the smallest partition holds {min(part_rows)} rows. "
-            "Use a smaller batch_size or drop_last=False."
-        )
-    dropped = total - steps * m * P if options.drop_last else 0
-    schedule = _rank_schedule(blocks, options, rank, steps)
-    return Plan(
-        options=options,
-        epoch=epoch,
-        rank=rank,
-        unit_rows=rows,
-        unit_order=order,
-        partition_rows=tuple(part_rows),
-        blocks=tuple(blocks),
-        steps=steps,
-        dropped_rows=dropped,
-        fingerprint=order_fingerprint(dataset_fingerprint, options),
-        schedule=schedule,
-    )
-
-
-# -- plan format 2: row-range units, partitions balanced by rows ---------------------
-#
-# Not yet used by the loader (which plans with format 1 above); see
-# docs/determinism.md for the model. The unit permutation, block streams, blocks,
-# steps, schedule and worker deal are those of format 1; what changes is what a
-# unit is and where partitions begin.
-
-#: The format `make_plan_v2` implements; `PLAN_FORMAT_VERSION` becomes this once the loader uses it.
-PLAN_FORMAT_V2 = 2
-
-#: The block-memory estimate above which `block_memory_warning` warns (1 GiB).
-DEFAULT_BLOCK_BUDGET = 1 << 30
-
-# Tag of a random stream that belongs to a row group's data (a random transform):
-# keyed by the row group, never by where a partition boundary cut it.
-TAG_ROW_GROUP = 0x5247_5250  # "RGRP"
-
-
-def row_group_entropy(seed: int, epoch: int, file: int, row_group: int) -> list[int]:
-    """Entropy of the stream that belongs to one row group's rows (e.g. a random transform's).
-
-    It depends on the row group alone, so both sides of a partition boundary that
-    cuts the row group draw the same numbers, at every world size and resume point.
-    """
-    return _entropy(TAG_ROW_GROUP, seed, epoch, file, row_group)
 
 
 class Range(NamedTuple):
@@ -580,10 +159,10 @@ def _check_unit(j: int, u: object) -> Unit:
 
 
 class UnitList:
-    """The epoch-independent input of format 2: the units in canonical order, checked once.
+    """The epoch-independent input of the planner: the units in canonical order, checked once.
 
     Build it once per dataset (`from_row_groups` for the common case) and pass it
-    to every epoch's `make_plan_v2`; ``digest`` is the xxh3-128 over the units
+    to every epoch's `make_plan`; ``digest`` is the xxh3-128 over the units
     that the plan fingerprint covers, so a state holds one hash, not the units.
     """
 
@@ -606,7 +185,7 @@ class UnitList:
 
     @classmethod
     def from_rows(cls, rows: Sequence[int] | np.ndarray) -> UnitList:
-        """Plain row counts (the format-1 call form): row groups 0, 1, ... of file 0."""
+        """Plain row counts: row groups 0, 1, ... of file 0."""
         a = np.asarray(rows, dtype=np.int64)
         if a.ndim != 1 or (a <= 0).any():
             raise OptionError("unit_rows must list positive row counts (empty row groups are not units)")
@@ -637,40 +216,8 @@ class UnitList:
         return self._digest
 
 
-def _cut(unit: Unit, offsets: Sequence[int]) -> tuple[list[Unit], int]:
-    """``unit`` cut before each of ``offsets`` (increasing, inside it), and how many
-    row groups two pieces share (each such cut makes one more read of a row group)."""
-    pieces: list[Unit] = []
-    shared = 0
-    bounds = [0, *offsets, unit.rows]
-    for lo, hi in zip(bounds, bounds[1:]):
-        ranges: list[Range] = []
-        pos = 0
-        for r in unit.ranges:
-            a, b = max(lo, pos), min(hi, pos + r.rows)
-            if a < b:
-                ranges.append(Range(r.file, r.row_group, r.first + a - pos, b - a))
-            pos += r.rows
-        groups = tuple(g - lo for g in unit.groups if lo <= g < hi)
-        pieces.append(Unit(tuple(ranges), groups, unit.selection))
-    for left, right in zip(pieces, pieces[1:]):
-        last, first = left.ranges[-1], right.ranges[0]
-        shared += (last.file, last.row_group) == (first.file, first.row_group)
-    return pieces, shared
-
-
-def _snap(unit: Unit, c: int) -> int:
-    """Offset ``c`` inside ``unit`` moved to the nearest group start or the unit's end (ties: down)."""
-    if not unit.groups:
-        return c
-    cands = np.asarray([*unit.groups, unit.rows], dtype=np.int64)
-    i = int(np.searchsorted(cands, c, side="right")) - 1  # cands[i] <= c < cands[i + 1]
-    lo, hi = int(cands[i]), int(cands[i + 1])
-    return lo if c - lo <= hi - c else hi
-
-
 @dataclass(frozen=True)
-class BlockV2:
+class Block:
     """``shuffle_window`` consecutive units of one partition, whose rows are permuted together.
 
     ``sources[i]`` is the canonical index of the input unit ``units[i]`` came from
@@ -709,8 +256,8 @@ class BlockV2:
 
 
 @dataclass(frozen=True)
-class PlanV2(_Steps):
-    """One epoch's plan for one rank in format 2. Plain data: print it, test it, fingerprint it.
+class Plan:
+    """One epoch's plan for one rank. Plain data: print it, test it, fingerprint it.
 
     ``boundaries[p]`` is where partition p starts in the epoch's permuted unit
     stream (``boundaries[P]`` = total rows); ``redundant_reads`` counts the row
@@ -725,18 +272,53 @@ class PlanV2(_Steps):
     boundaries: tuple[int, ...]
     partition_rows: tuple[int, ...]
     redundant_reads: int
-    blocks: tuple[tuple[BlockV2, ...], ...] = field(repr=False)
+    blocks: tuple[tuple[Block, ...], ...] = field(repr=False)
     steps: int
     dropped_rows: int
     fingerprint: str
-    schedule: tuple[BlockV2, ...] = field(repr=False)
+    schedule: tuple[Block, ...] = field(repr=False)
     #: With ``group_batches``: per partition, the first row of each micro-batch and the end.
     step_starts: tuple[np.ndarray, ...] | None = field(default=None, repr=False)
     #: With ``group_batches``: per partition, the first row of each group in its stream
     #: (groups in permuted order) and the end, so a batch's group offsets are known from the plan.
     group_bounds: tuple[np.ndarray, ...] | None = field(default=None, repr=False)
 
-    plan_format = PLAN_FORMAT_V2
+    plan_format = PLAN_FORMAT_VERSION
+
+    @property
+    def owned_partitions(self) -> range:
+        per = self.options.partitions // self.options.world_size
+        return range(self.rank * per, (self.rank + 1) * per)
+
+    def micro_range(self, partition: int, step: int) -> tuple[int, int]:
+        """Rows [lo, hi) of ``partition``'s stream that ``step`` yields (maybe empty)."""
+        n = self.partition_rows[partition]
+        if self.step_starts is not None:
+            s = self.step_starts[partition]
+            if step + 1 < len(s):
+                return int(s[step]), int(s[step + 1])
+            return n, n  # the partition ran out: an empty micro-batch (docs/packing.md)
+        m = self.options.micro_batch
+        return min(step * m, n), min(step * m + m, n)
+
+    def step_rows(self, step: int) -> int:
+        """Rows this rank's batch at ``step`` holds."""
+        return sum(hi - lo for lo, hi in (self.micro_range(p, step) for p in self.owned_partitions))
+
+    def schedule_from(self, step: int) -> tuple[Block, ...]:
+        """The blocks still needed when the epoch starts (or resumes) at ``step``."""
+        if step == 0:
+            return self.schedule
+        # A block is still needed if its last micro-batch is at or after ``step``
+        # (without groups: its end lies past row step * m).
+        return tuple(b for b in self.schedule if b.last_step >= step)
+
+    def worker_schedules(self, workers: int, start_step: int = 0) -> list[list[Block]]:
+        """Block k of the schedule goes to worker k mod ``workers``."""
+        out: list[list[Block]] = [[] for _ in range(workers)]
+        for k, b in enumerate(self.schedule_from(start_step)):
+            out[k % workers].append(b)
+        return out
 
     @property
     def total_rows(self) -> int:
@@ -758,7 +340,7 @@ class PlanV2(_Steps):
             return d
 
         return {
-            "plan_format": PLAN_FORMAT_V2,
+            "plan_format": PLAN_FORMAT_VERSION,
             "fingerprint": self.fingerprint,
             "units_digest": self.units.digest,
             "epoch": self.epoch,
@@ -787,204 +369,3 @@ class PlanV2(_Steps):
                 for k, b in enumerate(self.schedule)
             ],
         }
-
-
-def order_fingerprint_v2(dataset_fingerprint: str, units_digest: str, options: OrderOptions) -> str:
-    """Identifies the order of every epoch in format 2: it covers the units through their digest."""
-    payload = json.dumps(
-        {"plan_format": PLAN_FORMAT_V2, "dataset": dataset_fingerprint, "units": units_digest,
-         **options.order_dict()},
-        sort_keys=True,
-    )
-    return xxhash.xxh3_128_hexdigest(payload.encode())
-
-
-def make_plan_v2(
-    units: UnitList | Sequence[Unit] | Sequence[int] | np.ndarray,
-    options: OrderOptions,
-    *,
-    epoch: int,
-    rank: int = 0,
-    dataset_fingerprint: str = "",
-) -> PlanV2:
-    """Plan epoch ``epoch`` for ``rank`` in format 2.
-
-    ``units`` in canonical order: a `UnitList` (build it once), a list of `Unit`,
-    or plain row counts (whole row groups 0, 1, ... of file 0). The units are
-    permuted (the units stream); with T rows in that stream, partition p is rows
-    ``[p*T//P, (p+1)*T//P)`` of it, a unit that a boundary falls inside being cut
-    into two (at the nearest group start when it has groups). Within a partition
-    ``shuffle_window`` consecutive units form a block; step i takes rows
-    ``[i*m, (i+1)*m)`` of every partition (m = global batch / P).
-    """
-    check_int("epoch", epoch, 0, _U32, shown="[0, 2**32)")
-    check_int("rank", rank, 0)
-    if rank >= options.world_size:
-        raise OptionError(f"rank {rank} is not below the world size {options.world_size}")
-    if not isinstance(units, UnitList):
-        if isinstance(units, np.ndarray) or (
-                len(units) and isinstance(units[0], (int, np.integer)) and not isinstance(units[0], bool)):
-            units = UnitList.from_rows(units)  # type: ignore[arg-type]
-        else:
-            units = UnitList(units)  # type: ignore[arg-type]
-    n = len(units)
-    P = options.partitions
-    m = options.micro_batch
-    order = unit_permutation(options.seed, epoch, n) if options.shuffle else np.arange(n, dtype=np.int64)
-    ends = np.cumsum(units.rows[order])
-    total = int(ends[-1])
-
-    # Boundaries: the ideal p*T//P, snapped to a group start of the unit it falls in.
-    cuts: dict[int, list[int]] = {}  # position in the stream -> offsets to cut that unit at
-    bounds = [0]
-    for p in range(1, P):
-        b = p * total // P
-        i = int(np.searchsorted(ends, b, side="right"))  # the unit holding row b (or none: b == T)
-        if i < n:
-            start = int(ends[i]) - int(units.rows[order[i]])
-            c = _snap(units.units[int(order[i])], b - start)
-            b = start + c
-            if 0 < c < int(units.rows[order[i]]) and (not cuts.get(i) or cuts[i][-1] != c):
-                cuts.setdefault(i, []).append(c)
-        bounds.append(b)
-    bounds.append(total)
-
-    # The permuted stream's pieces (units, and the pieces of cut units), each with its
-    # source unit; at most P - 1 units are cut, the rest is array work (100,000 units:
-    # the loop this replaces took twice format 1's planning time).
-    order_l = order.tolist()
-    pieces: list[Unit] = [units.units[j] for j in order_l]
-    sources: list[int] = order_l
-    piece_rows = units.rows[order]
-    redundant = 0
-    for i in sorted(cuts, reverse=True):  # back to front: earlier positions stay valid
-        cut, shared = _cut(pieces[i], cuts[i])
-        redundant += shared
-        pieces[i : i + 1] = cut
-        sources[i : i + 1] = [sources[i]] * len(cut)
-        piece_rows = np.concatenate([piece_rows[:i], [c.rows for c in cut], piece_rows[i + 1 :]])
-    csum = np.concatenate([[0], np.cumsum(piece_rows)])
-    # A piece lies in the partition its first row lies in (no piece straddles a boundary);
-    # side="right" skips empty partitions.
-    part_of = np.searchsorted(np.asarray(bounds), csum[:-1], side="right") - 1
-    edges = np.searchsorted(part_of, np.arange(P + 1), side="left").tolist()
-    cs = csum.tolist()
-
-    W = options.shuffle_window
-    blocks: list[tuple[BlockV2, ...]] = []
-    for p in range(P):
-        bs: list[BlockV2] = []
-        lo_p, hi_p = edges[p], edges[p + 1]
-        for number, lo in enumerate(range(lo_p, hi_p, W)):
-            hi = min(lo + W, hi_p)
-            start, r = cs[lo] - bounds[p], cs[hi] - cs[lo]
-            bs.append(BlockV2(p, number, tuple(pieces[lo:hi]), tuple(sources[lo:hi]),
-                              r, start, start // m, (start + r - 1) // m))
-        blocks.append(tuple(bs))
-    part_rows = tuple(bounds[p + 1] - bounds[p] for p in range(P))
-
-    step_starts: tuple[np.ndarray, ...] | None = None
-    group_bounds: tuple[np.ndarray, ...] | None = None
-    if options.group_batches:
-        blocks, step_starts, group_bounds = _group_steps(blocks, options, epoch)
-        counts = [len(s) - 1 for s in step_starts]
-        steps = min(counts) if options.drop_last else max(counts)
-    else:
-        steps = _steps(part_rows, m, options.drop_last)
-    if options.drop_last and steps == 0:
-        raise OptionError(
-            f"drop_last=True drops every row: the epoch holds {total} rows, the smallest of the "
-            f"{P} partitions {min(part_rows)}, fewer than one micro-batch of {m} rows (global batch "
-            f"{options.global_batch_size} = {P} x {m}). Use a smaller batch_size or drop_last=False."
-        )
-    if step_starts is not None:
-        dropped = total - sum(int(s[steps]) for s in step_starts) if options.drop_last else 0
-    else:
-        dropped = total - steps * m * P if options.drop_last else 0
-    schedule = _rank_schedule(blocks, options, rank, steps)
-    return PlanV2(
-        options=options,
-        epoch=epoch,
-        rank=rank,
-        units=units,
-        unit_order=order,
-        boundaries=tuple(bounds),
-        partition_rows=part_rows,
-        redundant_reads=redundant,
-        blocks=tuple(blocks),
-        steps=steps,
-        dropped_rows=dropped,
-        fingerprint=order_fingerprint_v2(dataset_fingerprint, units.digest, options),
-        schedule=schedule,
-        step_starts=step_starts,
-        group_bounds=group_bounds,
-    )
-
-
-def _group_steps(blocks: list[tuple[BlockV2, ...]], options: OrderOptions, epoch: int
-                 ) -> tuple[list[tuple[BlockV2, ...]], tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
-    """``group_batches``: each partition's groups in stream order (blocks in order, each
-    block's groups permuted by its groups stream), the greedy micro-batch starts, and the
-    blocks with their first and last steps counted in those micro-batches."""
-    m = options.micro_batch
-    out_blocks: list[tuple[BlockV2, ...]] = []
-    starts: list[np.ndarray] = []
-    gbounds: list[np.ndarray] = []
-    for p, bs in enumerate(blocks):
-        sizes: list[np.ndarray] = []
-        for b in bs:
-            for u in b.units:
-                if not u.groups:
-                    raise OptionError("group_batches needs every unit to carry its groups (Unit.groups)")
-            g = np.asarray(b.group_starts, dtype=np.int64)
-            sz = np.diff(np.append(g, b.rows))
-            big = int(sz.max())
-            if big > m:
-                raise OptionError(
-                    f"a group of {big} rows (partition {p}, block {b.number}) is larger than the micro-batch "
-                    f"of {m} rows (global batch {options.global_batch_size} / {options.partitions} partitions): "
-                    "a group is never split across batches")
-            if options.shuffle:
-                sz = sz[group_permutation(options.seed, epoch, p, b.number, len(sz))]
-            sizes.append(sz)
-        all_sizes = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
-        gb = np.concatenate([[0], np.cumsum(all_sizes)]).astype(np.int64)
-        st = greedy_steps(gb, m)
-        starts.append(st)
-        gbounds.append(gb)
-        # A block's steps: those whose rows it holds (block boundaries are group boundaries).
-        out_blocks.append(tuple(
-            BlockV2(b.partition, b.number, b.units, b.sources, b.rows, b.start,
-                    int(np.searchsorted(st, b.start, side="right")) - 1,
-                    int(np.searchsorted(st, b.end - 1, side="right")) - 1)
-            for b in bs))
-    return out_blocks, tuple(starts), tuple(gbounds)
-
-
-def block_memory_warning(plan: Plan | PlanV2, bytes_per_row: float,
-                         budget: int = DEFAULT_BLOCK_BUDGET) -> str | None:
-    """A warning text when the plan's largest block would hold more than ``budget`` bytes, else None.
-
-    The estimate is the largest block's rows (over every partition, so every rank
-    warns alike) times ``bytes_per_row`` (the converted NumPy bytes of one row).
-    A worker holds the block it builds, and its queue up to ``prefetch`` more.
-    """
-    biggest = max((b for part in plan.blocks for b in part), key=lambda b: b.rows, default=None)
-    if biggest is None:
-        return None
-    need = biggest.rows * bytes_per_row
-    if need <= budget:
-        return None
-    window = plan.options.shuffle_window
-    largest_unit = max(int(r) for r in plan.unit_rows)
-    text = (
-        f"the largest block holds {biggest.rows:,} rows, about {need / 2**20:,.0f} MiB at "
-        f"{bytes_per_row:,.0f} bytes per row, over the block memory budget of {budget / 2**20:,.0f} MiB; "
-        "each worker holds one block while building it and up to `prefetch` more in its queue."
-    )
-    if len(biggest.units) > 1:
-        text += (f" A smaller shuffle_window (now {window}) puts fewer row groups in a block"
-                 " (fewer rows are mixed together).")
-    text += (f" The largest row group holds {largest_unit:,} rows: rewriting the data with smaller row"
-             " groups (`detload layout SRC DST --row-group-rows N`) makes blocks smaller at any window.")
-    return text

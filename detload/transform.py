@@ -11,8 +11,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ._mainmod import main_source
+from ._streams import _stable_argsort_u64, row_group_entropy
 from .errors import OptionError
-from .plan import _stable_argsort_u64, row_group_entropy
 
 __all__ = ["Transform", "TransformContext"]
 
@@ -121,8 +122,6 @@ def _by_value(fn: Any) -> bytes | None:
     cannot import (a stdin script, ``python -c``, a notebook) and cloudpickle is installed."""
     if getattr(fn, "__module__", None) != "__main__":
         return None
-    from ._engine.spawn import main_source
-
     if main_source() is not None:
         return None  # the worker imports the script, as for any other name defined there
     try:

@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from strategies import DatasetInfo, write_dataset  # noqa: E402
 
-import detload._engine.reader  # noqa: E402
+import detload._read.reader  # noqa: E402
 
 # "ci" keeps the suite within its time budget; "local" (HYPOTHESIS_PROFILE=local) searches harder.
 for _name, _examples in (("ci", 10), ("local", 100)):
@@ -104,13 +104,13 @@ def small_dataset(make_dataset) -> DatasetInfo:
 def unit_log(monkeypatch) -> list[tuple[str, int]]:
     """Records every (file, row group) a thread worker reads."""
     log: list[tuple[str, int]] = []
-    real = detload._engine.reader.UnitReader.read
+    real = detload._read.reader.UnitReader.read
 
     def read(self, file_idx, rg, t, **kw):
         log.append((self.cfg.files[file_idx].path, rg))
         return real(self, file_idx, rg, t, **kw)
 
-    monkeypatch.setattr(detload._engine.reader.UnitReader, "read", read)
+    monkeypatch.setattr(detload._read.reader.UnitReader, "read", read)
     return log
 
 

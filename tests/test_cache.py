@@ -248,7 +248,7 @@ from detload._cache import CacheWarning
 def main():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with Loader({data!r}, cache_dir={cache!r}, manifest={manifest!r}, workers=2, pool="process",
+        with Loader({data!r}, cache={cache!r}, manifest={manifest!r}, workers=2, pool="process",
                     **{opts!r}) as loader:
             for e in range(2):
                 loader.set_epoch(e)

@@ -20,7 +20,7 @@ from strategies import check_rows, dataset_and_options, model_batches, write_dat
 from testhooks import hooked
 
 import detload
-from detload import Loader, read_manifest
+from detload import Loader, Pool, read_manifest
 from detload._engine.config import DebugHooks
 
 EXECUTION_FIELDS = {"workers", "pool", "detload_version"}
@@ -73,8 +73,8 @@ def test_batches_identical_for_every_worker_count_and_pool(leak_check, case):
         ref_sig = None
         for i, (pool, workers, prefetch) in enumerate(CONFIGS):
             man = os.path.join(d, f"m-{pool}-{workers}.jsonl")
-            got, n = run_epoch(info.root, man, leak_check, check_values=(i == 0), pool=pool, workers=workers,
-                               prefetch=prefetch, **opts)
+            got, n = run_epoch(info.root, man, leak_check, check_values=(i == 0), workers=workers,
+                               pool=Pool(kind=pool, prefetch=prefetch), **opts)
             # the documented order, batch by batch
             assert n == len(got) == len(expected)
             for g, e in zip(got, expected):

@@ -24,7 +24,8 @@ PUBLIC = [
     "DigestMismatchError", "Distributed", "EmptyDatasetError", "LayoutCheck", "LayoutError", "LayoutReport", "Loader",
     "ManifestError", "OptionError", "OrderOptions", "Packed", "Plan", "Pool", "Ragged", "SchemaMismatchError",
     "SharedMemoryError", "SkippedFilesWarning", "SourceError", "StageStats", "StarvationReport", "StateError",
-    "Stats", "Storage", "Transform", "TransformContext", "UnfinishedLayoutWarning", "UnsupportedTypeError", "WorkerError",
+    "Stats", "Storage", "Transform", "TransformContext", "UnfinishedLayoutWarning", "UnitList", "UnsupportedTypeError",
+    "WorkerError",
     "WorkerStalledError", "__version__", "check_layout", "digest", "hash_batch", "layout", "make_plan",
     "read_manifest", "starvation_check",
 ]
@@ -128,7 +129,7 @@ def test_thread_workers_never_import_pandas(typed_data, tmp_path):
         import detload
         root, cache = sys.argv[1], sys.argv[2]
         with detload.Loader(root, batch_size=64, seed=1, workers=2, null_fill={"ni": -1},
-                            cache_dir=cache, manifest=cache + "/../m.jsonl") as loader:
+                            cache=cache, manifest=cache + "/../m.jsonl") as loader:
             for epoch in range(2):
                 loader.set_epoch(epoch)
                 rows = sum(len(b["id"]) for b in loader)

@@ -204,9 +204,9 @@ def test_iterating_again_after_a_worker_died_fails_at_once(root, leak_check, whe
 
 ORPHANS = """
 import sys, time
-from detload import Loader
+from detload import Loader, Pool
 root, state = sys.argv[1], sys.argv[2]
-loader = Loader(root, batch_size=100, seed=1, workers=2, pool="process", prefetch=1, shuffle_window=1)
+loader = Loader(root, batch_size=100, seed=1, workers=2, pool=Pool(kind="process", prefetch=1), shuffle_window=1)
 it = iter(loader)
 next(it)
 if state == "idle":

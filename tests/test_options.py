@@ -70,6 +70,11 @@ def test_values_are_normalised():
                                                r"'string'\} or None, got list \['day'\]"),
     (lambda: Storage(partition_types={"day": "int32"}),
      r"Storage.partition_types\['day'\] must be 'int64' or 'string', got 'int32'"),
+    # One vocabulary (False, "auto", True): the words of other layers are refused by name.
+    (lambda: Storage(memory_map="always"), r"^Storage.memory_map must be True, False or 'auto', got 'always'$"),
+    (lambda: Storage(memory_map="never"), r"^Storage.memory_map must be True, False or 'auto', got 'never'$"),
+    (lambda: Storage(memory_map="local-disk"), r"Storage.memory_map must be True, False or 'auto', got 'local-disk'"),
+    (lambda: Storage(memory_map=1), r"Storage.memory_map must be True, False or 'auto', got 1$"),
 ])
 def test_group_errors_name_the_field(make, message):
     with pytest.raises(OptionError, match=message):

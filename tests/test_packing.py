@@ -20,9 +20,11 @@ from matrix import check_matrix
 
 import detload
 from detload import DataError, DatasetError, Loader, OptionError, Packed
-from detload._grouping import runs_of
+from detload._streams import group_row_order
 from detload.audit import hash_batch
-from detload.plan import OrderOptions, Range, Unit, greedy_steps, group_row_order, make_plan_v2
+from detload.plan import OrderOptions, Range, Unit
+from detload.planning.groups import runs_of
+from detload.planning.order import greedy_steps, make_plan
 
 # -- the planner -----------------------------------------------------------------------
 
@@ -44,11 +46,12 @@ def grouped_units(draw: st.DrawFn) -> list[Unit]:
        epoch=st.integers(0, 3))
 def test_grouped_plan_fills_micro_batches_greedily_with_whole_groups(units, micro, parts, window, shuffle,
                                                                     drop_last, seed, epoch):
+    parts = min(parts, len(units))  # at most one partition per row group
     opts = OrderOptions(seed=seed, batch_size=micro * parts, shuffle=shuffle, shuffle_window=window,
                         drop_last=drop_last, partitions=parts, group_batches=True)
     total = sum(u.rows for u in units)
     try:
-        plan = make_plan_v2(units, opts, epoch=epoch)
+        plan = make_plan(units, opts, epoch=epoch)
     except OptionError as exc:
         assert drop_last and "drops every row" in str(exc)
         return
@@ -173,6 +176,7 @@ def test_batches_unpack_to_the_stored_rows_and_keep_groups_whole(tmp_path_factor
     root = str(tmp_path_factory.mktemp("q"))
     table = write_queries(root, files, rg, seed=seed % 1000)
     batch -= batch % parts
+    parts = min(parts, sum(-(-sum(f) // rg) for f in files))  # at most one partition per row group
     with Loader(root, batch_size=batch, seed=seed, shuffle=shuffle, shuffle_window=window, partitions=parts,
                 group_by="q", group_columns=["qf", "emb", "qtext"]) as loader:
         assert loader.group_stats is not None and loader.group_stats["groups"] == sum(len(f) for f in files)
@@ -209,8 +213,9 @@ def test_drop_last_reports_dropped_items_and_gives_equal_steps(tmp_path):
 
 def test_a_partition_that_runs_out_gives_empty_micro_batches(tmp_path):
     root = str(tmp_path / "q")
-    # Micro-batches of 20: partition 0 gets the groups of 11 and 10 (two steps), partition 1 the 20 (one).
-    write_queries(root, [[11, 10, 20]], 100)
+    # Micro-batches of 20: partition 0 gets the groups of 11 and 10 (two steps), partition 1 the 20 (one);
+    # row groups of 21 rows: two of them, a partition each at most.
+    write_queries(root, [[11, 10, 20]], 21)
     for rank, sizes in ((0, [11, 10]), (1, [20, 0])):
         with Loader(root, batch_size=20, seed=0, shuffle=False, partitions=2, group_by="q",
                     distributed=detload.Distributed(rank, 2)) as loader:
@@ -411,7 +416,8 @@ def test_error_a_group_larger_than_the_micro_batch(tmp_path):
         Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="q", partitions=2)
     with pytest.raises(OptionError, match=r"max_group_items=3 is larger than the micro-batch of 2 items"):
         Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="q", partitions=2, max_group_items=3)
-    with Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="q", partitions=2, max_group_items=2) as L:
+    # the same micro-batch of 2 items in one partition (two would exceed the one row group)
+    with Loader(str(tmp_path / "d"), batch_size=2, seed=0, group_by="q", max_group_items=2) as L:
         assert sum(b.n_items for b in L) == 8
 
 

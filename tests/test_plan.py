@@ -1,4 +1,4 @@
-"""The pure planner (detload.plan): permutations, blocks, partitions, steps, random streams, option checks.
+"""The pure planner (detload.make_plan): schedules, steps, random streams, option checks.
 
 No data, no processes: plans are computed from row counts alone.
 """
@@ -14,10 +14,7 @@ from hypothesis import strategies as st
 from strategies import TAG_BLOCK, TAG_UNITS, ref_permutation, unit_rows
 
 from detload import EmptyDatasetError, OptionError, OrderOptions, make_plan
-from detload.plan import _entropy, block_permutation, unit_permutation
-
-# Format 1 is deprecated (make_plan warns); its tests stay while it is public.
-pytestmark = pytest.mark.filterwarnings("ignore:make_plan builds a format-1 plan:DeprecationWarning")
+from detload._streams import _entropy, block_permutation, unit_permutation
 
 # Planner tests start nothing: afford ten times the profile's examples.
 PURE = settings(max_examples=10 * settings().max_examples)
@@ -43,74 +40,6 @@ def plan_inputs(draw: st.DrawFn) -> tuple[list[int], dict[str, object]]:
         "shuffle_window": draw(st.integers(1, 8)),
         "drop_last": draw(st.booleans()),
     }
-
-
-def _expected_steps(part_rows: list[int], micro: int, drop_last: bool) -> int:
-    if drop_last:
-        return min(r // micro for r in part_rows)
-    return max(-(-r // micro) for r in part_rows)
-
-
-@PURE
-@given(plan_inputs(), st.integers(0, 5))
-def test_plan_structure(inputs, epoch):
-    rows, kw = inputs
-    opts = OrderOptions(**kw)
-    P, R, W = opts.partitions, opts.world_size, opts.shuffle_window
-    m = opts.micro_batch
-    n = len(rows)
-    order0 = unit_permutation(opts.seed, epoch, n) if opts.shuffle else np.arange(n)
-    part_rows = [sum(rows[u] for u in order0[p::P]) for p in range(P)]
-    steps = _expected_steps(part_rows, m, opts.drop_last)
-    if steps == 0:
-        with pytest.raises(OptionError, match="drops every row"):
-            make_plan(rows, opts, epoch=epoch)
-        return
-    plans = [make_plan(rows, opts, epoch=epoch, rank=r, dataset_fingerprint="ds") for r in range(R)]
-    for plan in plans:
-        # every unit exactly once in the permutation
-        assert sorted(plan.unit_order.tolist()) == list(range(n))
-        np.testing.assert_array_equal(plan.unit_order, order0)
-        assert plan.partition_rows == tuple(part_rows)
-        assert plan.total_rows == sum(rows)
-        # steps and dropped rows; all ranks agree
-        assert plan.steps == steps
-        assert plan.dropped_rows == (sum(rows) - steps * m * P if opts.drop_last else 0)
-        assert plan.fingerprint == plans[0].fingerprint
-        # blocks: window-sized runs of the partition's units, contiguous row ranges
-        seen = []
-        for p in range(P):
-            blocks = plan.blocks[p]
-            assert [u for b in blocks for u in b.units] == order0[p::P].tolist()
-            start = 0
-            for number, b in enumerate(blocks):
-                assert (b.partition, b.number, b.start) == (p, number, start)
-                assert 1 <= len(b.units) <= W
-                assert len(b.units) == W or number == len(blocks) - 1
-                assert b.rows == sum(rows[u] for u in b.units)
-                assert (b.first_step, b.last_step) == (b.start // m, (b.end - 1) // m)
-                start = b.end
-                seen.extend(b.units)
-            assert start == part_rows[p]
-        assert sorted(seen) == list(range(n))
-        # the schedule: owned blocks that some step needs, in stream order
-        owned = list(plan.owned_partitions)
-        assert owned == list(range(plan.rank * P // R, (plan.rank + 1) * P // R))
-        want = sorted((b for p in owned for b in plan.blocks[p] if b.first_step < steps),
-                      key=lambda b: (b.first_step, b.partition, b.number))
-        assert list(plan.schedule) == want
-        # rank batch sizes
-        sizes = [plan.step_rows(i) for i in range(steps)]
-        if opts.drop_last:
-            assert sizes == [opts.batch_size] * steps
-        else:
-            assert all(0 <= s <= opts.batch_size for s in sizes)
-            assert sizes[0] > 0
-    # over all ranks every row is delivered once (minus the documented drop)
-    delivered = sum(plan.step_rows(i) for plan in plans for i in range(steps))
-    assert delivered == sum(rows) - plans[0].dropped_rows
-    if not opts.drop_last:
-        assert delivered == sum(rows)
 
 
 @PURE
@@ -206,7 +135,7 @@ def test_epochs_give_different_orders(rows, seed, epoch):
 def test_shuffle_false_is_canonical_order(rows, seed, epoch, window):
     plan = make_plan(rows, OrderOptions(seed=seed, batch_size=5, shuffle=False, shuffle_window=window), epoch=epoch)
     assert plan.unit_order.tolist() == list(range(len(rows)))
-    assert [u for b in plan.blocks[0] for u in b.units] == list(range(len(rows)))
+    assert [u for b in plan.blocks[0] for u in b.sources] == list(range(len(rows)))
 
 
 def test_plan_is_pure():
@@ -347,7 +276,6 @@ def test_valid_edge_options():
         ([3, 4], {"epoch": -1}, OptionError, r"epoch must be an int in \[0, 2\*\*32\), got"),
         ([3, 4], {"epoch": 2**32}, OptionError, r"epoch must be an int in \[0, 2\*\*32\), got"),
         ([3, 4], {"rank": 1}, OptionError, "rank 1 is not below the world size 1"),
-        ([3, 4], {"opts": {"partitions": 4, "batch_size": 4}}, OptionError, "partitions=4 exceeds the 2 non-empty"),
         ([3, 4], {"opts": {"drop_last": True, "batch_size": 8}}, OptionError, "drops every row"),
     ],
 )
@@ -362,7 +290,7 @@ def test_make_plan_errors(rows, kw, err, match):
 @pytest.mark.parametrize("n", [0, 1, 4095, 4096, 70_000])
 def test_two_pass_argsort_equals_numpy_stable_argsort(n):
     """The planner's two-pass sort must give exactly NumPy's stable order, ties included."""
-    from detload.plan import _stable_argsort_u64
+    from detload._streams import _stable_argsort_u64
 
     keys = np.asarray(np.random.PCG64(np.random.SeedSequence([7, n])).random_raw(n), dtype=np.uint64)
     if n > 3:
@@ -380,7 +308,7 @@ _COLLIDING = [0, 1, 2**48 - 1, 2**48, 2**63, 2**64 - 1, 0xDEAD_BEEF_0000_0001]
 @settings(max_examples=25)
 def test_two_pass_argsort_any_keys(pool, n, seed):
     """Stable order holds for keys drawn from few values that collide in either digit."""
-    from detload.plan import _stable_argsort_u64
+    from detload._streams import _stable_argsort_u64
 
     rng = np.random.default_rng(seed)
     keys = np.asarray(pool, dtype=np.uint64)[rng.integers(0, len(pool), n)]
@@ -389,7 +317,7 @@ def test_two_pass_argsort_any_keys(pool, n, seed):
 
 def test_two_pass_argsort_of_a_strided_view():
     """The top digit is read in place from contiguous keys; a strided view takes the shifted copy."""
-    from detload.plan import _stable_argsort_u64
+    from detload._streams import _stable_argsort_u64
 
     keys = np.asarray(np.random.PCG64(3).random_raw(20000), dtype=np.uint64)
     keys[::5] = keys[7]
@@ -398,16 +326,9 @@ def test_two_pass_argsort_of_a_strided_view():
     assert np.array_equal(_stable_argsort_u64(view), np.argsort(view, kind="stable"))
 
 
-@pytest.mark.filterwarnings("default")
-def test_make_plan_is_deprecated_and_names_its_successor():
-    with pytest.warns(DeprecationWarning, match=r"make_plan builds a format-1 plan, which Loader no longer uses; "
-                                                r"use make_plan_v2"):
-        make_plan([10, 10], OrderOptions(seed=0, batch_size=4), epoch=0)
-
-
 def test_packed_order_is_the_stable_order_of_random_keys():
     """Random keys take the one-sort path, and it gives NumPy's stable order."""
-    from detload.plan import _packed_order
+    from detload._streams import _packed_order
 
     for n in (4096, 65_536, 100_003):
         keys = np.asarray(np.random.PCG64(n).random_raw(n), dtype=np.uint64)
@@ -421,7 +342,7 @@ def test_packed_order_is_the_stable_order_of_random_keys():
 def test_packed_order_declines_keys_that_share_top_bits(n, seed, dups):
     """Distinct keys whose top bits coincide (low bits differ, in either order) are declined,
     and the caller's answer is still the stable order."""
-    from detload.plan import _packed_order, _stable_argsort_u64
+    from detload._streams import _packed_order, _stable_argsort_u64
 
     rng = np.random.default_rng(seed)
     keys = np.asarray(np.random.PCG64(seed).random_raw(n), dtype=np.uint64)

@@ -31,8 +31,8 @@ from detload import (
     TransformContext,
     WorkerError,
 )
+from detload._streams import row_group_entropy
 from detload.audit import hash_batch
-from detload.plan import row_group_entropy
 from detload.verify import verify
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -65,7 +65,7 @@ def test_cached_output_belongs_to_the_files_path_from_the_root(tmp_path):
 # -- the counting pass of rows="changes" ---------------------------------------------------
 
 def _plan_of(root, threads, monkeypatch, **kw):
-    import detload._xform as XF
+    import detload.planning.transform as XF
 
     monkeypatch.setattr(XF.plan_transform, "__defaults__", (threads,))
     with Loader(root, batch_size=20, seed=5, null_fill=R.FILL, **kw) as ld:

@@ -15,8 +15,8 @@ def parse_size(value: int | str | None, name: str, *, zero: bool = False,
                also: str = "") -> int | None:
     """A size option: bytes as an int, or a string such as "500MB", "20GiB", "1.5T".
 
-    ``name`` is the option as the caller spelled it ("Cache.limit", or a deprecated keyword's
-    own name), for the messages.
+    ``name`` is the option as the caller spelled it ("Cache.limit", or a command-line flag such
+    as "--cache-limit"), for the messages.
 
     ``zero``: 0 is allowed (it turns the feature off) instead of refused. ``also``:
     appended to the messages that say what a size looks like (other accepted values).

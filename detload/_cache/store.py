@@ -14,7 +14,7 @@ import socket
 import uuid
 from collections.abc import Iterator, Sequence
 
-from .._engine.shm import pid_alive
+from .._procs import pid_alive
 from .format import _MARKER, _SUFFIX, CACHE_FORMAT
 
 
@@ -146,7 +146,7 @@ def _walk_entries(objects: str) -> Iterator[tuple[str, str, os.stat_result]]:
 def _dead_writer(name: str, host: str) -> bool:
     """Temp and marker names carry ``<host>-<pid>-``; a writer of this host that is gone left them.
 
-    Gone by the rule `_shm.pid_alive` applies to segments: a killed writer stays a zombie
+    Gone by the rule `_procs.pid_alive` applies to segments: a killed writer stays a zombie
     until its parent reaps it (a second or two for a pool's worker), and its file must not
     outlive it that long, nor count towards the usage of the run that starts meanwhile.
     """

@@ -15,7 +15,7 @@ Stages, in the order data flows (each module's docstring has the details):
       groups.py  group_by: blocks of whole groups, their group columns once per group
       heap.py    block memory of thread workers: reused heap slabs
       shm.py     block memory of process workers: reused /dev/shm segments
-      fdless.py  memory maps that keep no file descriptor; the out-of-descriptors error
+      (../_fdless.py: memory maps that keep no file descriptor; the out-of-descriptors error)
       spawn.py   how worker processes start (forkserver, never fork) and the ints they share
     merge.py     takes block k from worker k mod W, cuts steps, records manifest lines
       cut.py     how a step is cut (`StepCutter`): `FlatCutter`, or `PackedCutter` (group_by)

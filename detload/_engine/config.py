@@ -15,6 +15,7 @@ import pyarrow.fs as pafs
 from .._cache import CacheConfig, KeptMappings
 from .._filters.selection import Selection
 from .._hooks import DebugHooks
+from .._read import FileRef
 from .._types import ColumnSpec
 from .heap import BlockBuffers
 from .shm import SHM_DIR
@@ -24,21 +25,6 @@ __all__ = ["DebugHooks", "FileRef", "WorkerConfig", "WorkerKind"]
 #: Where a worker runs: a thread of the consumer's process (blocks in heap slabs, heap.py) or a
 #: process of its own (blocks in /dev/shm segments, shm.py).
 WorkerKind = Literal["thread", "process"]
-
-
-@dataclass(frozen=True)
-class FileRef:
-    """A data file as planned; its size, version and row groups let a worker notice a changed file."""
-
-    location: str
-    path: str
-    partition_values: tuple[tuple[str, str], ...]
-    row_groups: tuple[int, ...] | None = None
-    cache_key: str = ""  # this version of the file in the row-group cache (_cache.object_key)
-    uri: str = ""  # the object's full name, for messages
-    size: int | None = None
-    etag: str | None = None  # where the filesystem reports one (S3)
-    mtime_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -71,9 +57,9 @@ class WorkerConfig:
     #: A transform (_xform.TransformPlan): run on each row group after the selection; its
     #: output schema (``transform.specs``) is what blocks hold. None: columns as read.
     transform: Any = None
-    #: How local files are opened (Storage.memory_map): "never" (plain reads), "local-disk"
-    #: (memory-mapped where the mount is a local disk or memory filesystem) or "always".
-    memory_map: str = "never"
+    #: How local files are opened: Storage.memory_map's value (False, "auto" or True; thread
+    #: workers get False for "auto"), see _read/mapping.should_map.
+    memory_map: bool | str = False
 
     @property
     def shm_dir(self) -> str | None:

@@ -16,7 +16,7 @@ import numpy as np
 
 from .._types import Column, ColumnSpec, Ragged
 from ..packed import Packed
-from ..plan import PlanV2
+from ..plan import Plan
 from .block import slice_rows
 from .groups import block_piece, pack
 
@@ -35,7 +35,7 @@ class StepCutter(Protocol):
         ...
 
 
-def make_cutter(plan: PlanV2, specs: Sequence[ColumnSpec], group_columns: Sequence[str] | None) -> StepCutter:
+def make_cutter(plan: Plan, specs: Sequence[ColumnSpec], group_columns: Sequence[str] | None) -> StepCutter:
     """The cutter for ``plan``: packed when the loader groups (``group_columns`` set), else flat."""
     if group_columns is None:
         return FlatCutter(plan, specs)
@@ -81,7 +81,7 @@ def _drop_before(buf: Buffer, hi: int) -> None:
 class FlatCutter:
     """Batches as dicts of columns: each partition's rows of the step, partitions in order."""
 
-    def __init__(self, plan: PlanV2, specs: Sequence[ColumnSpec]) -> None:
+    def __init__(self, plan: Plan, specs: Sequence[ColumnSpec]) -> None:
         self.plan = plan
         self.specs = list(specs)
 
@@ -109,7 +109,7 @@ class PackedCutter:
     """Batches as `Packed` (group_by): whole groups, item columns per item and group columns per
     group, partitions in order."""
 
-    def __init__(self, plan: PlanV2, specs: Sequence[ColumnSpec], group_columns: Sequence[str]) -> None:
+    def __init__(self, plan: Plan, specs: Sequence[ColumnSpec], group_columns: Sequence[str]) -> None:
         assert plan.group_bounds is not None
         self.plan = plan
         self.group_bounds = plan.group_bounds

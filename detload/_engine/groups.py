@@ -1,7 +1,7 @@
 """``group_by`` in the workers and the merger: a block's group order, the group-column check, packed batches.
 
 A grouped block's rows are laid out group by group (`block_order`), so the merger can cut
-micro-batches at group starts the plan knows (`PlanV2.group_bounds`). The worker checks
+micro-batches at group starts the plan knows (`Plan.group_bounds`). The worker checks
 that each group column is constant within every group, bitwise, on the block's ranges
 before the permutation (`check_constant`), then builds the item columns for every row and
 the group columns once per group (`build_grouped`); the merger cuts pieces of such blocks
@@ -18,10 +18,12 @@ import numpy as np
 import xxhash
 
 from .._cache.derived import DerivedStore
+from .._read import UnitReader
+from .._streams import block_permutation, group_permutation, group_row_order
 from .._types import Column, ColumnSpec, Ragged, UnitColumns
 from ..errors import DataError
 from ..packed import Packed
-from ..plan import Range, block_permutation, group_permutation, group_row_order
+from ..plan import Range
 from .block import ColumnSlot, Layout, assemble, slice_rows, take_rows
 from .block import _aligned as aligned
 from .config import WorkerConfig
@@ -286,8 +288,6 @@ def group_rows(cfg: WorkerConfig, f: int, rg: int, selection: Any, first: int, t
     names = [s.name for s in cfg.group_specs]
     if got is not None and isinstance(got.get("starts"), np.ndarray) and all(f"c/{n}" in got for n in names):
         return GroupRows(np.asarray(got["starts"], dtype=np.int64), {n: got[f"c/{n}"] for n in names}, picked, first)
-    from .reader import UnitReader
-
     reader = UnitReader(dataclasses.replace(cfg, specs=cfg.group_specs, cache=None, group_specs=()))
     try:
         full = reader.read(f, rg, t)

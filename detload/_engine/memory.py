@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
+from .._fdless import address_of
 
 __all__ = ["BufferWatch", "address_of", "finalize", "install_ctrl_c_hook"]
 
@@ -65,15 +65,6 @@ def install_ctrl_c_hook() -> None:
 
     hook._detload = True  # type: ignore[attr-defined]
     sys.unraisablehook = hook
-
-
-def address_of(buffer: object) -> tuple[int, int]:
-    """(address, bytes) of a buffer (an mmap or a uint8 array), holding no export of it afterwards."""
-    view = np.frombuffer(buffer, dtype=np.uint8)  # type: ignore[call-overload]
-    try:
-        return int(view.ctypes.data), int(view.nbytes)
-    finally:
-        del view
 
 
 class BufferWatch:

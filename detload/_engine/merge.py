@@ -21,14 +21,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._cache import CacheWarning
+from .._fdless import descriptor_limit_error, is_out_of_descriptors
 from .._trace import MERGER, Tracer
 from .._types import Column, ColumnSpec
 from ..audit import batch_line, hash_batch
 from ..errors import DetloadError, WorkerError
-from ..plan import PlanV2
+from ..plan import Plan
 from .block import views
 from .cut import Buffer, make_cutter
-from .fdless import descriptor_limit_error, is_out_of_descriptors
 from .messages import POLL, BlockReady, PackedError, StepCut, Task, WorkerFailed, put_until
 from .passes import concerns
 from .pool import WorkerPool
@@ -60,8 +60,8 @@ class _Cancelled(Exception):
     pass
 
 
-def make_tasks(plan: PlanV2, start_step: int, workers: int) -> list[list[Task]]:
-    """Each worker's blocks of ``plan`` from ``start_step`` on, as dealt by `PlanV2.worker_schedules`
+def make_tasks(plan: Plan, start_step: int, workers: int) -> list[list[Task]]:
+    """Each worker's blocks of ``plan`` from ``start_step`` on, as dealt by `Plan.worker_schedules`
     (block k to worker k mod W, so worker w's j-th block is k = j*W + w); a task lists
     its block's row ranges (file, row group, first, rows)."""
     opts = plan.options
@@ -82,7 +82,7 @@ class Run:
     public option reaches it, and a loader with a manifest refuses it.
     """
 
-    def __init__(self, pool: WorkerPool, plan: PlanV2, specs: Sequence[ColumnSpec], *, gen: int,
+    def __init__(self, pool: WorkerPool, plan: Plan, specs: Sequence[ColumnSpec], *, gen: int,
                  start_step: int, stall_timeout: float | None, ready_depth: int = 1, ordered: bool = True,
                  hash_batches: bool = True, tracer: Tracer | None = None,
                  ahead: Sequence[int] | None = None, group_columns: Sequence[str] | None = None) -> None:

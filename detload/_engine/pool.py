@@ -46,11 +46,11 @@ from collections import deque
 from typing import Any, Literal
 
 from .._cache import KeptMappings
+from .._fdless import check_descriptors, descriptor_limit_error, is_out_of_descriptors
 from ..errors import OptionError, WorkerError
 from . import shm as _shm
 from . import spawn as _spawn
 from .config import WorkerConfig
-from .fdless import check_descriptors, descriptor_limit_error, is_out_of_descriptors
 from .heap import BlockBuffers
 from .memory import BufferWatch, install_ctrl_c_hook
 from .messages import CREDIT, BlockReady, Poller, Task, Tasks, WorkerFailed

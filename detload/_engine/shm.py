@@ -40,8 +40,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .._fdless import map_file
+from .._procs import pid_alive
 from ..errors import SharedMemoryError
-from .fdless import map_file
 from .memory import BufferWatch, address_of, finalize
 
 __all__ = ["SHM_DIR", "ConsumerSegments", "Segment", "WorkerSegments", "create", "discard", "sweep",
@@ -129,27 +130,6 @@ def _sweep(directory: str, doomed: Callable[[str], bool]) -> int:
 def sweep(directory: str, prefix: str) -> int:
     """Unlink every segment whose name starts with ``prefix``; returns how many."""
     return _sweep(directory, lambda name: name.startswith(prefix))
-
-
-def pid_alive(pid: int) -> bool:
-    """The process exists and is not a zombie (a killed process nobody reaped yet).
-
-    The one rule for "is the process that left this alive", for segments here and
-    for the row-group cache's temp files (`_cache._dead_writer`).
-    """
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:  # no procfs (or it just went): signal 0 reached it
-        return True
-    # "pid (comm) S ...": the state follows the last ')', since comm may hold one.
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] != b"Z"
 
 
 def sweep_dead(directory: str = SHM_DIR) -> int:

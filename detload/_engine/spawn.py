@@ -30,24 +30,21 @@ import contextlib
 import mmap
 import multiprocessing as mp
 import os
-import pickletools
+import pickle
 import signal
 import struct
-import sys
 import tempfile
 import threading
 from collections.abc import Iterator
 from typing import Any
 
-from ..errors import DetloadError
+from .._mainmod import MainSource, main_references, main_source, unimportable_main
+from ..errors import DetloadError, OptionError
 
 __all__ = ["SLOTS_PER_WORKER", "MainReentered", "MainSource", "SharedInts", "Slot", "Window",
-           "check_not_importing_main", "context", "ignore_sigint", "import_main", "main_references", "main_source",
+           "check_for_processes", "check_not_importing_main", "context", "ignore_sigint", "import_main", "main_references", "main_source",
            "starting", "unimportable_main", "worker_slots"]
 
-#: How a worker imports the main module: ("init_main_from_name", module) or ("init_main_from_path", file),
-#: as multiprocessing's preparation data names it.
-MainSource = tuple[str, str]
 _MAIN_KEYS = ("init_main_from_name", "init_main_from_path")
 
 
@@ -61,64 +58,6 @@ def context() -> Any:
 
 
 # -- the main module -------------------------------------------------------------
-
-def main_references(data: bytes) -> list[str]:
-    """The names of module ``__main__`` (classes, functions) that the pickle ``data`` refers to."""
-    if b"__main__" not in data:  # the common case, at the speed of a bytes search
-        return []
-    found: list[str] = []
-    memo: dict[int, Any] = {}
-    tops: list[Any] = []  # the values the last ops put on top of the stack (strings, else None)
-    for op, arg, _ in pickletools.genops(data):
-        name = op.name
-        if name in ("GLOBAL", "INST"):
-            module, _, qualname = str(arg).partition(" ")
-            if module == "__main__":
-                found.append(qualname)
-            tops.append(None)
-        elif name == "STACK_GLOBAL":
-            # Its module and name are the two values pushed just before.
-            if len(tops) >= 2 and tops[-2] == "__main__":
-                found.append(str(tops[-1]))
-            tops.append(None)
-        elif name == "MEMOIZE":
-            memo[len(memo)] = tops[-1] if tops else None
-        elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
-            memo[arg] = tops[-1] if tops else None  # type: ignore[index]
-        elif name in ("GET", "BINGET", "LONG_BINGET"):
-            tops.append(memo.get(arg))  # type: ignore[arg-type]
-        elif name not in ("PROTO", "FRAME", "STOP"):
-            tops.append(arg if isinstance(arg, str) else None)
-        del tops[:-2]
-    return sorted(set(found))
-
-
-def main_source() -> MainSource | None:
-    """Where a worker process can import this process's main module from; None if it cannot."""
-    main = sys.modules.get("__main__")
-    name = getattr(getattr(main, "__spec__", None), "name", None)
-    if isinstance(name, str) and name != "__main__" and not name.endswith(".__main__"):
-        return ("init_main_from_name", name)  # python -m module
-    path = getattr(main, "__file__", None)
-    if isinstance(path, str) and os.path.isfile(path):  # stdin's is '<stdin>'; -c and notebooks have none
-        from multiprocessing import process
-
-        origin = getattr(process, "ORIGINAL_DIR", None)  # where the program started
-        if not os.path.isabs(path) and origin is not None:
-            path = os.path.join(origin, path)
-        return ("init_main_from_path", os.path.normpath(path))
-    return None
-
-
-def unimportable_main() -> str:
-    """Why the main module has no file a worker could import (for messages)."""
-    main = sys.modules.get("__main__")
-    if getattr(main, "__file__", None) == "<stdin>":
-        return "the program was read from standard input"
-    if sys.argv[:1] == ["-c"]:
-        return "the program was given with python -c"
-    return "this is an interactive session (a notebook, IPython or the Python prompt)"
-
 
 class MainReentered(DetloadError):
     """A worker process importing the main module was told to start a pool: the script has no guard."""
@@ -341,3 +280,22 @@ class Window:
 
     def __setitem__(self, i: int, v: int) -> None:
         self._ints[self._base + i] = v
+
+
+def check_for_processes(t: Any) -> None:
+    """Refuse, before any worker starts, a transform (a `detload.Transform`) that worker processes
+    could not receive."""
+    try:
+        data = pickle.dumps(t, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise OptionError(
+            f"pool='process' sends the transform {t.name!r} to every worker process, and it cannot be pickled "
+            f"({type(exc).__name__}: {exc}). Define its function at the top level of a module (not a lambda, "
+            "not inside another function) and import it from there, or use pool='thread'") from None
+    names = main_references(data)
+    if names and main_source() is None:
+        raise OptionError(
+            f"pool='process' must send the transform {t.name!r} to its worker processes, and {', '.join(names)} "
+            f"is defined in the main module, which a worker process cannot import: {unimportable_main()}. "
+            "Use pool='thread', or move the function into a module file and import it from there "
+            "(with cloudpickle installed, detload sends such a function by value instead)")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
 
+from .._read.reader import _file_changed, _stat_matches
 from ..errors import DataError, DetloadError, WorkerError, WorkerStalledError
 
 if TYPE_CHECKING:
@@ -98,14 +99,11 @@ class Watch:
         before any check could see it. Reported as that change, as a plain read's error would be;
         None when the file still matches the plan (another cause: see describe_death)."""
         pool = self.pool
-        if pool.kind != "process" or pool.cfg.memory_map == "never" or not pool.killed_by_sigbus(w):
+        if pool.kind != "process" or pool.cfg.memory_map is False or not pool.killed_by_sigbus(w):
             return None
         _, _, f, rg = pool.statuses[w].get()
         if f < 0:
             return None
-        # reader imports pyarrow.parquet; the watch is imported early
-        from .reader import _file_changed, _stat_matches
-
         ref = pool.cfg.files[f]
         try:
             now = pool.cfg.filesystem.get_file_info(ref.location)  # a local file: only those are mapped

@@ -31,10 +31,11 @@ import pyarrow as pa
 import xxhash
 
 from .._filters.selection import Selection
+from .._read import UnitReader, select_rows
 from .._types import UnitColumns
 from . import shm as _shm
 from . import spawn as _spawn
-from .block import Layout, assemble, slice_rows, take_rows
+from .block import Layout, assemble, slice_rows
 from .config import WorkerConfig
 from .groups import GroupRows, block_order, build_grouped, check_compact, check_constant, check_key_kept, group_rows
 from .messages import (
@@ -51,7 +52,6 @@ from .messages import (
     put_until,
 )
 from .passes import EVERY, Passes
-from .reader import UnitReader
 from .spawn import MainSource, SharedInts
 
 __all__ = ["ProcessLink", "ThreadLink", "process_main", "worker_loop"]
@@ -167,7 +167,7 @@ def _select_rows(b: _Build, u: _RowGroup) -> bool:
     if u.picked is not None:
         # A filter's selection: its rows are gathered first, and the range counts in them.
         t0 = time.perf_counter()
-        u.cols = _select(u.cols, u.picked)
+        u.cols = select_rows(u.cols, u.picked)
         b.t.add("select", t0, time.perf_counter())  # the filter's stage, as planning's selection pass
     return True
 
@@ -230,15 +230,6 @@ def _build(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, gen:
     intact = all([reader.settle(u, r[0], r[1]) for u, r in zip(b.whole, task.units)])
     t.add("permute", t0, time.perf_counter())
     return payload, layout, intact
-
-
-def _select(cols: UnitColumns, picked: Selection) -> UnitColumns:
-    """The rows ``picked`` of a row group's columns: views of one run, else new arrays."""
-    run = picked.single_run()
-    if run is not None:
-        return UnitColumns({k: slice_rows(v, *run) for k, v in cols.items()})
-    idx = picked.indices()
-    return UnitColumns({k: take_rows(v, idx) for k, v in cols.items()})
 
 
 def _rows_of(cols: UnitColumns, first: int, rows: int) -> UnitColumns:

@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from .._signals import Terminated, interruptible
+
 
 def _names(s: str) -> list[str]:
     return [c for c in s.split(",") if c]
@@ -80,7 +82,6 @@ _LAYOUT_FLAGS = {"memory_limit": "--memory-limit", "threads": "--threads", "comp
 
 
 def _cmd_layout(a: argparse.Namespace) -> int:
-    from .. import cli
     from .rewrite import DigestMismatchError, layout, named, prepare
 
     try:
@@ -90,14 +91,14 @@ def _cmd_layout(a: argparse.Namespace) -> int:
         return 2
     try:
         # Ctrl-C and SIGTERM raise here, so the folder beside DST is removed before the exit (130, 143).
-        with cli.interruptible(), named(_LAYOUT_FLAGS):
+        with interruptible(), named(_LAYOUT_FLAGS):
             report = layout(a.src, a.dst, sort_by=a.sort_by, group_by=a.group_by, row_group_rows=a.row_group_rows,
                             bloom_filter=[c for group in a.bloom_filter for c in group], files=a.files,
                             memory_limit=a.memory_limit, temp_directory=a.temp_dir, threads=a.threads,
                             compression=a.compression, progress=False if a.no_progress else None)
     except KeyboardInterrupt as exc:
-        if getattr(exc, "signum", None) == signal.SIGTERM and not isinstance(exc, cli.Terminated):
-            raise cli.Terminated from None  # a SIGTERM that reached DuckDB first: exit 143, not 130
+        if getattr(exc, "signum", None) == signal.SIGTERM and not isinstance(exc, Terminated):
+            raise Terminated from None  # a SIGTERM that reached DuckDB first: exit 143, not 130
         raise
     except DigestMismatchError as exc:
         print(json.dumps(exc.report.to_dict(), indent=2) if a.json else exc.report)

@@ -733,7 +733,7 @@ def named(names: Mapping[str, str]) -> Iterator[None]:
 
 def prepare() -> None:
     """Import now what a layout imports on first use: an interrupt inside an extension's import
-    comes out as an ImportError (see detload.cli.interruptible)."""
+    comes out as an ImportError (see detload._signals.interruptible)."""
     try:
         import duckdb  # noqa: F401
     except ImportError:

@@ -173,9 +173,9 @@ def rss_bound(loader, baseline: int) -> dict:
     the permutation's index arrays and temporaries for variable-length columns (24 bytes per value of a block, measured)."""
     import numpy as np
 
-    from detload._engine.config import FileRef, WorkerConfig
+    from detload._engine.config import WorkerConfig
     from detload._engine.messages import Timings
-    from detload._engine.reader import UnitReader
+    from detload._read import FileRef, UnitReader
     from detload._types import Ragged
 
     ds = loader.dataset

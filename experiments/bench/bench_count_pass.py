@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-import detload._xform as xform
+import detload.planning.transform as xform
 from detload import Loader, Transform
 
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE))
 
 
 def permutation_costs(n: int = 65_536) -> dict[str, float]:
-    from detload.plan import TAG_BLOCK, _entropy, _packed_order, _two_pass_order
+    from detload._streams import TAG_BLOCK, _entropy, _packed_order, _two_pass_order
 
     keys = np.asarray(np.random.PCG64(np.random.SeedSequence(_entropy(TAG_BLOCK, 1, 0, 0, 3))).random_raw(n),
                       dtype=np.uint64)
@@ -44,8 +44,8 @@ def assemble_costs(data: str, blocks: int = 60) -> dict[str, float]:
     from measure import parquet_files
 
     from detload._engine import block as B
+    from detload._streams import block_permutation
     from detload._types import ColumnSpec
-    from detload.plan import block_permutation
 
     pfs = [pq.ParquetFile(str(f), pre_buffer=False) for f in parquet_files(data)]
     rgs = [(i, r) for i, pf in enumerate(pfs) for r in range(pf.num_row_groups)]

@@ -140,8 +140,8 @@ def work_one(path: str, epochs: int, window: int = 4, seed: int = 1234) -> dict:
     from measure import parquet_files
 
     from detload._engine.block import _workspace
-    from detload._engine.mapping import open_mapped
-    from detload.plan import block_permutation, unit_permutation
+    from detload._read.mapping import open_mapped
+    from detload._streams import block_permutation, unit_permutation
 
     pa.set_cpu_count(1)  # as in a worker process
     maps = []  # the worker's own maps

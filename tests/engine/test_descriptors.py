@@ -24,7 +24,7 @@ from testhooks import hooked
 import detload
 from detload._engine import shm as _shm
 from detload._engine.config import DebugHooks
-from detload._engine.fdless import map_file
+from detload._fdless import map_file
 
 FULL = os.environ.get("DETLOAD_FULL") == "1"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -119,7 +119,7 @@ def test_both_sides_of_a_segment_keep_no_descriptor(tmp_path):
 
 
 def test_mapped_files_keep_one_descriptor_each(tmp_path):
-    from detload._engine.mapping import open_mapped
+    from detload._read.mapping import open_mapped
 
     path = tmp_path / "f.bin"
     path.write_bytes(b"x" * 100)

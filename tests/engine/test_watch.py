@@ -25,7 +25,7 @@ def _pool(st: tuple[int, int, int, int], alive: bool = True) -> SimpleNamespace:
         statuses=[_Status(st)], alive=lambda w: alive, kind="process", exitcode=lambda w: -9,
         describe_death=lambda w: f"worker process {w} (pid 7) was killed by signal 9",
         cfg=SimpleNamespace(files=[SimpleNamespace(path="a.parquet"), SimpleNamespace(path="b.parquet")],
-                            memory_map="never"))
+                            memory_map=False))
 
 
 def test_a_worker_whose_status_does_not_change_stalls():

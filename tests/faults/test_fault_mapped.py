@@ -19,9 +19,9 @@ from testhooks import hooked
 
 import detload
 from detload import DataError, Loader, OptionError, WorkerError
-from detload._engine import mapping
 from detload._engine.config import DebugHooks
-from detload._engine.mapping import LOCAL_FILESYSTEMS, on_local_disk, open_mapped, parse_mounts, should_map
+from detload._read import mapping
+from detload._read.mapping import LOCAL_FILESYSTEMS, on_local_disk, open_mapped, parse_mounts, should_map
 from detload.audit import hash_batch
 
 OPTS = dict(batch_size=100, seed=7, shuffle_window=2)
@@ -49,10 +49,11 @@ def test_mount_table_decides_where_auto_maps():
 
 def test_should_map_by_mode_and_filesystem(tmp_path):
     here = str(tmp_path / "f.parquet")
-    assert not should_map("never", "local", here)
-    assert not should_map("always", "s3", here)
-    assert should_map("always", "local", here)
-    assert should_map("local-disk", "local", here) == on_local_disk(here)
+    assert not should_map(False, "local", here)
+    assert not should_map(True, "s3", here)
+    assert should_map(True, "local", here)
+    assert should_map("auto", "local", here) == on_local_disk(here)
+    assert not should_map("auto", "s3", here)
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None, "never"])
@@ -72,12 +73,13 @@ def _config(root, **kw):
 def test_auto_is_the_default_and_maps_in_process_workers_only(fault_data):
     root = fault_data().root
     assert detload.Storage().memory_map == "auto"
-    assert _config(root, pool="process") == "local-disk"  # the default
-    assert _config(root, pool="thread") == "never"  # a SIGBUS there would kill the training process
-    assert _config(root, pool="process", storage=detload.Storage(memory_map="auto")) == "local-disk"
-    assert _config(root, pool="thread", storage=detload.Storage(memory_map="auto")) == "never"
-    assert _config(root, pool="thread", storage=detload.Storage(memory_map=True)) == "always"
-    assert _config(root, pool="process", storage=detload.Storage(memory_map=False)) == "never"
+    # The workers get the option's own values; "auto" in thread workers is False (plain reads).
+    assert _config(root, pool="process") == "auto"  # the default
+    assert _config(root, pool="thread") is False  # a SIGBUS there would kill the training process
+    assert _config(root, pool="process", storage=detload.Storage(memory_map="auto")) == "auto"
+    assert _config(root, pool="thread", storage=detload.Storage(memory_map="auto")) is False
+    assert _config(root, pool="thread", storage=detload.Storage(memory_map=True)) is True
+    assert _config(root, pool="process", storage=detload.Storage(memory_map=False)) is False
 
 
 @pytest.mark.parametrize("pool", ["process", "thread"])

@@ -130,9 +130,13 @@ def root(tmp_path):
     (dict(pool=lambda: Pool(stall_timeout=-5.0)), r"Pool.stall_timeout must be a positive number"),
     (dict(partitions=3, distributed=(0, 2)), r"partitions=3 must be a multiple of the world size 2"),
     (dict(batch_size=3, partitions=2), r"must divide by partitions=2"),
-    # Plan format 2 cuts row groups: more partitions than row groups is fine, too few rows is not.
-    (dict(partitions=5, batch_size=205, drop_last=True),
-     r"the epoch holds 200 rows, the smallest of the 5 partitions 40, fewer than one micro-batch of 41 rows"),
+    # At most one partition (and rank) per row group (4 here), and a micro-batch each must fit.
+    (dict(partitions=5, batch_size=5), r"^partitions=5 exceeds the 4 non-empty row groups of the dataset"),
+    (dict(distributed=(0, 10**20), batch_size=1),
+     r"^world_size=100000000000000000000 exceeds the 4 non-empty row groups .* at most 4\."),
+    (dict(partitions=2**63, batch_size=2**63), r"^partitions=9223372036854775808 exceeds the 4 non-empty row groups"),
+    (dict(partitions=4, batch_size=204, drop_last=True),
+     r"the epoch holds 200 rows, the smallest of the 4 partitions 50, fewer than one micro-batch of 51 rows"),
     (dict(distributed=(2, 2)), r"Distributed.rank must be an int in \[0, 2\), got 2"),
     (dict(columns="id"), r"columns must be a list of names, got the string 'id'"),
     (dict(columns=[]), r"columns=\[\] selects nothing"),

@@ -21,9 +21,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ._filters.selection import Selection
-from .errors import DatasetError, OptionError
-from .plan import Range, Unit
+from .._cache.derived import DerivedStore
+from .._check import check_int
+from .._filters.selection import Selection
+from ..errors import DatasetError, OptionError
+from ..plan import Range, Unit
 
 __all__ = ["GroupStats", "GroupedUnits", "group_units", "runs_of"]
 
@@ -190,8 +192,6 @@ def group_units(dataset: Any, key: str, units: Sequence[Unit], *,
     files = sorted(by_file)
     store = None
     if cache is not None:
-        from ._cache.derived import DerivedStore
-
         store = DerivedStore(cache)
     counters = [[0, 0] for _ in files]
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(files)))) as ex:
@@ -321,8 +321,6 @@ def check_group_options(dataset: Any, names: Sequence[str], group_by: Any, group
                         max_group_items: Any, micro_batch: int) -> tuple[str, tuple[str, ...], int | None]:
     """``group_by``, ``group_columns`` and ``max_group_items`` checked against the loaded columns
     ``names``: the key, the group columns in the loaded order (the key among them), N or None."""
-    from ._check import check_int
-
     if not isinstance(group_by, str) or not group_by:
         raise OptionError(f"group_by must be a column name (str), got {group_by!r}")
     stored = set(dataset.schema.names)

@@ -1,4 +1,4 @@
-"""Plan format 2 (detload.plan.make_plan_v2): row-range units, partitions balanced by rows.
+"""The planner's units and partitions (detload.make_plan): row-range units, partitions balanced by rows.
 
 Pure planner tests: plans are computed from row counts (and unit descriptions)
 alone, and batches are materialised as canonical row numbers.
@@ -14,27 +14,13 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from strategies import TAG_BLOCK, TAG_UNITS, model_partitions_v2, skewed_row_groups
 
-from detload import EmptyDatasetError, OptionError, OrderOptions, make_plan
-from detload.plan import (
-    DEFAULT_BLOCK_BUDGET,
-    PLAN_FORMAT_V2,
-    TAG_ROW_GROUP,
-    PlanV2,
-    Range,
-    Unit,
-    UnitList,
-    _entropy,
-    block_memory_warning,
-    block_permutation,
-    make_plan_v2,
-    row_group_entropy,
-)
-
-# Format 1 is deprecated (make_plan warns); its tests stay while it is public.
-pytestmark = pytest.mark.filterwarnings("ignore:make_plan builds a format-1 plan:DeprecationWarning")
+from detload import EmptyDatasetError, OptionError, OrderOptions
+from detload._streams import TAG_ROW_GROUP, _entropy, block_permutation, row_group_entropy
+from detload.plan import PLAN_FORMAT_VERSION, Plan, Range, Unit, UnitList
+from detload.planning.order import DEFAULT_BLOCK_BUDGET, block_memory_warning, make_plan
 
 # Plans of up to a few hundred thousand rows are materialised per world size: a few
-# times the profile's examples, not the tenfold of the format-1 planner tests.
+# times the profile's examples, not the tenfold of the schedule tests (test_plan.py).
 PURE = settings(max_examples=3 * settings().max_examples)
 
 
@@ -53,7 +39,7 @@ def _row_starts(units: UnitList) -> dict[tuple[int, int], int]:
     return starts
 
 
-def _partition_stream(plan: PlanV2, p: int, starts: dict[tuple[int, int], int]) -> np.ndarray:
+def _partition_stream(plan: Plan, p: int, starts: dict[tuple[int, int], int]) -> np.ndarray:
     """Partition p's stream as canonical row numbers, built from the plan's blocks like a worker would."""
     out = []
     for b in plan.blocks[p]:
@@ -66,17 +52,17 @@ def _partition_stream(plan: PlanV2, p: int, starts: dict[tuple[int, int], int]) 
     return np.concatenate(out) if out else np.empty(0, np.int64)
 
 
-def _rank_batches(plan: PlanV2, starts: dict[tuple[int, int], int]) -> list[np.ndarray]:
+def _rank_batches(plan: Plan, starts: dict[tuple[int, int], int]) -> list[np.ndarray]:
     streams = {p: _partition_stream(plan, p, starts) for p in plan.owned_partitions}
     return [np.concatenate([streams[p][slice(*plan.micro_range(p, i))] for p in plan.owned_partitions])
             for i in range(plan.steps)]
 
 
 @st.composite
-def v2_inputs(draw: st.DrawFn) -> tuple[list[int], int, int, dict[str, object]]:
+def plan_inputs(draw: st.DrawFn) -> tuple[list[int], int, int, dict[str, object]]:
     """(row-group sizes, P, micro-batch, the other order options)."""
     rows = draw(skewed_row_groups())
-    P = draw(st.integers(1, 16))
+    P = draw(st.integers(1, min(16, len(rows))))  # at most one partition per row group
     total = sum(rows)
     micro = draw(st.one_of(st.integers(1, 64), st.integers(1, max(1, total // P + 3))))
     return rows, P, micro, {
@@ -92,8 +78,8 @@ def _opts(P: int, micro: int, world: int, kw: dict[str, object]) -> OrderOptions
 
 
 @PURE
-@given(v2_inputs(), st.integers(0, 3))
-def test_v2_balanced_steps_and_every_world_size(inputs, epoch):
+@given(plan_inputs(), st.integers(0, 3))
+def test_balanced_steps_and_every_world_size(inputs, epoch):
     rows, P, micro, kw = inputs
     units = UnitList.from_rows(rows)
     total = sum(rows)
@@ -101,11 +87,11 @@ def test_v2_balanced_steps_and_every_world_size(inputs, epoch):
     starts = _row_starts(units)
     if kw["drop_last"] and total // P < micro:
         with pytest.raises(OptionError, match=f"the epoch holds {total} rows"):
-            make_plan_v2(units, _opts(P, micro, 1, kw), epoch=epoch)
+            make_plan(units, _opts(P, micro, 1, kw), epoch=epoch)
         return
     union = None
     for R in _divisors(P):
-        plans = [make_plan_v2(units, _opts(P, micro, R, kw), epoch=epoch, rank=r, dataset_fingerprint="ds")
+        plans = [make_plan(units, _opts(P, micro, R, kw), epoch=epoch, rank=r, dataset_fingerprint="ds")
                  for r in range(R)]
         first = plans[0]
         # partitions balanced to one row, the same in every rank's plan; boundaries at p*T//P
@@ -142,16 +128,16 @@ def test_v2_balanced_steps_and_every_world_size(inputs, epoch):
 
 
 @PURE
-@given(v2_inputs(), st.integers(0, 3))
-def test_v2_plan_is_pure(inputs, epoch):
+@given(plan_inputs(), st.integers(0, 3))
+def test_plan_is_pure(inputs, epoch):
     rows, P, micro, kw = inputs
     kw = {**kw, "drop_last": False}
-    a = make_plan_v2(rows, _opts(P, micro, 1, kw), epoch=epoch, dataset_fingerprint="ds")
-    b = make_plan_v2(UnitList.from_rows(list(rows)), _opts(P, micro, 1, kw), epoch=epoch, dataset_fingerprint="ds")
+    a = make_plan(rows, _opts(P, micro, 1, kw), epoch=epoch, dataset_fingerprint="ds")
+    b = make_plan(UnitList.from_rows(list(rows)), _opts(P, micro, 1, kw), epoch=epoch, dataset_fingerprint="ds")
     assert json.dumps(a.to_dict(3)) == json.dumps(b.to_dict(3))
     assert a.blocks == b.blocks and a.schedule == b.schedule
     # the fingerprint covers units and options, not the epoch or the rank
-    c = make_plan_v2(rows, _opts(P, micro, 1, kw), epoch=epoch + 1, dataset_fingerprint="ds")
+    c = make_plan(rows, _opts(P, micro, 1, kw), epoch=epoch + 1, dataset_fingerprint="ds")
     assert c.fingerprint == a.fingerprint
 
 
@@ -169,8 +155,9 @@ def grouped_units(draw: st.DrawFn) -> list[Unit]:
 
 @PURE
 @given(grouped_units(), st.integers(1, 16), st.integers(0, 2**64 - 1), st.booleans(), st.integers(1, 5))
-def test_v2_groups_are_never_split(units, P, seed, shuffle, window):
-    plan = make_plan_v2(units, OrderOptions(seed=seed, batch_size=P, partitions=P, shuffle=shuffle,
+def test_groups_are_never_split(units, P, seed, shuffle, window):
+    P = min(P, len(units))  # at most one partition per row group
+    plan = make_plan(units, OrderOptions(seed=seed, batch_size=P, partitions=P, shuffle=shuffle,
                                             shuffle_window=window), epoch=0)
     total = sum(u.rows for u in units)
     assert sum(plan.partition_rows) == total
@@ -203,17 +190,16 @@ def test_v2_groups_are_never_split(units, P, seed, shuffle, window):
 def test_newcomer_case_27_unequal_row_groups():
     """The report: 27 unequal row groups of 500,000 rows, P=8, two ranks of batch 64.
 
-    In the report format 1 gave partitions of 40,000 to 80,000 rows, half the steps
-    short with drop_last=False and 36 % of the rows dropped with drop_last=True;
-    format 2 gives 62,500 rows a partition and no short step but the last."""
+    Whole row groups dealt round-robin to partitions gave partitions of 40,000 to 80,000
+    rows there, half the steps short with drop_last=False and 36 % of the rows dropped
+    with drop_last=True; balanced by rows, each partition holds 62,500 rows and no step
+    is short but the last."""
     rows = [40_000] * 5 + [20_000] * 6 + [10_000] * 8 + [6_666, 6_667, 6_667] + [30_000, 25_000, 10_000, 9_000, 6_000]
     assert (len(rows), sum(rows)) == (27, 500_000)
     units = UnitList.from_rows(rows)
     for drop_last in (False, True):
         opts = OrderOptions(seed=2024, batch_size=64, partitions=8, world_size=2, drop_last=drop_last)
-        v1 = make_plan(rows, opts, epoch=0)
-        plans = [make_plan_v2(units, opts, epoch=0, rank=r) for r in (0, 1)]
-        assert max(v1.partition_rows) - min(v1.partition_rows) > 10_000  # the problem
+        plans = [make_plan(units, opts, epoch=0, rank=r) for r in (0, 1)]
         for plan in plans:
             assert plan.partition_rows == (62_500,) * 8
             assert plan.redundant_reads <= 7
@@ -222,76 +208,93 @@ def test_newcomer_case_27_unequal_row_groups():
                 assert plan.steps == 500_000 // 128 == 3906
                 assert sizes == [64] * 3906
                 assert plan.dropped_rows == 500_000 - 3906 * 128 == 32
-                assert v1.dropped_rows > 100_000
             else:
-                assert plan.steps == 3907 < v1.steps
+                assert plan.steps == 3907
                 assert sizes[:-1] == [64] * 3906 and sizes[-1] == 16  # 32 rows left for 2 ranks
                 assert plan.dropped_rows == 0
 
 
-def test_fewer_rows_than_partitions_or_one_batch():
-    # 3 rows, 8 partitions: five partitions are empty; every row delivered once, in one step
-    plan = make_plan_v2([2, 1], OrderOptions(seed=1, batch_size=8, partitions=8, world_size=4), epoch=0)
-    assert sum(plan.partition_rows) == 3 and plan.partition_rows.count(0) == 5
-    assert plan.steps == 1
-    assert [plan.step_rows(0)] == [sum(plan.partition_rows[:2])]
-    rows_per_rank = [make_plan_v2([2, 1], plan.options, epoch=0, rank=r).step_rows(0) for r in range(4)]
-    assert sum(rows_per_rank) == 3 and 0 in rows_per_rank  # an empty micro-batch is a valid step
-    # fewer rows than one global batch: one short step; with drop_last a planning error naming the sizes
-    plan = make_plan_v2([5, 6], OrderOptions(seed=1, batch_size=8, partitions=2, world_size=2), epoch=0)
+def test_fewer_rows_than_one_batch():
+    # 3 rows, 2 partitions on 2 ranks, micro-batch 4: every row delivered once, in one step
+    plan = make_plan([2, 1], OrderOptions(seed=1, batch_size=4, partitions=2, world_size=2), epoch=0)
+    assert sum(plan.partition_rows) == 3 and plan.steps == 1
+    rows_per_rank = [make_plan([2, 1], plan.options, epoch=0, rank=r).step_rows(0) for r in range(2)]
+    assert sorted(rows_per_rank) == [1, 2]
+    # a short step; with drop_last a planning error naming the sizes
+    plan = make_plan([5, 6], OrderOptions(seed=1, batch_size=8, partitions=2, world_size=2), epoch=0)
     assert (plan.steps, plan.partition_rows) == (1, (5, 6))
     with pytest.raises(OptionError, match=r"drop_last=True drops every row: the epoch holds 11 rows, the "
                                           r"smallest of the 2 partitions 5, fewer than one micro-batch of 8 rows "
                                           r"\(global batch 16 = 2 x 8\)"):
-        make_plan_v2([5, 6], OrderOptions(seed=1, batch_size=8, partitions=2, world_size=2, drop_last=True),
-                     epoch=0)
+        make_plan([5, 6], OrderOptions(seed=1, batch_size=8, partitions=2, world_size=2, drop_last=True),
+                  epoch=0)
 
 
-def test_more_partitions_than_row_groups_is_fine():
-    """Format 1's "partitions exceeds the non-empty row groups" error does not exist in format 2."""
-    with pytest.raises(OptionError, match="exceeds the 1 non-empty"):
-        make_plan([100], OrderOptions(seed=0, batch_size=4, partitions=4), epoch=0)
-    plan = make_plan_v2([100], OrderOptions(seed=0, batch_size=4, partitions=4), epoch=0)
-    assert plan.partition_rows == (25, 25, 25, 25) and plan.redundant_reads == 3
-    assert [[u.ranges for u in plan.blocks[p][0].units] for p in range(4)] == [
-        [(Range(0, 0, 25 * p, 25),)] for p in range(4)]
+def test_partitions_and_world_size_are_at_most_the_units():
+    """No more partitions, nor ranks, than row groups that deliver rows: refused by name, value and
+    bound before the planner loops over partitions (a huge count would plan forever)."""
+    one = [100]
+    plan = make_plan([100, 50, 1], OrderOptions(seed=0, batch_size=3, partitions=3), epoch=0)
+    assert len(plan.partition_rows) == 3 and sum(plan.partition_rows) == 151  # the bound itself plans
+    for opts, match in [
+        (OrderOptions(seed=0, batch_size=4, partitions=4), r"^partitions=4 exceeds the 1 non-empty row groups .*"
+                                                           r"partitions must be at most 1\. Use a smaller partitions"),
+        (OrderOptions(seed=0, batch_size=2**63, partitions=2**63),
+         r"^partitions=9223372036854775808 exceeds the 1 non-empty row groups.* at most 1\."),
+        (OrderOptions(seed=0, batch_size=1, partitions=10**20, world_size=10**20),
+         r"^world_size=100000000000000000000 exceeds the 1 non-empty row groups.* world_size must be at most 1\."),
+    ]:
+        with pytest.raises(OptionError, match=match):
+            make_plan(one, opts, epoch=0)
+    with pytest.raises(OptionError, match=r"^partitions=4 exceeds the 3 non-empty row groups.* at most 3\."):
+        make_plan([100, 50, 1], OrderOptions(seed=0, batch_size=4, partitions=4), epoch=0)
+    with pytest.raises(OptionError, match=r"^world_size=4 exceeds the 3 non-empty row groups.* at most 3\."):
+        make_plan([100, 50, 1], OrderOptions(seed=0, batch_size=1, partitions=4, world_size=4), epoch=0)
 
 
-def test_single_partition_is_format_1_order():
-    """P = 1 cuts nothing: the blocks hold format 1's units in format 1's order."""
+def test_a_boundary_may_cut_a_unit():
+    """Two partitions of one 100-row unit and a 1-row one: the boundary at row 50 cuts the big unit."""
+    plan = make_plan([100, 1], OrderOptions(seed=0, batch_size=2, partitions=2, shuffle=False), epoch=0)
+    assert plan.boundaries == (0, 50, 101) and plan.redundant_reads == 1
+    assert [[u.ranges for u in b.units] for p in range(2) for b in plan.blocks[p]] == [
+        [(Range(0, 0, 0, 50),)], [(Range(0, 0, 50, 50),), (Range(0, 1, 0, 1),)]]
+
+
+def test_single_partition_cuts_nothing():
+    """P = 1 cuts nothing: the blocks hold whole units, shuffle_window of them each."""
     rows = [100, 7, 300, 1, 55, 64, 9]
     opts = OrderOptions(seed=9, batch_size=16, shuffle_window=2)
-    v1, v2 = make_plan(rows, opts, epoch=2), make_plan_v2(rows, opts, epoch=2)
-    assert [b.units for b in v1.blocks[0]] == [b.sources for b in v2.blocks[0]]
-    assert [(b.rows, b.start, b.first_step, b.last_step) for b in v1.blocks[0]] == [
-        (b.rows, b.start, b.first_step, b.last_step) for b in v2.blocks[0]]
-    assert all(u.whole for b in v2.blocks[0] for u in b.units)
-    assert (v2.steps, v2.redundant_reads, v2.plan_format) == (v1.steps, 0, PLAN_FORMAT_V2)
-    assert v2.fingerprint != v1.fingerprint
+    plan = make_plan(rows, opts, epoch=2)
+    assert [u for b in plan.blocks[0] for u in b.sources] == plan.unit_order.tolist()
+    assert [len(b.units) for b in plan.blocks[0]] == [2, 2, 2, 1]
+    assert all(u.whole for b in plan.blocks[0] for u in b.units)
+    assert (plan.steps, plan.redundant_reads, plan.plan_format) == (34, 0, PLAN_FORMAT_VERSION)
 
 
 def test_cut_multi_range_unit_and_redundant_reads():
-    # one unit across two row groups (a group running over the boundary), cut at the row-group boundary
+    # one unit across two row groups (a group running over the boundary), cut at the row-group
+    # boundary; a one-row unit after it
+    tail = Unit((Range(4, 0, 0, 1),))
     u = Unit((Range(3, 4, 10, 6), Range(3, 5, 0, 6)), groups=(0, 6))
-    plan = make_plan_v2([u], OrderOptions(seed=0, batch_size=2, partitions=2), epoch=0)
+    plan = make_plan([u, tail], OrderOptions(seed=0, batch_size=2, partitions=2, shuffle=False), epoch=0)
     assert plan.redundant_reads == 0
     assert [b.units for b in (plan.blocks[0][0], plan.blocks[1][0])] == [
-        (Unit((Range(3, 4, 10, 6),), (0,)),), (Unit((Range(3, 5, 0, 6),), (0,)),)]
+        (Unit((Range(3, 4, 10, 6),), (0,)),), (Unit((Range(3, 5, 0, 6),), (0,)), tail)]
     # cut inside the second range: row group 5 is read by both partitions
     u = Unit((Range(3, 4, 10, 2), Range(3, 5, 0, 6)), selection="f1")
-    plan = make_plan_v2([u], OrderOptions(seed=0, batch_size=2, partitions=2), epoch=0)
+    plan = make_plan([u, tail], OrderOptions(seed=0, batch_size=2, partitions=2, shuffle=False), epoch=0)
     assert plan.redundant_reads == 1
     assert [b.ranges for b in (plan.blocks[0][0], plan.blocks[1][0])] == [
-        (Range(3, 4, 10, 2), Range(3, 5, 0, 2)), (Range(3, 5, 2, 4),)]
-    assert {x.selection for p in range(2) for x in plan.blocks[p][0].units} == {"f1"}
+        (Range(3, 4, 10, 2), Range(3, 5, 0, 2)), (Range(3, 5, 2, 4), Range(4, 0, 0, 1))]
+    assert {x.selection for p in range(2) for x in plan.blocks[p][0].units if x != tail} == {"f1"}
     # one huge row group among tiny ones, 16 partitions: cut 15 times, P-1 redundant reads
-    plan = make_plan_v2([1, 1, 100_000, 1], OrderOptions(seed=5, batch_size=16, partitions=16), epoch=0)
+    plan = make_plan([1] * 7 + [100_000] + [1] * 8, OrderOptions(seed=5, batch_size=16, partitions=16), epoch=0)
     assert plan.redundant_reads == 15 and max(plan.partition_rows) - min(plan.partition_rows) <= 1
 
 
 def test_to_dict_lists_units_ranges_and_reads():
     units = [Unit((Range(0, 0, 0, 5),)), Unit((Range(0, 1, 0, 3),), groups=(0, 1)), Unit((Range(1, 0, 0, 4),))]
-    plan = make_plan_v2(units, OrderOptions(seed=7, batch_size=2, partitions=2, world_size=2, shuffle=False),
+    plan = make_plan(units, OrderOptions(seed=7, batch_size=2, partitions=2, world_size=2, shuffle=False),
                         epoch=0, rank=1, dataset_fingerprint="ds")
     d = plan.to_dict(2)
     assert json.loads(json.dumps(d)) == d
@@ -305,13 +308,13 @@ def test_to_dict_lists_units_ranges_and_reads():
     ]]
     # the boundary at row 6 falls one row into 0#1; with groups (0, 2) the nearer start is 0 (ties down)
     units[1] = Unit((Range(0, 1, 0, 3),), groups=(0, 2))
-    plan = make_plan_v2(units, plan.options, epoch=0)
+    plan = make_plan(units, plan.options, epoch=0)
     assert (plan.partition_rows, plan.redundant_reads) == ((5, 7), 0)
 
 
 def test_fingerprint_covers_units():
     opts = OrderOptions(seed=1, batch_size=4)
-    base = make_plan_v2(UnitList.from_row_groups([0, 0, 1], [0, 1, 0], [5, 5, 5]), opts, epoch=0).fingerprint
+    base = make_plan(UnitList.from_row_groups([0, 0, 1], [0, 1, 0], [5, 5, 5]), opts, epoch=0).fingerprint
     others = [
         UnitList.from_row_groups([0, 1, 1], [0, 0, 1], [5, 5, 5]),  # same rows, other row groups
         UnitList([Unit((Range(0, 0, 0, 5),)), Unit((Range(0, 1, 0, 5),), groups=(0, 1)),
@@ -319,16 +322,16 @@ def test_fingerprint_covers_units():
         UnitList([Unit((Range(0, 0, 0, 5),)), Unit((Range(0, 1, 0, 5),)),
                   Unit((Range(1, 0, 0, 5),), selection="x")]),
     ]
-    fps = {make_plan_v2(u, opts, epoch=0).fingerprint for u in others}
+    fps = {make_plan(u, opts, epoch=0).fingerprint for u in others}
     assert base not in fps and len(fps) == 3
-    assert make_plan_v2(UnitList.from_row_groups([0, 0, 1], [0, 1, 0], [5, 5, 5]), opts, epoch=0,
+    assert make_plan(UnitList.from_row_groups([0, 0, 1], [0, 1, 0], [5, 5, 5]), opts, epoch=0,
                         dataset_fingerprint="other").fingerprint != base
 
 
 def test_schedule_and_workers_as_format_1():
     rows = [40, 3, 500, 7, 7, 90, 1, 1, 1, 260]
     opts = OrderOptions(seed=3, batch_size=8, partitions=4, world_size=2, shuffle_window=2)
-    plan = make_plan_v2(rows, opts, epoch=1, rank=1)
+    plan = make_plan(rows, opts, epoch=1, rank=1)
     want = sorted((b for p in plan.owned_partitions for b in plan.blocks[p] if b.first_step < plan.steps),
                   key=lambda b: (b.first_step, b.partition, b.number))
     assert list(plan.schedule) == want
@@ -353,7 +356,7 @@ def test_row_group_stream_is_tagged_and_fixed_length():
 
 def test_block_memory_warning():
     opts = OrderOptions(seed=0, batch_size=4, shuffle_window=4)
-    plan = make_plan_v2([1_000_000, 900_000, 10, 10], opts, epoch=0)
+    plan = make_plan([1_000_000, 900_000, 10, 10], opts, epoch=0)
     assert block_memory_warning(plan, 100) is None  # 190 MB: under 1 GiB
     assert DEFAULT_BLOCK_BUDGET == 2**30
     text = block_memory_warning(plan, 1_000)
@@ -363,11 +366,9 @@ def test_block_memory_warning():
     assert "smaller shuffle_window (now 4)" in text
     assert "The largest row group holds 1,000,000 rows" in text and "--row-group-rows" in text
     # a block of one row group: a smaller window cannot help, so it is not offered
-    one = make_plan_v2([1_000_000], OrderOptions(seed=0, batch_size=4, shuffle_window=1), epoch=0)
+    one = make_plan([1_000_000], OrderOptions(seed=0, batch_size=4, shuffle_window=1), epoch=0)
     text = block_memory_warning(one, 2_000, budget=2**20)
     assert text is not None and "shuffle_window" not in text and "--row-group-rows" in text
-    # format 1 plans too (the loader plans with format 1 until format 2 is wired in)
-    assert block_memory_warning(make_plan([10, 10], opts, epoch=0), 1e9) is not None
 
 
 @pytest.mark.parametrize(
@@ -391,15 +392,15 @@ def test_block_memory_warning():
 )
 def test_unit_errors(units, err, match):
     with pytest.raises(err, match=match):
-        make_plan_v2(units, OrderOptions(seed=0, batch_size=2), epoch=0)
+        make_plan(units, OrderOptions(seed=0, batch_size=2), epoch=0)
 
 
 def test_plan_errors():
     opts = OrderOptions(seed=0, batch_size=2)
     with pytest.raises(OptionError, match="rank 1 is not below the world size 1"):
-        make_plan_v2([3], opts, epoch=0, rank=1)
+        make_plan([3], opts, epoch=0, rank=1)
     with pytest.raises(OptionError, match=r"epoch must be an int in \[0, 2\*\*32\), got -1"):
-        make_plan_v2([3], opts, epoch=-1)
+        make_plan([3], opts, epoch=-1)
     with pytest.raises(OptionError, match="one entry per row group"):
         UnitList.from_row_groups([0], [0, 1], [3, 3])
 
@@ -408,7 +409,7 @@ def test_plan_errors():
 @given(st.integers(0, 2**64 - 1))
 def test_shuffle_false_keeps_canonical_rows(seed):
     rows = [3, 1, 4, 1, 5, 9, 2, 6]
-    plan = make_plan_v2(rows, OrderOptions(seed=seed, batch_size=3, partitions=3, shuffle=False), epoch=0)
+    plan = make_plan(rows, OrderOptions(seed=seed, batch_size=3, partitions=3, shuffle=False), epoch=0)
     starts = _row_starts(plan.units)
     assume(plan.steps > 0)
     stream = np.concatenate([_partition_stream(plan, p, starts) for p in range(3)])

@@ -26,7 +26,7 @@ import sys
 
 import pyarrow as pa
 
-from .fdless import map_file
+from .._fdless import map_file
 
 __all__ = ["LOCAL_FILESYSTEMS", "MappedFile", "mounts", "on_local_disk", "open_mapped", "should_map"]
 
@@ -82,12 +82,14 @@ def on_local_disk(path: str, table: list[tuple[str, str]] | None = None) -> bool
     return kind in LOCAL_FILESYSTEMS
 
 
-def should_map(mode: str, fs_type: str, location: str) -> bool:
-    """Whether a worker opens ``location`` with a memory map under ``mode``
-    (WorkerConfig.memory_map: "never", "local-disk" or "always")."""
-    if mode == "never" or fs_type != "local" or sys.platform == "win32":
+def should_map(mode: bool | str, fs_type: str, location: str) -> bool:
+    """Whether a worker opens ``location`` with a memory map under ``mode``, `Storage.memory_map`'s
+    value as the loader passes it on: False (plain reads), "auto" (mapped where the mount is a
+    local disk or memory filesystem) or True (every local file). The loader passes False for
+    "auto" to thread workers, whose crash would be the consumer's."""
+    if mode is False or fs_type != "local" or sys.platform == "win32":
         return False  # Windows: a mapped file cannot be replaced or deleted while open
-    return mode == "always" or on_local_disk(location)
+    return mode is True or on_local_disk(location)
 
 
 _DONTNEED = getattr(mmap, "MADV_DONTNEED", None)

@@ -3,6 +3,8 @@
 It opens files (a few kept open), checks that a file is the version planned,
 reads through the row-group cache when there is one, converts to NumPy and
 checks that every column decoded as many rows as the footer promised.
+Planning (a transform's first row group and row counts) and the engine's
+workers read through it alike; it imports neither.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -20,16 +23,92 @@ import pyarrow.parquet as pq
 
 from .._arrow import numpy_of
 from .._cache import RowGroupCache
+from .._columns import slice_rows, take_rows
 from .._discovery import _etag, _int96_columns, chunk_bytes, leaf_columns
+from .._filters.selection import Selection
 from .._storage import describe_attempts
 from .._types import INT96_UNIT, Column, ColumnSpec, Ragged, UnitColumns, column_spec, convert_column
 from .._xform import TransformRunner
 from ..errors import DataError, DetloadError
-from .config import FileRef, WorkerConfig
 from .mapping import MappedFile, open_mapped, should_map
-from .messages import (
-    Timings,
-)
+
+__all__ = ["FileRef", "ReadConfig", "ReadSettings", "StageTimes", "UnitReader", "select_rows"]
+
+
+@dataclass(frozen=True)
+class FileRef:
+    """A data file as planned; its size, version and row groups let a reader notice a changed file."""
+
+    location: str
+    path: str
+    partition_values: tuple[tuple[str, str], ...]
+    row_groups: tuple[int, ...] | None = None
+    cache_key: str = ""  # this version of the file in the row-group cache (_cache.object_key)
+    uri: str = ""  # the object's full name, for messages
+    size: int | None = None
+    etag: str | None = None  # where the filesystem reports one (S3)
+    mtime_ns: int | None = None
+
+
+class ReadSettings(Protocol):
+    """What a `UnitReader` reads with: a worker's configuration (_engine.config.WorkerConfig)
+    or planning's `ReadConfig`. Read-only attributes, so either frozen dataclass fits."""
+
+    @property
+    def files(self) -> tuple[FileRef, ...]: ...
+    @property
+    def filesystem(self) -> pafs.FileSystem: ...
+    @property
+    def specs(self) -> tuple[ColumnSpec, ...]: ...
+    @property
+    def null_fill(self) -> Mapping[str, Any]: ...
+    @property
+    def cache(self) -> Any: ...  # _cache.CacheConfig | None
+    @property
+    def kept(self) -> Any: ...  # _cache.KeptMappings | None: thread workers' cache entries kept mapped
+    @property
+    def transform(self) -> Any: ...  # _xform.TransformPlan | None
+    @property
+    def memory_map(self) -> bool | str: ...
+    @property
+    def hooks(self) -> Any: ...  # test hooks (_hooks.DebugHooks: shrink_unit), or None
+
+
+@dataclass(frozen=True)
+class ReadConfig:
+    """`ReadSettings` for reads outside the workers (planning): no hooks, no kept mappings."""
+
+    files: tuple[FileRef, ...]
+    filesystem: pafs.FileSystem
+    specs: tuple[ColumnSpec, ...]
+    null_fill: Mapping[str, Any]
+    cache: Any = None
+    kept: Any = None
+    transform: Any = None
+    memory_map: bool | str = False  # Storage.memory_map's values (False, "auto", True)
+    hooks: Any = None
+
+
+class StageTimes(Protocol):
+    """Where a read records its stage spans and counts: a worker's `Timings` (sent to the
+    trace with the block), or planning's, which nobody reads."""
+
+    units: int
+    source_reads: int
+    source_bytes: int
+    extra: dict[str, float]
+
+    def add(self, stage: str, t0: float, t1: float) -> None: ...
+
+
+def select_rows(cols: UnitColumns, picked: Selection) -> UnitColumns:
+    """The rows ``picked`` of a row group's columns (a filter's selection): views of one run,
+    else new arrays."""
+    run = picked.single_run()
+    if run is not None:
+        return UnitColumns({k: slice_rows(v, *run) for k, v in cols.items()})
+    idx = picked.indices()
+    return UnitColumns({k: take_rows(v, idx) for k, v in cols.items()})
 
 #: Files a reader keeps open (with their footers) between row groups; each holds one descriptor.
 OPEN_FILES = 32
@@ -38,7 +117,7 @@ OPEN_FILES = 32
 class UnitReader:
     """Reads and converts single row groups; keeps a few files open; uses the row-group cache."""
 
-    def __init__(self, cfg: WorkerConfig) -> None:
+    def __init__(self, cfg: ReadSettings) -> None:
         self.cfg = cfg
         self._open: OrderedDict[int, pq.ParquetFile] = OrderedDict()
         self.filled_cache = False  # a row group went into the cache since the pass began
@@ -168,7 +247,7 @@ class UnitReader:
             if not self._still_listed(self.cfg.files[i]):
                 self._drop(i)
 
-    def read(self, file_idx: int, rg: int, t: Timings, *, defer: bool = False) -> UnitColumns:
+    def read(self, file_idx: int, rg: int, t: StageTimes, *, defer: bool = False) -> UnitColumns:
         """One row group's columns. With ``defer``, a cache hit's checksum is verified
         while the block reads it: call `settle` before using the block."""
         ref = self.cfg.files[file_idx]
@@ -223,7 +302,7 @@ class UnitReader:
             self._close_files()
             raise _file_changed(ref, rg, f": it holds {now:,} bytes, the plan saw {mapped:,}")
 
-    def _read_source(self, file_idx: int, rg: int, t: Timings) -> tuple[dict[str, Column], int]:
+    def _read_source(self, file_idx: int, rg: int, t: StageTimes) -> tuple[dict[str, Column], int]:
         ref = self.cfg.files[file_idx]
         t0 = time.perf_counter()
         try:

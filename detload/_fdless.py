@@ -16,10 +16,11 @@ import os
 import sys
 from typing import Any
 
-from ..errors import DetloadError
-from .memory import address_of
+import numpy as np
 
-__all__ = ["check_descriptors", "descriptor_limit_error", "is_out_of_descriptors", "map_file"]
+from .errors import DetloadError
+
+__all__ = ["address_of", "check_descriptors", "descriptor_limit_error", "is_out_of_descriptors", "map_file"]
 
 _TRACKFD = sys.version_info >= (3, 13)
 _MAP_FIXED = 0x10  # the same value on Linux and macOS; the mmap module does not export it
@@ -39,6 +40,15 @@ def _load_libc_mmap() -> Any:
 
 
 _LIBC_MMAP = None if _TRACKFD else _load_libc_mmap()
+
+
+def address_of(buffer: object) -> tuple[int, int]:
+    """(address, bytes) of a buffer (an mmap or a uint8 array), holding no export of it afterwards."""
+    view = np.frombuffer(buffer, dtype=np.uint8)  # type: ignore[call-overload]
+    try:
+        return int(view.ctypes.data), int(view.nbytes)
+    finally:
+        del view
 
 
 def map_file(fd: int, length: int, *, flags: int = mmap.MAP_SHARED,

@@ -1,4 +1,4 @@
-"""Plan format 2 through the Loader: balanced partitions on unequal row groups, tiny datasets,
+"""The planner through the Loader: balanced partitions on unequal row groups, tiny datasets,
 the block memory warning, and what happens to format-1 manifests and states."""
 
 from __future__ import annotations
@@ -94,17 +94,14 @@ def test_per_rank_rows_are_equal_to_within_one(tmp_path):
                 "the union of each global step is the same at every world size"
 
 
-def test_fewer_rows_than_partitions(tmp_path):
-    """3 rows, 4 partitions: one partition is empty; its rank gets one empty batch (drop_last=False)."""
-    root = _write(str(tmp_path / "ds" / "a.parquet"), [3])
-    ranks = _rank_batches(root, 4, batch_size=1, partitions=4, shuffle=False)
-    assert [[len(b) for b in r] for r in ranks] == [[0], [1], [1], [1]]
-    assert sorted(int(b[0]) for r in ranks for b in r if len(b)) == [0, 1, 2]
-    loader = Loader(root, batch_size=1, seed=0, partitions=4, distributed=Distributed(0, 4), drop_last=True)
-    with pytest.raises(OptionError, match=r"drop_last=True drops every row: the epoch holds 3 rows, the smallest "
-                                          r"of the 4 partitions 0, fewer than one micro-batch of 1 rows"):
-        len(loader)
-    loader.close()
+def test_as_many_partitions_as_row_groups_of_one_row(tmp_path):
+    """3 rows in 3 row groups, 3 partitions on 3 ranks: a row each; a fourth partition is refused."""
+    root = _write(str(tmp_path / "ds" / "a.parquet"), [1, 1, 1])
+    ranks = _rank_batches(root, 3, batch_size=1, partitions=3, shuffle=False)
+    assert [[len(b) for b in r] for r in ranks] == [[1], [1], [1]]
+    assert sorted(int(b[0]) for r in ranks for b in r) == [0, 1, 2]
+    with pytest.raises(OptionError, match=r"^partitions=4 exceeds the 3 non-empty row groups"):
+        Loader(root, batch_size=4, seed=0, partitions=4)
 
 
 def test_fewer_rows_than_a_global_batch(tmp_path):
@@ -227,3 +224,33 @@ def test_detload_plan_shows_ranges_rows_per_partition_and_redundant_reads(newcom
     d = json.loads(capsys.readouterr().out)
     assert d["plan_format"] == 2 and d["partition_rows"] == [62_500] * 8 and d["redundant_reads"] >= 1
     assert all(len(r) == 4 for blk in d["blocks"] for u in blk["units"] for r in u["ranges"])
+
+
+def test_partitions_and_world_size_above_the_row_groups_are_refused_at_construction(tmp_path):
+    """The planner works once per partition: a count the data cannot fill is refused when the
+    loader is built (naming the option, its value and the bound), never left to len() to spin on."""
+    root = _write(str(tmp_path / "ds" / "a.parquet"), [30, 50, 20])  # three row groups
+    for kw, match in [
+        (dict(batch_size=2**63, partitions=2**63),
+         r"^partitions=9223372036854775808 exceeds the 3 non-empty row groups of the dataset \(after any "
+         r"filter\): partitions must be at most 3\. Use a smaller partitions"),
+        (dict(batch_size=1, distributed=Distributed(0, 10**20)),
+         r"^world_size=100000000000000000000 exceeds the 3 non-empty row groups .*world_size must be at most 3\."),
+        (dict(batch_size=4, partitions=4), r"^partitions=4 exceeds the 3 non-empty row groups .*at most 3\."),
+        (dict(batch_size=4, partitions=4, distributed=Distributed(0, 4)),
+         r"^world_size=4 exceeds the 3 non-empty row groups .*at most 3\."),
+        # a filter's pruning counts: 2 row groups deliver rows
+        (dict(batch_size=3, partitions=3, filter="id >= 30"), r"^partitions=3 exceeds the 2 non-empty row groups"),
+    ]:
+        with pytest.raises(OptionError, match=match):
+            Loader(root, seed=0, **kw)
+    with Loader(root, batch_size=3, seed=0, partitions=3) as loader:  # the bound itself plans
+        assert len(loader) == 34 and loader.plan().partition_rows == (33, 33, 34)
+
+
+def test_huge_batch_size_and_window_plan_at_once(tmp_path):
+    """Other user numbers the planner counts with do not set its work: one step, one block."""
+    root = _write(str(tmp_path / "ds" / "a.parquet"), [30, 50, 20])
+    with Loader(root, batch_size=2**62, seed=0, shuffle_window=2**62) as loader:
+        assert len(loader) == 1 and len(loader.plan().schedule) == 1
+        assert sum(len(b["id"]) for b in loader) == 100

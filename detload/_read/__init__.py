@@ -1,0 +1,13 @@
+"""Reading one row group as checked NumPy columns: the layer below planning and the engine.
+
+`reader.py` opens, checks and converts a row group (through the row-group cache)
+and applies a filter's selection; `mapping.py` decides which local files are read
+through memory maps. Planning (detload.planning) reads a transform's row groups
+here, and the engine's workers every block's; this package imports neither.
+"""
+
+from __future__ import annotations
+
+from .reader import FileRef, ReadConfig, ReadSettings, StageTimes, UnitReader, select_rows
+
+__all__ = ["FileRef", "ReadConfig", "ReadSettings", "StageTimes", "UnitReader", "select_rows"]

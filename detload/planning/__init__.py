@@ -1,0 +1,18 @@
+"""Planning: from a discovered dataset and the options that decide the batches to one frozen
+value, before any worker starts.
+
+- stage.py      the stage: `column_specs`, then `plan` -> `Planned` (units with selections and
+                groups, the delivered columns, the order identity); the loader runs its result
+- order.py      the epoch planner `make_plan`: units + order options + epoch -> `Plan`
+- groups.py     the group pass of ``group_by`` (each unit's groups, from the key column)
+- transform.py  a transform's plan: output schema, rerun check, ``rows="changes"`` counts
+The filter's pass lives with the filters (detload._filters.planning); reads go through
+detload._read. Nothing here imports the engine (detload._engine), nor it this.
+"""
+
+from __future__ import annotations
+
+from .order import make_plan
+from .stage import Planned, column_specs, file_refs, plan
+
+__all__ = ["Planned", "column_specs", "file_refs", "make_plan", "plan"]
