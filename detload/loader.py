@@ -19,7 +19,8 @@ import types
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
@@ -45,6 +46,7 @@ from .stats import Stats, _cores, summarize
 from .transform import Transform
 
 if TYPE_CHECKING:  # imported when a filter is given: pyarrow.compute and .dataset cost import time
+    from ._cache import CacheConfig
     from ._filters.canonical import Filter
 
 __all__ = ["STATE_FORMAT_VERSION", "BlockMemoryWarning", "Loader", "compare_ranks", "resolve_workers"]
@@ -124,6 +126,32 @@ def refuse_pickling(what: str) -> OptionError:
     )
 
 
+_T = TypeVar("_T")
+
+
+class _Fixed(Generic[_T]):
+    """A public attribute of a `Loader` fixed when the loader is built: one of its options or
+    what planning decided from them. Reading it gives the value (mappings and lists as read-only
+    views); setting it raises, since the running plan, the workers and the manifest header
+    were made from it."""
+
+    def __init__(self, view: Callable[[Any], Any] | None = None) -> None:
+        self._view = view
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name, self._slot = name, f"_{name}"
+
+    def __get__(self, obj: Any, owner: type | None = None) -> _T:
+        if obj is None:
+            return self  # type: ignore[return-value]  # the descriptor itself, for introspection
+        value = getattr(obj, self._slot)
+        return value if self._view is None else self._view(value)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        raise AttributeError(f"Loader.{self._name} is read-only: a Loader's options and plan are fixed when it "
+                             "is built; build a new Loader to change them")
+
+
 class Loader:
     """Deterministic parallel Parquet loader. Iterating yields ``dict[str, ndarray | Ragged]``.
 
@@ -181,6 +209,28 @@ class Loader:
     docs/loader.md has the full table of options.
     """
 
+    # Fixed when the loader is built (see _Fixed); read-only views where the value is mutable.
+    workers: _Fixed[int] = _Fixed()
+    pool_kind: _Fixed[PoolKind] = _Fixed()
+    prefetch: _Fixed[int] = _Fixed()
+    stall_timeout: _Fixed[float | None] = _Fixed()
+    rank: _Fixed[int] = _Fixed()
+    options: _Fixed[OrderOptions] = _Fixed()
+    null_fill: _Fixed[Mapping[str, Any]] = _Fixed(MappingProxyType)
+    cast: _Fixed[Mapping[str, str]] = _Fixed(MappingProxyType)
+    cache: _Fixed[CacheConfig | None] = _Fixed()
+    planned: _Fixed[planning.Planned] = _Fixed()
+    dataset: _Fixed[Dataset] = _Fixed()
+    specs: _Fixed[tuple[ColumnSpec, ...]] = _Fixed(tuple)
+    filter: _Fixed[Filter | None] = _Fixed()
+    group_by: _Fixed[str | None] = _Fixed()
+    group_columns: _Fixed[tuple[str, ...]] = _Fixed()
+    max_group_items: _Fixed[int | None] = _Fixed()
+    transform: _Fixed[Transform | None] = _Fixed()
+    order: _Fixed[Mapping[str, Any]] = _Fixed(MappingProxyType)
+    fingerprint: _Fixed[str] = _Fixed()
+    ahead_used: _Fixed[int] = _Fixed()
+
     def __init__(
         self,
         source: Any,
@@ -209,34 +259,34 @@ class Loader:
         #: Test and benchmark hooks (never set in production): those in force when built.
         self._hooks: Hooks = _hooks.current()
         _register_with_torch()  # in case torch.utils.data was loaded past the finder (a cheap check)
-        self.workers = resolve_workers(workers)
+        self._workers = resolve_workers(workers)
         pool_opts, cache_opts = as_pool(pool), as_cache(cache)
         dist, storage_opts = as_distributed(distributed), as_storage(storage)
-        self.pool_kind: PoolKind = pool_opts.kind
+        self._pool_kind: PoolKind = pool_opts.kind
         self._memory_map = storage_opts.memory_map
-        self.prefetch = pool_opts.prefetch
-        self.stall_timeout = pool_opts.stall_timeout
+        self._prefetch = pool_opts.prefetch
+        self._stall_timeout = pool_opts.stall_timeout
         trace = pool_opts.trace
         _check_source(source)
         manifest_path = check_path("manifest", manifest) if manifest is not None else None
         if dist is not None:
-            self.rank, world = dist.rank, dist.world_size
+            self._rank, world = dist.rank, dist.world_size
         else:  # from torch.distributed, else $RANK and $WORLD_SIZE, else (0, 1)
-            self.rank, world = _distributed_defaults(None, None)
+            self._rank, world = _distributed_defaults(None, None)
         if partitions is None:
             partitions = world
-        self.options = OrderOptions(
+        self._options = OrderOptions(
             seed=seed, batch_size=batch_size, shuffle=shuffle, shuffle_window=shuffle_window,
             drop_last=drop_last, partitions=partitions, world_size=world,
         )
-        self.rank = check_int("rank", self.rank, 0, below=world)
+        self._rank = check_int("rank", self.rank, 0, below=world)
         if null_fill is not None and not isinstance(null_fill, Mapping):
             raise OptionError(f"null_fill must be a dict {{column: value}}, got {null_fill!r}")
-        self.null_fill = dict(null_fill or {})
+        self._null_fill = dict(null_fill or {})
         if cast is not None and not isinstance(cast, Mapping):
             raise OptionError(f"cast must be a dict {{column: dtype}}, got {cast!r}")
         #: Each cast column's dtype in one spelling ("f4" -> "float32"), as `order` records it.
-        self.cast: dict[str, str] = {str(k): normalize_cast(str(k), v) for k, v in (cast or {}).items()}
+        self._cast: dict[str, str] = {str(k): normalize_cast(str(k), v) for k, v in (cast or {}).items()}
         # A filter's planning reads the footers discovery read: kept until then, not longer.
         footers: list[Any] | None = [] if filter is not None else None
         dataset = discover(source, filesystem=storage_opts.filesystem,
@@ -248,42 +298,42 @@ class Loader:
                 f"(no .parquet/.parq/.pq suffix, no Parquet magic), e.g. {dataset.skipped[0]}. "
                 "`detload inspect` lists them; move them out of the dataset folder to silence this."),
                 stacklevel=2)
-        specs = planning.column_specs(dataset, columns, self.null_fill, self.cast)
+        specs = planning.column_specs(dataset, columns, self._null_fill, self._cast)
         files = planning.file_refs(dataset)
         # Cache state never enters `order`: cold, warm and uncached runs yield the same bytes.
-        self.cache = (open_cache(cache_opts.dir, cache_opts.limit, [f.cache_key for f in files],
+        self._cache = (open_cache(cache_opts.dir, cache_opts.limit, [f.cache_key for f in files],
                                  cache_map_limit=cache_opts.map_limit, fail_after_bytes=self._hooks.cache_fail_after_bytes)
                       if cache_opts is not None else None)
         xf = _transform_option(transform)
         if xf is not None and self.pool_kind == "process":
             check_for_processes(xf)  # before planning runs it: what worker processes could not receive
         #: Everything planning decided (planning.Planned): this loader runs it.
-        self.planned = p = planning.plan(
-            dataset, files, specs, self.options, null_fill=self.null_fill, cast=self.cast, filter=filter,
+        self._planned = p = planning.plan(
+            dataset, files, specs, self._options, null_fill=self._null_fill, cast=self._cast, filter=filter,
             group_by=group_by, group_columns=group_columns, max_group_items=max_group_items, transform=xf,
             cache=self.cache, footers=footers)
-        self.dataset: Dataset = p.dataset
-        self.specs: list[ColumnSpec] = list(p.specs)
-        self.options = p.options
+        self._dataset: Dataset = p.dataset
+        self._specs: list[ColumnSpec] = list(p.specs)
+        self._options = p.options
         self._units = p.units
         self._unit_files, self._unit_rgs, self._unit_rows = self.dataset.units()
         self._files = p.files
         self._cache_keys = [f.cache_key for f in p.files]
         self._uris = [f.uri for f in p.files]
         #: The parsed filter (None: every row), and what planning did with it.
-        self.filter: Filter | None = p.filter
+        self._filter: Filter | None = p.filter
         self._selections = p.selections
         self._filter_stats = p.filter_stats
         #: group_by: the key, the group columns (the key among them) and max_group_items.
-        self.group_by: str | None = p.group_by
-        self.group_columns: tuple[str, ...] = p.group_columns
-        self.max_group_items: int | None = p.max_group_items
+        self._group_by: str | None = p.group_by
+        self._group_columns: tuple[str, ...] = p.group_columns
+        self._max_group_items: int | None = p.max_group_items
         self._group_stats = p.group_stats
         #: The transform (None: the columns as read), and what planning made of it.
-        self.transform = p.transform
+        self._transform = p.transform
         self._xform = p.xform
-        self.order = dict(p.order)
-        self.fingerprint = p.fingerprint
+        self._order = dict(p.order)
+        self._fingerprint = p.fingerprint
         self._block_memory: int | None = pool_opts.block_memory_bytes
         # Estimated now, with discovery: a variable-length column's estimate reads a footer,
         # and once iteration starts a warm run must fetch nothing but the rows it needs.
@@ -305,7 +355,7 @@ class Loader:
         self._run: Run | None = None
         self._ahead: _Ahead | None = None
         self._last_epoch: int | None = None  # epoch of the previous pass
-        self.ahead_used = 0  # passes that found their first blocks built ahead (tests, stats)
+        self._ahead_used = 0  # passes that found their first blocks built ahead (tests, stats)
         self._lock = threading.Lock()
         self._manifest_path = _manifest_file(manifest_path, self.rank) if manifest_path is not None else None
         if self._manifest_path is not None:
@@ -347,7 +397,7 @@ class Loader:
             specs = tuple(s for s in self.specs if s.name not in self.group_columns)
         # Maps only where a fault kills a worker process, not the consumer (see Storage.memory_map).
         mapping = self._memory_map if self._memory_map != "auto" or kind == "process" else False
-        return WorkerConfig(self._files, self.dataset.filesystem, specs, self.null_fill, kind,
+        return WorkerConfig(self._files, self.dataset.filesystem, specs, self._null_fill, kind,
                             prefix, hooks=self._hooks.debug,
                             cache=self.cache, selections=self._selections, group_by=self.group_by,
                             group_columns=self.group_columns, transform=self._xform, group_specs=group_specs,
@@ -444,7 +494,7 @@ class Loader:
             "format": MANIFEST_FORMAT,
             "version": MANIFEST_VERSION,
             "detload_version": __version__,
-            "order": self.order,
+            "order": self._order,
             "fingerprint": self.fingerprint,
             "plan_format": PLAN_FORMAT_VERSION,
             "batch_size": self.options.batch_size,
@@ -521,7 +571,7 @@ class Loader:
                     and not pool.passes.is_stale(ahead.gen)):  # not cancelled by a break
                 # Workers already have (or are building) this pass's first blocks.
                 self._gen, counts = ahead.gen, ahead.counts
-                self.ahead_used += 1
+                self._ahead_used += 1
             else:
                 # Newer than any number handed out, so blocks built ahead for a pass
                 # that did not come are stale and freed.

@@ -155,3 +155,27 @@ def test_the_group_keywords_take_their_shorthands(tmp_path):
                         ({"storage": 1}, "storage must be a detload.Storage")]:
         with pytest.raises(OptionError, match=message):
             Loader(data, batch_size=100, seed=1, **kw)
+
+
+def test_what_a_loader_was_built_with_is_read_only(tmp_path):
+    """Options and what planning decided are fixed when the loader is built: setting one raises
+    (the plan, the workers and the manifest header were made from it), and mutable values are
+    read-only views, so a caller cannot change them in place either."""
+    from detload._demo import write_demo_dataset
+
+    data = write_demo_dataset(str(tmp_path / "d"), rows=2_000, files=2)
+    with Loader(data, batch_size=100, seed=1, null_fill={"price": 0.0}, pool=Pool(prefetch=3)) as ld:
+        fixed = [name for name, value in vars(Loader).items() if type(value).__name__ == "_Fixed"]
+        assert {"workers", "prefetch", "options", "order", "fingerprint", "specs", "null_fill", "cache"} <= set(fixed)
+        for name in fixed:
+            before = getattr(ld, name)
+            with pytest.raises(AttributeError, match=rf"^Loader\.{name} is read-only: .*build a new Loader"):
+                setattr(ld, name, before)
+        assert ld.prefetch == 3 and ld.options.batch_size == 100 and ld.null_fill == {"price": 0.0}
+        with pytest.raises(TypeError):
+            ld.order["seed"] = 2  # type: ignore[index]
+        with pytest.raises(TypeError):
+            ld.null_fill["price"] = 1.0  # type: ignore[index]
+        with pytest.raises(AttributeError):
+            ld.specs.append(ld.specs[0])  # type: ignore[attr-defined]
+        assert sum(len(b["id"]) for b in ld) == 2_000
