@@ -10,21 +10,18 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 # Where each public name lives. `from detload import Loader` imports detload.loader then.
+# The loader and its option groups, the plan, transforms, the audit and every exception and
+# warning (all defined in errors.py); the layout tool is the submodule detload.layout.
 _EXPORTS = {
-    "BlockMemoryWarning": "loader",
+    "BlockMemoryWarning": "errors",
     "Cache": "options",
-    "CacheWarning": "_cache",
+    "CacheWarning": "errors",
     "ColumnSpec": "_types",
     "DataError": "errors",
     "DatasetError": "errors",
     "DetloadError": "errors",
-    "Digest": "_layout.digest",
-    "DigestMismatchError": "_layout.rewrite",
     "Distributed": "options",
     "EmptyDatasetError": "errors",
-    "LayoutCheck": "_layout.check",
-    "LayoutError": "_layout.rewrite",
-    "LayoutReport": "_layout.rewrite",
     "Loader": "loader",
     "ManifestError": "errors",
     "OptionError": "errors",
@@ -35,24 +32,18 @@ _EXPORTS = {
     "Ragged": "_types",
     "SchemaMismatchError": "errors",
     "SharedMemoryError": "errors",
-    "SkippedFilesWarning": "_discovery",
+    "SkippedFilesWarning": "errors",
     "SourceError": "errors",
-    "StageStats": "stats",
-    "StarvationReport": "starvation",
     "StateError": "errors",
     "Stats": "stats",
     "Storage": "options",
     "Transform": "transform",
     "TransformContext": "transform",
-    "UnfinishedLayoutWarning": "_discovery",
     "UnitList": "plan",
     "UnsupportedTypeError": "errors",
     "WorkerError": "errors",
     "WorkerStalledError": "errors",
-    "check_layout": "_layout.check",
-    "digest": "_layout.digest",
     "hash_batch": "audit",
-    "layout": "_layout.rewrite",
     "make_plan": "planning.order",
     "read_manifest": "audit",
     "starvation_check": "starvation",
@@ -66,13 +57,8 @@ __all__ = [
     "DataError",
     "DatasetError",
     "DetloadError",
-    "Digest",
-    "DigestMismatchError",
     "Distributed",
     "EmptyDatasetError",
-    "LayoutCheck",
-    "LayoutError",
-    "LayoutReport",
     "Loader",
     "ManifestError",
     "OptionError",
@@ -85,23 +71,17 @@ __all__ = [
     "SharedMemoryError",
     "SkippedFilesWarning",
     "SourceError",
-    "StageStats",
-    "StarvationReport",
     "StateError",
     "Stats",
     "Storage",
     "Transform",
     "TransformContext",
-    "UnfinishedLayoutWarning",
     "UnitList",
     "UnsupportedTypeError",
     "WorkerError",
     "WorkerStalledError",
     "__version__",
-    "check_layout",
-    "digest",
     "hash_batch",
-    "layout",
     "make_plan",
     "read_manifest",
     "starvation_check",
@@ -109,14 +89,13 @@ __all__ = [
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
-    from ._cache import CacheWarning
-    from ._discovery import SkippedFilesWarning, UnfinishedLayoutWarning
-    from ._layout.check import LayoutCheck, check_layout
-    from ._layout.digest import Digest, digest
-    from ._layout.rewrite import DigestMismatchError, LayoutError, LayoutReport, layout
+    from . import errors as errors
+    from . import layout as layout
     from ._types import ColumnSpec, Ragged
     from .audit import hash_batch, read_manifest
     from .errors import (
+        BlockMemoryWarning,
+        CacheWarning,
         DataError,
         DatasetError,
         DetloadError,
@@ -125,32 +104,39 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         OptionError,
         SchemaMismatchError,
         SharedMemoryError,
+        SkippedFilesWarning,
         SourceError,
         StateError,
         UnsupportedTypeError,
         WorkerError,
         WorkerStalledError,
     )
-    from .loader import BlockMemoryWarning, Loader
+    from .loader import Loader
     from .options import Cache, Distributed, Pool, Storage
     from .packed import Packed
     from .plan import OrderOptions, Plan, UnitList
     from .planning.order import make_plan
-    from .starvation import StarvationReport, starvation_check
-    from .stats import StageStats, Stats
+    from .starvation import starvation_check
+    from .stats import Stats
     from .transform import Transform, TransformContext
+
+#: Public submodules reached as attributes (``detload.layout.rewrite(...)``), imported on first use.
+#: ``detload.torch`` (the PyTorch adapter) is imported by name only: ``import detload.torch``.
+_SUBMODULES = frozenset({"errors", "layout"})
 
 
 def __getattr__(name: str) -> object:
+    import importlib
+
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")  # the import sets the attribute
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'detload' has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value  # later lookups do not come here again
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__all__) | _SUBMODULES)

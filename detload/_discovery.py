@@ -28,7 +28,15 @@ import xxhash
 from ._check import check_no_nul
 from ._storage import describe_attempts, display_uri, object_uri, path_on, s3_from_uri
 from ._types import INT96_UNIT, ColumnSpec, column_spec
-from .errors import DatasetError, EmptyDatasetError, OptionError, SchemaMismatchError, SourceError
+from .errors import (
+    DatasetError,
+    EmptyDatasetError,
+    OptionError,
+    SchemaMismatchError,
+    SkippedFilesWarning,
+    SourceError,
+    UnfinishedLayoutWarning,
+)
 
 __all__ = ["Dataset", "FileInfo", "SkippedFilesWarning", "UNFINISHED_LAYOUT", "UnfinishedLayoutWarning", "discover",
            "Source"]
@@ -42,13 +50,8 @@ _INT_RE = re.compile(r"^-?[0-9]+$")
 UNFINISHED_LAYOUT = "_detload_layout_unfinished.json"
 
 
-class SkippedFilesWarning(UserWarning):
-    """A dataset folder holds files that are neither Parquet nor a known side file; they were skipped."""
 
 
-class UnfinishedLayoutWarning(UserWarning):
-    """A folder being read holds the marker of a `detload layout` run that never finished: its files
-    may be incomplete and were never checked against their source."""
 
 
 def describe_skipped(skipped: Sequence[str]) -> str:

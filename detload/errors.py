@@ -14,7 +14,17 @@ Hierarchy (every class also derives from the built-in a caller would expect)::
     ├── SharedMemoryError(DetloadError, OSError)     /dev/shm too small for a block
     ├── SourceError(DetloadError, OSError)           storage failed to list or read at planning
     ├── StateError(DetloadError, ValueError)         a resume state that does not fit this loader
-    └── ManifestError(DetloadError, ValueError)      an unreadable or inconsistent manifest
+    ├── ManifestError(DetloadError, ValueError)      an unreadable or inconsistent manifest
+    ├── LayoutError(DetloadError, RuntimeError)      `detload layout` could not finish (DST not created)
+    └── DigestMismatchError(…, RuntimeError)         a layout's output digest differs from its source's
+
+Warnings (loading goes on; each names what to change to silence it)::
+
+    UserWarning
+    ├── BlockMemoryWarning       the largest block is over the block memory budget
+    ├── CacheWarning             the cache could not be used as asked (corrupt entry, disk full)
+    ├── SkippedFilesWarning      a dataset folder holds files that are not Parquet
+    └── UnfinishedLayoutWarning  a folder holds the marker of a `detload layout` run that never finished
 
 A path that does not exist raises the built-in ``FileNotFoundError``.
 Messages say what failed and what to change.
@@ -22,17 +32,25 @@ Messages say what failed and what to change.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
+    "BlockMemoryWarning",
+    "CacheWarning",
     "DataError",
     "DatasetError",
     "DetloadError",
+    "DigestMismatchError",
     "EmptyDatasetError",
+    "LayoutError",
     "ManifestError",
     "OptionError",
     "SchemaMismatchError",
     "SharedMemoryError",
+    "SkippedFilesWarning",
     "SourceError",
     "StateError",
+    "UnfinishedLayoutWarning",
     "UnsupportedTypeError",
     "WorkerError",
     "WorkerStalledError",
@@ -107,3 +125,36 @@ class StateError(DetloadError, ValueError):
 
 class ManifestError(DetloadError, ValueError):
     """A manifest that cannot be read, or that disagrees with the run writing to it."""
+
+
+class LayoutError(DetloadError, RuntimeError):
+    """A layout could not finish: DuckDB ran out of memory, a disk filled up, or another run is
+    writing the same DST. The message names the option or the path; DST was not created."""
+
+
+class DigestMismatchError(DetloadError, RuntimeError):
+    """The digest of a layout's output differs from its source's: rows were lost or changed.
+
+    ``report`` is the `detload.layout.LayoutReport`, with both digests.
+    """
+
+    def __init__(self, message: str, *, report: Any) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+class BlockMemoryWarning(UserWarning):
+    """The plan's largest block would hold more than the block memory budget (``block_memory``)."""
+
+
+class CacheWarning(UserWarning):
+    """The cache could not be used as asked (corrupt entry, disk full); loading went on."""
+
+
+class SkippedFilesWarning(UserWarning):
+    """A dataset folder holds files that are neither Parquet nor a known side file; they were skipped."""
+
+
+class UnfinishedLayoutWarning(UserWarning):
+    """A folder being read holds the marker of a `detload layout` run that never finished: its files
+    may be incomplete and were never checked against their source."""

@@ -38,7 +38,7 @@ from ._storage import display_uri
 from ._trace import CONSUMER, StatsMark, Tracer
 from ._types import INT96_UNIT, Column, ColumnSpec, normalize_cast
 from .audit import MANIFEST_FORMAT, MANIFEST_VERSION, ManifestWriter
-from .errors import DataError, DetloadError, OptionError, StateError
+from .errors import BlockMemoryWarning, DataError, DetloadError, OptionError, StateError
 from .options import Cache, Distributed, Pool, PoolKind, Storage, as_cache, as_distributed, as_pool, as_storage
 from .plan import PLAN_FORMAT_VERSION, OrderOptions, Plan
 from .planning.order import block_memory_warning
@@ -52,8 +52,6 @@ if TYPE_CHECKING:  # imported when a filter is given: pyarrow.compute and .datas
 __all__ = ["STATE_FORMAT_VERSION", "BlockMemoryWarning", "Loader", "compare_ranks", "resolve_workers"]
 
 
-class BlockMemoryWarning(UserWarning):
-    """The plan's largest block would hold more than the block memory budget (``block_memory``)."""
 
 
 STATE_FORMAT_VERSION = 1

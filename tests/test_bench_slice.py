@@ -164,8 +164,8 @@ def test_summarize_keeps_each_cold_run_and_the_warm_median():
 
 def test_layout_is_reported_missing_and_a_present_one_is_used_once(tmp_path, table_dir, monkeypatch):
     dst = tmp_path / "sorted"
-    if not hasattr(detload, "layout"):
-        assert bs.layout(table_dir, dst) == {"unavailable": "detload.layout not available in this build"}
+    import detload.layout
+
     calls = []
 
     def fake_layout(src, out, *, sort_by):
@@ -174,7 +174,7 @@ def test_layout_is_reported_missing_and_a_present_one_is_used_once(tmp_path, tab
         pq.write_table(pq.read_table(src).sort_by([(k, "ascending") for k in sort_by]), Path(out) / "part-0.parquet")
         return "report"
 
-    monkeypatch.setattr(detload, "layout", fake_layout, raising=False)
+    monkeypatch.setattr(detload.layout, "rewrite", fake_layout)
     first = bs.layout(table_dir, dst)
     assert first["reused"] is False and first["report"] == "report" and calls == [["segment", "day"]]
     assert bs.layout(table_dir, dst)["reused"] is True and len(calls) == 1
@@ -182,7 +182,7 @@ def test_layout_is_reported_missing_and_a_present_one_is_used_once(tmp_path, tab
     def bad_layout(src, out, **kwargs):
         raise TypeError("layout() got an unexpected keyword argument 'sort_by'")
 
-    monkeypatch.setattr(detload, "layout", bad_layout)
+    monkeypatch.setattr(detload.layout, "rewrite", bad_layout)
     assert "failed: TypeError: layout() got an unexpected keyword argument 'sort_by'" in bs.layout(table_dir, tmp_path / "d2")["unavailable"]
 
 

@@ -20,15 +20,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The public API, as it stands: a change here is a change of the API, made on purpose.
 PUBLIC = [
-    "BlockMemoryWarning", "Cache", "CacheWarning", "ColumnSpec", "DataError", "DatasetError", "DetloadError", "Digest",
-    "DigestMismatchError", "Distributed", "EmptyDatasetError", "LayoutCheck", "LayoutError", "LayoutReport", "Loader",
-    "ManifestError", "OptionError", "OrderOptions", "Packed", "Plan", "Pool", "Ragged", "SchemaMismatchError",
-    "SharedMemoryError", "SkippedFilesWarning", "SourceError", "StageStats", "StarvationReport", "StateError",
-    "Stats", "Storage", "Transform", "TransformContext", "UnfinishedLayoutWarning", "UnitList", "UnsupportedTypeError",
-    "WorkerError",
-    "WorkerStalledError", "__version__", "check_layout", "digest", "hash_batch", "layout", "make_plan",
-    "read_manifest", "starvation_check",
+    "BlockMemoryWarning", "Cache", "CacheWarning", "ColumnSpec", "DataError", "DatasetError", "DetloadError",
+    "Distributed", "EmptyDatasetError", "Loader", "ManifestError", "OptionError", "OrderOptions", "Packed", "Plan",
+    "Pool", "Ragged", "SchemaMismatchError", "SharedMemoryError", "SkippedFilesWarning", "SourceError", "StateError",
+    "Stats", "Storage", "Transform", "TransformContext", "UnitList", "UnsupportedTypeError", "WorkerError",
+    "WorkerStalledError", "__version__", "hash_batch", "make_plan", "read_manifest", "starvation_check",
 ]
+#: The layout tool is a submodule of its own, and every exception and warning is defined in errors.py.
+LAYOUT = ["Digest", "DigestMismatchError", "LayoutCheck", "LayoutError", "LayoutReport", "UnfinishedLayoutWarning",
+          "check", "digest", "rewrite"]
 
 
 def _python(code: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -55,6 +55,30 @@ def test_names_come_from_their_modules():
 
     assert detload.Loader is Loader and detload.OptionError is OptionError
     assert detload.SkippedFilesWarning.__mro__[1] is UserWarning
+
+
+def test_every_exception_and_warning_is_defined_in_errors():
+    import detload.errors
+    import detload.layout
+
+    assert detload.layout.__all__ == LAYOUT
+    for module in (detload, detload.layout):
+        for name in module.__all__:
+            value = getattr(module, name)
+            if isinstance(value, type) and issubclass(value, (Exception, Warning)):
+                assert value.__module__ == "detload.errors", name
+                assert getattr(detload.errors, name) is value
+    defined = [n for n, v in vars(detload.errors).items() if isinstance(v, type) and issubclass(v, (Exception, Warning))
+               and v.__module__ == "detload.errors"]
+    assert sorted(defined) == detload.errors.__all__
+
+
+def test_the_layout_tool_is_a_submodule_reached_as_an_attribute():
+    code = "import detload; print(detload.layout.rewrite.__name__, detload.layout.check.__name__)"
+    out = _python(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["layout", "check_layout"]
+    assert "layout" in dir(detload) and "layout" not in detload.__all__
 
 
 def test_import_detload_is_light():

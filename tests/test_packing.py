@@ -496,7 +496,7 @@ def test_layout_group_by_makes_an_interleaved_table_loadable(tmp_path):
     with pytest.raises(DatasetError, match=r"is not contiguous in a.parquet.*detload layout SRC DST --group-by q"):
         Loader(str(src), batch_size=64, seed=0, group_by="q")
     dst = tmp_path / "dst"
-    detload.layout(str(src), str(dst), group_by="q", row_group_rows=64, files=2)
+    detload.layout.rewrite(str(src), str(dst), group_by="q", row_group_rows=64, files=2)
     with Loader(str(dst), batch_size=64, seed=0, group_by="q", group_columns=["qf"]) as loader:
         items = []
         for b in loader:

@@ -12,14 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._check import check_no_nul
-from ..errors import OptionError
+from ..errors import CacheWarning, OptionError
 from .format import CACHE_FORMAT
 from .sizes import memory_available, parse_size
 from .store import _evict_replaced, _prepare, _safe_host, _Store
-
-
-class CacheWarning(UserWarning):
-    """The cache could not be used as asked (corrupt entry, disk full); loading went on."""
 
 
 @dataclass(frozen=True)

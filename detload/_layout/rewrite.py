@@ -36,7 +36,15 @@ import pyarrow.parquet as pq
 from .._cache.sizes import parse_size
 from .._check import check_int
 from .._discovery import UNFINISHED_LAYOUT, UnfinishedLayoutWarning
-from ..errors import DatasetError, DetloadError, EmptyDatasetError, OptionError, SchemaMismatchError
+from ..errors import (
+    DatasetError,
+    DetloadError,
+    DigestMismatchError,
+    EmptyDatasetError,
+    LayoutError,
+    OptionError,
+    SchemaMismatchError,
+)
 from .digest import Digest, column_seed, digest, hash_values
 
 __all__ = ["DigestMismatchError", "LayoutError", "LayoutReport", "REPORT_NAME", "layout"]
@@ -58,20 +66,8 @@ _BATCH = 65_536
 _INSTALL_HINT = "detload layout needs DuckDB: pip install 'detload[layout]'"
 
 
-class LayoutError(DetloadError, RuntimeError):
-    """A layout could not finish: DuckDB ran out of memory, a disk filled up, or another run is
-    writing the same DST. The message names the option or the path; DST was not created."""
 
 
-class DigestMismatchError(DetloadError, RuntimeError):
-    """The digest of a layout's output differs from its source's: rows were lost or changed.
-
-    ``report`` is the LayoutReport, with both digests.
-    """
-
-    def __init__(self, message: str, *, report: LayoutReport) -> None:
-        super().__init__(message)
-        self.report = report
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Slice reads: one segment (1 %), ten segments (10 %) and a segment x month of a 26-column table, read four ways.
 
 (a) detload with ``filter=`` on the unsorted table; (b) detload with ``filter=`` after
-``detload.layout(..., sort_by=["segment", "day"])``; (c) ``pyarrow.parquet.read_table`` with
+``detload.layout.rewrite(..., sort_by=["segment", "day"])``; (c) ``pyarrow.parquet.read_table`` with
 threads on the same cores, then a NumPy mask; (d) Petastorm with ``filters=`` and with a
 vectorised ``predicate`` (its own venv, see make_petastorm_env.sh). Also (a0): detload as it
 is without ``filter=``, reading everything and masking each batch. Each run is a fresh process.
@@ -210,9 +210,11 @@ def layout(src: Path, dst: Path) -> dict[str, Any]:
     done = dst.with_name(dst.name + ".done.json")
     if done.is_file() and dst.is_dir():
         return {**json.loads(done.read_text()), "reused": True}
-    import detload
-
-    fn = getattr(detload, "layout", None)
+    try:
+        import detload.layout
+    except ImportError:
+        return {"unavailable": "detload.layout not available in this build"}
+    fn = getattr(detload.layout, "rewrite", None)
     if fn is None:
         return {"unavailable": "detload.layout not available in this build"}
     if dst.exists():
@@ -221,7 +223,7 @@ def layout(src: Path, dst: Path) -> dict[str, Any]:
     try:
         report = fn(str(src), str(dst), sort_by=LAYOUT_SORT_BY)
     except Exception as e:  # a signature or behaviour this script does not know yet: say so, go on
-        return {"unavailable": f"detload.layout(src, dst, sort_by={LAYOUT_SORT_BY}) failed: {type(e).__name__}: {e}"}
+        return {"unavailable": f"detload.layout.rewrite(src, dst, sort_by={LAYOUT_SORT_BY}) failed: {type(e).__name__}: {e}"}
     out = {"layout_s": time.perf_counter() - t0, "report": str(report)[:2000]}
     done.write_text(json.dumps(out))
     return {**out, "reused": False}

@@ -2,7 +2,7 @@
 
 Generates (once) a table of --rows rows and 20 columns: 8 integer, 6 float, 4 string, 1 bool and one
 variable-length list column, written as one Parquet file with 1Mi-row row groups, then times
-`pyarrow.parquet.read_table` (threads on), `detload.digest` of the file, and the hashing alone
+`pyarrow.parquet.read_table` (threads on), `detload.layout.digest` of the file, and the hashing alone
 (the digest of the table already in memory, one thread). The strings are drawn from 5,000 words
 (Parquet stores them dictionary-encoded), or with --unique-strings are distinct in every row (plain
 pages). Prints wall and CPU seconds (medians over --runs) and the ratio digest/read.
