@@ -44,6 +44,55 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action) or text
 
 
+class _Sections:
+    """A command's options in titled sections of its help (order, selection, workers, cache, run),
+    made on first use in the order first asked for; `rare` keeps an option out of the short help
+    (``--help``) while ``--help-all`` shows it, so the short help lists what most runs set."""
+
+    TITLES = {
+        "order": "what decides the batches (recorded in the manifest; change one and the batches change)",
+        "select": "which rows and columns, and how they are typed (also decide the batches)",
+        "dist": "distributed runs",
+        "workers": "workers (never change the batches)",
+        "cache": "row-group cache (never changes the batches)",
+        "run": "the run and its output",
+    }
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.parser = parser
+        self._made: dict[str, Any] = {}
+        parser.add_argument("--help-all", action=_HelpAll)
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._made:
+            self._made[key] = self.parser.add_argument_group(self.TITLES[key])
+        return self._made[key]
+
+
+def rare(action: argparse.Action) -> argparse.Action:
+    """Hide a rarely used option from the short help; ``--help-all`` shows it (with its text)."""
+    action.full_help = action.help  # type: ignore[attr-defined]
+    action.help = argparse.SUPPRESS
+    return action
+
+
+class _HelpAll(argparse.Action):
+    """``--help-all``: the help with every option, the rarely used ones too."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="show every option, the rarely used ones too, and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        for action in parser._actions:
+            full = getattr(action, "full_help", None)
+            if full is not None:
+                action.help = full
+        parser.print_help()
+        parser.exit()
+
+
 def _positive(name: str) -> Any:
     def parse(s: str) -> int:
         try:
@@ -81,18 +130,18 @@ def _fill(s: str) -> tuple[str, Any]:
     return name, value
 
 
-def _add_null_fill(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--null-fill", type=_fill, action="append", default=[], metavar="COLUMN=VALUE",
-                   help="replace nulls of COLUMN with VALUE (read as JSON when it parses, else text: "
-                        "id=-1, score=0.5, name=, code='\"7\"'); repeat for more columns (default: none, "
-                        "a null in an integer column is an error)")
+def _add_null_fill(p: Any) -> argparse.Action:
+    return p.add_argument("--null-fill", type=_fill, action="append", default=[], metavar="COLUMN=VALUE",
+                          help="replace nulls of COLUMN with VALUE (read as JSON when it parses, else text: "
+                               "id=-1, score=0.5, name=, code='\"7\"'); repeat for more columns (default: none, "
+                               "a null in an integer column is an error)")
 
 
 def _columns(s: str) -> list[str]:
     return [c for c in s.split(",") if c]
 
 
-def _add_quiet(p: argparse.ArgumentParser) -> None:
+def _add_quiet(p: Any) -> None:
     p.add_argument("--quiet", action="store_true",
                    help="no progress display (shown on stderr only when it is a terminal)")
 
@@ -105,48 +154,52 @@ def _cast(s: str) -> tuple[str, str]:
     return name, dtype
 
 
-def _add_cast(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cast", type=_cast, action="append", default=[], metavar="COLUMN=DTYPE",
-                   help="deliver COLUMN as DTYPE, checked value by value: float64 or float32 for a decimal, "
-                        "int64-scaled for a decimal's unscaled integer, datetime64[ns|us|ms|s] for a timestamp, "
-                        "a narrower integer or float type (int32, float32); repeat for more columns "
-                        "(default: none; see docs/types.md)")
+def _add_cast(p: Any) -> argparse.Action:
+    return p.add_argument("--cast", type=_cast, action="append", default=[], metavar="COLUMN=DTYPE",
+                          help="deliver COLUMN as DTYPE, checked value by value: float64 or float32 for a decimal, "
+                               "int64-scaled for a decimal's unscaled integer, datetime64[ns|us|ms|s] for a "
+                               "timestamp, a narrower integer or float type (int32, float32); repeat for more "
+                               "columns (default: none; see docs/types.md)")
 
 
-def _common_loader_args(p: argparse.ArgumentParser, *, need_seed: bool = True) -> None:
+def _common_loader_args(p: argparse.ArgumentParser, s: _Sections, *, need_seed: bool = True) -> None:
     p.add_argument("source", help="a Parquet file, directory, glob or URI (s3://bucket/prefix)")
-    p.add_argument("--batch-size", type=int, required=True, help="rows per batch (per rank)")
-    p.add_argument("--seed", type=int, required=need_seed, help="the seed that fixes the order")
-    p.add_argument("--columns", type=_columns, metavar="A,B,...",
-                   help="comma-separated columns (default: all, in schema order)")
-    p.add_argument("--shuffle-window", type=int, default=4, help="row groups whose rows are mixed together")
-    p.add_argument("--no-shuffle", action="store_true", help="canonical order: files, then row groups, then rows")
-    p.add_argument("--drop-last", action="store_true",
-                   help="drop the ragged tail (the last incomplete batch; with partitions, the rows past the "
-                        "shortest partition's last full micro-batch)")
-    p.add_argument("--partitions", type=int, default=None, help="canonical partitions (default: the world size)")
-    p.add_argument("--rank", type=int, default=None,
-                   help="this process's rank (default: from torch.distributed, else $RANK, else 0)")
-    p.add_argument("--world-size", type=int, default=None,
-                   help="ranks in the job (default: from torch.distributed, else $WORLD_SIZE, else 1)")
-    _add_null_fill(p)
-    _add_cast(p)
+    s["order"].add_argument("--batch-size", type=int, required=True, help="rows per batch (per rank)")
+    s["order"].add_argument("--seed", type=int, required=need_seed, help="the seed that fixes the order")
+    s["order"].add_argument("--shuffle-window", type=int, default=4, help="row groups whose rows are mixed together")
+    s["order"].add_argument("--no-shuffle", action="store_true",
+                            help="canonical order: files, then row groups, then rows")
+    s["order"].add_argument("--drop-last", action="store_true",
+                            help="drop the ragged tail (the last incomplete batch; with partitions, the rows past "
+                                 "the shortest partition's last full micro-batch)")
+    s["order"].add_argument("--partitions", type=int, default=None,
+                            help="canonical partitions (default: the world size)")
+    s["select"].add_argument("--columns", type=_columns, metavar="A,B,...",
+                             help="comma-separated columns (default: all, in schema order)")
+    rare(_add_null_fill(s["select"]))
+    rare(_add_cast(s["select"]))
+    _add_filter(s["select"])
+    _add_group(s["select"])
+    s["dist"].add_argument("--rank", type=int, default=None,
+                           help="this process's rank (default: from torch.distributed, else $RANK, else 0)")
+    s["dist"].add_argument("--world-size", type=int, default=None,
+                           help="ranks in the job (default: from torch.distributed, else $WORLD_SIZE, else 1)")
 
 
-def _add_filter(p: argparse.ArgumentParser) -> None:
+def _add_filter(p: Any) -> None:
     p.add_argument("--filter", default=None, metavar="FILTER",
                    help="deliver only the rows a filter keeps: a JSON DNF ('[[\"market\", \"==\", \"US\"]]') "
                         "or filter text ('market == \"US\" and day >= 20260101'); see docs/filters.md (default: none, every row)")
 
 
-def _add_group(p: argparse.ArgumentParser) -> None:
+def _add_group(p: Any) -> None:
     p.add_argument("--group-by", default=None, metavar="KEY",
                    help="batches of whole groups of rows sharing KEY, each a detload.Packed; see docs/packing.md "
                         "(default: none, flat batches)")
-    p.add_argument("--group-columns", type=_columns, default=None, metavar="C1,C2",
-                   help="with --group-by: the columns held once per group (default: the key alone)")
-    p.add_argument("--max-group-items", type=int, default=None, metavar="N",
-                   help="with --group-by: split groups longer than N items into chunks (default: never)")
+    rare(p.add_argument("--group-columns", type=_columns, default=None, metavar="C1,C2",
+                        help="with --group-by: the columns held once per group (default: the key alone)"))
+    rare(p.add_argument("--max-group-items", type=int, default=None, metavar="N",
+                        help="with --group-by: split groups longer than N items into chunks (default: never)"))
 
 
 def _group_kwargs(a: argparse.Namespace) -> dict[str, Any]:
@@ -226,31 +279,34 @@ def _parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("run", help="iterate a dataset and write the manifest of every batch", formatter_class=fmt,
-                       description="Iterate SOURCE for --epochs epochs as a training job would, writing the manifest.")
-    _common_loader_args(p)
-    _add_filter(p)
-    _add_group(p)
-    p.add_argument("--workers", type=_workers, default=1, help="worker count or 'auto' (one per core, at most 16)")
-    p.add_argument("--pool", choices=["thread", "process"], default="thread", help="what the workers are")
-    p.add_argument("--prefetch", type=int, default=2, help="blocks queued per worker")
-    p.add_argument("--epochs", type=_positive("--epochs"), default=1,
-                   help="epochs to run, from --start-epoch on (at least 1)")
-    p.add_argument("--start-epoch", type=_epoch_number, default=0, help="the first epoch's number")
-    p.add_argument("--manifest", required=True,
-                   help="manifest file, or a directory for rank-NNNNN.jsonl files (outside the dataset folder)")
-    p.add_argument("--save-state", action="store_true",
-                   help="after every batch, write the resume state beside the manifest (m.jsonl -> m.state.json, "
-                        "rank-00000.jsonl -> rank-00000.state.json)")
-    p.add_argument("--resume", metavar="FROM",
-                   help="continue an interrupted run: FROM is a state file, or the manifest / run directory of a "
-                        "run made with --save-state (a directory resumes at the step every rank reached). Give the "
-                        "same --start-epoch/--epochs as the first run; at another world size keep --partitions and "
-                        "the global batch, and write --manifest to a new directory (default: start afresh)")
-    p.add_argument("--cache-dir", default=None,
-                   help="row-group cache directory (local SSD); see docs/remote.md (default: no cache)")
-    p.add_argument("--cache-limit", default=None, help="cache size limit, e.g. 50GB (default: no limit)")
-    p.add_argument("--cache-map-limit", default="auto", help=_MAP_HELP)
-    _add_quiet(p)
+                       description="Iterate SOURCE for --epochs epochs as a training job would, writing the manifest. "
+                                   "--help-all also shows the rarely used options.")
+    s = _Sections(p)
+    _common_loader_args(p, s)
+    s["workers"].add_argument("--workers", type=_workers, default=1,
+                              help="worker count or 'auto' (one per core, at most 16)")
+    s["workers"].add_argument("--pool", choices=["thread", "process"], default="thread", help="what the workers are")
+    rare(s["workers"].add_argument("--prefetch", type=int, default=2, help="blocks queued per worker"))
+    s["cache"].add_argument("--cache-dir", default=None,
+                            help="row-group cache directory (local SSD); see docs/remote.md (default: no cache)")
+    rare(s["cache"].add_argument("--cache-limit", default=None,
+                                 help="cache size limit, e.g. 50GB (default: no limit)"))
+    rare(s["cache"].add_argument("--cache-map-limit", default="auto", help=_MAP_HELP))
+    s["run"].add_argument("--manifest", required=True,
+                          help="manifest file, or a directory for rank-NNNNN.jsonl files (outside the dataset folder)")
+    s["run"].add_argument("--epochs", type=_positive("--epochs"), default=1,
+                          help="epochs to run, from --start-epoch on (at least 1)")
+    rare(s["run"].add_argument("--start-epoch", type=_epoch_number, default=0, help="the first epoch's number"))
+    s["run"].add_argument("--save-state", action="store_true",
+                          help="after every batch, write the resume state beside the manifest (m.jsonl -> "
+                               "m.state.json, rank-00000.jsonl -> rank-00000.state.json)")
+    s["run"].add_argument("--resume", metavar="FROM",
+                          help="continue an interrupted run: FROM is a state file, or the manifest / run directory "
+                               "of a run made with --save-state (a directory resumes at the step every rank "
+                               "reached). Give the same --start-epoch/--epochs as the first run; at another world "
+                               "size keep --partitions and the global batch, and write --manifest to a new "
+                               "directory (default: start afresh)")
+    _add_quiet(s["run"])
 
     p = sub.add_parser("verify", help="compare two manifests or run directories step by step", formatter_class=fmt,
                        description="Exit 0 when identical, 1 at the first difference or truncation, "
@@ -271,13 +327,13 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="print an epoch's plan: units, blocks and per-worker schedules",
                        formatter_class=fmt,
-                       description="Plan an epoch as a run would (same fingerprint) without starting a worker.")
-    _common_loader_args(p)
-    _add_filter(p)
-    _add_group(p)
-    p.add_argument("--epoch", type=_epoch_number, default=0, help="the epoch to plan")
-    p.add_argument("--workers", type=_workers, default=1, help="worker count or 'auto', for the schedules")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+                       description="Plan an epoch as a run would (same fingerprint) without starting a worker. "
+                                   "--help-all also shows the rarely used options.")
+    s = _Sections(p)
+    _common_loader_args(p, s)
+    s["run"].add_argument("--epoch", type=_epoch_number, default=0, help="the epoch to plan")
+    s["workers"].add_argument("--workers", type=_workers, default=1, help="worker count or 'auto', for the schedules")
+    s["run"].add_argument("--json", action="store_true", help="print the plan as JSON")
 
     p = sub.add_parser("cache", help="look at or empty a row-group cache directory", formatter_class=fmt,
                        description="Look at (info) or empty (clear) a row-group cache directory.")
@@ -304,31 +360,35 @@ def _parser() -> argparse.ArgumentParser:
                        formatter_class=fmt,
                        description="Iterate SOURCE as fast as possible (no training step), print rows/s per "
                                    "epoch and the per-stage table naming the bounding stage; optionally write "
-                                   "a Chrome trace-event file (open it in https://ui.perfetto.dev or chrome://tracing).")
+                                   "a Chrome trace-event file (open it in https://ui.perfetto.dev or chrome://tracing). "
+                                   "--help-all also shows the rarely used options.")
+    s = _Sections(p)
     p.add_argument("source", help="a Parquet file, directory, glob or URI")
-    p.add_argument("--workers", type=_workers, default="auto", help="worker count or 'auto' (one per core, at most 16)")
-    p.add_argument("--pool", choices=["thread", "process"], default="thread", help="what the workers are")
-    p.add_argument("--batch-size", type=int, default=4096, help="rows per batch")
-    p.add_argument("--epochs", type=_positive("--epochs"), default=2, help="epochs; workers persist across them")
-    p.add_argument("--shuffle-window", type=int, default=4, help="row groups whose rows are mixed together")
-    p.add_argument("--prefetch", type=int, default=2, help="blocks queued per worker")
-    p.add_argument("--columns", type=_columns, metavar="A,B,...",
-                   help="comma-separated columns (default: all, in schema order)")
-    p.add_argument("--seed", type=int, default=0, help="the seed that fixes the order")
-    _add_null_fill(p)
-    _add_cast(p)
-    _add_filter(p)
-    _add_group(p)
-    p.add_argument("--cache-dir", default=None,
-                   help="row-group cache folder: epoch 0 fills it, later epochs show warm-cache throughput "
-                        "(default: no cache)")
-    p.add_argument("--cache-limit", default=None, help="cache size limit, e.g. 50GB (default: no limit)")
-    p.add_argument("--cache-map-limit", default="auto", help=_MAP_HELP)
-    p.add_argument("--trace", metavar="PATH",
-                   help="write the Chrome trace-event JSON here; checked for writing before the run "
-                        "(default: no trace file)")
-    p.add_argument("--json", action="store_true", help="print the stats as JSON")
-    _add_quiet(p)
+    s["order"].add_argument("--batch-size", type=int, default=4096, help="rows per batch")
+    s["order"].add_argument("--shuffle-window", type=int, default=4, help="row groups whose rows are mixed together")
+    s["order"].add_argument("--seed", type=int, default=0, help="the seed that fixes the order")
+    s["select"].add_argument("--columns", type=_columns, metavar="A,B,...",
+                             help="comma-separated columns (default: all, in schema order)")
+    rare(_add_null_fill(s["select"]))
+    rare(_add_cast(s["select"]))
+    _add_filter(s["select"])
+    _add_group(s["select"])
+    s["workers"].add_argument("--workers", type=_workers, default="auto",
+                              help="worker count or 'auto' (one per core, at most 16)")
+    s["workers"].add_argument("--pool", choices=["thread", "process"], default="thread", help="what the workers are")
+    rare(s["workers"].add_argument("--prefetch", type=int, default=2, help="blocks queued per worker"))
+    s["cache"].add_argument("--cache-dir", default=None,
+                            help="row-group cache folder: epoch 0 fills it, later epochs show warm-cache throughput "
+                                 "(default: no cache)")
+    rare(s["cache"].add_argument("--cache-limit", default=None,
+                                 help="cache size limit, e.g. 50GB (default: no limit)"))
+    rare(s["cache"].add_argument("--cache-map-limit", default="auto", help=_MAP_HELP))
+    s["run"].add_argument("--epochs", type=_positive("--epochs"), default=2, help="epochs; workers persist across them")
+    s["run"].add_argument("--trace", metavar="PATH",
+                          help="write the Chrome trace-event JSON here; checked for writing before the run "
+                               "(default: no trace file)")
+    s["run"].add_argument("--json", action="store_true", help="print the stats as JSON")
+    _add_quiet(s["run"])
     _layout_cli.add_parsers(sub, fmt)  # digest, layout, check-layout
     return ap
 

@@ -8,10 +8,12 @@ matters there is what reaches the real stderr and the exit status.
 from __future__ import annotations
 
 import argparse
+import copy
 import io
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -69,9 +71,11 @@ def _walk(parser: argparse.ArgumentParser, path: str = "detload"):
 def test_every_command_and_option_has_help_with_its_default():
     seen = 0
     for path, parser, action in _walk(cli._parser()):
-        if isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+        if isinstance(action, (argparse._HelpAction, argparse._VersionAction, cli._HelpAll)):
             continue
         name = "/".join(action.option_strings) or action.dest
+        action = copy.copy(action)
+        action.help = getattr(action, "full_help", action.help)  # a rare option's text, shown by --help-all
         assert action.help, f"{path} {name} has no help text"
         seen += 1
         if not action.option_strings or action.required or isinstance(action, argparse._StoreTrueAction):
@@ -79,6 +83,27 @@ def test_every_command_and_option_has_help_with_its_default():
         text = parser._get_formatter()._expand_help(action)
         assert "default" in text, f"{path} {name}: the help does not say its default: {text!r}"
     assert seen > 60
+
+
+def test_help_groups_the_options_and_keeps_the_rare_ones_for_help_all(capsys):
+    code, short, _ = _run(["run", "--help"], capsys)
+    assert code == 0
+    for title in ("what decides the batches", "which rows and columns", "distributed runs", "workers (never change",
+                  "row-group cache", "the run and its output"):
+        assert title in short, title
+    rare = ("--null-fill", "--cast", "--prefetch", "--start-epoch", "--cache-limit", "--cache-map-limit",
+            "--group-columns", "--max-group-items")
+    def listed(text: str) -> list[str]:  # the options the help has an entry for
+        return [o for o in rare if re.search(rf"^ +{o}\b", text, flags=re.M)]
+
+    assert listed(short) == []
+    code, full, _ = _run(["run", "--help-all"], capsys)
+    assert code == 0
+    assert listed(full) == list(rare)
+    assert "replace nulls of COLUMN with VALUE" in " ".join(full.split())
+    # A rare option is still an option: hidden from the short help only.
+    assert cli._parser().parse_args(["run", "d", "--batch-size", "1", "--seed", "0", "--manifest", "m",
+                                     "--prefetch", "3"]).prefetch == 3
 
 
 def test_help_shows_the_defaults(capsys):
