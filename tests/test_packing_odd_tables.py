@@ -1,4 +1,4 @@
-"""An outside review of group_by packing, on query-item tables the other packing tests do not use.
+"""group_by packing keeps every group whole and every row once on the query-item tables real data has.
 
 The tables: skewed group sizes (1 to 2,000 items), groups running across row-group
 boundaries, row groups of 7 rows, a string key, string and list group columns (empty

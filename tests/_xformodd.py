@@ -1,4 +1,4 @@
-"""Odd datasets and transforms for the adversarial transform review (tests/test_transform_review.py):
+"""Odd datasets and transforms for the transform tests on odd datasets (tests/test_transform_odd_datasets.py):
 many small row groups, a one-row row group, an empty file, string and list columns with nulls, Hive
 partition folders and a file written by DuckDB. Module-level, so process workers can import them."""
 

@@ -1,13 +1,13 @@
-"""An outside review of `transform=` on datasets the other transform tests do not use: many small
-row groups, a one-row row group, an empty file, string and list columns with nulls, Hive folders and
-a DuckDB file (tests/_xformreview.py). Each defect the review found has a test here."""
+"""Transforms deliver the same rows at any worker count, pool and cache state on the odd datasets
+real writers produce: many small row groups, a one-row row group, an empty file, string and list
+columns with nulls, Hive folders and a DuckDB file (tests/_xformodd.py)."""
 
 from __future__ import annotations
 
 import os
 
 import _xformdata as X
-import _xformreview as R
+import _xformodd as R
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
