@@ -578,7 +578,7 @@ def _cmd_verify(a: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(a: argparse.Namespace) -> int:
-    from ._discovery import describe_skipped, discover
+    from ._discovery import describe_skipped, discover, skipped_why
     from ._types import SCALED, allowed_casts
     from .loader import _check_source
 
@@ -622,7 +622,7 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
         shown = ", ".join(f"{n:,}" for n in rg[:8]) + (", ..." if len(rg) > 8 else "")
         print(f"  {f.path}  {f.size:,} B  {sum(rg):,} rows in {len(rg)} row groups [{shown}]")
     if ds.skipped:
-        print(f"  {describe_skipped(ds.skipped)} (not Parquet):")
+        print(f"  {describe_skipped(ds.skipped)} ({skipped_why(ds.skipped)}):")
         for rel in ds.skipped:
             print(f"    {rel}")
     print("  columns:")
