@@ -435,7 +435,7 @@ def _read_footer(fs: pafs.FileSystem, location: str) -> _Footer:
             what = (f"it does not end with the Parquet magic bytes, so it is truncated (an interrupted "
                     f"write or copy?) or not a Parquet file ({detail})")
         raise DatasetError(
-            f"cannot read the Parquet footer of {location!r}: {what}. "
+            f"cannot read the Parquet footer of {display_uri(fs, location)!r}: {what}. "
             "Remove or rewrite it, or leave it out of the source."
         ) from None
 
@@ -563,7 +563,7 @@ def discover(
             raise EmptyDatasetError(f"the file {object_uri(fs, files[0].location)!r} has no rows: "
                                     "it holds no non-empty row group")
         raise EmptyDatasetError(
-            f"the dataset at {root!r} has no rows: its {len(files)} file(s) hold no non-empty row group"
+            f"the dataset at {display_uri(fs, root)!r} has no rows: its {len(files)} file(s) hold no non-empty row group"
         )
     # The fingerprint sees the types as written (INT96 as pyarrow's default timestamp[ns]),
     # so that reading INT96 at another unit changed the type mapping, not the dataset.

@@ -292,7 +292,7 @@ class Loader:
                            stall_timeout=self.stall_timeout)
         if dataset.skipped:
             warnings.warn(SkippedFilesWarning(
-                f"{describe_skipped(dataset.skipped)} in {dataset.root}: they are "
+                f"{describe_skipped(dataset.skipped)} in {display_uri(dataset.filesystem, dataset.root)}: they are "
                 f"{skipped_why(dataset.skipped, detail=True)}, e.g. {dataset.skipped[0]}. "
                 "`detload inspect` lists them; move them out of the dataset folder to silence this."),
                 stacklevel=2)
