@@ -45,6 +45,11 @@ __all__ = ["Dataset", "FileInfo", "SkippedFilesWarning", "UNFINISHED_LAYOUT", "U
 Source = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
 
 _DATA_SUFFIXES = (".parquet", ".parq", ".pq")
+#: Name endings (compared in lower case) of the copies and unfinished writes that editors, copy
+#: tools and writers leave beside data files: a ``part-0.parquet.bak`` starts with PAR1 but is
+#: not data. A listed folder or a glob skips them with SkippedFilesWarning; a file named
+#: explicitly is read whatever its name (docs/determinism.md, "Units").
+BACKUP_SUFFIXES = (".bak", ".backup", ".old", ".orig", ".tmp", ".temp", ".part", ".partial", ".swp", "~")
 _INT_RE = re.compile(r"^-?[0-9]+$")
 #: The marker `detload layout` keeps in the folder it is still writing (detload/_layout/rewrite.py).
 UNFINISHED_LAYOUT = "_detload_layout_unfinished.json"
@@ -58,10 +63,28 @@ def describe_skipped(skipped: Sequence[str]) -> str:
     """``"2 files skipped: 1 .csv, 1 .txt"``: how many, and of which kinds (by suffix)."""
     kinds: dict[str, int] = {}
     for rel in skipped:
-        suffix = posixpath.splitext(posixpath.basename(rel))[1].lower() or "without suffix"
+        name = posixpath.basename(rel)
+        suffix = "~" if name.endswith("~") else posixpath.splitext(name)[1].lower() or "without suffix"
         kinds[suffix] = kinds.get(suffix, 0) + 1
     parts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
     return f"{len(skipped)} file{'s' if len(skipped) != 1 else ''} skipped: {parts}"
+
+
+def is_backup(name: str) -> bool:
+    """Whether a file name ends in one of BACKUP_SUFFIXES."""
+    return name.lower().endswith(BACKUP_SUFFIXES)
+
+
+def skipped_why(skipped: Sequence[str], detail: bool = False) -> str:
+    """Why the files ``skipped`` were skipped: ``"not Parquet"``, ``"backup or temporary copies"`` or both."""
+    backups = sum(is_backup(posixpath.basename(rel)) for rel in skipped)
+    why = []
+    if backups < len(skipped):
+        why.append("not Parquet" + (" (no .parquet/.parq/.pq suffix, no Parquet magic)" if detail else ""))
+    if backups:
+        why.append("backup or temporary copies" + (f" (names ending in {', '.join(BACKUP_SUFFIXES)}; name such a "
+                                                    "file in the source to read it)" if detail else ""))
+    return ", or ".join(why)
 
 
 @dataclass(frozen=True)
@@ -268,6 +291,7 @@ def _list_source(source: Any, filesystem: pafs.FileSystem | None, skipped: list[
 def _list_locations(fs: pafs.FileSystem, locations: list[str], single: bool, skipped: list[str] | None = None,
                     ) -> tuple[pafs.FileSystem, str, list[tuple[str, int, int | None]]]:
     found: list[tuple[str, int, int | None]] = []
+    named_by: dict[str, int] = {}  # each file found: the item of the list that reached it first
     root: str | None = None
     unfinished: set[str] = set()  # folders that hold an unfinished layout's marker
 
@@ -275,7 +299,18 @@ def _list_locations(fs: pafs.FileSystem, locations: list[str], single: bool, ski
         mt = fi.mtime_ns if fi.mtime is not None else None
         return fi.path, int(fi.size or 0), mt
 
-    for loc in locations:
+    def add(item: int, entries: list[tuple[str, int, int | None]]) -> None:
+        # pyarrow reads a file a list names twice twice; reading it once would differ silently.
+        for entry in entries:
+            first = named_by.setdefault(entry[0], item)
+            if first != item:
+                raise OptionError(
+                    f"source[{first}] and source[{item}] both name the file {display_uri(fs, entry[0])!r}: a list "
+                    "source must reach each file once (a folder and a file in it, or two globs, count too); "
+                    "remove the duplicate")
+        found.extend(entries)
+
+    for item, loc in enumerate(locations):
         if any(ch in loc for ch in "*?["):
             base = loc
             while any(ch in base for ch in "*?["):
@@ -284,6 +319,16 @@ def _list_locations(fs: pafs.FileSystem, locations: list[str], single: bool, ski
             hits = [fi for fi in sel if fi.type == pafs.FileType.File and fnmatch.fnmatchcase(fi.path, loc)]
             if not hits:
                 raise FileNotFoundError(f"the glob {display_uri(fs, loc)!r} matches no file")
+            if not is_backup(loc):  # a glob that ends in a backup suffix asks for those copies
+                backups = [fi.path for fi in hits if is_backup(posixpath.basename(fi.path))]
+                if len(backups) == len(hits):
+                    raise DatasetError(
+                        f"the glob {display_uri(fs, loc)!r} matches only backup or temporary copies (names ending "
+                        f"in {', '.join(BACKUP_SUFFIXES)}), e.g. {display_uri(fs, min(backups))!r}; a glob skips "
+                        "them: name the files themselves to read them")
+                if skipped is not None:
+                    skipped.extend(backups)
+                hits = [fi for fi in hits if not is_backup(posixpath.basename(fi.path))]
             hit_dirs = {posixpath.dirname(fi.path) for fi in hits}
             unfinished.update(posixpath.dirname(fi.path) for fi in sel
                               if posixpath.basename(fi.path) == UNFINISHED_LAYOUT and posixpath.dirname(fi.path) in hit_dirs)
@@ -291,7 +336,7 @@ def _list_locations(fs: pafs.FileSystem, locations: list[str], single: bool, ski
                 # The folder above the first wildcard, so key=value folders the
                 # glob walks through stay partition columns.
                 root = base
-            found.extend(info_of(fi) for fi in hits)
+            add(item, [info_of(fi) for fi in hits])
             continue
         fi = fs.get_file_info(loc)
         if fi.type == pafs.FileType.NotFound:
@@ -309,6 +354,10 @@ def _list_locations(fs: pafs.FileSystem, locations: list[str], single: bool, ski
                     unfinished.add(posixpath.dirname(s.path))
                 if _hidden(rel) or s.path.endswith(".crc"):
                     continue
+                if is_backup(posixpath.basename(rel)):
+                    if skipped is not None:
+                        skipped.append(s.path)
+                    continue
                 if s.path.endswith(_DATA_SUFFIXES) or _is_parquet_magic(fs, s.path):
                     data.append(info_of(s))
                 elif skipped is not None:
@@ -316,11 +365,12 @@ def _list_locations(fs: pafs.FileSystem, locations: list[str], single: bool, ski
             if not data:
                 raise DatasetError(
                     f"no Parquet data files under {display_uri(fs, loc)!r} (looked for *.parquet, *.parq, *.pq "
-                    "and files starting with the Parquet magic; hidden and _-prefixed files are skipped)"
+                    "and files starting with the Parquet magic; hidden and _-prefixed files and backup or "
+                    "temporary copies such as *.bak, *.tmp, *~ are skipped)"
                 )
-            found.extend(data)
+            add(item, data)
         else:
-            found.append(info_of(fi))
+            add(item, [info_of(fi)])
             if isinstance(fs, pafs.LocalFileSystem) and os.path.exists(posixpath.join(posixpath.dirname(fi.path),
                                                                                        UNFINISHED_LAYOUT)):
                 unfinished.add(posixpath.dirname(fi.path))
@@ -333,9 +383,7 @@ def _list_locations(fs: pafs.FileSystem, locations: list[str], single: bool, ski
     if root is None:
         parents = [posixpath.dirname(p) for p, _, _ in found]
         root = posixpath.commonpath(parents) if parents[0].startswith("/") else _common_prefix_dir(parents)
-    # de-duplicate (a file named twice is one file)
-    uniq = {p: (p, s, m) for p, s, m in found}
-    return fs, root, list(uniq.values())
+    return fs, root, found
 
 
 def _common_prefix_dir(paths: list[str]) -> str:
@@ -387,7 +435,7 @@ def _read_footer(fs: pafs.FileSystem, location: str) -> _Footer:
             what = (f"it does not end with the Parquet magic bytes, so it is truncated (an interrupted "
                     f"write or copy?) or not a Parquet file ({detail})")
         raise DatasetError(
-            f"cannot read the Parquet footer of {location!r}: {what}. "
+            f"cannot read the Parquet footer of {display_uri(fs, location)!r}: {what}. "
             "Remove or rewrite it, or leave it out of the source."
         ) from None
 
@@ -515,7 +563,7 @@ def discover(
             raise EmptyDatasetError(f"the file {object_uri(fs, files[0].location)!r} has no rows: "
                                     "it holds no non-empty row group")
         raise EmptyDatasetError(
-            f"the dataset at {root!r} has no rows: its {len(files)} file(s) hold no non-empty row group"
+            f"the dataset at {display_uri(fs, root)!r} has no rows: its {len(files)} file(s) hold no non-empty row group"
         )
     # The fingerprint sees the types as written (INT96 as pyarrow's default timestamp[ns]),
     # so that reading INT96 at another unit changed the type mapping, not the dataset.

@@ -638,14 +638,15 @@ def _cmd_verify(a: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(a: argparse.Namespace) -> int:
-    from ._discovery import describe_skipped, discover
+    from ._discovery import describe_skipped, discover, skipped_why
+    from ._storage import display_uri
     from ._types import SCALED, allowed_casts
     from .loader import _check_source
 
     _check_source(a.source)
     ds = discover(a.source)
     info: dict[str, Any] = {
-        "root": ds.root,
+        "root": display_uri(ds.filesystem, ds.root),  # s3://bucket/prefix, as the source is written
         "fingerprint": ds.fingerprint,
         "files": [{"path": f.path, "size": f.size, "row_groups": list(f.row_groups), "rows": sum(f.row_groups)}
                   for f in ds.files],
@@ -674,7 +675,7 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps(info, indent=2))
         return 0
-    print(f"dataset {ds.root}")
+    print(f"dataset {info['root']}")
     print(f"  fingerprint {ds.fingerprint}")
     print(f"  {len(ds.files):,} files, {info['row_groups']:,} row groups, {ds.rows:,} rows")
     for f in ds.files:
@@ -682,7 +683,7 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
         shown = ", ".join(f"{n:,}" for n in rg[:8]) + (", ..." if len(rg) > 8 else "")
         print(f"  {f.path}  {f.size:,} B  {sum(rg):,} rows in {len(rg)} row groups [{shown}]")
     if ds.skipped:
-        print(f"  {describe_skipped(ds.skipped)} (not Parquet):")
+        print(f"  {describe_skipped(ds.skipped)} ({skipped_why(ds.skipped)}):")
         for rel in ds.skipped:
             print(f"    {rel}")
     print("  columns:")

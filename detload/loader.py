@@ -27,7 +27,7 @@ import numpy as np
 from . import __version__, _hooks, planning
 from ._cache import open_cache
 from ._check import check_int, check_path, check_writable_file
-from ._discovery import Dataset, SkippedFilesWarning, describe_skipped, discover
+from ._discovery import Dataset, SkippedFilesWarning, describe_skipped, discover, skipped_why
 from ._engine.config import WorkerConfig, WorkerKind
 from ._engine.memory import BufferWatch, finalize
 from ._engine.merge import END, STOPPED, Failure, Run, make_tasks
@@ -292,8 +292,8 @@ class Loader:
                            stall_timeout=self.stall_timeout)
         if dataset.skipped:
             warnings.warn(SkippedFilesWarning(
-                f"{describe_skipped(dataset.skipped)} in {dataset.root}: they are not Parquet "
-                f"(no .parquet/.parq/.pq suffix, no Parquet magic), e.g. {dataset.skipped[0]}. "
+                f"{describe_skipped(dataset.skipped)} in {display_uri(dataset.filesystem, dataset.root)}: they are "
+                f"{skipped_why(dataset.skipped, detail=True)}, e.g. {dataset.skipped[0]}. "
                 "`detload inspect` lists them; move them out of the dataset folder to silence this."),
                 stacklevel=2)
         specs = planning.column_specs(dataset, columns, self._null_fill, self._cast)

@@ -335,6 +335,20 @@ def test_inspect_lists_skipped_files_and_run_warns_once(tmp_path, capsys):
     assert err.startswith("detload run: warning: 2 files skipped: 1 .csv, 1 .txt in ")
 
 
+def test_inspect_names_backup_copies_as_such(tmp_path, capsys):
+    d = write_small(tmp_path / "d", files=1, rows=600, row_group=300)
+    part = next(p for p in sorted(d.iterdir()) if p.suffix == ".parquet")
+    (d / f"{part.name}.bak").write_bytes(part.read_bytes())  # starts with PAR1: once read as data
+    code, out, _ = _run(["inspect", str(d)], capsys)
+    assert code == 0 and "1 files, 2 row groups, 600 rows" in out
+    assert f"  1 file skipped: 1 .bak (backup or temporary copies):\n    {part.name}.bak\n" in out
+    (d / "notes.csv").write_text("a\n")
+    code, out, _ = _run(["inspect", str(d), "--json"], capsys)
+    assert json.loads(out)["skipped"] == ["notes.csv", f"{part.name}.bak"]
+    code, out, _ = _run(["inspect", str(d)], capsys)
+    assert "  2 files skipped: 1 .bak, 1 .csv (not Parquet, or backup or temporary copies):\n" in out
+
+
 # -- progress display ----------------------------------------------------------------------
 
 class _Tty(io.StringIO):

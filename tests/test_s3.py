@@ -9,6 +9,7 @@ a process whose loader met a server that stopped answering exits soon after clos
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import queue
@@ -26,7 +27,17 @@ from _s3server import BUCKET, CREDENTIALS, FaultProxy, MotoServer, s3_env, write
 from leaks import wait_until  # noqa: E402
 
 import detload
-from detload import DataError, Loader, OptionError, SourceError, WorkerError, WorkerStalledError  # noqa: E402
+from detload import (  # noqa: E402
+    DataError,
+    DatasetError,
+    EmptyDatasetError,
+    Loader,
+    OptionError,
+    SkippedFilesWarning,
+    SourceError,
+    WorkerError,
+    WorkerStalledError,
+)
 from detload._cache import cache_info  # noqa: E402
 from detload._storage import RetryingS3FileSystem, s3_from_uri, s3_timeouts  # noqa: E402
 from detload.cli import main as cli  # noqa: E402
@@ -380,6 +391,34 @@ def test_the_scheme_stays_in_the_repr_and_in_not_found_messages(s3, proxy):
             Loader(f"s3://{BUCKET}/ds/*.csv", storage=filesystem, **OPTS)
     with pytest.raises(FileNotFoundError, match=rf"^dataset path 's3://{BUCKET}/missing' does not exist$"):
         Loader(f"{BUCKET}/missing", storage=fs, **OPTS)
+
+
+def test_inspect_and_discovery_messages_keep_the_scheme(s3, proxy, tmp_path, capsys):
+    moto, _, _, uri, _ = s3
+    assert cli(["inspect", uri]) == 0
+    assert capsys.readouterr().out.startswith(f"dataset s3://{BUCKET}/ds\n")
+    assert cli(["inspect", uri, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["root"] == f"s3://{BUCKET}/ds"
+    side = write_sample_dataset(tmp_path / "side", {"a.parquet": [100]})
+    with open(os.path.join(side, "a.parquet"), "rb") as f:
+        data = f.read()
+    moto.put("side/a.parquet.bak", data)  # a backup copy: starts with PAR1 but is skipped
+    moto.put("side/notes.csv", b"a,b\n")
+    side_uri = moto.upload_dir(side, "side")
+    with pytest.warns(SkippedFilesWarning, match=rf"^2 files skipped: 1 \.bak, 1 \.csv in s3://{BUCKET}/side: they "
+                                                 r"are not Parquet .*, e\.g\. a\.parquet\.bak\. "):
+        loader = Loader(side_uri, **OPTS)
+    assert loader.dataset.rows == 100
+    loader.close()
+    with pytest.raises(OptionError, match=rf"^source\[0\] and source\[1\] both name the file "
+                                          rf"'s3://{BUCKET}/side/a\.parquet': "):
+        Loader([side_uri, f"{side_uri}/a.parquet"], **OPTS)
+    moto.put("bad/a.parquet", b"not parquet at all")
+    with pytest.raises(DatasetError, match=rf"^cannot read the Parquet footer of 's3://{BUCKET}/bad/a\.parquet': "):
+        Loader(f"s3://{BUCKET}/bad", **OPTS)
+    empty = write_sample_dataset(tmp_path / "empty", {"a.parquet": [], "b.parquet": []})
+    with pytest.raises(EmptyDatasetError, match=rf"^the dataset at 's3://{BUCKET}/empty' has no rows"):
+        Loader(moto.upload_dir(empty, "empty"), **OPTS)
 
 
 def test_a_source_that_does_not_fit_the_filesystem_names_the_form_to_pass(tmp_path):
