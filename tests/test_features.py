@@ -479,6 +479,13 @@ def test_hash_buckets_input_errors_name_the_column(t, cols, message):
         t.fn(cols, _ctx(2))
 
 
+def test_hash64_names_the_column_it_cannot_hash():
+    with pytest.raises(DataError, match=r"hash64: column 'price' holds float64 values; it takes integers"):
+        F.hash64(np.zeros(3), name="price")
+    with pytest.raises(DataError, match=r"hash64: column 'column' holds datetime64\[s\] values"):
+        F.hash64(np.zeros(3, "datetime64[s]"))
+
+
 def test_vocabulary_input_errors_name_the_column_and_the_file(tmp_path):
     path = _vocab_file(tmp_path, b"a\n")
     t = F.vocabulary("item", path)
