@@ -90,6 +90,7 @@ __all__ = [
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
     from . import errors as errors
+    from . import features as features
     from . import layout as layout
     from ._types import ColumnSpec, Ragged
     from .audit import hash_batch, read_manifest
@@ -122,7 +123,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
 
 #: Public submodules reached as attributes (``detload.layout.rewrite(...)``), imported on first use.
 #: ``detload.torch`` (the PyTorch adapter) is imported by name only: ``import detload.torch``.
-_SUBMODULES = frozenset({"errors", "layout"})
+_SUBMODULES = frozenset({"errors", "features", "layout"})
 
 
 def __getattr__(name: str) -> object:
