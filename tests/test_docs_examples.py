@@ -332,3 +332,25 @@ def test_the_comparison(expected, actual, same):
 def test_console_blocks_split_into_commands_and_outputs():
     body = "$ detload run x \\\n      --seed 1\nline 1\nline 2\n$ echo $?\n0\n"
     assert console_commands(body) == [("detload run x \\\n      --seed 1", "line 1\nline 2\n"), ("echo $?", "0\n")]
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces to hyphens."""
+    text = _FENCE.sub("", page.read_text(encoding="utf-8"))
+    heads = re.findall(r"^#+\s+(.+?)\s*$", text, re.M)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in heads}
+
+
+def test_links_between_pages_resolve():
+    """Every relative link of the pages names a file that exists, and a heading of it when it has a #anchor."""
+    problems = []
+    for page in PAGES:
+        path = ROOT / page
+        text = _FENCE.sub("", path.read_text(encoding="utf-8"))
+        for target, anchor in re.findall(r"\]\(([^)\s:#]*)(?:#([^)\s]+))?\)", text):
+            dest = (path.parent / target).resolve() if target else path
+            if not dest.exists():
+                problems.append(f"{page}: link to {target}: no such file")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                problems.append(f"{page}: link to {target or page}#{anchor}: no such heading")
+    assert not problems, "\n".join(problems)
