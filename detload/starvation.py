@@ -133,15 +133,21 @@ def starvation_check(loader: Iterable[Any], step_fn: Callable[[Any], Any], steps
         step_fn(batch)
     _sync()
     replay_s = time.perf_counter() - t0
-    n = len(kept)
-    rows = sum(_rows(b) for b in kept)
+    return _report(steps, len(kept), sum(_rows(b) for b in kept), loader_s, replay_s, waited,
+                   window.bottleneck if window is not None else None, window.verdict if window is not None else "")
+
+
+def _report(asked: int, n: int, rows: int, loader_s: float, replay_s: float, waited: float,
+            bottleneck: str | None, detail: str) -> StarvationReport:
+    """The report of recorded timings: ``n`` of the ``asked`` steps ran (``rows`` rows) in
+    ``loader_s`` fed by the loader, of which ``waited`` in ``next()``, and in ``replay_s`` from
+    memory; ``bottleneck`` and ``detail`` are the loader's own verdict on that window, if any.
+    A pure function, so that the verdict's logic is tested on timings rather than on a machine."""
     eff = (replay_s / loader_s) if loader_s > 0 else 1.0
     wait = waited / loader_s if loader_s > 0 else 0.0
-    bottleneck = window.bottleneck if window is not None else None
-    detail = window.verdict if window is not None else ""
     verdict = _verdict(eff, wait, bottleneck, detail)
-    if n < steps:
-        verdict += f" (The loader ran out after {n} of the {steps} steps asked for; all {n} were timed.)"
+    if n < asked:
+        verdict += f" (The loader ran out after {n} of the {asked} steps asked for; all {n} were timed.)"
     return StarvationReport(
         n, rows, loader_s, replay_s, rows / loader_s, rows / replay_s, n / loader_s, n / replay_s,
         eff, wait, bottleneck, verdict,

@@ -20,7 +20,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from leaks import shm_segments, wait_until
+from leaks import pid_alive, shm_segments, wait_until
 from testhooks import hooked
 
 import detload
@@ -259,15 +259,15 @@ def test_orphaned_workers_leave_at_once(root, state):
     assert took < 0.25, took
 
 
-# -- signals to a training process -------------------------------------------------------
+# -- nothing outlives a training process, however it is stopped ------------------------------
 
 TRAIN = """
 import signal, sys, time
 from detload import Loader
-root, use_with, on_term = sys.argv[1], sys.argv[2] == "with", sys.argv[3]
+root, use_with, on_term, pool = sys.argv[1], sys.argv[2] == "with", sys.argv[3], sys.argv[4]
 if on_term == "exit":
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
-loader = Loader(root, batch_size=50, seed=1, workers=3, pool="process", shuffle_window=1)
+loader = Loader(root, batch_size=50, seed=1, workers=3, pool=pool, shuffle_window=1)
 def run():
     for epoch in range(1000):
         loader.set_epoch(epoch)
@@ -283,13 +283,35 @@ else:
 """
 
 
-def _start_training(root: str, mode: str, on_term: str = "exit") -> tuple[subprocess.Popen, list[int]]:
-    proc = subprocess.Popen([sys.executable, "-c", TRAIN, root, mode, on_term], stdout=subprocess.PIPE,
+def _start_training(root: str, mode: str, on_term: str = "exit", pool: str = "process",
+                    ) -> tuple[subprocess.Popen, list[int]]:
+    """The training script above, in a session of its own; returns once it is in its first epoch,
+    with its descendants then (the worker processes and multiprocessing's helpers)."""
+    proc = subprocess.Popen([sys.executable, "-c", TRAIN, root, mode, on_term, pool], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_script_env(), start_new_session=True)
     line = proc.stdout.readline()
     assert line.startswith("PIDS"), (line, proc.stderr.read() if proc.poll() is not None else "")
     family = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
-    assert {int(p) for p in line.split()[1:]} <= set(family)
+    workers = {int(p) for p in line.split()[1:]}
+    assert workers <= set(family) and len(workers) == (3 if pool == "process" else 0)
+    return proc, family
+
+
+def _start_cli_run(root: str, manifest: str) -> tuple[subprocess.Popen, list[int]]:
+    """``detload run`` with 3 process workers; returns once its manifest holds a few batches."""
+    proc = subprocess.Popen([sys.executable, "-m", "detload", "run", root, "--batch-size", "50", "--seed", "1",
+                             "--epochs", "1000", "--pool", "process", "--workers", "3", "--manifest", manifest],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_script_env(),
+                            start_new_session=True)
+    def batches() -> int:
+        with contextlib.suppress(FileNotFoundError), open(manifest) as f:
+            return f.read().count('"batch"')
+        return 0
+
+    wait_until(lambda: proc.poll() is not None or batches() >= 3, 60.0)
+    assert proc.poll() is None, proc.communicate()
+    family = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    assert len(family) >= 3, family
     return proc, family
 
 
@@ -303,35 +325,112 @@ def _group_gone(pgid: int) -> bool:
     return True
 
 
-@pytest.mark.parametrize("mode", ["with", "bare"])
-@pytest.mark.parametrize("target,on_term", [("main", "exit"), ("group", "exit"), ("main", "default")])
-def test_sigterm_leaves_nothing(root, mode, target, on_term):
-    """SIGTERM to a training process, to it alone or to its whole process group. With a handler
-    that exits (as `detload run` has) the loader is closed by `with` or at interpreter exit;
-    without one the process just ends and its orphaned workers clean up. Either way it ends at
-    once and leaves no worker, no segment and no semaphore (nor the resource tracker's
-    'leaked semaphore objects' warning on stderr)."""
-    proc, family = _start_training(root, mode, on_term)
-    try:
-        time.sleep(0.2)
-        t0 = time.monotonic()
-        if target == "group":
-            os.killpg(proc.pid, signal.SIGTERM)
-        else:
-            os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-        ended = time.monotonic() - t0
-        wait_until(lambda: _group_gone(proc.pid), 3.0)
-        wait_until(lambda: not shm_segments(proc.pid), 2.0)
-        gone = time.monotonic() - t0
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    err = proc.stderr.read()
-    assert proc.returncode == (143 if on_term == "exit" else -signal.SIGTERM), err
-    assert err == ""
-    assert ended < 2.0 and gone < 2.5, (ended, gone)
+def pytest_generate_tests(metafunc):
+    """A contract's subclass says which entry modes and signal targets apply to it."""
+    cls = metafunc.cls
+    if cls is not None and issubclass(cls, NothingOutlivesAStoppedTrainingProcess):
+        metafunc.parametrize("mode", cls.modes)
+        metafunc.parametrize("target", cls.targets)
+
+
+class NothingOutlivesAStoppedTrainingProcess:
+    """The contract: a training process whose loader runs workers, sent ``signum`` (to its main
+    process alone, or to its whole process group as a terminal or a scheduler does), ends within
+    2 s with the exit status and stderr it should, and within 2.5 s no process it started and no
+    /dev/shm segment of it is left (nor the resource tracker's 'leaked semaphore objects' warning).
+
+    Each subclass is one way to run and stop training: the entry point (a script with a
+    `Loader`, used in a `with` block or bare, or `detload run`), the pool kind, the signal and
+    how the process handles it.
+    """
+
+    signum: int = signal.SIGTERM
+    modes: tuple[str, ...] = ("with", "bare")      # a script: `with loader:` or a bare loader
+    targets: tuple[str, ...] = ("main", "group")
+    pool = "process"
+    on_term = "exit"                                # SIGTERM handler: "exit" (sys.exit(143)) or "default"
+
+    def start(self, root: str, mode: str, tmp_path) -> tuple[subprocess.Popen, list[int]]:
+        return _start_training(root, mode, self.on_term, self.pool)
+
+    def check_exit(self, returncode: int, err: str) -> None:
+        raise NotImplementedError
+
+    def test_it_ends_at_once_and_leaves_nothing(self, root, tmp_path, mode, target):
+        proc, family = self.start(root, mode, tmp_path)
+        try:
+            time.sleep(0.2)
+            t0 = time.monotonic()
+            (os.killpg if target == "group" else os.kill)(proc.pid, self.signum)
+            proc.wait(timeout=10)
+            ended = time.monotonic() - t0
+            wait_until(lambda: not any(pid_alive(p) for p in family), 3.0)
+            wait_until(lambda: _group_gone(proc.pid), 3.0)
+            wait_until(lambda: not shm_segments(proc.pid), 2.0)
+            gone = time.monotonic() - t0
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        self.check_exit(proc.returncode, proc.stderr.read())
+        assert ended < 2.0 and gone < 2.5, (ended, gone)
+
+
+class TestSigtermToAScriptThatExitsOnIt(NothingOutlivesAStoppedTrainingProcess):
+    """A handler that exits (as `detload run` has): the loader is closed by `with` or at exit."""
+
+    def check_exit(self, returncode, err):
+        assert (returncode, err) == (143, "")
+
+
+class TestSigtermToAScriptWithoutAHandler(NothingOutlivesAStoppedTrainingProcess):
+    """The process just ends; its orphaned workers notice and clean up after themselves."""
+
+    on_term = "default"
+    # To the main process only: a group-wide SIGTERM also ends the workers by SIGTERM's default
+    # action, and their segments stay until the next process pool starts on the machine.
+    targets = ("main",)
+
+    def check_exit(self, returncode, err):
+        assert (returncode, err) == (-signal.SIGTERM, "")
+
+
+class TestCtrlCInAScript(NothingOutlivesAStoppedTrainingProcess):
+    """Ctrl-C: the KeyboardInterrupt ends the script (workers ignore SIGINT; the parent decides)."""
+
+    signum = signal.SIGINT
+
+    def check_exit(self, returncode, err):
+        assert returncode in (1, -signal.SIGINT), err
+        assert err.rstrip().endswith("KeyboardInterrupt"), err
+        assert "leaked semaphore" not in err and "Exception ignored" not in err, err
+
+
+class TestSigtermToAScriptWithThreadWorkers(NothingOutlivesAStoppedTrainingProcess):
+    pool = "thread"
+    modes = ("with",)
+
+    def check_exit(self, returncode, err):
+        assert (returncode, err) == (143, "")
+
+
+class TestSigtermToDetloadRun(NothingOutlivesAStoppedTrainingProcess):
+    """The command line, with process workers: one line on stderr, exit 143."""
+
+    modes = ("cli",)
+
+    def start(self, root, mode, tmp_path):
+        return _start_cli_run(root, str(tmp_path / "m.jsonl"))
+
+    def check_exit(self, returncode, err):
+        assert (returncode, err) == (143, "terminated\n")
+
+
+class TestCtrlCInDetloadRun(TestSigtermToDetloadRun):
+    signum = signal.SIGINT
+
+    def check_exit(self, returncode, err):
+        assert (returncode, err) == (130, "interrupted\n")
 
 
 def test_a_killed_process_group_leaves_no_semaphores(root):

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from leaks import wait_until
 
 import detload
 from detload import Loader, ManifestError, StateError
@@ -81,7 +82,10 @@ def test_state_counts_yielded_batches_not_prefetched(ds):
         it = iter(loader)
         for _ in range(3):
             next(it)
-        time.sleep(0.2)  # let the merger run ahead
+        # The merger cuts steps ahead of the consumer, into its bounded ready queue: read the
+        # state only once it has cut more steps than were yielded, so that some are prefetched.
+        wait_until(lambda: loader.stats().stages["stitch"].count > 3, 20.0)
+        assert len(loader) > 4
         assert loader.state_dict()["step"] == 3 == loader.position
 
 
