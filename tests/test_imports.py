@@ -185,3 +185,14 @@ def test_process_workers_never_import_pandas(typed_data):
     """, typed_data)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[False, False]"
+
+
+def test_the_errors_tree_in_the_docs_names_every_exception_and_warning():
+    import detload.errors
+
+    text = open(os.path.join(ROOT, "docs", "loader.md"), encoding="utf-8").read()
+    section = text[text.index("## Errors"):text.index("## Process workers")]
+    missing = [n for n in detload.errors.__all__ if n not in section]
+    assert not missing, f"docs/loader.md's Errors section does not name {missing}"
+    for n in detload.errors.__all__:
+        assert n in detload.errors.__doc__, n
