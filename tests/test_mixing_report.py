@@ -145,7 +145,8 @@ def test_the_iid_reference_of_a_plan_is_a_permutation_of_its_rows():
     assert st["mix_column"] is None and st["order"] == "windowed" and st["plan_format"] == 2
     assert sorted(epoch_rows(plan).tolist()) == list(range(500))
     lines = report_lines(st)
-    assert lines[0].startswith("mixing, epoch 0 rank 0 (windowed order): every full batch of 13 measured")
+    assert lines[0] == ("mixing, epoch 0 rank 0 (windowed order): 12 of 13 batches measured (every full one), "
+                        "beside an i.i.d. shuffle of the same rows")
     assert "source row groups per batch (of 6), median" in lines[2]
 
 
@@ -157,7 +158,7 @@ def test_a_long_epoch_is_measured_on_evenly_spaced_batches():
     assert st["row_groups_per_batch"]["median"] == 1 and st["row_groups_per_batch"]["iid_median"] >= 14
     full = mixing_report(plan)
     assert full["every_batch"] and full["batches_measured"] == 160
-    assert "9 evenly spaced full batches of 160 measured" in report_lines(st)[0]
+    assert "9 of 160 batches measured (evenly spaced)" in report_lines(st)[0]
 
 
 def test_numeric_and_text_columns_are_binned(tmp_path):
