@@ -263,3 +263,26 @@ def test_cli_unknown_mix_column_is_one_error_line(tmp_path, capsys):
     assert cap.out == ""
     assert cap.err == ("detload plan: error: mix column 'dya' is not a column of the dataset; its columns are "
                        "['id', 'day', 'x', 's']\n")
+
+
+def test_a_plan_that_lists_its_rows_is_asked():
+    """A plan with ``row_ids()`` (the mixed order's) is measured from them: here a windowed plan
+    that lists its own rows, which must measure as the windowed plan does."""
+    import dataclasses
+
+    from detload.plan import Plan
+
+    asked = []
+
+    class Listed(Plan):
+        def row_ids(self) -> np.ndarray:
+            asked.append(1)
+            return epoch_rows(base)
+
+    base = make_plan([64, 40, 64, 30, 64, 64, 50], OrderOptions(seed=9, batch_size=16, partitions=2), epoch=2)
+    listed = Listed(**{f.name: getattr(base, f.name) for f in dataclasses.fields(Plan)})
+    assert np.array_equal(epoch_rows(listed), epoch_rows(base)) and asked
+    assert mixing_report(listed) == mixing_report(base)
+    few, few_base = mixing_report(listed, max_batches=5), mixing_report(base, max_batches=5)
+    assert few["row_groups_per_batch"]["median"] == few_base["row_groups_per_batch"]["median"]
+    assert few["spread"]["median"] == few_base["spread"]["median"]
