@@ -334,6 +334,12 @@ def _parser() -> argparse.ArgumentParser:
     s["run"].add_argument("--epoch", type=_epoch_number, default=0, help="the epoch to plan")
     s["workers"].add_argument("--workers", type=_workers, default=1, help="worker count or 'auto', for the schedules")
     s["run"].add_argument("--json", action="store_true", help="print the plan as JSON")
+    s["run"].add_argument("--mixing", action="store_true",
+                          help="also measure how well the epoch's batches mix, beside an i.i.d. shuffle of the "
+                               "same rows (Loader.plan_stats)")
+    s["run"].add_argument("--mix-column", metavar="NAME",
+                          help="with --mixing (implied): also measure this column's mix per batch, e.g. a day "
+                               "(only it is read) (default: none)")
 
     p = sub.add_parser("cache", help="look at or empty a row-group cache directory", formatter_class=fmt,
                        description="Look at (info) or empty (clear) a row-group cache directory.")
@@ -717,6 +723,8 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     if loader.group_stats is not None:
         d["groups"] = {"group_by": loader.group_by, "group_columns": list(loader.group_columns),
                        **loader.group_stats}
+    if a.mixing or a.mix_column is not None:
+        d["mixing"] = loader.plan_stats(a.epoch, a.mix_column)
     if a.json:
         print(json.dumps(d, indent=2))
         return 0
@@ -734,6 +742,10 @@ def _cmd_plan(a: argparse.Namespace) -> int:
         print(f"  groups by {d['groups']['group_by']!r} (group columns {', '.join(d['groups']['group_columns'])}): "
               f"{gs['groups']:,} groups in {gs['chunks']:,} chunks, the largest {gs['largest']:,} items; "
               f"micro-batches per partition [{', '.join(f'{len(s) - 1:,}' for s in plan.step_starts)}]")
+    if "mixing" in d:
+        from .planning.mixing import report_lines
+
+        print("\n".join(f"  {line}" for line in report_lines(d["mixing"])))
 
     def show(rng: list[int]) -> str:
         f, g, first, rows = rng

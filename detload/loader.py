@@ -465,6 +465,16 @@ class Loader:
             self._plans[e] = p
         return p
 
+    def plan_stats(self, epoch: int | None = None, mix_column: str | None = None) -> dict[str, Any]:
+        """How well epoch ``epoch``'s order (default: the current one) mixes the batches of this
+        rank, each number beside an i.i.d. shuffle of the same rows: distinct source row groups
+        and files per batch, how far a row group's rows are spread over the epoch, and with
+        ``mix_column`` that column's values per batch and their distance from the epoch's mix
+        (only that column is read). docs/loader.md lists every key."""
+        from .planning.mixing import mixing_report
+
+        return mixing_report(self.plan(epoch), self.planned, mix_column=mix_column)
+
     @property
     def position(self) -> int:
         """Batches of the current epoch already yielded (the ``step`` of ``state_dict()``)."""

@@ -1,7 +1,8 @@
 """The AUC variance experiment in --quick mode, and the NumPy metrics it reports.
 
 The quick run trains real models (no Petastorm) and must show detload's promise: one batch
-sequence and one bit-identical AUC across repeats, worker counts and pools.
+sequence and one bit-identical AUC across repeats, worker counts and pools; and each order's
+seed spread beside the i.i.d. shuffle's, printed as a headline next to the repeat spread.
 """
 
 from __future__ import annotations
@@ -33,6 +34,48 @@ def train_module():
         sys.path.remove(str(EXPERIMENT))
         for name in ("train", "data"):
             sys.modules.pop(name, None)
+
+
+@pytest.fixture(scope="module")
+def loaders_module():
+    sys.path.insert(0, str(EXPERIMENT))
+    try:
+        import loaders
+
+        yield loaders
+    finally:
+        sys.path.remove(str(EXPERIMENT))
+        for name in ("loaders", "measure"):
+            sys.modules.pop(name, None)
+
+
+def test_iid_batches_permute_every_row_once_per_epoch(loaders_module):
+    table = {"id": np.arange(10), "x": np.arange(10) * 2.0}
+    got = list(loaders_module.iid_batches(table, batch_size=4, seed=3, epochs=2))
+    assert [e for e, _ in got] == [0, 0, 0, 1, 1, 1] and [len(b["id"]) for _, b in got] == [4, 4, 2] * 2
+    e0, e1 = (np.concatenate([b["id"] for e, b in got if e == k]) for k in (0, 1))
+    assert sorted(e0) == sorted(e1) == list(range(10)) and not np.array_equal(e0, e1)
+    assert all(np.array_equal(b["x"], b["id"] * 2.0) for _, b in got)  # rows stay whole
+    again = np.concatenate([b["id"] for e, b in loaders_module.iid_batches(table, batch_size=4, seed=3, epochs=1)])
+    other = np.concatenate([b["id"] for e, b in loaders_module.iid_batches(table, batch_size=4, seed=4, epochs=1)])
+    assert np.array_equal(again, e0) and not np.array_equal(other, e0)
+
+
+def test_the_mix_order_joins_once_the_options_name_orders(loaders_module):
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Windowed:
+        seed: int
+        shuffle_window: int = 4
+
+    @dataclasses.dataclass
+    class Named:
+        seed: int
+        order: str = "mix"
+
+    assert loaders_module.detload_orders(Windowed) == ["windowed"]
+    assert loaders_module.detload_orders(Named) == ["mix", "windowed"]
 
 
 def _pairwise_auc(y: np.ndarray, s: np.ndarray) -> float:
@@ -94,9 +137,22 @@ def test_quick_run_detload_has_one_sequence_and_zero_spread(tmp_path):
     assert all(r["manifest_matches"] for r in det)
     assert all(r["rows_per_epoch"] == [r["expected_rows_per_epoch"]] * len(r["rows_per_epoch"]) for r in det)
 
-    # A different seed is a different order: the scale rows must not collapse onto seed 1234's.
-    scale = [r for r in runs if r["family"] == "detload-seeds"]
-    assert len({r["sequence_hash"] for r in scale} | {det[0]["sequence_hash"]}) == len(scale) + 1
+    # Every order over the same seeds 1, 2; a different seed is a different order, so the seed
+    # rows must not collapse onto each other nor onto seed 1234's.
+    seeds = [r for r in runs if r["family"] == "seeds"]
+    orders = {r["order"] for r in seeds}
+    assert {"windowed", "iid"} <= orders and all(sorted(r["seed"] for r in seeds if r["order"] == o) == [1, 2]
+                                                   for o in orders)
+    assert len({r["sequence_hash"] for r in seeds} | {det[0]["sequence_hash"]}) == len(seeds) + 1
+    assert all(r["rows_per_epoch"] == [r["expected_rows_per_epoch"]] * 2 for r in seeds)
+    # The headline: each order's seed spread, then the repeat spread (detload's is 0).
+    iid = next(x for x in results["summary"] if x["family"] == "seeds" and x["order"] == "iid")
+    lines = done.stdout.splitlines()
+    head = next(ln for ln in lines if ln.startswith("- Seed spread, AUC std over 2 seeds"))
+    assert f"i.i.d. {iid['auc_std']:.4f}" in head
+    assert any(ln.startswith("- Repeat spread, AUC std over 2 runs of one seed (1234") and "detload 0 in all" in ln
+               for ln in lines)
+    assert "| order | seeds | AUC mean | seed spread (AUC std) |" in done.stdout
     # The baseline's batches were hashed the same way; it delivered every row.
     torch_runs = [r for r in runs if r["family"] == "torch"]
     assert torch_runs and all(sum(r["rows_per_epoch"]) == r["expected_rows_per_epoch"] * len(r["rows_per_epoch"])

@@ -6,6 +6,7 @@ value, before any worker starts.
 - order.py      the epoch planner `make_plan`: units + order options + epoch -> `Plan`
 - groups.py     the group pass of ``group_by`` (each unit's groups, from the key column)
 - transform.py  a transform's plan: output schema, rerun check, ``rows="changes"`` counts
+- mixing.py     the mixing report (`Loader.plan_stats`): a plan's rows per batch beside an i.i.d. shuffle
 The filter's pass lives with the filters (detload._filters.planning); reads go through
 detload._read. Nothing here imports the engine (detload._engine), nor it this.
 """

@@ -2,7 +2,8 @@
 
 Every loader yields the same columns, in schema order, with the same dtypes, so
 `detload.hash_batch` gives comparable hashes whichever loader produced a batch.
-- detload: `detload.Loader`, one `set_epoch` per epoch.
+- detload: `detload.Loader`, one `set_epoch` per epoch, in the order named (`detload_orders`).
+- iid: the yardstick, a NumPy permutation of all rows of the in-memory table per epoch.
 - torch_dataloader: the usual hand-rolled loader, a torch `DataLoader` over an
   `IterableDataset` that deals shuffled row groups to workers; the consumer re-batches.
 - petastorm: its order is recorded by experiments/bench/petastorm_runner.py in the
@@ -31,16 +32,61 @@ from measure import parquet_files, rebatch  # noqa: E402
 Batch = dict[str, np.ndarray]
 
 
+def detload_orders(options_cls: type | None = None) -> list[str]:
+    """detload's orders by name, its default first: "windowed" (plan format 2) always, and "mix"
+    (the default) once `detload.OrderOptions` has an ``order`` field."""
+    import dataclasses
+
+    if options_cls is None:
+        import detload
+
+        options_cls = detload.OrderOptions
+    return ["mix", "windowed"] if "order" in {f.name for f in dataclasses.fields(options_cls)} else ["windowed"]
+
+
 def detload_batches(path: Path, *, batch_size: int, seed: int, workers: int, pool: str,
-                    shuffle_window: int, epochs: int, manifest: Path | None = None) -> Iterator[tuple[int, Batch]]:
+                    shuffle_window: int, epochs: int, manifest: Path | None = None,
+                    order: str = "windowed") -> Iterator[tuple[int, Batch]]:
+    """detload's batches in the order named (`detload_orders`); ``shuffle_window`` is the windowed
+    order's window."""
     import detload
 
+    opts: dict = {"shuffle_window": shuffle_window} if order == "windowed" else {}
+    if len(detload_orders()) > 1:
+        opts["order"] = order  # the loader names its orders: say which one
+    elif order != "windowed":
+        raise ValueError(f"this detload has no order {order!r}: it plans the windowed order only")
     with detload.Loader(str(path), batch_size=batch_size, seed=seed, workers=workers, pool=pool,
-                        shuffle_window=shuffle_window, manifest=manifest) as loader:
+                        manifest=manifest, **opts) as loader:
         for epoch in range(epochs):
             loader.set_epoch(epoch)
             for batch in loader:
                 yield epoch, batch  # type: ignore[misc]
+
+
+#: The i.i.d. reference's stream, as experiments/mixing and the mixing report use it:
+#: ``[TAG_IID, seed_lo32, seed_hi32, epoch]``.
+TAG_IID = 0x4D58_4949  # "MXII"
+
+
+def iid_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
+    """A uniform permutation of ``n`` rows for (seed, epoch): a stable argsort of PCG64's raw
+    output, which NumPy keeps stable (``Generator.permutation``'s algorithm it does not)."""
+    entropy = [TAG_IID, seed & 0xFFFF_FFFF, seed >> 32, epoch]
+    raw = np.random.PCG64(np.random.SeedSequence(entropy)).random_raw(n)
+    return np.argsort(np.asarray(raw, dtype=np.uint64), kind="stable")
+
+
+def iid_batches(table: Mapping[str, np.ndarray], *, batch_size: int, seed: int,
+                epochs: int) -> Iterator[tuple[int, Batch]]:
+    """The yardstick: every epoch a fresh uniform permutation of all rows of the in-memory
+    training table, cut into consecutive batches (the last one short, as detload's)."""
+    n = len(table["id"])
+    for epoch in range(epochs):
+        perm = iid_permutation(seed, epoch, n)
+        for lo in range(0, n, batch_size):
+            idx = perm[lo : lo + batch_size]
+            yield epoch, {k: v[idx] for k, v in table.items()}
 
 
 class RowGroupShards:
