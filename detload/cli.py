@@ -3,6 +3,10 @@
 Commands: run, verify, inspect, plan, demo, cache (info, clear), bench. Exit codes: 0 success, 1 a
 verification found a difference, 2 bad input or usage (one ``detload CMD: error: ...`` line),
 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
+
+Each command imports the library modules it uses inside its function, when it runs: `detload
+--help`, a usage error or a Ctrl-C at start-up then never load NumPy or pyarrow (no import here
+breaks a cycle: tests/test_import_graph.py checks the module graph).
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ from .audit import MANIFEST_FORMAT, MANIFEST_VERSION, ManifestWriter
 from .errors import BlockMemoryWarning, DataError, DetloadError, OptionError, StateError
 from .options import Cache, Distributed, Pool, PoolKind, Storage, as_cache, as_distributed, as_pool, as_storage
 from .plan import PLAN_FORMAT_VERSION, OrderOptions, Plan
+from .planning.mixing import mixing_report
 from .planning.order import block_memory_warning
 from .stats import Stats, _cores, summarize
 from .transform import Transform
@@ -471,8 +472,6 @@ class Loader:
         and files per batch, how far a row group's rows are spread over the epoch, and with
         ``mix_column`` that column's values per batch and their distance from the epoch's mix
         (only that column is read). docs/loader.md lists every key."""
-        from .planning.mixing import mixing_report
-
         return mixing_report(self.plan(epoch), self.planned, mix_column=mix_column)
 
     @property

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .._discovery import discover
 from ..errors import DatasetError, OptionError
 
 __all__ = ["LayoutCheck", "check_layout"]
@@ -148,8 +149,6 @@ def _fmt(keys: Sequence[pa.Array], i: int) -> str:
 
 def check_layout(source: Any, *, sort_by: Sequence[str], filesystem: Any = None) -> LayoutCheck:
     """Check that ``source`` is sorted by ``sort_by`` within and across files, with key statistics."""
-    from .._discovery import discover
-
     keys = [sort_by] if isinstance(sort_by, str) else list(sort_by)
     if not keys or not all(isinstance(k, str) and k for k in keys):
         raise OptionError(f"sort_by must list one or more column names, got {sort_by!r}")

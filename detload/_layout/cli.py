@@ -2,6 +2,7 @@
 
 `detload.cli` registers them with ``add_parsers`` and dispatches through ``COMMANDS``. Exit codes
 follow the CLI's: 0 success, 1 a check found a difference (digests differ, not sorted), 2 bad input.
+As in detload/cli.py, each command imports the library when it runs, for start-up time.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
+from .._discovery import discover
 from ..errors import DatasetError, OptionError, UnsupportedTypeError
 
 __all__ = ["Digest", "digest", "hash_values"]
@@ -397,8 +398,6 @@ def digest(source: Any, *, filesystem: Any = None, columns: Sequence[str] | None
             _check_columns(columns, source.column_names, "the table")
             source = source.select(list(columns))
         return _digest_batches(source.to_batches(), {}).result()
-    from .._discovery import discover
-
     ds = discover(source, filesystem=filesystem)
     if columns is not None:
         _check_columns(columns, ds.column_names(), repr(ds.root))

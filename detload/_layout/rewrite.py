@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from .._cache.sizes import parse_size
 from .._check import check_int
-from .._discovery import UNFINISHED_LAYOUT, UnfinishedLayoutWarning
+from .._discovery import UNFINISHED_LAYOUT, UnfinishedLayoutWarning, discover
 from ..errors import (
     DatasetError,
     DetloadError,
@@ -339,8 +339,6 @@ def layout(
         import duckdb
     except ImportError:
         raise ImportError(_INSTALL_HINT) from None
-    from .._discovery import discover
-
     try:
         ds = discover(src, filesystem=filesystem)
     except EmptyDatasetError as exc:
