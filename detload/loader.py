@@ -30,7 +30,7 @@ from ._check import check_int, check_path, check_writable_file
 from ._discovery import Dataset, SkippedFilesWarning, describe_skipped, discover
 from ._engine.config import WorkerConfig, WorkerKind
 from ._engine.memory import BufferWatch, finalize
-from ._engine.merge import END, STOPPED, Failure, Run, make_tasks
+from ._engine.merge import END, STOPPED, Failure, Run, ahead_counts, make_tasks
 from ._engine.pool import WorkerPool
 from ._engine.spawn import check_for_processes
 from ._hooks import Hooks
@@ -41,7 +41,7 @@ from .audit import MANIFEST_FORMAT, MANIFEST_VERSION, ManifestWriter
 from .errors import BlockMemoryWarning, DataError, DetloadError, OptionError, StateError
 from .options import Cache, Distributed, Pool, PoolKind, Storage, as_cache, as_distributed, as_pool, as_storage
 from .plan import PLAN_FORMAT_VERSION, OrderOptions, Plan
-from .planning.order import block_memory_warning
+from .planning.order import block_memory_warning, window_memory_warning
 from .stats import Stats, _cores, summarize
 from .transform import Transform
 
@@ -238,7 +238,7 @@ class Loader:
         workers: int | str = 1,
         columns: Sequence[str] | None = None,
         shuffle: bool = True,
-        shuffle_window: int = 4,
+        shuffle_window: int | None = None,
         drop_last: bool = False,
         null_fill: Mapping[str, Any] | None = None,
         cast: Mapping[str, Any] | None = None,
@@ -253,6 +253,9 @@ class Loader:
         group_columns: Sequence[str] | None = None,
         max_group_items: int | None = None,
         transform: Any = None,
+        order: str = "windowed",
+        mix_window: int | None = None,
+        block_rows: int | None = None,
     ) -> None:
         #: Test and benchmark hooks (never set in production): those in force when built.
         self._hooks: Hooks = _hooks.current()
@@ -275,7 +278,8 @@ class Loader:
             partitions = world
         self._options = OrderOptions(
             seed=seed, batch_size=batch_size, shuffle=shuffle, shuffle_window=shuffle_window,
-            drop_last=drop_last, partitions=partitions, world_size=world,
+            drop_last=drop_last, partitions=partitions, world_size=world, order=order, mix_window=mix_window,
+            block_rows=block_rows,
         )
         self._rank = check_int("rank", self.rank, 0, below=world)
         if null_fill is not None and not isinstance(null_fill, Mapping):
@@ -434,10 +438,12 @@ class Loader:
         """Warn once per loader when the largest block would exceed the block memory budget."""
         if self._block_memory is None:
             return
-        text = block_memory_warning(plan, self._row_bytes, self._block_memory)
-        if text is not None:
-            warnings.warn(BlockMemoryWarning(text + " Pass Pool(block_memory=None) to silence this."),
-                          stacklevel=4)
+        # A mixed-order task's window is heap memory without a cache; with one it is mapped entries.
+        window = window_memory_warning(plan, self._row_bytes, self._block_memory) if self.cache is None else None
+        for text in (block_memory_warning(plan, self._row_bytes, self._block_memory), window):
+            if text is not None:
+                warnings.warn(BlockMemoryWarning(text + " Pass Pool(block_memory=None) to silence this."),
+                              stacklevel=4)
 
     @property
     def epoch(self) -> int:
@@ -607,7 +613,7 @@ class Loader:
             return
         plan = self.plan(nxt)
         tasks = make_tasks(plan, 0, pool.workers)
-        counts = [min(len(t), self.prefetch) for t in tasks]
+        counts = ahead_counts(tasks, self.prefetch)
         gen = pool.passes.ahead(self._gen)
         pool.submit(gen, [t[:n] for t, n in zip(tasks, counts)], ahead=True)
         self._ahead = _Ahead(pool, gen, (plan.epoch, plan.fingerprint), counts)
