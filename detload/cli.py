@@ -113,13 +113,29 @@ def _add_cast(p: argparse.ArgumentParser) -> None:
                         "(default: none; see docs/types.md)")
 
 
+def _add_order(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--order", choices=["mix", "windowed"], default="windowed",
+                   help="the batch order: windowed (default, plan format 2: blocks of --shuffle-window row "
+                        "groups) or mix (plan format 3: every batch draws from the whole partition)")
+    p.add_argument("--shuffle-window", type=int, default=None,
+                   help="with --order windowed: row groups whose rows are mixed together (default 4)")
+    p.add_argument("--mix-window", type=int, default=None,
+                   help="with the mixed order: row groups one task reads and mixes together (default 64)")
+    p.add_argument("--block-rows", type=int, default=None,
+                   help="with the mixed order: rows per block at most (default 4 x the median row group)")
+
+
+def _order_kwargs(a: argparse.Namespace) -> dict[str, Any]:
+    return dict(order=a.order, shuffle_window=a.shuffle_window, mix_window=a.mix_window, block_rows=a.block_rows)
+
+
 def _common_loader_args(p: argparse.ArgumentParser, *, need_seed: bool = True) -> None:
     p.add_argument("source", help="a Parquet file, directory, glob or URI (s3://bucket/prefix)")
     p.add_argument("--batch-size", type=int, required=True, help="rows per batch (per rank)")
     p.add_argument("--seed", type=int, required=need_seed, help="the seed that fixes the order")
     p.add_argument("--columns", type=_columns, metavar="A,B,...",
                    help="comma-separated columns (default: all, in schema order)")
-    p.add_argument("--shuffle-window", type=int, default=4, help="row groups whose rows are mixed together")
+    _add_order(p)
     p.add_argument("--no-shuffle", action="store_true", help="canonical order: files, then row groups, then rows")
     p.add_argument("--drop-last", action="store_true",
                    help="drop the ragged tail (the last incomplete batch; with partitions, the rows past the "
@@ -162,7 +178,7 @@ def _filter_kwargs(a: argparse.Namespace) -> dict[str, Any]:
 def _loader_kwargs(a: argparse.Namespace) -> dict[str, Any]:
     return dict(
         batch_size=a.batch_size, seed=a.seed, columns=a.columns, shuffle=not a.no_shuffle,
-        shuffle_window=a.shuffle_window, drop_last=a.drop_last, partitions=a.partitions,
+        **_order_kwargs(a), drop_last=a.drop_last, partitions=a.partitions,
         null_fill=dict(a.null_fill), cast=dict(a.cast) or None,
         **_groups(rank=a.rank, world_size=a.world_size),
     )
@@ -310,7 +326,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", choices=["thread", "process"], default="thread", help="what the workers are")
     p.add_argument("--batch-size", type=int, default=4096, help="rows per batch")
     p.add_argument("--epochs", type=_positive("--epochs"), default=2, help="epochs; workers persist across them")
-    p.add_argument("--shuffle-window", type=int, default=4, help="row groups whose rows are mixed together")
+    _add_order(p)
     p.add_argument("--prefetch", type=int, default=2, help="blocks queued per worker")
     p.add_argument("--columns", type=_columns, metavar="A,B,...",
                    help="comma-separated columns (default: all, in schema order)")
@@ -522,7 +538,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     _preload(a)
     t0 = time.perf_counter()
     with interruptible(), Loader(a.source, batch_size=a.batch_size, seed=a.seed, workers=a.workers,
-                                 shuffle_window=a.shuffle_window, columns=a.columns, null_fill=dict(a.null_fill),
+                                 **_order_kwargs(a), columns=a.columns, null_fill=dict(a.null_fill),
                                  cast=dict(a.cast) or None, **_filter_kwargs(a), **_group_kwargs(a),
                                  **_groups(pool=a.pool, prefetch=a.prefetch, cache_dir=a.cache_dir,
                                            cache_limit=a.cache_limit, cache_map_limit=a.cache_map_limit)) as loader:
@@ -693,6 +709,15 @@ def _cmd_plan(a: argparse.Namespace) -> int:
             parts.append(show(r))
         return "+".join(parts)
 
+    if "tasks" in d:  # the mixed order: tasks of pieces, each cut into blocks
+        for tk in d["tasks"]:
+            pieces = ", ".join(show_unit(u["ranges"]) for u in tk["units"])
+            sizes = [b - a for a, b in zip(tk["block_bounds"], tk["block_bounds"][1:])]
+            who = f" worker {tk['worker']:<3}" if "worker" in tk else ""
+            print(f"  task partition {tk['partition']} #{tk['number']:<3}{who} rows {tk['rows']:<8,} "
+                  f"blocks {len(sizes)} of {min(sizes):,}-{max(sizes):,} rows, steps {tk['steps'][0]}-"
+                  f"{tk['steps'][1]}  [{pieces}]")
+        return 0
     for blk in d["blocks"]:
         units = ", ".join(show_unit(u["ranges"]) for u in blk["units"])
         print(f"  block k={blk['k']:<4} partition {blk['partition']} #{blk['number']:<3} worker {blk['worker']:<3} "
@@ -792,7 +817,7 @@ def _cmd_demo(a: argparse.Namespace) -> int:
         t = time.perf_counter()
         rows = 0
         with interruptible(), Loader(data, batch_size=4096, seed=42, workers=workers, pool="process",
-                                     shuffle_window=4, manifest=path) as loader:
+                                     manifest=path) as loader:
             for epoch in range(2):
                 loader.set_epoch(epoch)
                 for batch in loader:

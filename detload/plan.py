@@ -67,17 +67,17 @@ class OrderOptions:
         set_ = object.__setattr__
         set_(self, "seed", check_int("seed", self.seed, 0, _MAX_SEED, shown="[0, 2**64)"))
         if self.order not in ORDERS:
-            raise OptionError(f"order must be one of {list(ORDERS)}, got {self.order!r}: \"mix\" (the default) "
-                              "mixes every part of the epoch, \"windowed\" is plan format 2's order")
+            raise OptionError(f"order must be one of {list(ORDERS)}, got {self.order!r}: \"mix\" mixes every part "
+                              "of the epoch (plan format 3), \"windowed\" is plan format 2's order")
         if self.order == "mix":
             if self.shuffle_window is not None:
                 raise OptionError(
                     f"shuffle_window={self.shuffle_window!r} is an option of order=\"windowed\"; the mixed order "
-                    "(order=\"mix\", the default) takes mix_window= (row groups mixed together) and "
+                    "(order=\"mix\") takes mix_window= (row groups mixed together) and "
                     "block_rows= instead. Pass order=\"windowed\" to use shuffle_window")
             if self.group_batches:
                 raise OptionError(
-                    "group_by= is not available with order=\"mix\" (the default): pass order=\"windowed\" "
+                    "group_by= is not available with order=\"mix\": pass order=\"windowed\" "
                     "(and shuffle_window=N) to load whole groups")
             if self.mix_window is None:
                 set_(self, "mix_window", DEFAULT_MIX_WINDOW)

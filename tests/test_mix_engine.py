@@ -36,7 +36,7 @@ def ds(make_dataset):  # type: ignore[no-untyped-def]
 
 def test_batches_are_the_plans_rows_at_any_worker_count(ds, pool) -> None:  # type: ignore[no-untyped-def]
     ref = None
-    for workers in (1, 3):
+    for workers in (1, 2, 3, 4):
         with Loader(ds.root, batch_size=64, seed=11, workers=workers, pool=pool, **MIX) as loader:
             plan = loader.plan()
             assert isinstance(plan, MixPlan) and len(plan.tasks[0]) == 3
@@ -119,3 +119,49 @@ def test_window_memory_warning(ds) -> None:  # type: ignore[no-untyped-def]
 
 def _pool(budget: str) -> Pool:
     return Pool(block_memory=budget)
+
+
+def test_a_windowed_state_is_refused_by_a_mix_loader_with_how_to_resume(ds) -> None:  # type: ignore[no-untyped-def]
+    from detload.errors import StateError
+
+    with Loader(ds.root, batch_size=32, seed=1, order="windowed", shuffle_window=3) as old:
+        for i, _ in enumerate(old):
+            if i == 2:
+                break
+        state = old.state_dict()
+    assert state["plan_format"] == 2
+    with Loader(ds.root, batch_size=32, seed=1, order="mix") as new, pytest.raises(
+            StateError, match=r"plan format 2 \(the windowed order\).*pass order=\"windowed\" and "
+                              r"shuffle_window=3 as in the state, or start a new run"):
+        new.load_state_dict(state)
+    with Loader(ds.root, batch_size=32, seed=1, order="windowed", shuffle_window=3) as again:
+        again.load_state_dict(state)  # the old order by name resumes it
+        assert again.position == 3
+    with Loader(ds.root, batch_size=32, seed=1, order="mix") as mixed:
+        mstate = mixed.state_dict()
+    with Loader(ds.root, batch_size=32, seed=1, order="windowed") as old, pytest.raises(
+            StateError, match=r"plan format 3 \(the mixed order"):
+        old.load_state_dict(mstate)
+
+
+def test_verify_names_the_formats_and_the_old_order(ds, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from detload.verify import verify
+
+    paths = []
+    for name, kw in (("w", {"order": "windowed", "shuffle_window": 2}), ("m", {"order": "mix"})):
+        path = str(tmp_path / f"{name}.jsonl")
+        with Loader(ds.root, batch_size=32, seed=1, manifest=path, **kw) as loader:
+            list(loader)
+        paths.append(path)
+    res = verify(paths[0], paths[1])
+    assert not res.identical and res.kind == "formats"
+    assert "A was planned with plan format 2 (the windowed order)" in res.message
+    assert "--order windowed --shuffle-window 2" in res.message
+
+
+def test_group_by_needs_the_windowed_order(ds) -> None:  # type: ignore[no-untyped-def]
+    from detload.errors import OptionError
+
+    with pytest.raises(OptionError, match=r"group_by='id' is not available with order=\"mix\": the mixed order"
+                                          r".*Pass order=\"windowed\""):
+        Loader(ds.root, batch_size=32, seed=1, order="mix", group_by="id")

@@ -144,7 +144,7 @@ def plan(dataset: Dataset, files: tuple[FileRef, ...], specs: tuple[ColumnSpec, 
     g_stats: GroupStats | None = None
     if group_by is not None and options.order == "mix":
         raise OptionError(
-            f"group_by={group_by!r} is not available with order=\"mix\" (the default order): the mixed "
+            f"group_by={group_by!r} is not available with order=\"mix\": the mixed "
             "order permutes rows across a task, not whole groups. Pass order=\"windowed\" (and "
             "shuffle_window=N, default 4) to load whole groups")
     if group_by is not None:

@@ -22,7 +22,7 @@ from faultkit import check_batch, clean_hashes, pid_alive, shm_segments, wait_un
 from detload import Loader
 from detload.audit import hash_batch
 
-OPTS = dict(batch_size=100, seed=5, shuffle_window=2)
+OPTS = dict(batch_size=100, seed=5, order="windowed", shuffle_window=2)
 
 
 class Boom(Exception):
@@ -109,7 +109,7 @@ SCRIPT = textwrap.dedent("""
     from detload import Loader
     if __name__ == "__main__":
         root, use_with = sys.argv[1], sys.argv[2] == "with"
-        loader = Loader(root, batch_size=50, seed=1, workers=3, pool="process", shuffle_window=2)
+        loader = Loader(root, batch_size=50, seed=1, workers=3, pool="process", order="windowed", shuffle_window=2)
         def run():
             for epoch in range(1000):
                 loader.set_epoch(epoch)
