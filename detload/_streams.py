@@ -13,11 +13,16 @@ import numpy as np
 __all__ = [
     "TAG_BLOCK",
     "TAG_GROUPS",
+    "TAG_MIX_PARTS",
+    "TAG_MIX_ROWS",
+    "TAG_MIX_TASKS",
     "TAG_ROW_GROUP",
     "TAG_UNITS",
     "block_permutation",
     "group_permutation",
     "group_row_order",
+    "mix_raw",
+    "mix_row_permutation",
     "row_group_entropy",
     "unit_permutation",
 ]
@@ -27,6 +32,10 @@ __all__ = [
 TAG_UNITS = 0x554E_4954  # "UNIT"
 TAG_BLOCK = 0x424C_4B52  # "BLKR"
 TAG_GROUPS = 0x4752_5053  # "GRPS": the order of a block's groups (group_batches)
+# The mixed order (plan format 3): units to partitions, pieces to tasks, a task's rows.
+TAG_MIX_PARTS = 0x4D58_5054  # "MXPT" [tag, seed_lo32, seed_hi32, epoch]
+TAG_MIX_TASKS = 0x4D58_544B  # "MXTK" [tag, seed_lo32, seed_hi32, epoch, partition]
+TAG_MIX_ROWS = 0x4D58_5257  # "MXRW" [tag, seed_lo32, seed_hi32, epoch, partition, task]
 
 _U32 = 0xFFFF_FFFF
 
@@ -115,6 +124,17 @@ def _packed_order(keys: np.ndarray) -> np.ndarray | None:
 def unit_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
     """The order of the epoch's units when shuffling."""
     return _stream_permutation(_entropy(TAG_UNITS, seed, epoch), n)
+
+
+def mix_raw(tag: int, seed: int, n: int, *words: int) -> np.ndarray:
+    """The first ``n`` raw 64-bit words of a mixed-order stream (MXPT or MXTK)."""
+    return np.asarray(np.random.PCG64(np.random.SeedSequence(_entropy(tag, seed, *words))).random_raw(n),
+                      dtype=np.uint64)
+
+
+def mix_row_permutation(seed: int, epoch: int, partition: int, task: int, n: int) -> np.ndarray:
+    """The order of the ``n`` rows of one task of the mixed order when shuffling."""
+    return _stream_permutation(_entropy(TAG_MIX_ROWS, seed, epoch, partition, task), n)
 
 
 def block_permutation(seed: int, epoch: int, partition: int, block: int, n: int) -> np.ndarray:

@@ -166,11 +166,27 @@ def _add_cast(p: Any) -> argparse.Action:
                                "columns (default: none; see docs/types.md)")
 
 
+def _add_order(g: Any) -> None:
+    g.add_argument("--order", choices=["mix", "windowed"], default="windowed",
+                   help="the batch order: windowed (plan format 2: blocks of --shuffle-window row groups) or mix "
+                        "(plan format 3: every batch draws from the whole partition)")
+    g.add_argument("--shuffle-window", type=int, default=None,
+                   help="with --order windowed: row groups whose rows are mixed together (default: 4)")
+    rare(g.add_argument("--mix-window", type=int, default=None,
+                        help="with --order mix: row groups one task reads and mixes together (default: 64)"))
+    rare(g.add_argument("--block-rows", type=int, default=None,
+                        help="with --order mix: rows per block at most (default: 4 x the median row group)"))
+
+
+def _order_kwargs(a: argparse.Namespace) -> dict[str, Any]:
+    return dict(order=a.order, shuffle_window=a.shuffle_window, mix_window=a.mix_window, block_rows=a.block_rows)
+
+
 def _common_loader_args(p: argparse.ArgumentParser, s: _Sections, *, need_seed: bool = True) -> None:
     p.add_argument("source", help="a Parquet file, directory, glob or URI (s3://bucket/prefix)")
     s["order"].add_argument("--batch-size", type=int, required=True, help="rows per batch (per rank)")
     s["order"].add_argument("--seed", type=int, required=need_seed, help="the seed that fixes the order")
-    s["order"].add_argument("--shuffle-window", type=int, default=4, help="row groups whose rows are mixed together")
+    _add_order(s["order"])
     s["order"].add_argument("--no-shuffle", action="store_true",
                             help="canonical order: files, then row groups, then rows")
     s["order"].add_argument("--drop-last", action="store_true",
@@ -219,7 +235,7 @@ def _filter_kwargs(a: argparse.Namespace) -> dict[str, Any]:
 def _loader_kwargs(a: argparse.Namespace) -> dict[str, Any]:
     return dict(
         batch_size=a.batch_size, seed=a.seed, columns=a.columns, shuffle=not a.no_shuffle,
-        shuffle_window=a.shuffle_window, drop_last=a.drop_last, partitions=a.partitions,
+        **_order_kwargs(a), drop_last=a.drop_last, partitions=a.partitions,
         null_fill=dict(a.null_fill), cast=dict(a.cast) or None,
         **_groups(rank=a.rank, world_size=a.world_size),
     )
@@ -375,7 +391,7 @@ def _parser() -> argparse.ArgumentParser:
     s = _Sections(p)
     p.add_argument("source", help="a Parquet file, directory, glob or URI")
     s["order"].add_argument("--batch-size", type=int, default=4096, help="rows per batch")
-    s["order"].add_argument("--shuffle-window", type=int, default=4, help="row groups whose rows are mixed together")
+    _add_order(s["order"])
     s["order"].add_argument("--seed", type=int, default=0, help="the seed that fixes the order")
     s["select"].add_argument("--columns", type=_columns, metavar="A,B,...",
                              help="comma-separated columns (default: all, in schema order)")
@@ -592,7 +608,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     _preload(a)
     t0 = time.perf_counter()
     with interruptible(), Loader(a.source, batch_size=a.batch_size, seed=a.seed, workers=a.workers,
-                                 shuffle_window=a.shuffle_window, columns=a.columns, null_fill=dict(a.null_fill),
+                                 **_order_kwargs(a), columns=a.columns, null_fill=dict(a.null_fill),
                                  cast=dict(a.cast) or None, **_filter_kwargs(a), **_group_kwargs(a),
                                  **_groups(pool=a.pool, prefetch=a.prefetch, cache_dir=a.cache_dir,
                                            cache_limit=a.cache_limit, cache_map_limit=a.cache_map_limit)) as loader:
@@ -770,6 +786,15 @@ def _cmd_plan(a: argparse.Namespace) -> int:
             parts.append(show(r))
         return "+".join(parts)
 
+    if "tasks" in d:  # the mixed order: tasks of pieces, each cut into blocks
+        for tk in d["tasks"]:
+            pieces = ", ".join(show_unit(u["ranges"]) for u in tk["units"])
+            sizes = [b - a for a, b in zip(tk["block_bounds"], tk["block_bounds"][1:])]
+            who = f" worker {tk['worker']:<3}" if "worker" in tk else ""
+            print(f"  task partition {tk['partition']} #{tk['number']:<3}{who} rows {tk['rows']:<8,} "
+                  f"blocks {len(sizes)} of {min(sizes):,}-{max(sizes):,} rows, steps {tk['steps'][0]}-"
+                  f"{tk['steps'][1]}  [{pieces}]")
+        return 0
     for blk in d["blocks"]:
         units = ", ".join(show_unit(u["ranges"]) for u in blk["units"])
         print(f"  block k={blk['k']:<4} partition {blk['partition']} #{blk['number']:<3} worker {blk['worker']:<3} "
@@ -869,7 +894,7 @@ def _cmd_demo(a: argparse.Namespace) -> int:
         t = time.perf_counter()
         rows = 0
         with interruptible(), Loader(data, batch_size=4096, seed=42, workers=workers, pool="process",
-                                     shuffle_window=4, manifest=path) as loader:
+                                     manifest=path) as loader:
             for epoch in range(2):
                 loader.set_epoch(epoch)
                 for batch in loader:

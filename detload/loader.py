@@ -30,7 +30,7 @@ from ._check import check_int, check_path, check_writable_file
 from ._discovery import Dataset, SkippedFilesWarning, describe_skipped, discover, skipped_why
 from ._engine.config import WorkerConfig, WorkerKind
 from ._engine.memory import BufferWatch, finalize
-from ._engine.merge import END, STOPPED, Failure, Run, make_tasks
+from ._engine.merge import END, STOPPED, Failure, Run, ahead_counts, make_tasks
 from ._engine.pool import WorkerPool
 from ._engine.spawn import check_for_processes
 from ._hooks import Hooks
@@ -40,9 +40,9 @@ from ._types import INT96_UNIT, Column, ColumnSpec, normalize_cast
 from .audit import MANIFEST_FORMAT, MANIFEST_VERSION, ManifestWriter
 from .errors import BlockMemoryWarning, DataError, DetloadError, OptionError, StateError
 from .options import Cache, Distributed, Pool, PoolKind, Storage, as_cache, as_distributed, as_pool, as_storage
-from .plan import PLAN_FORMAT_VERSION, OrderOptions, Plan
+from .plan import PLAN_FORMAT_MIX, PLAN_FORMAT_VERSION, OrderOptions, Plan
 from .planning.mixing import mixing_report
-from .planning.order import block_memory_warning
+from .planning.order import block_memory_warning, window_memory_warning
 from .stats import Stats, _cores, summarize
 from .transform import Transform
 
@@ -168,7 +168,13 @@ class Loader:
     - ``columns``: a list of column names (default: all, in schema order); Hive
       partition columns come last.
     - ``shuffle``: permute row groups and the rows of each block (default True).
-    - ``shuffle_window``: row groups per block, whose rows are permuted together (default 4).
+    - ``order``: "windowed" (default; plan format 2: blocks of ``shuffle_window`` row groups) or
+      "mix" (plan format 3: each batch draws from a task of up to ``mix_window`` row groups
+      spread over the whole partition); see docs/determinism.md.
+    - ``shuffle_window``: with the windowed order, row groups per block, whose rows are permuted
+      together (default 4).
+    - ``mix_window``: with the mixed order, row groups one task reads once and mixes (default 64).
+    - ``block_rows``: with the mixed order, rows per block at most (default 4 x the median row group).
     - ``drop_last``: make every step full and drop the tail (default False).
     - ``null_fill``: ``{column: value}`` replacing nulls before conversion.
     - ``cast``: ``{column: dtype}`` delivering a column as another dtype, checked value by value.
@@ -239,7 +245,7 @@ class Loader:
         workers: int | str = 1,
         columns: Sequence[str] | None = None,
         shuffle: bool = True,
-        shuffle_window: int = 4,
+        shuffle_window: int | None = None,
         drop_last: bool = False,
         null_fill: Mapping[str, Any] | None = None,
         cast: Mapping[str, Any] | None = None,
@@ -254,6 +260,9 @@ class Loader:
         group_columns: Sequence[str] | None = None,
         max_group_items: int | None = None,
         transform: Any = None,
+        order: str = "windowed",
+        mix_window: int | None = None,
+        block_rows: int | None = None,
     ) -> None:
         #: Test and benchmark hooks (never set in production): those in force when built.
         self._hooks: Hooks = _hooks.current()
@@ -276,7 +285,8 @@ class Loader:
             partitions = world
         self._options = OrderOptions(
             seed=seed, batch_size=batch_size, shuffle=shuffle, shuffle_window=shuffle_window,
-            drop_last=drop_last, partitions=partitions, world_size=world,
+            drop_last=drop_last, partitions=partitions, world_size=world, order=order, mix_window=mix_window,
+            block_rows=block_rows,
         )
         self._rank = check_int("rank", self.rank, 0, below=world)
         if null_fill is not None and not isinstance(null_fill, Mapping):
@@ -435,10 +445,12 @@ class Loader:
         """Warn once per loader when the largest block would exceed the block memory budget."""
         if self._block_memory is None:
             return
-        text = block_memory_warning(plan, self._row_bytes, self._block_memory)
-        if text is not None:
-            warnings.warn(BlockMemoryWarning(text + " Pass Pool(block_memory=None) to silence this."),
-                          stacklevel=4)
+        # A mixed-order task's window is heap memory without a cache; with one it is mapped entries.
+        window = window_memory_warning(plan, self._row_bytes, self._block_memory) if self.cache is None else None
+        for text in (block_memory_warning(plan, self._row_bytes, self._block_memory), window):
+            if text is not None:
+                warnings.warn(BlockMemoryWarning(text + " Pass Pool(block_memory=None) to silence this."),
+                              stacklevel=4)
 
     @property
     def epoch(self) -> int:
@@ -503,7 +515,7 @@ class Loader:
             "detload_version": __version__,
             "order": self._order,
             "fingerprint": self.fingerprint,
-            "plan_format": PLAN_FORMAT_VERSION,
+            "plan_format": self.options.plan_format,
             "batch_size": self.options.batch_size,
             "rank": self.rank,
             "world_size": self.options.world_size,
@@ -616,7 +628,7 @@ class Loader:
             return
         plan = self.plan(nxt)
         tasks = make_tasks(plan, 0, pool.workers)
-        counts = [min(len(t), self.prefetch) for t in tasks]
+        counts = ahead_counts(tasks, self.prefetch)
         gen = pool.passes.ahead(self._gen)
         pool.submit(gen, [t[:n] for t, n in zip(tasks, counts)], ahead=True)
         self._ahead = _Ahead(pool, gen, (plan.epoch, plan.fingerprint), counts)
@@ -727,7 +739,7 @@ class Loader:
         return {
             "format": STATE_FORMAT_VERSION,
             "fingerprint": self.fingerprint,
-            "plan_format": PLAN_FORMAT_VERSION,
+            "plan_format": self.options.plan_format,
             "epoch": self._epoch,
             "step": self._position,
             "order": dict(self.order),
@@ -763,7 +775,8 @@ class Loader:
         if "plan_format" in diffs:
             diffs = ["plan_format"]  # the other differences (units_digest) follow from it
         if diffs:
-            raise StateError("cannot resume: " + "; ".join(self._describe_diff(k, theirs.get(k)) for k in diffs))
+            raise StateError("cannot resume: " + "; ".join(self._describe_diff(k, theirs.get(k), theirs)
+                                                           for k in diffs))
         if state.get("fingerprint") != self.fingerprint:
             raise StateError("cannot resume: the state's plan fingerprint does not match this loader's "
                              "(the state was edited, or made by an incompatible detload)")
@@ -776,11 +789,21 @@ class Loader:
             raise StateError(f"state step {step} is past the {steps} steps of epoch {epoch}")
         return epoch, step
 
-    def _describe_diff(self, key: str, theirs: Any) -> str:
+    def _describe_diff(self, key: str, theirs: Any, state_order: Mapping[str, Any]) -> str:
         mine = self.order.get(key)
         if key == "dataset":
             return (f"the dataset changed (fingerprint {theirs!r} in the state, {mine!r} here): "
                     "files, row groups or schema differ")
+        if key == "plan_format" and theirs == PLAN_FORMAT_VERSION and mine == PLAN_FORMAT_MIX:
+            return (f"this state was written with plan format {theirs} (the windowed order) and this loader "
+                    f"plans the mixed order (plan format {mine}, order=\"mix\"). To resume it pass "
+                    f"order=\"windowed\" and shuffle_window={state_window(state_order)} as in the state, or "
+                    "start a new run")
+        if key == "plan_format" and theirs == PLAN_FORMAT_MIX and mine == PLAN_FORMAT_VERSION:
+            return (f"this state was written with plan format {theirs} (the mixed order, order=\"mix\") and this "
+                    f"loader plans the windowed order (plan format {mine}). To resume it pass order=\"mix\" "
+                    "with the state's mix_window and block_rows, or "
+                    "start a new run")
         if key == "plan_format":
             return (f"the plan format changed ({theirs!r} in the state, {mine!r} here): this detload plans with "
                     f"format {mine} (row-range units, partitions balanced by rows), which orders the batches of "
@@ -996,6 +1019,11 @@ def _manifest_file(manifest: str, rank: int) -> str:
     if path.endswith(("/", os.sep)) or os.path.isdir(path):
         return os.path.join(path, f"rank-{rank:05d}.jsonl")
     return path
+
+
+def state_window(order: Mapping[str, Any]) -> Any:
+    """The shuffle_window a windowed order's state or manifest header recorded (4 if it did not)."""
+    return order.get("shuffle_window", 4)
 
 
 def _ranges(steps: Sequence[int]) -> str:

@@ -17,11 +17,20 @@ import xxhash
 from ._check import check_int
 from .errors import EmptyDatasetError, OptionError
 
-__all__ = ["PLAN_FORMAT_VERSION", "Block", "OrderOptions", "Plan", "Range", "Unit", "UnitList"]
+__all__ = ["PLAN_FORMAT_MIX", "PLAN_FORMAT_VERSION", "Block", "MixBlock", "MixPlan", "MixTask", "OrderOptions",
+           "Plan", "Range", "Unit", "UnitList"]
 
 #: Bumped whenever the same inputs would yield a different order. Format 1 (whole row
-#: groups dealt round-robin to partitions) is gone; 2 is the only format.
+#: groups dealt round-robin to partitions) is gone; 2 is the windowed order (``order="windowed"``).
 PLAN_FORMAT_VERSION = 2
+#: The mixed order (``order="mix"``, stratified windows): docs/determinism.md.
+PLAN_FORMAT_MIX = 3
+
+#: The orders a loader can plan, by name.
+ORDERS = ("mix", "windowed")
+#: Defaults of the orders' own options (None in `OrderOptions` until resolved).
+DEFAULT_SHUFFLE_WINDOW = 4
+DEFAULT_MIX_WINDOW = 64
 
 _MAX_SEED = 2**64 - 1
 
@@ -31,25 +40,60 @@ class OrderOptions:
     """Every option that decides which rows a step yields (and nothing else).
 
     ``batch_size`` is per rank; the global batch is ``batch_size * world_size``
-    and must divide by ``partitions``.
+    and must divide by ``partitions``. ``order`` picks the order: "windowed" (plan
+    format 2: blocks of ``shuffle_window`` row groups) or "mix" (plan format 3: tasks of up
+    to ``mix_window`` row groups spread over the partition, cut into blocks of at most
+    ``block_rows`` rows; None: 4 x the median unit rows, resolved by the planner).
+    Each order's own options are None until resolved; giving one to the other order
+    is an OptionError.
     """
 
     seed: int
     batch_size: int
     shuffle: bool = True
-    shuffle_window: int = 4
+    shuffle_window: int | None = None
     drop_last: bool = False
     partitions: int = 1
     world_size: int = 1
     #: Batches are filled greedily with whole groups (the units' ``groups``), up to a
     #: micro-batch of items, and shuffling permutes whole groups (docs/packing.md).
     group_batches: bool = False
+    order: str = "windowed"
+    mix_window: int | None = None
+    block_rows: int | None = None
 
     def __post_init__(self) -> None:
         # check_int returns a plain int: a NumPy integer would break the JSON of the fingerprint.
         set_ = object.__setattr__
         set_(self, "seed", check_int("seed", self.seed, 0, _MAX_SEED, shown="[0, 2**64)"))
-        for name in ("batch_size", "shuffle_window", "partitions", "world_size"):
+        if self.order not in ORDERS:
+            raise OptionError(f"order must be one of {list(ORDERS)}, got {self.order!r}: \"mix\" mixes every part "
+                              "of the epoch (plan format 3), \"windowed\" is plan format 2's order")
+        if self.order == "mix":
+            if self.shuffle_window is not None:
+                raise OptionError(
+                    f"shuffle_window={self.shuffle_window!r} is an option of order=\"windowed\"; the mixed order "
+                    "(order=\"mix\") takes mix_window= (row groups mixed together) and "
+                    "block_rows= instead. Pass order=\"windowed\" to use shuffle_window")
+            if self.group_batches:
+                raise OptionError(
+                    "group_by= is not available with order=\"mix\": pass order=\"windowed\" "
+                    "(and shuffle_window=N) to load whole groups")
+            if self.mix_window is None:
+                set_(self, "mix_window", DEFAULT_MIX_WINDOW)
+            set_(self, "mix_window", check_int("mix_window", self.mix_window, 1))
+            if self.block_rows is not None:
+                set_(self, "block_rows", check_int("block_rows", self.block_rows, 1))
+        else:
+            for name in ("mix_window", "block_rows"):
+                if getattr(self, name) is not None:
+                    raise OptionError(
+                        f"{name}={getattr(self, name)!r} is an option of order=\"mix\", not of "
+                        f"order=\"windowed\" (which takes shuffle_window=): pass order=\"mix\" or leave {name} out")
+            if self.shuffle_window is None:
+                set_(self, "shuffle_window", DEFAULT_SHUFFLE_WINDOW)
+            set_(self, "shuffle_window", check_int("shuffle_window", self.shuffle_window, 1))
+        for name in ("batch_size", "partitions", "world_size"):
             set_(self, name, check_int(name, getattr(self, name), 1))
         for name in ("shuffle", "drop_last", "group_batches"):
             if not isinstance(getattr(self, name), bool):
@@ -75,16 +119,28 @@ class OrderOptions:
     def micro_batch(self) -> int:
         return self.global_batch_size // self.partitions
 
+    @property
+    def plan_format(self) -> int:
+        """The plan format of this order: 3 for "mix", 2 for "windowed"."""
+        return PLAN_FORMAT_MIX if self.order == "mix" else PLAN_FORMAT_VERSION
+
     def order_dict(self) -> dict[str, object]:
-        """The options that decide the global order; the world size only splits it."""
+        """The options that decide the global order; the world size only splits it.
+
+        The windowed order's dict is plan format 2's, unchanged (no ``order`` key), so its
+        fingerprints stay; the mixed order's names itself, its window and its block rows
+        (None until the planner resolved them from the units).
+        """
         d: dict[str, object] = {
             "seed": self.seed,
             "global_batch_size": self.global_batch_size,
             "shuffle": self.shuffle,
-            "shuffle_window": self.shuffle_window,
-            "drop_last": self.drop_last,
-            "partitions": self.partitions,
         }
+        if self.order == "mix":
+            d |= {"order": "mix", "mix_window": self.mix_window, "block_rows": self.block_rows}
+        else:
+            d["shuffle_window"] = self.shuffle_window
+        d |= {"drop_last": self.drop_last, "partitions": self.partitions}
         if self.group_batches:  # only when set: ungrouped plans keep their fingerprints
             d["group_batches"] = True
         return d
@@ -320,6 +376,10 @@ class Plan:
             out[k % workers].append(b)
         return out
 
+    def block_workers(self, workers: int, start_step: int = 0) -> list[int]:
+        """The worker that builds each block of `schedule_from` (``start_step``): k mod ``workers``."""
+        return [k % workers for k in range(len(self.schedule_from(start_step)))]
+
     @property
     def total_rows(self) -> int:
         return self.units.total_rows
@@ -367,5 +427,185 @@ class Plan:
                     "worker": k % workers,
                 }
                 for k, b in enumerate(self.schedule)
+            ],
+        }
+
+
+# -- plan format 3: the mixed order (order="mix") ---------------------------------------
+
+
+@dataclass(frozen=True)
+class MixTask:
+    """What one worker builds in one go (plan format 3): its pieces read once, their rows
+    permuted together, emitted as blocks ``[bounds[j], bounds[j + 1])`` of the permuted rows.
+
+    ``units`` are the pieces in canonical order (a piece is a unit, or the part of one that a
+    partition boundary cut), ``sources`` their input units' indexes, ``offsets`` each piece's
+    first row within its source unit; ``start`` is the task's first row in its partition's
+    stream; ``first_step`` and ``last_step`` the steps whose micro-batches take rows from it.
+    """
+
+    partition: int
+    number: int
+    units: tuple[Unit, ...]
+    sources: tuple[int, ...]
+    offsets: tuple[int, ...]
+    rows: int
+    start: int
+    bounds: tuple[int, ...]
+    first_step: int
+    last_step: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.rows
+
+    @property
+    def ranges(self) -> tuple[Range, ...]:
+        """What a worker reads, in order: the task's rows before its permutation."""
+        return tuple(r for u in self.units for r in u.ranges)
+
+    @property
+    def blocks(self) -> int:
+        return len(self.bounds) - 1
+
+
+@dataclass(frozen=True)
+class MixBlock(Block):
+    """Block ``index`` of task ``task`` (plan format 3): rows ``[task.bounds[index],
+    task.bounds[index + 1])`` of the task's permuted rows. ``number`` counts the partition's
+    blocks in stream order, ``start`` is the block's first row in its partition's stream;
+    ``units`` and ``sources`` are its task's (any row of the task may land in it)."""
+
+    task: MixTask = field(repr=False)
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class MixPlan(Plan):
+    """One epoch's plan of the mixed order (plan format 3) for one rank.
+
+    ``tasks[p]`` are partition p's tasks in stream order; ``blocks[p]`` their blocks, in
+    stream order; ``schedule`` the rank's blocks in the order the merger takes them. The
+    fields shared with `Plan` keep their meaning (``unit_order``: the units in the order
+    partitions were cut from, canonical order with one partition).
+    """
+
+    tasks: tuple[tuple[MixTask, ...], ...] = field(default=(), repr=False)
+
+    plan_format = PLAN_FORMAT_MIX
+
+    def task_schedules(self, workers: int, start_step: int = 0
+                       ) -> list[list[tuple[MixTask, tuple[tuple[int, int], ...]]]]:
+        """Each worker's tasks from ``start_step`` on, with the blocks to build: ``(k, index)``
+        pairs, k the block's position in `schedule_from` (``start_step``).
+
+        Tasks are taken in the order of their first needed block (by first step, partition,
+        number), task i to worker i mod ``workers``; a task whose first blocks lie before
+        ``start_step`` (a resume lands in it) lists only the blocks still needed.
+        """
+        order: list[tuple[MixTask, list[tuple[int, int]]]] = []
+        seen: dict[tuple[int, int], int] = {}
+        for k, b in enumerate(self.schedule_from(start_step)):
+            assert isinstance(b, MixBlock)
+            key = (b.partition, b.task.number)
+            i = seen.get(key)
+            if i is None:
+                i = seen[key] = len(order)
+                order.append((b.task, []))
+            order[i][1].append((k, b.index))
+        out: list[list[tuple[MixTask, tuple[tuple[int, int], ...]]]] = [[] for _ in range(workers)]
+        for i, (task, blocks) in enumerate(order):
+            out[i % workers].append((task, tuple(blocks)))
+        return out
+
+    def block_workers(self, workers: int, start_step: int = 0) -> list[int]:
+        """The worker that builds each block of `schedule_from` (``start_step``): its task's."""
+        owner: list[int] = [0] * len(self.schedule_from(start_step))
+        for w, tasks in enumerate(self.task_schedules(workers, start_step)):
+            for _, blocks in tasks:
+                for k, _ in blocks:
+                    owner[k] = w
+        return owner
+
+    def worker_schedules(self, workers: int, start_step: int = 0) -> list[list[Block]]:
+        """The blocks each worker builds (those of its tasks), in the order it hands them over."""
+        sched = self.schedule_from(start_step)
+        out: list[list[Block]] = [[] for _ in range(workers)]
+        for k, w in enumerate(self.block_workers(workers, start_step)):
+            out[w].append(sched[k])
+        return out
+
+    def partition_row_ids(self, partition: int) -> np.ndarray:
+        """Partition ``partition``'s stream as global row ids (the row's index in the
+        concatenation of the units' delivered rows, canonical order)."""
+        from ._streams import mix_row_permutation  # the streams import nothing of the plan
+
+        starts = np.concatenate([[0], np.cumsum(self.units.rows)[:-1]]).astype(np.int64)
+        out: list[np.ndarray] = []
+        for t in self.tasks[partition]:
+            ids = np.concatenate([np.arange(r, dtype=np.int64) + starts[s] + o
+                                  for s, o, r in zip(t.sources, t.offsets, (u.rows for u in t.units))])
+            if self.options.shuffle:
+                ids = ids[mix_row_permutation(self.options.seed, self.epoch, t.partition, t.number, t.rows)]
+            out.append(ids)
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+    def row_ids(self) -> np.ndarray:
+        """The global row ids this rank's steps deliver, in order (step by step, each step's
+        owned partitions in order): what the batches hold, without reading any data."""
+        owned = list(self.owned_partitions)
+        streams = {p: self.partition_row_ids(p) for p in owned}
+        parts = [streams[p][slice(*self.micro_range(p, i))] for i in range(self.steps) for p in owned]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def to_dict(self, workers: int = 1) -> dict[str, object]:
+        """A JSON-able description (what ``detload plan`` prints): the tasks, each with its
+        pieces, block bounds, steps and worker."""
+        owners = self.block_workers(workers)
+        first_k: dict[tuple[int, int], int] = {}
+        for k, b in enumerate(self.schedule):
+            assert isinstance(b, MixBlock)
+            first_k.setdefault((b.partition, b.task.number), k)
+
+        def piece(u: Unit, src: int) -> dict[str, object]:
+            d: dict[str, object] = {"source": src, "rows": u.rows, "ranges": [list(r) for r in u.ranges]}
+            if u.selection:
+                d["selection"] = u.selection
+            return d
+
+        return {
+            "plan_format": PLAN_FORMAT_MIX,
+            "fingerprint": self.fingerprint,
+            "units_digest": self.units.digest,
+            "epoch": self.epoch,
+            "rank": self.rank,
+            "options": self.options.order_dict() | {"batch_size": self.options.batch_size,
+                                                    "world_size": self.options.world_size},
+            "units": len(self.units),
+            "rows": self.total_rows,
+            "steps": self.steps,
+            "dropped_rows": self.dropped_rows,
+            "partition_rows": list(self.partition_rows),
+            "boundaries": list(self.boundaries),
+            "redundant_reads": self.redundant_reads,
+            "unit_order": self.unit_order.tolist(),
+            "tasks": [
+                {
+                    "partition": t.partition,
+                    "number": t.number,
+                    "units": [piece(u, s) for u, s in zip(t.units, t.sources)],
+                    "rows": t.rows,
+                    "block_bounds": list(t.bounds),
+                    "steps": [t.first_step, t.last_step],
+                    **({"worker": owners[first_k[(t.partition, t.number)]]}
+                       if (t.partition, t.number) in first_k else {}),
+                }
+                for p in self.owned_partitions for t in self.tasks[p]
+            ],
+            "blocks": [
+                {"k": k, "partition": b.partition, "number": b.number, "task": b.task.number,
+                 "index": b.index, "rows": b.rows, "steps": [b.first_step, b.last_step], "worker": owners[k]}
+                for k, b in enumerate(self.schedule) if isinstance(b, MixBlock)
             ],
         }

@@ -222,6 +222,16 @@ def _compare(a: Run | Continued, b: Run | Continued) -> VerifyResult:
         # Another plan format orders every batch differently: a batch-by-batch comparison
         # would only report a divergence at step 0, which says nothing about either run.
         res.identical, res.kind = False, "formats"
+        if {fa, fb} == {2, 3}:
+            old = oa if fa == 2 else ob
+            res.message = (
+                f"plan formats differ ({fa} vs {fb}): {'A' if fa == 2 else 'B'} was planned with plan format 2 (the "
+                f"windowed order) and {'B' if fa == 2 else 'A'} with plan format 3 (the mixed order), "
+                "which order batches differently, so their batches are not compared. To compare, rerun the "
+                f"format-3 side with the windowed order (order=\"windowed\", shuffle_window="
+                f"{old.get('shuffle_window', 4)}; `detload run --order windowed --shuffle-window "
+                f"{old.get('shuffle_window', 4)}`), or the format-2 side with the mixed order")
+            return res
         res.message = (f"plan formats differ ({fa} vs {fb}): A was planned with plan format {fa} and B with "
                        f"{fb}, which order batches differently, so their batches are not compared. Rerun the "
                        "older side with this detload to compare them")

@@ -194,9 +194,11 @@ def model_batches(
     partitions: int = 1,
     world_size: int = 1,
     rank: int = 0,
+    order: str = "windowed",
 ) -> list[np.ndarray]:
     """The ids of every batch rank ``rank`` should get, from the design's description alone
     (plan format 2: partitions are equal row ranges of the permuted unit stream)."""
+    assert order == "windowed", "the model is plan format 2's windowed order"
     unit_ids = [ids for _, _, ids in info.units]
     m = batch_size * world_size // partitions
     all_ids = np.concatenate(unit_ids) if unit_ids else np.empty(0, np.int64)
@@ -210,6 +212,23 @@ def model_batches(
     per = partitions // world_size
     owned = range(rank * per, (rank + 1) * per)
     return [np.concatenate([streams[p][i * m : (i + 1) * m] for p in owned]) for i in range(steps)]
+
+
+def model_mix_ids(info: DatasetInfo, *, seed: int, epoch: int = 0, mix_window: int = 64,
+                  block_rows: int | None = None, partitions: int = 1) -> list[np.ndarray]:
+    """Each partition's stream of ids under the mixed order (plan format 3), from the design's
+    prototype (experiments/mixing/order.py), which imports nothing of detload."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "experiments" / "mixing" / "order.py"
+    spec = importlib.util.spec_from_file_location("_mix_prototype", path)
+    assert spec is not None and spec.loader is not None
+    proto = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(proto)
+    order = proto.stratified_order([len(ids) for _, _, ids in info.units], seed, epoch, window=mix_window,
+                                   block_rows=block_rows, partitions=partitions)
+    return [info.all_ids[s] for s in order.streams]
 
 
 # -- strategies ----------------------------------------------------------------
@@ -265,6 +284,7 @@ def load_options(draw: st.DrawFn, total: int, max_steps: int = 250) -> dict[str,
         "seed": draw(st.one_of(st.integers(0, 2**64 - 1), st.integers(0, 100))),
         "batch_size": max(1, batch_size),
         "shuffle": draw(st.booleans()),
+        "order": "windowed",
         "shuffle_window": draw(st.integers(1, 8)),
         "drop_last": drop_last,
     }

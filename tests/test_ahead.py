@@ -19,7 +19,7 @@ import detload
 from detload import Loader, hash_batch
 from detload._engine.config import DebugHooks
 
-OPTS = dict(batch_size=96, seed=3, shuffle_window=2)
+OPTS = dict(batch_size=96, seed=3, order="windowed", shuffle_window=2)
 
 
 @pytest.fixture(scope="module")

@@ -64,8 +64,12 @@ def ds(small_dataset):
         ({"seed": 2**64}, r"seed must be an int in \[0, 2\*\*64\)"),
         ({"pool": "fork"}, r"pool must be 'thread' or 'process', got 'fork'"),
         ({"pool": 3}, r"pool must be a detload.Pool, 'thread' or 'process', or None, got int 3"),
-        ({"shuffle_window": 0}, r"shuffle_window must be an int >= 1, got 0"),
-        ({"shuffle_window": 2.5}, r"shuffle_window must be an int"),
+        ({"order": "windowed", "shuffle_window": 0}, r"shuffle_window must be an int >= 1, got 0"),
+        ({"order": "windowed", "shuffle_window": 2.5}, r"shuffle_window must be an int"),
+        ({"order": "mix", "shuffle_window": 2}, r"shuffle_window=2 is an option of order=\"windowed\""),
+        ({"order": "mix", "mix_window": 0}, r"mix_window must be an int >= 1, got 0"),
+        ({"mix_window": 8}, r"mix_window=8 is an option of order=\"mix\""),
+        ({"order": "iid"}, r"order must be one of \['mix', 'windowed'\], got 'iid'"),
         ({"pool": lambda: detload.Pool(prefetch=0)},
          r"Pool.prefetch must be an int in \[1, 1024\] \(blocks queued per worker\), got 0"),
         ({"pool": lambda: detload.Pool(stall_timeout=0)}, r"Pool.stall_timeout must be a positive number"),
@@ -132,7 +136,7 @@ def test_numpy_integers_are_ints(ds, tmp_path):
     """The option checks accept NumPy integers, so the loader must work with them like with ints."""
     with Loader(ds, batch_size=8, seed=5, manifest=str(tmp_path / "a.jsonl")) as a:
         want = [b["id"].copy() for b in a]
-    with Loader(ds, batch_size=np.int64(8), seed=np.uint64(5), shuffle_window=np.int32(4),
+    with Loader(ds, batch_size=np.int64(8), seed=np.uint64(5), order="windowed", shuffle_window=np.int32(4),
                 manifest=str(tmp_path / "b.jsonl")) as b:
         assert b.fingerprint == a.fingerprint
         got = [x["id"].copy() for x in b]

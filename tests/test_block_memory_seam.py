@@ -14,7 +14,7 @@ import pytest
 
 from detload import Loader, OptionError, Pool
 
-OPTS = dict(batch_size=50, seed=3, shuffle_window=2)
+OPTS = dict(batch_size=50, seed=3, order="windowed", shuffle_window=2)
 
 
 class Recorder:

@@ -32,7 +32,7 @@ from detload.cli import main as cli_main  # noqa: E402
 from detload.verify import verify  # noqa: E402
 
 FILES = {"a.parquet": [300, 200, 157], "b.parquet": [250, 250], "sub/c.parquet": [211]}
-OPTS = dict(batch_size=128, seed=7, shuffle_window=2)
+OPTS = dict(batch_size=128, seed=7, order="windowed", shuffle_window=2)
 
 
 @pytest.fixture

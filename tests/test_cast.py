@@ -277,7 +277,7 @@ CAST = {"price": "float64", "n": "int8"}
 
 
 def run(source, manifest, **kw) -> None:
-    with Loader(source, batch_size=16, seed=9, shuffle_window=2, manifest=str(manifest), cast=CAST, **kw) as loader:
+    with Loader(source, batch_size=16, seed=9, order="windowed", shuffle_window=2, manifest=str(manifest), cast=CAST, **kw) as loader:
         for e in range(2):
             loader.set_epoch(e)
             for _ in loader:
@@ -324,7 +324,7 @@ def test_cast_on_the_command_line(prices, tmp_path, capsys):
     assert read_manifest(str(tmp_path / "cli.jsonl")).header["order"]["cast"] == CAST
     capsys.readouterr()
     assert main(["plan", *args, *cast, "--json"]) == 0
-    with Loader(prices, batch_size=16, seed=9, shuffle_window=2, cast=CAST) as loader:
+    with Loader(prices, batch_size=16, seed=9, order="windowed", shuffle_window=2, cast=CAST) as loader:
         assert json.loads(capsys.readouterr().out)["fingerprint"] == loader.plan().fingerprint
     assert main(["bench", prices, "--epochs", "1", "--workers", "1", *cast]) == 0
     assert "rows/s" in capsys.readouterr().out

@@ -12,13 +12,19 @@ import pytest
 from matrix import CACHES, CI_CELLS, POOLS, RESUMES, WORKERS, WORLDS, check_matrix
 
 CONFIGS = {
-    "shuffle": dict(batch_size=64, seed=7, shuffle_window=2),
+    "shuffle": dict(batch_size=64, seed=7, order="windowed", shuffle_window=2),
     "ordered-drop-last": dict(batch_size=50, seed=7, shuffle=False, drop_last=True, columns=["id", "s", "lf"]),
-    "null-fill-and-cast": dict(batch_size=64, seed=3, shuffle_window=3, columns=["nf", "id", "ni"],
+    "null-fill-and-cast": dict(batch_size=64, seed=3, order="windowed", shuffle_window=3, columns=["nf", "id", "ni"],
                                null_fill={"nf": -1.0}, cast={"nf": "float32", "ni": "int32"}),
     # Plan format 2 with more partitions than the world sizes: boundaries cut row groups,
     # and a cut row group is read by two partitions (and, at world size 2, two ranks).
-    "partitions-4": dict(batch_size=64, seed=5, shuffle_window=2, partitions=4),
+    "partitions-4": dict(batch_size=64, seed=5, order="windowed", shuffle_window=2, partitions=4),
+    # The mixed order (plan format 3): one task of every row group, and small
+    # windows and blocks so that tasks have several blocks and a resume lands inside a task.
+    "mix-default": dict(batch_size=64, seed=9, order="mix"),
+    "mix-tasks": dict(batch_size=64, seed=7, order="mix", mix_window=4, block_rows=120),
+    # Fixed partitions over world sizes: tasks within each partition, cut row groups read twice.
+    "mix-partitions-4": dict(batch_size=64, seed=5, order="mix", partitions=4, mix_window=2, block_rows=100),
 }
 
 

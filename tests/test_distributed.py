@@ -138,7 +138,7 @@ def test_bad_distributed_options_are_explained(ds):
 
 def test_mismatched_ranks_are_named(ds):
     loaders = [Loader(ds, batch_size=8, seed=1, distributed=(0, 2)),
-               Loader(ds, batch_size=8, seed=2, distributed=(1, 2), shuffle_window=2)]
+               Loader(ds, batch_size=8, seed=2, distributed=(1, 2), order="windowed", shuffle_window=2)]
     infos = [x.rank_info() for x in loaders]
     with pytest.raises(OptionError) as err:
         loaders[0].check_ranks(lambda _obj: infos)

@@ -77,7 +77,7 @@ def test_int_nulls_with_fill_stay_int64(tmp_path, pool):
 def test_int_nulls_without_fill_raise_at_the_first_batch_that_needs_them(tmp_path, pool, shuffle):
     _int_null_dataset(tmp_path)
     with Loader(str(tmp_path), batch_size=5, seed=4, workers=3, pool=pool, shuffle=shuffle,
-                shuffle_window=1) as loader:
+                order="windowed", shuffle_window=1) as loader:
         plan = loader.plan()
         # the bad unit is b.parquet row group 1: unit 3 in canonical order
         block = next(b for b in plan.blocks[0] if 3 in b.sources)
@@ -202,7 +202,7 @@ EXPECTED = {
 
 
 def test_every_type_maps_the_same_in_every_batch(typed_dataset, pool):
-    with Loader(str(typed_dataset), batch_size=4, seed=1, workers=2, pool=pool, shuffle_window=2) as loader:
+    with Loader(str(typed_dataset), batch_size=4, seed=1, workers=2, pool=pool, order="windowed", shuffle_window=2) as loader:
         specs = {s.name: s for s in loader.column_specs}
         batches = collect(loader)
     assert len(batches) == 13

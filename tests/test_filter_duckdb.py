@@ -56,7 +56,7 @@ def _expected(path: str, expr: pc.Expression) -> list[int]:
 
 def _batches(path: str, expr: pc.Expression, **kw) -> list[list[int]]:
     # The filter reads its own columns (n has nulls no NumPy int holds): only id and market are loaded.
-    with Loader(path, columns=["id", "market"], batch_size=500, seed=11, shuffle_window=3, filter=expr, **kw) as ld:
+    with Loader(path, columns=["id", "market"], batch_size=500, seed=11, order="windowed", shuffle_window=3, filter=expr, **kw) as ld:
         return [np.asarray(b["id"]).tolist() for b in ld]
 
 

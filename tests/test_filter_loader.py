@@ -72,9 +72,9 @@ def test_delivers_exactly_the_rows_pyarrow_selects(root, name):
 @pytest.mark.parametrize("workers,kind", [(1, "process"), (3, "thread"), (3, "process")])
 def test_same_batches_at_any_worker_count_and_pool(root, workers, kind):
     expr = FILTERS["or-not"]
-    with Loader(root, batch_size=50, seed=9, shuffle_window=2, filter=expr) as ref:
+    with Loader(root, batch_size=50, seed=9, order="windowed", shuffle_window=2, filter=expr) as ref:
         want = [{k: np.asarray(v).tolist() for k, v in b.items() if k in ("id", "ni")} for b in ref]
-    with Loader(root, batch_size=50, seed=9, shuffle_window=2, filter=expr, workers=workers, pool=kind) as loader:
+    with Loader(root, batch_size=50, seed=9, order="windowed", shuffle_window=2, filter=expr, workers=workers, pool=kind) as loader:
         got = [{k: np.asarray(v).tolist() for k, v in b.items() if k in ("id", "ni")} for b in loader]
     assert got == want
 
@@ -204,7 +204,7 @@ def test_cli_run_takes_filter_text(root, tmp_path):
 
 @pytest.mark.slow
 def test_filtered_matrix(root, tmp_path):
-    check_matrix(root, dict(batch_size=64, seed=7, shuffle_window=2, filter=FILTERS["or-not"]), str(tmp_path))
+    check_matrix(root, dict(batch_size=64, seed=7, order="windowed", shuffle_window=2, filter=FILTERS["or-not"]), str(tmp_path))
 
 
 def test_verify_names_a_differing_filter(root, tmp_path):

@@ -190,7 +190,8 @@ def test_process_workers_never_import_pandas(typed_data):
 def test_the_errors_tree_in_the_docs_names_every_exception_and_warning():
     import detload.errors
 
-    text = open(os.path.join(ROOT, "docs", "loader.md"), encoding="utf-8").read()
+    with open(os.path.join(ROOT, "docs", "loader.md"), encoding="utf-8") as f:
+        text = f.read()
     section = text[text.index("## Errors"):text.index("## Process workers")]
     missing = [n for n in detload.errors.__all__ if n not in section]
     assert not missing, f"docs/loader.md's Errors section does not name {missing}"

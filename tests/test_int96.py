@@ -166,7 +166,7 @@ def test_warm_cache_gives_the_cold_bytes_for_int96(tmp_path):
     runs = []
     for name in ("cold", "warm", "uncached"):
         cache = str(tmp_path / "cache") if name != "uncached" else None
-        with Loader(str(data), batch_size=4, seed=2, shuffle_window=2, cache=cache,
+        with Loader(str(data), batch_size=4, seed=2, order="windowed", shuffle_window=2, cache=cache,
                     manifest=str(tmp_path / f"{name}.jsonl")) as loader:
             list(loader)
         runs.append([line["hash"] for line in read_manifest(str(tmp_path / f"{name}.jsonl")).batches()])

@@ -108,7 +108,7 @@ def test_close_releases_everything_while_the_error_and_the_loader_are_kept(root,
     traceback reaches the merger's frames) and the loader kept: no pipe, no shared-memory mapping
     or descriptor, no semaphore of the pool is left in this process, without any help from the
     cyclic garbage collector."""
-    opts = dict(batch_size=100, seed=2, shuffle_window=2, workers=3, pool="process")
+    opts = dict(batch_size=100, seed=2, order="windowed", shuffle_window=2, workers=3, pool="process")
     with Loader(root, **opts) as warm:  # the forkserver and resource tracker live on: not the pool's
         next(iter(warm))
     probe = Loader(root, **opts)
@@ -167,7 +167,7 @@ def test_close_releases_a_pool_whose_start_was_refused(root, monkeypatch):
 def test_iterating_again_after_a_worker_died_fails_at_once(root, leak_check, when):
     """The next iter() raises a WorkerError saying the worker died earlier and the loader must
     be made again, before any batch; never a report of the dead worker as busy."""
-    opts = dict(batch_size=100, seed=4, shuffle_window=2, workers=3, pool="process")
+    opts = dict(batch_size=100, seed=4, order="windowed", shuffle_window=2, workers=3, pool="process")
     hooks = None
     if when == "mid-pass":  # worker 1 is still on its last block when it dies
         with Loader(root, **opts) as probe:
@@ -206,7 +206,7 @@ ORPHANS = """
 import sys, time
 from detload import Loader, Pool
 root, state = sys.argv[1], sys.argv[2]
-loader = Loader(root, batch_size=100, seed=1, workers=2, pool=Pool(kind="process", prefetch=1), shuffle_window=1)
+loader = Loader(root, batch_size=100, seed=1, workers=2, pool=Pool(kind="process", prefetch=1), order="windowed", shuffle_window=1)
 it = iter(loader)
 next(it)
 if state == "idle":
@@ -267,7 +267,7 @@ from detload import Loader
 root, use_with, on_term, pool = sys.argv[1], sys.argv[2] == "with", sys.argv[3], sys.argv[4]
 if on_term == "exit":
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
-loader = Loader(root, batch_size=50, seed=1, workers=3, pool=pool, shuffle_window=1)
+loader = Loader(root, batch_size=50, seed=1, workers=3, pool=pool, order="windowed", shuffle_window=1)
 def run():
     for epoch in range(1000):
         loader.set_epoch(epoch)

@@ -47,7 +47,7 @@ def grouped_units(draw: st.DrawFn) -> list[Unit]:
 def test_grouped_plan_fills_micro_batches_greedily_with_whole_groups(units, micro, parts, window, shuffle,
                                                                     drop_last, seed, epoch):
     parts = min(parts, len(units))  # at most one partition per row group
-    opts = OrderOptions(seed=seed, batch_size=micro * parts, shuffle=shuffle, shuffle_window=window,
+    opts = OrderOptions(order="windowed", seed=seed, batch_size=micro * parts, shuffle=shuffle, shuffle_window=window,
                         drop_last=drop_last, partitions=parts, group_batches=True)
     total = sum(u.rows for u in units)
     try:
@@ -100,9 +100,9 @@ def test_group_row_order_keeps_rows_of_a_group_in_stored_order():
 
 
 def test_ungrouped_order_dict_is_unchanged():
-    opts = OrderOptions(seed=1, batch_size=8)
+    opts = OrderOptions(order="windowed", seed=1, batch_size=8)
     assert "group_batches" not in opts.order_dict()
-    assert OrderOptions(seed=1, batch_size=8, group_batches=True).order_dict()["group_batches"] is True
+    assert OrderOptions(order="windowed", seed=1, batch_size=8, group_batches=True).order_dict()["group_batches"] is True
 
 
 def test_runs_of_a_key_column():
@@ -178,7 +178,7 @@ def test_batches_unpack_to_the_stored_rows_and_keep_groups_whole(tmp_path_factor
     batch -= batch % parts
     parts = min(parts, sum(-(-sum(f) // rg) for f in files))  # at most one partition per row group
     with Loader(root, batch_size=batch, seed=seed, shuffle=shuffle, shuffle_window=window, partitions=parts,
-                group_by="q", group_columns=["qf", "emb", "qtext"]) as loader:
+                order="windowed", group_by="q", group_columns=["qf", "emb", "qtext"]) as loader:
         assert loader.group_stats is not None and loader.group_stats["groups"] == sum(len(f) for f in files)
         n = len(loader)
         _check_epoch(loader, table)
@@ -191,7 +191,7 @@ def test_max_group_items_splits_large_groups_into_chunks(tmp_path_factory, layou
     files, rg = layout
     root = str(tmp_path_factory.mktemp("q"))
     table = write_queries(root, files, rg, seed=seed % 1000)
-    with Loader(root, batch_size=6, seed=seed, group_by="q", group_columns=["qf"], max_group_items=n) as loader:
+    with Loader(root, batch_size=6, seed=seed, order="windowed", group_by="q", group_columns=["qf"], max_group_items=n) as loader:
         _check_epoch(loader, table, chunked=True)
         for b in loader:
             assert (np.diff(b.offsets) <= n).all()
@@ -200,12 +200,12 @@ def test_max_group_items_splits_large_groups_into_chunks(tmp_path_factory, layou
 def test_drop_last_reports_dropped_items_and_gives_equal_steps(tmp_path):
     root = str(tmp_path / "q")
     table = write_queries(root, [[5, 3, 7, 2, 4, 6], [1, 8, 3]], 9)
-    with Loader(root, batch_size=20, seed=1, partitions=2, group_by="q", drop_last=True) as loader:
+    with Loader(root, batch_size=20, seed=1, partitions=2, order="windowed", group_by="q", drop_last=True) as loader:
         plan = loader.plan()
         seen = _check_epoch(loader, table, expect_all=False)
         assert len(seen) + plan.dropped_rows == len(table)
         assert plan.steps == min(len(s) - 1 for s in plan.step_starts)
-    with Loader(root, batch_size=20, seed=1, partitions=2, group_by="q") as loader:
+    with Loader(root, batch_size=20, seed=1, partitions=2, order="windowed", group_by="q") as loader:
         plan = loader.plan()
         assert plan.steps == max(len(s) - 1 for s in plan.step_starts) and plan.dropped_rows == 0
         _check_epoch(loader, table)
@@ -217,14 +217,14 @@ def test_a_partition_that_runs_out_gives_empty_micro_batches(tmp_path):
     # row groups of 21 rows: two of them, a partition each at most.
     write_queries(root, [[11, 10, 20]], 21)
     for rank, sizes in ((0, [11, 10]), (1, [20, 0])):
-        with Loader(root, batch_size=20, seed=0, shuffle=False, partitions=2, group_by="q",
+        with Loader(root, batch_size=20, seed=0, shuffle=False, partitions=2, order="windowed", group_by="q",
                     distributed=detload.Distributed(rank, 2)) as loader:
             plan = loader.plan()
             assert [len(s) - 1 for s in plan.step_starts] == [2, 1]
             got = list(loader)
             assert [b.n_items for b in got] == sizes
             assert got[-1].n_groups == (0 if rank else 1) and got[-1].offsets.tolist() == ([0] if rank else [0, 10])
-    with Loader(root, batch_size=20, seed=0, shuffle=False, partitions=2, group_by="q", drop_last=True,
+    with Loader(root, batch_size=20, seed=0, shuffle=False, partitions=2, order="windowed", group_by="q", drop_last=True,
                 distributed=detload.Distributed(1, 2)) as loader:
         assert len(loader) == 1 and loader.plan().dropped_rows == 10
 
@@ -232,7 +232,7 @@ def test_a_partition_that_runs_out_gives_empty_micro_batches(tmp_path):
 def test_filter_runs_first_and_a_partly_selected_group_comes_as_its_selected_part(tmp_path):
     root = str(tmp_path / "q")
     table = write_queries(root, [[6, 4, 9], [3, 5]], 5)
-    with Loader(root, batch_size=16, seed=2, group_by="q", group_columns=["qf"], filter="price < 0.5") as loader:
+    with Loader(root, batch_size=16, seed=2, order="windowed", group_by="q", group_columns=["qf"], filter="price < 0.5") as loader:
         keep = np.flatnonzero(table.column("price").to_numpy() < 0.5)
         seen = _check_epoch(loader, table, expect_all=False)
         assert sorted(seen) == keep.tolist()
@@ -244,7 +244,7 @@ def test_group_runs_come_from_the_cache_on_a_warm_loader(tmp_path):
     cache = str(tmp_path / "cache")
     hashes = []
     for want in ("scanned", "cached"):
-        with Loader(root, batch_size=16, seed=2, group_by="q", cache=cache) as loader:
+        with Loader(root, batch_size=16, seed=2, order="windowed", group_by="q", cache=cache) as loader:
             assert loader.group_stats is not None
             assert loader.group_stats[want] == 6 and sum(loader.group_stats[k] for k in ("scanned", "cached")) == 6
             hashes.append([hash_batch(b)[0] for b in loader])
@@ -255,7 +255,7 @@ def test_group_runs_come_from_the_cache_on_a_warm_loader(tmp_path):
 def test_a_group_across_row_groups_becomes_one_unit_of_several_ranges(tmp_path):
     root = str(tmp_path / "q")
     write_queries(root, [[2, 11, 3]], 4)
-    with Loader(root, batch_size=16, seed=0, group_by="q") as loader:
+    with Loader(root, batch_size=16, seed=0, order="windowed", group_by="q") as loader:
         units = loader.plan().units.units
         assert any(len(u.ranges) > 1 for u in units)
         assert len(loader.order["units_digest"]) == 32
@@ -264,11 +264,11 @@ def test_a_group_across_row_groups_becomes_one_unit_of_several_ranges(tmp_path):
 def test_order_holds_the_group_options_and_resume_checks_them(tmp_path):
     root = str(tmp_path / "q")
     write_queries(root, [[3, 4, 5, 6]], 5)
-    with Loader(root, batch_size=16, seed=0, group_by="q", group_columns=["emb", "qf"], max_group_items=4) as a:
+    with Loader(root, batch_size=16, seed=0, order="windowed", group_by="q", group_columns=["emb", "qf"], max_group_items=4) as a:
         assert a.order["group_by"] == "q" and a.order["group_columns"] == ["q", "qf", "emb"]
         assert a.order["max_group_items"] == 4 and a.order["group_batches"] is True
         state = a.state_dict()
-    with Loader(root, batch_size=16, seed=0, group_by="q", group_columns=["qf"], max_group_items=4) as b, \
+    with Loader(root, batch_size=16, seed=0, order="windowed", group_by="q", group_columns=["qf"], max_group_items=4) as b, \
             pytest.raises(detload.StateError, match="group_columns"):
         b.load_state_dict(state)
     with Loader(root, batch_size=16, seed=0) as plain:
@@ -278,7 +278,7 @@ def test_order_holds_the_group_options_and_resume_checks_them(tmp_path):
 def test_resume_at_every_step_gives_the_same_batches(tmp_path):
     root = str(tmp_path / "q")
     write_queries(root, [[5, 3, 7, 2, 4, 6, 1], [1, 8, 3, 2]], 6)
-    kw = dict(batch_size=12, seed=5, shuffle_window=2, group_by="q", group_columns=["qf", "qtext"])
+    kw = dict(batch_size=12, seed=5, shuffle_window=2, order="windowed", group_by="q", group_columns=["qf", "qtext"])
     with Loader(root, **kw) as loader:
         want = [hash_batch(b)[0] for b in loader]
         states = []
@@ -294,7 +294,7 @@ def test_resume_at_every_step_gives_the_same_batches(tmp_path):
 def test_packed_batches_are_the_same_in_every_cell_of_the_matrix(tmp_path):
     root = str(tmp_path / "q")
     write_queries(root, [[5, 3, 7, 2, 4, 6, 1, 9], [1, 8, 3, 2, 6], [4, 4, 4]], 7)
-    check_matrix(root, dict(batch_size=24, seed=11, shuffle_window=2, group_by="q",
+    check_matrix(root, dict(batch_size=24, seed=11, shuffle_window=2, order="windowed", group_by="q",
                             group_columns=["qf", "emb", "qtext"]), str(tmp_path / "m"))
 
 
@@ -308,7 +308,7 @@ def test_verify_compares_packed_manifests(tmp_path):
     for w, world in ((1, 1), (2, 2)):
         out = str(tmp_path / f"run{w}") + os.sep
         for r in range(world):
-            with Loader(root, batch_size=24 // world, seed=5, partitions=2, group_by="q", workers=w, manifest=out,
+            with Loader(root, batch_size=24 // world, seed=5, partitions=2, order="windowed", group_by="q", workers=w, manifest=out,
                         distributed=detload.Distributed(r, world)) as loader:
                 for _ in loader:
                     pass
@@ -348,22 +348,22 @@ def _write(path: str, q: list[int], qf: list[float] | None = None, rg: int = 100
 def test_error_the_key_column_missing(tmp_path):
     _write(str(tmp_path / "d" / "a.parquet"), [1, 1, 2])
     with pytest.raises(OptionError, match=r"group_by='query_id' is not a column of the dataset \(its columns: q, qf"):
-        Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="query_id")
+        Loader(str(tmp_path / "d"), batch_size=4, seed=0, order="windowed", group_by="query_id")
 
 
 def test_error_the_key_not_among_the_loaded_columns(tmp_path):
     _write(str(tmp_path / "d" / "a.parquet"), [1, 1, 2])
     with pytest.raises(OptionError, match=r"group_by='q' must be among the loaded columns"):
-        Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="q", columns=["item"])
+        Loader(str(tmp_path / "d"), batch_size=4, seed=0, order="windowed", group_by="q", columns=["item"])
 
 
 def test_error_group_columns_unknown_or_outside_columns(tmp_path):
     _write(str(tmp_path / "d" / "a.parquet"), [1, 1, 2])
     with pytest.raises(OptionError, match=r"group_columns names 'nope', not a column of the dataset"):
-        Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="q", group_columns=["nope"])
+        Loader(str(tmp_path / "d"), batch_size=4, seed=0, order="windowed", group_by="q", group_columns=["nope"])
     with pytest.raises(OptionError, match=r"group_columns names 'qf', a column of the dataset that is not among "
                                           r"the loaded columns: group columns are a subset of columns=\['q', 'item'\]"):
-        Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="q", group_columns=["qf"], columns=["q", "item"])
+        Loader(str(tmp_path / "d"), batch_size=4, seed=0, order="windowed", group_by="q", group_columns=["qf"], columns=["q", "item"])
     with pytest.raises(OptionError, match="group_columns and max_group_items apply with group_by="):
         Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_columns=["qf"])
 
@@ -371,7 +371,7 @@ def test_error_group_columns_unknown_or_outside_columns(tmp_path):
 def test_error_a_group_column_that_varies_within_a_group(tmp_path):
     _write(str(tmp_path / "d" / "a.parquet"), [1, 1, 2, 2, 2, 3], [1.0, 1.0, 2.0, 2.5, 2.0, 3.0], rg=3)
     for pool in ("thread", "process"):
-        with Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="q", group_columns=["qf"], pool=pool) as L, \
+        with Loader(str(tmp_path / "d"), batch_size=4, seed=0, order="windowed", group_by="q", group_columns=["qf"], pool=pool) as L, \
                 pytest.raises(DataError, match=r"group column 'qf' is not constant within group q=2: it changes in "
                                                r"a.parquet row group 1 \(compared bitwise"):
             list(L)
@@ -380,7 +380,7 @@ def test_error_a_group_column_that_varies_within_a_group(tmp_path):
 def test_a_nan_group_column_is_constant(tmp_path):
     nan = float("nan")
     _write(str(tmp_path / "d" / "a.parquet"), [1, 1, 2, 2], [nan, nan, 2.0, 2.0])
-    with Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="q", group_columns=["qf"]) as L:
+    with Loader(str(tmp_path / "d"), batch_size=4, seed=0, order="windowed", group_by="q", group_columns=["qf"]) as L:
         assert sum(b.n_items for b in L) == 4
 
 
@@ -388,7 +388,7 @@ def test_error_no_item_column(tmp_path):
     _write(str(tmp_path / "d" / "a.parquet"), [1, 1, 2])
     with pytest.raises(OptionError, match=r"every loaded column is a group column \(\['q', 'qf'\]\): a packed batch "
                                           r"needs at least one item column"):
-        Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="q", group_columns=["qf"], columns=["q", "qf"])
+        Loader(str(tmp_path / "d"), batch_size=4, seed=0, order="windowed", group_by="q", group_columns=["qf"], columns=["q", "qf"])
 
 
 def test_error_non_contiguous_groups(tmp_path):
@@ -397,7 +397,7 @@ def test_error_non_contiguous_groups(tmp_path):
                                            r"group 0 row 0 and again at row group 1 row 2, with other keys between. "
                                            r"Rewrite the data with each group's rows together: detload layout SRC "
                                            r"DST --group-by q"):
-        Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="q")
+        Loader(str(tmp_path / "d"), batch_size=4, seed=0, order="windowed", group_by="q")
 
 
 def test_error_a_group_split_across_files(tmp_path):
@@ -405,7 +405,7 @@ def test_error_a_group_split_across_files(tmp_path):
     _write(str(tmp_path / "d" / "b.parquet"), [2, 3, 3])
     with pytest.raises(DatasetError, match=r"group_by='q': group 2 is split across files: it occurs in a.parquet "
                                            r"\(row group 0\) and in b.parquet \(row group 0\)"):
-        Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="q")
+        Loader(str(tmp_path / "d"), batch_size=4, seed=0, order="windowed", group_by="q")
 
 
 def test_error_a_group_larger_than_the_micro_batch(tmp_path):
@@ -413,11 +413,11 @@ def test_error_a_group_larger_than_the_micro_batch(tmp_path):
     with pytest.raises(DatasetError, match=r"group q=2 \(a.parquet row group 0\) holds 5 items, more than a "
                                            r"micro-batch of 2 items \(the global batch, batch_size 4 x world size 1, over 2 partition\(s\)\): a "
                                            r"group is never split across batches. .*max_group_items=N"):
-        Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="q", partitions=2)
+        Loader(str(tmp_path / "d"), batch_size=4, seed=0, order="windowed", group_by="q", partitions=2)
     with pytest.raises(OptionError, match=r"max_group_items=3 is larger than the micro-batch of 2 items"):
-        Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="q", partitions=2, max_group_items=3)
+        Loader(str(tmp_path / "d"), batch_size=4, seed=0, order="windowed", group_by="q", partitions=2, max_group_items=3)
     # the same micro-batch of 2 items in one partition (two would exceed the one row group)
-    with Loader(str(tmp_path / "d"), batch_size=2, seed=0, group_by="q", max_group_items=2) as L:
+    with Loader(str(tmp_path / "d"), batch_size=2, seed=0, order="windowed", group_by="q", max_group_items=2) as L:
         assert sum(b.n_items for b in L) == 8
 
 
@@ -425,7 +425,7 @@ def test_error_null_keys(tmp_path):
     os.makedirs(tmp_path / "d")
     pq.write_table(pa.table({"q": pa.array([1, None, 2], pa.int64()), "x": [1, 2, 3]}), str(tmp_path / "d" / "a.parquet"))
     with pytest.raises(DatasetError, match=r"group_by column 'q' holds nulls in a.parquet row group 0"):
-        Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="q")
+        Loader(str(tmp_path / "d"), batch_size=4, seed=0, order="windowed", group_by="q")
 
 
 @pytest.mark.parametrize(("column", "values", "rg", "bad_rg"), [
@@ -445,7 +445,7 @@ def test_group_columns_are_compared_bitwise_across_row_groups(tmp_path, column, 
     pq.write_table(pa.table({"q": q, "text": text, "emb": pa.array(emb, pa.list_(pa.float32(), 2)),
                              "item": range(6)}), str(tmp_path / "d" / "a.parquet"), row_group_size=rg)
     kw = {"cache": str(tmp_path / "c")} if cache else {}
-    with Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="q", group_columns=["text", "emb"], **kw) as L:
+    with Loader(str(tmp_path / "d"), batch_size=4, seed=0, order="windowed", group_by="q", group_columns=["text", "emb"], **kw) as L:
         if bad_rg is None:
             got = [b.unpack() for b in L]
             assert sorted(i for b in got for i in b["item"].tolist()) == list(range(6))
@@ -465,7 +465,7 @@ def test_a_range_found_constant_is_not_compared_again(tmp_path, monkeypatch):
     calls: list[int] = []
     real = groups._first_change
     monkeypatch.setattr(groups, "_first_change", lambda col, s: calls.append(1) or real(col, s))
-    kw = dict(batch_size=16, seed=2, group_by="q", group_columns=["qf", "qtext"], cache=str(tmp_path / "c"))
+    kw = dict(batch_size=16, seed=2, order="windowed", group_by="q", group_columns=["qf", "qtext"], cache=str(tmp_path / "c"))
     groups._Verdicts._memo.clear()
     with Loader(root, **kw) as loader:
         _check_epoch(loader, table)
@@ -494,10 +494,10 @@ def test_layout_group_by_makes_an_interleaved_table_loadable(tmp_path):
     pq.write_table(pa.table({"q": q, "qf": (q * 0.25).astype(np.float32), "item": np.arange(len(q))}),
                    str(src / "a.parquet"), row_group_size=50)
     with pytest.raises(DatasetError, match=r"is not contiguous in a.parquet.*detload layout SRC DST --group-by q"):
-        Loader(str(src), batch_size=64, seed=0, group_by="q")
+        Loader(str(src), batch_size=64, seed=0, order="windowed", group_by="q")
     dst = tmp_path / "dst"
     detload.layout.rewrite(str(src), str(dst), group_by="q", row_group_rows=64, files=2)
-    with Loader(str(dst), batch_size=64, seed=0, group_by="q", group_columns=["qf"]) as loader:
+    with Loader(str(dst), batch_size=64, seed=0, order="windowed", group_by="q", group_columns=["qf"]) as loader:
         items = []
         for b in loader:
             flat = b.unpack()
@@ -513,7 +513,7 @@ def test_the_printed_plan_shows_the_micro_batch_starts(tmp_path):
 
     root = str(tmp_path / "q")
     write_queries(root, [[5, 3, 7, 2]], 100)
-    with Loader(root, batch_size=8, seed=0, shuffle=False, group_by="q") as loader:
+    with Loader(root, batch_size=8, seed=0, shuffle=False, order="windowed", group_by="q") as loader:
         d = json.loads(json.dumps(loader.plan().to_dict()))
         assert d["micro_batch_starts"] == [[0, 8, 15, 17]]
     with Loader(root, batch_size=8, seed=0) as plain:
@@ -524,7 +524,7 @@ def test_the_printed_plan_shows_the_micro_batch_starts(tmp_path):
 def test_eight_workers_give_the_batches_of_one(tmp_path, pool):
     root = str(tmp_path / "q")
     write_queries(root, [[5, 3, 7], [2, 4, 6, 1], [9, 1], [8, 3], [2, 6, 4], [4, 4], [12], [3, 3, 3], [5, 5]], 100)
-    kw = dict(batch_size=16, seed=9, shuffle_window=1, group_by="q", group_columns=["qf", "emb", "qtext"])
+    kw = dict(batch_size=16, seed=9, shuffle_window=1, order="windowed", group_by="q", group_columns=["qf", "emb", "qtext"])
     with Loader(root, **kw) as one:
         want = [hash_batch(b)[0] for b in one]
     with Loader(root, **kw, workers=8, pool=pool) as eight:
@@ -535,7 +535,7 @@ def test_eight_workers_give_the_batches_of_one(tmp_path, pool):
 def test_filtered_chunked_packed_batches_are_the_same_in_every_cell_of_the_matrix(tmp_path):
     root = str(tmp_path / "q")
     write_queries(root, [[5, 3, 17, 2, 4, 6, 1, 9], [1, 8, 3, 2, 26], [4, 4, 4]], 7)
-    check_matrix(root, dict(batch_size=24, seed=12, shuffle_window=2, group_by="q", group_columns=["qf", "qtext"],
+    check_matrix(root, dict(batch_size=24, seed=12, shuffle_window=2, order="windowed", group_by="q", group_columns=["qf", "qtext"],
                             max_group_items=5, filter="price < 0.7"), str(tmp_path / "m"))
 
 
@@ -547,7 +547,7 @@ def test_runs_a_filter_joins_are_checked_with_a_cache(tmp_path, pool):
     os.makedirs(tmp_path / "d")
     pq.write_table(pa.table({"q": [1, 1, 2, 2, 3, 2, 4], "qf": pa.array([1, 1, 2, 2, 3, 9, 4], pa.float32()),
                              "keep": [1, 1, 1, 1, 0, 1, 1], "item": range(7)}), str(tmp_path / "d" / "a.parquet"))
-    kw = dict(batch_size=8, seed=0, group_by="q", group_columns=["qf"], filter="keep == 1", pool=pool)
+    kw = dict(batch_size=8, seed=0, order="windowed", group_by="q", group_columns=["qf"], filter="keep == 1", pool=pool)
     with Loader(str(tmp_path / "d"), **kw, cache=str(tmp_path / "c")) as L, \
             pytest.raises(DataError, match=r"group column 'qf' is not constant within group q=2: it changes in "
                                            r"a.parquet row group 0"):
@@ -567,7 +567,7 @@ def test_the_cache_keeps_group_columns_once_per_group(tmp_path):
     with Loader(root, **kw, cache=str(tmp_path / "flat")) as flat:
         for _ in flat:
             pass
-    with Loader(root, **kw, group_by="q", group_columns=["qf", "emb", "qtext"], cache=str(tmp_path / "packed")) as p:
+    with Loader(root, **kw, order="windowed", group_by="q", group_columns=["qf", "emb", "qtext"], cache=str(tmp_path / "packed")) as p:
         _check_epoch(p, table)
         p.set_epoch(1)
         _check_epoch(p, table)  # warm: items from the row-group entries, group rows from the derived ones
@@ -584,7 +584,7 @@ def test_detload_run_group_by_writes_the_manifest_a_loader_writes(tmp_path):
     a, b = str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")
     assert cli_main(["run", root, "--batch-size", "16", "--seed", "4", "--group-by", "q", "--group-columns",
                      "qf,emb", "--max-group-items", "6", "--workers", "2", "--manifest", a]) == 0
-    with Loader(root, batch_size=16, seed=4, group_by="q", group_columns=["qf", "emb"], max_group_items=6,
+    with Loader(root, batch_size=16, seed=4, order="windowed", group_by="q", group_columns=["qf", "emb"], max_group_items=6,
                 manifest=b) as loader:
         for _ in loader:
             pass
@@ -596,7 +596,7 @@ def test_detload_run_group_by_writes_the_manifest_a_loader_writes(tmp_path):
 def test_starvation_check_counts_the_items_of_packed_batches(tmp_path):
     root = str(tmp_path / "q")
     table = write_queries(root, [[5, 3, 7, 2, 4, 6, 1], [1, 8, 3, 2]], 6)
-    with Loader(root, batch_size=16, seed=4, group_by="q") as loader:
+    with Loader(root, batch_size=16, seed=4, order="windowed", group_by="q") as loader:
         from detload.starvation import _rows
 
         b = next(iter(loader))

@@ -102,8 +102,8 @@ def duck(tmp_path_factory: pytest.TempPathFactory) -> str:
     return root
 
 
-HIVE = dict(group_by="sid", group_columns=GROUP_COLUMNS)
-DUCK = dict(group_by="q", group_columns=["qv", "qs"])
+HIVE = dict(order="windowed", group_by="sid", group_columns=GROUP_COLUMNS)
+DUCK = dict(order="windowed", group_by="q", group_columns=["qv", "qs"])
 
 
 # -- the stored rows, read back with pyarrow -------------------------------------------------
@@ -221,7 +221,7 @@ def check_epoch(loader: Loader, stored: Stored, key: str, *, chunk: int | None =
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_hive_batches_unpack_to_the_stored_rows(hive, shuffle):
     stored = Stored(hive)
-    with Loader(hive, batch_size=4400, seed=3, shuffle=shuffle, shuffle_window=2, **HIVE) as loader:
+    with Loader(hive, batch_size=4400, seed=3, shuffle=shuffle, order="windowed", shuffle_window=2, **HIVE) as loader:
         assert loader.group_stats is not None and loader.group_stats["largest"] == 2000
         for epoch in (0, 1):
             loader.set_epoch(epoch)
@@ -249,7 +249,7 @@ def test_empty_string_and_list_group_values_across_row_groups(tmp_path, cache):
                              "item": range(8)}), str(tmp_path / "d" / "a.parquet"), row_group_size=2)
     kw: dict[str, Any] = {"cache": str(tmp_path / "c")} if cache else {}
     stored = Stored(str(tmp_path / "d"))
-    with Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="q", group_columns=["s", "l"], **kw) as loader:
+    with Loader(str(tmp_path / "d"), batch_size=4, seed=0, order="windowed", group_by="q", group_columns=["s", "l"], **kw) as loader:
         for _ in range(2):  # cold, then the compacted group rows (with a cache)
             assert sorted(check_epoch(loader, stored, "q")) == list(range(8))
 
@@ -311,7 +311,7 @@ def run_hashes(root: str, opts: dict[str, Any], *, world: int = 1, stop: int | N
             for i in range(len(per_rank[0]))]
 
 
-HIVE_MATRIX = dict(batch_size=8800, seed=21, shuffle_window=3, partitions=4, **HIVE)
+HIVE_MATRIX = dict(batch_size=8800, seed=21, order="windowed", shuffle_window=3, partitions=4, **HIVE)
 
 
 def test_hive_batches_are_the_same_every_way_they_run(hive, tmp_path):
@@ -371,7 +371,7 @@ def test_batches_follow_the_documented_rule_with_drop_last_and_empty_micro_batch
     P, m = 4, 2200
     stored = Stored(hive)
     total = stored.n
-    kw = dict(batch_size=m, seed=seed, shuffle=shuffle, shuffle_window=3, partitions=P, **HIVE)
+    kw = dict(batch_size=m, seed=seed, shuffle=shuffle, order="windowed", shuffle_window=3, partitions=P, **HIVE)
     got: dict[bool, list[list[Packed]]] = {}
     plans = {}
     for drop_last in (False, True):
@@ -478,7 +478,7 @@ def test_transform_with_rows_same_and_the_key_kept(hive, tmp_path):
 def test_duckdb_table_with_a_filter_and_chunks_is_the_same_in_every_cell_of_the_matrix(duck, tmp_path):
     from matrix import check_matrix
 
-    check_matrix(duck, dict(batch_size=2400, seed=13, shuffle_window=2, max_group_items=500,
+    check_matrix(duck, dict(batch_size=2400, seed=13, order="windowed", shuffle_window=2, max_group_items=500,
                             filter="x < 1.0", partitions=4, **DUCK), str(tmp_path / "m"))
 
 
@@ -497,14 +497,14 @@ def test_a_string_key_stored_as_string_in_one_file_and_large_string_in_another(t
     stored = Stored(str(tmp_path / "d"))
     kw: dict[str, Any] = {"cache": str(tmp_path / "c")} if cache else {}
     for _ in range(2):  # cold, then the runs from the cache
-        with Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="k", **kw) as loader:
+        with Loader(str(tmp_path / "d"), batch_size=4, seed=0, order="windowed", group_by="k", **kw) as loader:
             assert loader.group_stats is not None and loader.group_stats["groups"] == 4
             assert sorted(check_epoch(loader, stored, "k")) == list(range(7))
     os.remove(tmp_path / "d" / "b.parquet")  # and a key split across such files is still found
     pq.write_table(pa.table({"k": pa.array(["b", "c"], pa.string()), "item": [3, 4]}), str(tmp_path / "d" / "b.parquet"))
     with pytest.raises(detload.DatasetError, match=r"group_by='k': group 'b' is split across files: it occurs in "
                                                    r"a.parquet \(row group 0\) and in b.parquet \(row group 0\)"):
-        Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="k")
+        Loader(str(tmp_path / "d"), batch_size=4, seed=0, order="windowed", group_by="k")
 
 
 @pytest.mark.parametrize("typ", [pa.list_(pa.int64()), pa.list_(pa.int64(), 1)])
@@ -516,7 +516,7 @@ def test_error_a_list_key_column(tmp_path, typ):
     with pytest.raises(detload.OptionError, match=r"group_by='k' is a (fixed_size_)?list<element: int64>(\[1\])? "
                                                   r"column: the key must be a scalar column \(a number, string, "
                                                   r"binary, bool, date or time\)"):
-        Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="k")
+        Loader(str(tmp_path / "d"), batch_size=4, seed=0, order="windowed", group_by="k")
 
 
 def test_chunks_are_groups_of_their_own_so_shuffling_places_them_apart(hive):
@@ -547,7 +547,7 @@ def test_detload_plan_with_group_by_plans_what_the_loader_plans(hive, capsys):
             "--group-columns", "qf,qname", "--max-group-items", "1000"]
     assert cli_main([*args, "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    with Loader(hive, batch_size=4400, seed=1, partitions=2, group_by="sid", group_columns=["qf", "qname"],
+    with Loader(hive, batch_size=4400, seed=1, partitions=2, order="windowed", group_by="sid", group_columns=["qf", "qname"],
                 max_group_items=1000) as loader:
         plan = loader.plan()
         assert d["fingerprint"] == plan.fingerprint
@@ -586,7 +586,7 @@ def test_a_float_key_is_compared_bitwise_wherever_the_row_groups_end(tmp_path, r
                    row_group_size=rg)
     kw: dict[str, Any] = {"cache": str(tmp_path / "c")} if cache else {}
     stored = Stored(str(tmp_path / "d"))
-    with Loader(str(tmp_path / "d"), batch_size=4, seed=0, shuffle=False, group_by="k", **kw) as loader:
+    with Loader(str(tmp_path / "d"), batch_size=4, seed=0, shuffle=False, order="windowed", group_by="k", **kw) as loader:
         assert loader.group_stats is not None and loader.group_stats["groups"] == 5
         got = [np.diff(b.offsets).tolist() for b in _epoch(loader)]
         assert [s for b in got for s in b] == [2, 1, 2, 3, 1]
@@ -596,7 +596,7 @@ def test_a_float_key_is_compared_bitwise_wherever_the_row_groups_end(tmp_path, r
                    str(tmp_path / "d" / "a.parquet"), row_group_size=rg)
     with pytest.raises(detload.DatasetError, match=r"group_by='k': key nan is not contiguous in a.parquet: it occurs "
                                                    r"at row group \d+ row \d+ and again"):
-        Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="k")
+        Loader(str(tmp_path / "d"), batch_size=4, seed=0, order="windowed", group_by="k")
 
 
 # -- PyTorch ---------------------------------------------------------------------------------------
@@ -617,7 +617,7 @@ def test_torch_unpack_modes_on_the_review_table_with_empty_micro_batches(hive, u
     torch = pytest.importorskip("torch")
     from detload.torch import PackedTensors, TorchLoader
 
-    kw = dict(batch_size=2200, seed=0, shuffle_window=3, partitions=4, distributed=detload.Distributed(1, 4), **HIVE)
+    kw = dict(batch_size=2200, seed=0, order="windowed", shuffle_window=3, partitions=4, distributed=detload.Distributed(1, 4), **HIVE)
     with Loader(hive, **kw) as loader:
         want = [b.unpack() for b in loader]
     assert any(len(w["item"]) == 0 for w in want)  # partition 1 runs out at seed 0
@@ -685,7 +685,7 @@ def test_error_two_nans_with_different_bits_in_a_group_column(tmp_path, cache, r
                    row_group_size=rg)
     kw: dict[str, Any] = {"cache": str(tmp_path / "c")} if cache else {}
     a, b = (f"0x{int(v):016x}" for v in qf[:2].view(np.uint64))
-    with Loader(str(tmp_path / "d"), batch_size=4, seed=0, group_by="k", group_columns=["qf"], **kw) as loader, \
+    with Loader(str(tmp_path / "d"), batch_size=4, seed=0, order="windowed", group_by="k", group_columns=["qf"], **kw) as loader, \
             pytest.raises(detload.DataError, match=rf"group column 'qf' is not constant within group k=1: it changes "
                                                    rf"in a.parquet row group {1 if rg == 1 else 0} \(compared bitwise, "
                                                    rf"so NaN equals NaN: two NaNs with different bits \({a}, {b}\), "
@@ -702,7 +702,7 @@ def test_partitions_are_within_one_group_of_their_ideal_size_not_half(tmp_path):
     # One group a file: four row groups, so three partitions are allowed (one a row group at most).
     for g in range(4):
         pq.write_table(pa.table({"q": q[q == g], "item": np.flatnonzero(q == g)}), str(tmp_path / "d" / f"a{g}.parquet"))
-    with Loader(str(tmp_path / "d"), batch_size=33, seed=0, shuffle=False, partitions=3, group_by="q") as loader:
+    with Loader(str(tmp_path / "d"), batch_size=33, seed=0, shuffle=False, partitions=3, order="windowed", group_by="q") as loader:
         plan = loader.plan()
         assert plan.partition_rows == (7, 22, 7)
         assert all(abs(n - 12) <= 11 for n in plan.partition_rows)  # within one group
@@ -724,7 +724,7 @@ def test_a_verdict_of_constant_group_columns_holds_for_their_null_fill_only(tmp_
     os.makedirs(tmp_path / "d")
     pq.write_table(pa.table({"k": [1, 1, 2], "qf": pa.array([None, 0.0, 2.0]), "item": range(3)}),
                    str(tmp_path / "d" / "a.parquet"))
-    kw: dict[str, Any] = dict(batch_size=4, seed=0, group_by="k", group_columns=["qf"])
+    kw: dict[str, Any] = dict(batch_size=4, seed=0, order="windowed", group_by="k", group_columns=["qf"])
     if cache:  # with a transform the cache keeps every column, and the verdicts as derived entries
         kw.update(cache=str(tmp_path / "c"), transform=detload.Transform(_same_rows, name="same", version="1"))
     groups._Verdicts._memo.clear()

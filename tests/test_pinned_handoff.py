@@ -246,7 +246,7 @@ def tabular(tmp_path_factory) -> str:
 
 
 def test_stack_and_every_column_kind_match_the_staged_path(tabular):
-    opts = dict(batch_size=50, seed=2, shuffle_window=2)
+    opts = dict(batch_size=50, seed=2, order="windowed", shuffle_window=2)
     stack = {"dense": ["c", "a", "b"], "ids": ["i", "j"]}
     with installed(Hooks(torch_staged=True)):
         staged = TorchLoader(Loader(tabular, workers=2, pool="process", **opts), device="cpu", stack=stack)
@@ -308,7 +308,7 @@ def test_grouped_batches_come_out_packed_or_flat_as_asked(queries, unpack):
     # the registered hand-off hands out what unpack= asks for, as the other paths do.
     from detload.torch import PackedTensors
 
-    kw = dict(batch_size=32, seed=3, shuffle_window=2, group_by="q", group_columns=["qf", "emb", "qtext"],
+    kw = dict(batch_size=32, seed=3, order="windowed", shuffle_window=2, group_by="q", group_columns=["qf", "emb", "qtext"],
               columns=["q", "qf", "emb", "qtext", "item", "price", "tags"], workers=2, pool="process")
 
     def run(tl):

@@ -46,7 +46,7 @@ def plan_inputs(draw: st.DrawFn) -> tuple[list[int], dict[str, object]]:
 @given(plan_inputs(), st.integers(1, 9), st.data())
 def test_worker_schedules_and_resume_schedule(inputs, workers, data):
     rows, kw = inputs
-    opts = OrderOptions(**kw)
+    opts = OrderOptions(**({"order": "windowed"} | kw))
     try:
         plan = make_plan(rows, opts, epoch=0)
     except OptionError:
@@ -68,7 +68,7 @@ def test_worker_schedules_and_resume_schedule(inputs, workers, data):
 @given(unit_rows(min_units=2, max_units=40), st.integers(1, 500), st.integers(1, 8), st.booleans())
 def test_single_partition_steps_and_drop(rows, batch, window, drop_last):
     total = sum(rows)
-    opts = OrderOptions(seed=3, batch_size=batch, shuffle_window=window, drop_last=drop_last)
+    opts = OrderOptions(order="windowed", seed=3, batch_size=batch, shuffle_window=window, drop_last=drop_last)
     if drop_last and batch > total:
         with pytest.raises(OptionError, match="drops every row"):
             make_plan(rows, opts, epoch=0)
@@ -92,7 +92,7 @@ def test_partition_union_is_independent_of_world_size(rows, seed, micro):
     assume(len(rows) >= P)
 
     def union(world: int) -> list[list[tuple[int, int, int]]]:
-        opts = OrderOptions(seed=seed, batch_size=micro * P // world, partitions=P, world_size=world)
+        opts = OrderOptions(order="windowed", seed=seed, batch_size=micro * P // world, partitions=P, world_size=world)
         plans = [make_plan(rows, opts, epoch=1, rank=r) for r in range(world)]
         assert len({p.steps for p in plans}) == 1
         assert len({p.fingerprint for p in plans}) == 1
@@ -104,8 +104,8 @@ def test_partition_union_is_independent_of_world_size(rows, seed, micro):
 
 def test_partitions_1_is_the_single_process_plan():
     rows = [100, 7, 300, 1, 55, 64, 9]
-    a = make_plan(rows, OrderOptions(seed=9, batch_size=16, shuffle_window=2), epoch=2)
-    b = make_plan(rows, OrderOptions(seed=9, batch_size=16, shuffle_window=2, partitions=1, world_size=1), epoch=2)
+    a = make_plan(rows, OrderOptions(order="windowed", seed=9, batch_size=16, shuffle_window=2), epoch=2)
+    b = make_plan(rows, OrderOptions(order="windowed", seed=9, batch_size=16, shuffle_window=2, partitions=1, world_size=1), epoch=2)
     np.testing.assert_array_equal(a.unit_order, b.unit_order)
     assert a.blocks == b.blocks and a.steps == b.steps == 34  # ceil(536 / 16)
 
@@ -114,8 +114,8 @@ def test_partitions_1_is_the_single_process_plan():
 @given(unit_rows(min_units=12, max_units=40), st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
 def test_different_seeds_give_different_orders(rows, s1, s2):
     assume(s1 != s2)
-    a = make_plan(rows, OrderOptions(seed=s1, batch_size=7), epoch=0)
-    b = make_plan(rows, OrderOptions(seed=s2, batch_size=7), epoch=0)
+    a = make_plan(rows, OrderOptions(order="windowed", seed=s1, batch_size=7), epoch=0)
+    b = make_plan(rows, OrderOptions(order="windowed", seed=s2, batch_size=7), epoch=0)
     assert a.unit_order.tolist() != b.unit_order.tolist()
     assert a.fingerprint != b.fingerprint
 
@@ -123,8 +123,8 @@ def test_different_seeds_give_different_orders(rows, s1, s2):
 @PURE
 @given(unit_rows(min_units=12, max_units=40), st.integers(0, 2**64 - 1), st.integers(0, 1000))
 def test_epochs_give_different_orders(rows, seed, epoch):
-    a = make_plan(rows, OrderOptions(seed=seed, batch_size=7), epoch=epoch)
-    b = make_plan(rows, OrderOptions(seed=seed, batch_size=7), epoch=epoch + 1)
+    a = make_plan(rows, OrderOptions(order="windowed", seed=seed, batch_size=7), epoch=epoch)
+    b = make_plan(rows, OrderOptions(order="windowed", seed=seed, batch_size=7), epoch=epoch + 1)
     assert a.unit_order.tolist() != b.unit_order.tolist()
     # the block streams change with the epoch too
     assert block_permutation(seed, epoch, 0, 0, 50).tolist() != block_permutation(seed, epoch + 1, 0, 0, 50).tolist()
@@ -133,14 +133,14 @@ def test_epochs_give_different_orders(rows, seed, epoch):
 @PURE
 @given(unit_rows(min_units=1, max_units=40), st.integers(0, 2**64 - 1), st.integers(0, 100), st.integers(1, 8))
 def test_shuffle_false_is_canonical_order(rows, seed, epoch, window):
-    plan = make_plan(rows, OrderOptions(seed=seed, batch_size=5, shuffle=False, shuffle_window=window), epoch=epoch)
+    plan = make_plan(rows, OrderOptions(order="windowed", seed=seed, batch_size=5, shuffle=False, shuffle_window=window), epoch=epoch)
     assert plan.unit_order.tolist() == list(range(len(rows)))
     assert [u for b in plan.blocks[0] for u in b.sources] == list(range(len(rows)))
 
 
 def test_plan_is_pure():
     rows = [5, 10, 3, 8, 1, 1, 20]
-    opts = OrderOptions(seed=123, batch_size=4, shuffle_window=3)
+    opts = OrderOptions(order="windowed", seed=123, batch_size=4, shuffle_window=3)
     a, b = make_plan(rows, opts, epoch=4), make_plan(list(rows), opts, epoch=4)
     assert a.to_dict(3) == b.to_dict(3)
     assert a.to_dict(1)["blocks"][1]["worker"] == 0
@@ -201,7 +201,7 @@ def test_seeds_differing_in_either_word_differ():
     assert len(set(perms.values())) == 4
     # ... and so do the resulting plans
     rows = [3] * 32
-    orders = {tuple(make_plan(rows, OrderOptions(seed=s, batch_size=4), epoch=0).unit_order.tolist())
+    orders = {tuple(make_plan(rows, OrderOptions(order="windowed", seed=s, batch_size=4), epoch=0).unit_order.tolist())
               for s in (1, 2**32, 2**32 + 1)}
     assert len(orders) == 3
 
@@ -220,10 +220,10 @@ def test_golden_permutations():
     assert _raw([TAG_UNITS, 42, 0, 0], 3) == [11443971247779196771, 14904659617876633002, 7886357882303712632]
     assert unit_permutation(42, 0, 10).tolist() == GOLDEN_UNITS_42_0_10
     assert block_permutation(42, 0, 0, 0, 10).tolist() == GOLDEN_BLOCK_42_0_0_0_10
-    plan = make_plan([1] * 10, OrderOptions(seed=42, batch_size=3, shuffle_window=10), epoch=0)
+    plan = make_plan([1] * 10, OrderOptions(order="windowed", seed=42, batch_size=3, shuffle_window=10), epoch=0)
     assert plan.unit_order.tolist() == GOLDEN_UNITS_42_0_10
     assert plan.unit_order.dtype == np.int64
-    assert plan.fingerprint == make_plan([1] * 10, OrderOptions(seed=42, batch_size=3, shuffle_window=10),
+    assert plan.fingerprint == make_plan([1] * 10, OrderOptions(order="windowed", seed=42, batch_size=3, shuffle_window=10),
                                          epoch=3).fingerprint
 
 
@@ -262,9 +262,9 @@ def test_option_errors(kw, match):
 
 
 def test_valid_edge_options():
-    assert OrderOptions(seed=2**64 - 1, batch_size=1).seed == 2**64 - 1
-    assert OrderOptions(seed=0, batch_size=6, partitions=6, world_size=3).micro_batch == 3
-    assert OrderOptions(seed=0, batch_size=4, world_size=2, partitions=2).global_batch_size == 8
+    assert OrderOptions(order="windowed", seed=2**64 - 1, batch_size=1).seed == 2**64 - 1
+    assert OrderOptions(order="windowed", seed=0, batch_size=6, partitions=6, world_size=3).micro_batch == 3
+    assert OrderOptions(order="windowed", seed=0, batch_size=4, world_size=2, partitions=2).global_batch_size == 8
 
 
 @pytest.mark.parametrize(

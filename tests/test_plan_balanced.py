@@ -74,7 +74,7 @@ def plan_inputs(draw: st.DrawFn) -> tuple[list[int], int, int, dict[str, object]
 
 
 def _opts(P: int, micro: int, world: int, kw: dict[str, object]) -> OrderOptions:
-    return OrderOptions(batch_size=micro * P // world, partitions=P, world_size=world, **kw)  # type: ignore[arg-type]
+    return OrderOptions(order="windowed", batch_size=micro * P // world, partitions=P, world_size=world, **kw)  # type: ignore[arg-type]
 
 
 @PURE
@@ -157,7 +157,7 @@ def grouped_units(draw: st.DrawFn) -> list[Unit]:
 @given(grouped_units(), st.integers(1, 16), st.integers(0, 2**64 - 1), st.booleans(), st.integers(1, 5))
 def test_groups_are_never_split(units, P, seed, shuffle, window):
     P = min(P, len(units))  # at most one partition per row group
-    plan = make_plan(units, OrderOptions(seed=seed, batch_size=P, partitions=P, shuffle=shuffle,
+    plan = make_plan(units, OrderOptions(order="windowed", seed=seed, batch_size=P, partitions=P, shuffle=shuffle,
                                             shuffle_window=window), epoch=0)
     total = sum(u.rows for u in units)
     assert sum(plan.partition_rows) == total
@@ -198,7 +198,7 @@ def test_newcomer_case_27_unequal_row_groups():
     assert (len(rows), sum(rows)) == (27, 500_000)
     units = UnitList.from_rows(rows)
     for drop_last in (False, True):
-        opts = OrderOptions(seed=2024, batch_size=64, partitions=8, world_size=2, drop_last=drop_last)
+        opts = OrderOptions(order="windowed", seed=2024, batch_size=64, partitions=8, world_size=2, drop_last=drop_last)
         plans = [make_plan(units, opts, epoch=0, rank=r) for r in (0, 1)]
         for plan in plans:
             assert plan.partition_rows == (62_500,) * 8
@@ -216,17 +216,17 @@ def test_newcomer_case_27_unequal_row_groups():
 
 def test_fewer_rows_than_one_batch():
     # 3 rows, 2 partitions on 2 ranks, micro-batch 4: every row delivered once, in one step
-    plan = make_plan([2, 1], OrderOptions(seed=1, batch_size=4, partitions=2, world_size=2), epoch=0)
+    plan = make_plan([2, 1], OrderOptions(order="windowed", seed=1, batch_size=4, partitions=2, world_size=2), epoch=0)
     assert sum(plan.partition_rows) == 3 and plan.steps == 1
     rows_per_rank = [make_plan([2, 1], plan.options, epoch=0, rank=r).step_rows(0) for r in range(2)]
     assert sorted(rows_per_rank) == [1, 2]
     # a short step; with drop_last a planning error naming the sizes
-    plan = make_plan([5, 6], OrderOptions(seed=1, batch_size=8, partitions=2, world_size=2), epoch=0)
+    plan = make_plan([5, 6], OrderOptions(order="windowed", seed=1, batch_size=8, partitions=2, world_size=2), epoch=0)
     assert (plan.steps, plan.partition_rows) == (1, (5, 6))
     with pytest.raises(OptionError, match=r"drop_last=True drops every row: the epoch holds 11 rows, the "
                                           r"smallest of the 2 partitions 5, fewer than one micro-batch of 8 rows "
                                           r"\(global batch 16 = 2 x 8\)"):
-        make_plan([5, 6], OrderOptions(seed=1, batch_size=8, partitions=2, world_size=2, drop_last=True),
+        make_plan([5, 6], OrderOptions(order="windowed", seed=1, batch_size=8, partitions=2, world_size=2, drop_last=True),
                   epoch=0)
 
 
@@ -234,27 +234,27 @@ def test_partitions_and_world_size_are_at_most_the_units():
     """No more partitions, nor ranks, than row groups that deliver rows: refused by name, value and
     bound before the planner loops over partitions (a huge count would plan forever)."""
     one = [100]
-    plan = make_plan([100, 50, 1], OrderOptions(seed=0, batch_size=3, partitions=3), epoch=0)
+    plan = make_plan([100, 50, 1], OrderOptions(order="windowed", seed=0, batch_size=3, partitions=3), epoch=0)
     assert len(plan.partition_rows) == 3 and sum(plan.partition_rows) == 151  # the bound itself plans
     for opts, match in [
-        (OrderOptions(seed=0, batch_size=4, partitions=4), r"^partitions=4 exceeds the 1 non-empty row groups .*"
+        (OrderOptions(order="windowed", seed=0, batch_size=4, partitions=4), r"^partitions=4 exceeds the 1 non-empty row groups .*"
                                                            r"partitions must be at most 1\. Use a smaller partitions"),
-        (OrderOptions(seed=0, batch_size=2**63, partitions=2**63),
+        (OrderOptions(order="windowed", seed=0, batch_size=2**63, partitions=2**63),
          r"^partitions=9223372036854775808 exceeds the 1 non-empty row groups.* at most 1\."),
-        (OrderOptions(seed=0, batch_size=1, partitions=10**20, world_size=10**20),
+        (OrderOptions(order="windowed", seed=0, batch_size=1, partitions=10**20, world_size=10**20),
          r"^world_size=100000000000000000000 exceeds the 1 non-empty row groups.* world_size must be at most 1\."),
     ]:
         with pytest.raises(OptionError, match=match):
             make_plan(one, opts, epoch=0)
     with pytest.raises(OptionError, match=r"^partitions=4 exceeds the 3 non-empty row groups.* at most 3\."):
-        make_plan([100, 50, 1], OrderOptions(seed=0, batch_size=4, partitions=4), epoch=0)
+        make_plan([100, 50, 1], OrderOptions(order="windowed", seed=0, batch_size=4, partitions=4), epoch=0)
     with pytest.raises(OptionError, match=r"^world_size=4 exceeds the 3 non-empty row groups.* at most 3\."):
-        make_plan([100, 50, 1], OrderOptions(seed=0, batch_size=1, partitions=4, world_size=4), epoch=0)
+        make_plan([100, 50, 1], OrderOptions(order="windowed", seed=0, batch_size=1, partitions=4, world_size=4), epoch=0)
 
 
 def test_a_boundary_may_cut_a_unit():
     """Two partitions of one 100-row unit and a 1-row one: the boundary at row 50 cuts the big unit."""
-    plan = make_plan([100, 1], OrderOptions(seed=0, batch_size=2, partitions=2, shuffle=False), epoch=0)
+    plan = make_plan([100, 1], OrderOptions(order="windowed", seed=0, batch_size=2, partitions=2, shuffle=False), epoch=0)
     assert plan.boundaries == (0, 50, 101) and plan.redundant_reads == 1
     assert [[u.ranges for u in b.units] for p in range(2) for b in plan.blocks[p]] == [
         [(Range(0, 0, 0, 50),)], [(Range(0, 0, 50, 50),), (Range(0, 1, 0, 1),)]]
@@ -263,7 +263,7 @@ def test_a_boundary_may_cut_a_unit():
 def test_single_partition_cuts_nothing():
     """P = 1 cuts nothing: the blocks hold whole units, shuffle_window of them each."""
     rows = [100, 7, 300, 1, 55, 64, 9]
-    opts = OrderOptions(seed=9, batch_size=16, shuffle_window=2)
+    opts = OrderOptions(order="windowed", seed=9, batch_size=16, shuffle_window=2)
     plan = make_plan(rows, opts, epoch=2)
     assert [u for b in plan.blocks[0] for u in b.sources] == plan.unit_order.tolist()
     assert [len(b.units) for b in plan.blocks[0]] == [2, 2, 2, 1]
@@ -276,25 +276,25 @@ def test_cut_multi_range_unit_and_redundant_reads():
     # boundary; a one-row unit after it
     tail = Unit((Range(4, 0, 0, 1),))
     u = Unit((Range(3, 4, 10, 6), Range(3, 5, 0, 6)), groups=(0, 6))
-    plan = make_plan([u, tail], OrderOptions(seed=0, batch_size=2, partitions=2, shuffle=False), epoch=0)
+    plan = make_plan([u, tail], OrderOptions(order="windowed", seed=0, batch_size=2, partitions=2, shuffle=False), epoch=0)
     assert plan.redundant_reads == 0
     assert [b.units for b in (plan.blocks[0][0], plan.blocks[1][0])] == [
         (Unit((Range(3, 4, 10, 6),), (0,)),), (Unit((Range(3, 5, 0, 6),), (0,)), tail)]
     # cut inside the second range: row group 5 is read by both partitions
     u = Unit((Range(3, 4, 10, 2), Range(3, 5, 0, 6)), selection="f1")
-    plan = make_plan([u, tail], OrderOptions(seed=0, batch_size=2, partitions=2, shuffle=False), epoch=0)
+    plan = make_plan([u, tail], OrderOptions(order="windowed", seed=0, batch_size=2, partitions=2, shuffle=False), epoch=0)
     assert plan.redundant_reads == 1
     assert [b.ranges for b in (plan.blocks[0][0], plan.blocks[1][0])] == [
         (Range(3, 4, 10, 2), Range(3, 5, 0, 2)), (Range(3, 5, 2, 4), Range(4, 0, 0, 1))]
     assert {x.selection for p in range(2) for x in plan.blocks[p][0].units if x != tail} == {"f1"}
     # one huge row group among tiny ones, 16 partitions: cut 15 times, P-1 redundant reads
-    plan = make_plan([1] * 7 + [100_000] + [1] * 8, OrderOptions(seed=5, batch_size=16, partitions=16), epoch=0)
+    plan = make_plan([1] * 7 + [100_000] + [1] * 8, OrderOptions(order="windowed", seed=5, batch_size=16, partitions=16), epoch=0)
     assert plan.redundant_reads == 15 and max(plan.partition_rows) - min(plan.partition_rows) <= 1
 
 
 def test_to_dict_lists_units_ranges_and_reads():
     units = [Unit((Range(0, 0, 0, 5),)), Unit((Range(0, 1, 0, 3),), groups=(0, 1)), Unit((Range(1, 0, 0, 4),))]
-    plan = make_plan(units, OrderOptions(seed=7, batch_size=2, partitions=2, world_size=2, shuffle=False),
+    plan = make_plan(units, OrderOptions(order="windowed", seed=7, batch_size=2, partitions=2, world_size=2, shuffle=False),
                         epoch=0, rank=1, dataset_fingerprint="ds")
     d = plan.to_dict(2)
     assert json.loads(json.dumps(d)) == d
@@ -313,7 +313,7 @@ def test_to_dict_lists_units_ranges_and_reads():
 
 
 def test_fingerprint_covers_units():
-    opts = OrderOptions(seed=1, batch_size=4)
+    opts = OrderOptions(order="windowed", seed=1, batch_size=4)
     base = make_plan(UnitList.from_row_groups([0, 0, 1], [0, 1, 0], [5, 5, 5]), opts, epoch=0).fingerprint
     others = [
         UnitList.from_row_groups([0, 1, 1], [0, 0, 1], [5, 5, 5]),  # same rows, other row groups
@@ -330,7 +330,7 @@ def test_fingerprint_covers_units():
 
 def test_schedule_and_workers_as_format_1():
     rows = [40, 3, 500, 7, 7, 90, 1, 1, 1, 260]
-    opts = OrderOptions(seed=3, batch_size=8, partitions=4, world_size=2, shuffle_window=2)
+    opts = OrderOptions(order="windowed", seed=3, batch_size=8, partitions=4, world_size=2, shuffle_window=2)
     plan = make_plan(rows, opts, epoch=1, rank=1)
     want = sorted((b for p in plan.owned_partitions for b in plan.blocks[p] if b.first_step < plan.steps),
                   key=lambda b: (b.first_step, b.partition, b.number))
@@ -355,7 +355,7 @@ def test_row_group_stream_is_tagged_and_fixed_length():
 
 
 def test_block_memory_warning():
-    opts = OrderOptions(seed=0, batch_size=4, shuffle_window=4)
+    opts = OrderOptions(order="windowed", seed=0, batch_size=4, shuffle_window=4)
     plan = make_plan([1_000_000, 900_000, 10, 10], opts, epoch=0)
     assert block_memory_warning(plan, 100) is None  # 190 MB: under 1 GiB
     assert DEFAULT_BLOCK_BUDGET == 2**30
@@ -366,7 +366,7 @@ def test_block_memory_warning():
     assert "smaller shuffle_window (now 4)" in text
     assert "The largest row group holds 1,000,000 rows" in text and "--row-group-rows" in text
     # a block of one row group: a smaller window cannot help, so it is not offered
-    one = make_plan([1_000_000], OrderOptions(seed=0, batch_size=4, shuffle_window=1), epoch=0)
+    one = make_plan([1_000_000], OrderOptions(order="windowed", seed=0, batch_size=4, shuffle_window=1), epoch=0)
     text = block_memory_warning(one, 2_000, budget=2**20)
     assert text is not None and "shuffle_window" not in text and "--row-group-rows" in text
 
@@ -392,11 +392,11 @@ def test_block_memory_warning():
 )
 def test_unit_errors(units, err, match):
     with pytest.raises(err, match=match):
-        make_plan(units, OrderOptions(seed=0, batch_size=2), epoch=0)
+        make_plan(units, OrderOptions(order="windowed", seed=0, batch_size=2), epoch=0)
 
 
 def test_plan_errors():
-    opts = OrderOptions(seed=0, batch_size=2)
+    opts = OrderOptions(order="windowed", seed=0, batch_size=2)
     with pytest.raises(OptionError, match="rank 1 is not below the world size 1"):
         make_plan([3], opts, epoch=0, rank=1)
     with pytest.raises(OptionError, match=r"epoch must be an int in \[0, 2\*\*32\), got -1"):
@@ -409,7 +409,7 @@ def test_plan_errors():
 @given(st.integers(0, 2**64 - 1))
 def test_shuffle_false_keeps_canonical_rows(seed):
     rows = [3, 1, 4, 1, 5, 9, 2, 6]
-    plan = make_plan(rows, OrderOptions(seed=seed, batch_size=3, partitions=3, shuffle=False), epoch=0)
+    plan = make_plan(rows, OrderOptions(order="windowed", seed=seed, batch_size=3, partitions=3, shuffle=False), epoch=0)
     starts = _row_starts(plan.units)
     assume(plan.steps > 0)
     stream = np.concatenate([_partition_stream(plan, p, starts) for p in range(3)])

@@ -83,7 +83,7 @@ def test_per_rank_rows_are_equal_to_within_one(tmp_path):
     root = _write(str(tmp_path / "ds" / "a.parquet"), [1, 7, 3_001, 5, 40_000, 2, 999])
     total = 44_015
     for R in (1, 2, 4):
-        ranks = _rank_batches(root, R, batch_size=64 // R, partitions=4, shuffle_window=2)
+        ranks = _rank_batches(root, R, batch_size=64 // R, partitions=4, order="windowed", shuffle_window=2)
         rows = [sum(len(b) for b in batches) for batches in ranks]
         assert max(rows) - min(rows) <= 1 and sum(rows) == total
         steps = [np.concatenate([ranks[r][i] for r in range(R)]) for i in range(len(ranks[0]))]
@@ -117,7 +117,7 @@ def test_fewer_rows_than_a_global_batch(tmp_path):
 
 def test_the_block_memory_warning_comes_once_per_loader(tmp_path):
     root = _write(str(tmp_path / "ds" / "a.parquet"), [5_000, 3_000], x=np.zeros(8_000, np.float32))
-    loader = Loader(root, batch_size=100, seed=0, shuffle_window=2, pool=Pool(block_memory="50kB"))
+    loader = Loader(root, batch_size=100, seed=0, order="windowed", shuffle_window=2, pool=Pool(block_memory="50kB"))
     assert loader._bytes_per_row() == 12 == loader._row_bytes  # int64 + float32
     with pytest.warns(BlockMemoryWarning, match=r"the largest block holds 8,000 rows, about 0 MiB at 12 bytes per "
                                                 r"row.*smaller shuffle_window \(now 2\).*smaller row groups") as got:
@@ -189,8 +189,8 @@ def test_a_format_1_state_is_refused_with_the_reason(tmp_path):
 def test_resume_at_another_world_size_equals_the_uninterrupted_run(tmp_path):
     """Stopped at R=2 mid-epoch, resumed at R=4: the global steps are the uninterrupted R=1 run's."""
     root = _write(str(tmp_path / "ds" / "a.parquet"), [2, 900, 17, 3_000, 1, 450])
-    opts = dict(seed=3, partitions=4, shuffle_window=2)
-    (whole,) = _rank_batches(root, 1, batch_size=64, partitions=4, shuffle_window=2)
+    opts = dict(seed=3, partitions=4, order="windowed", shuffle_window=2)
+    (whole,) = _rank_batches(root, 1, batch_size=64, partitions=4, order="windowed", shuffle_window=2)
     stop = len(whole) // 2
     state = None
     for r in range(2):
@@ -251,6 +251,6 @@ def test_partitions_and_world_size_above_the_row_groups_are_refused_at_construct
 def test_huge_batch_size_and_window_plan_at_once(tmp_path):
     """Other user numbers the planner counts with do not set its work: one step, one block."""
     root = _write(str(tmp_path / "ds" / "a.parquet"), [30, 50, 20])
-    with Loader(root, batch_size=2**62, seed=0, shuffle_window=2**62) as loader:
+    with Loader(root, batch_size=2**62, seed=0, order="windowed", shuffle_window=2**62) as loader:
         assert len(loader) == 1 and len(loader.plan().schedule) == 1
         assert sum(len(b["id"]) for b in loader) == 100

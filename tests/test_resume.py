@@ -29,7 +29,7 @@ from detload.verify import verify
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-OPTS = dict(batch_size=48, seed=11, columns=["id", "s"], shuffle_window=2)
+OPTS = dict(batch_size=48, seed=11, columns=["id", "s"], order="windowed", shuffle_window=2)
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +171,7 @@ def test_rejected_states_name_what_differs(ds, tmp_path):
         state = loader.state_dict()
     cases = [
         (dict(OPTS, seed=12), r"seed: 11 in the state, 12 here"),
-        (dict(OPTS, shuffle_window=3), r"shuffle_window: 2 in the state, 3 here"),
+        (dict(OPTS, order="windowed", shuffle_window=3), r"shuffle_window: 2 in the state, 3 here"),
         (dict(OPTS, columns=["id"]), r"columns: \['id', 's'\] in the state, \['id'\] here"),
         (dict(OPTS, batch_size=24), r"global_batch_size: 48 in the state, 24 here \(batch_size 24 x world size 1; "
                                     r"batch_size is per rank"),

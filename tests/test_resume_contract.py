@@ -28,7 +28,7 @@ from detload.audit import hash_batch
 
 EPOCHS = 2
 CONFIGS: dict[str, dict[str, Any]] = {
-    "shuffle": dict(batch_size=48, seed=11, columns=["id", "s"], shuffle_window=2),
+    "shuffle": dict(batch_size=48, seed=11, columns=["id", "s"], order="windowed", shuffle_window=2),
     "ordered-drop-last": dict(batch_size=50, seed=3, shuffle=False, drop_last=True, columns=["id", "x"]),
     "partitions": dict(batch_size=32, seed=7, partitions=2, columns=["id", "s", "x"]),
 }

@@ -44,7 +44,7 @@ from detload.cli import main as cli  # noqa: E402
 from detload.verify import verify  # noqa: E402
 
 FILES = {"a.parquet": [300, 200, 157], "b.parquet": [250, 250], "sub/c.parquet": [211]}
-OPTS = dict(batch_size=128, seed=7, shuffle_window=2)
+OPTS = dict(batch_size=128, seed=7, order="windowed", shuffle_window=2)
 
 pytest.importorskip("moto")
 
@@ -161,7 +161,7 @@ _STALLED_CHILD = r"""
 import sys
 import detload
 
-loader = detload.Loader(sys.argv[1], batch_size=100, seed=1, shuffle_window=1, workers=1,
+loader = detload.Loader(sys.argv[1], batch_size=100, seed=1, order="windowed", shuffle_window=1, workers=1,
                         pool=detload.Pool(kind=sys.argv[2], stall_timeout=2, prefetch=1))
 batches = iter(loader)
 next(batches)

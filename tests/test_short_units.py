@@ -101,7 +101,7 @@ _MESSAGE = (r"b\.parquet row group 1: column 'id' decodes to 3 rows, but the fil
 def test_a_short_row_group_raises_and_no_short_batch_is_yielded(broken, tmp_path, pool, shuffle, cached):
     got = []
     cache = str(tmp_path / "cache") if cached else None
-    with Loader(broken, batch_size=BATCH, seed=5, shuffle=shuffle, shuffle_window=2, workers=2, pool=pool,
+    with Loader(broken, batch_size=BATCH, seed=5, shuffle=shuffle, order="windowed", shuffle_window=2, workers=2, pool=pool,
                 cache=cache) as loader:
         assert loader.dataset.rows == 23  # as the footers say
         with pytest.raises(DataError, match=_MESSAGE):

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 from detload import Loader, OptionError  # noqa: E402
 from detload.torch import PackedTensors, RaggedTensor, TorchLoader  # noqa: E402
 
-KW = dict(batch_size=32, seed=3, shuffle_window=2, group_by="q", group_columns=["qf", "emb", "qtext"],
+KW = dict(batch_size=32, seed=3, order="windowed", shuffle_window=2, group_by="q", group_columns=["qf", "emb", "qtext"],
           columns=["q", "qf", "emb", "qtext", "item", "price", "tags"])
 
 

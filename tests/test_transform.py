@@ -77,13 +77,13 @@ def _collect(loader):
 @settings(max_examples=2)
 @given(seed=st.integers(0, 2**64 - 1), batch=st.sampled_from([32, 64, 100]), window=st.integers(1, 3))
 def test_random_transform_gives_the_reference_batches_in_every_cell(root, tmp_path_factory, seed, batch, window):
-    check_matrix(root, dict(batch_size=batch, seed=seed, shuffle_window=window, transform=X.DROPOUT),
+    check_matrix(root, dict(batch_size=batch, seed=seed, order="windowed", shuffle_window=window, transform=X.DROPOUT),
                  str(tmp_path_factory.mktemp("cells")))
 
 
 @pytest.mark.slow
 def test_cached_deterministic_transform_gives_the_reference_batches_in_every_cell(root, tmp_path):
-    check_matrix(root, dict(batch_size=64, seed=3, shuffle_window=2, transform=X.HASHED,
+    check_matrix(root, dict(batch_size=64, seed=3, order="windowed", shuffle_window=2, transform=X.HASHED,
                             columns=["id", "f32", "s"]), str(tmp_path))
 
 
@@ -470,8 +470,8 @@ def _rows(batch):
 
 def test_under_group_by_a_transform_that_keeps_the_key_delivers_whole_groups(queries):
     t = Transform(X.doubled_price, name="p2", version="1")
-    with Loader(queries, batch_size=16, seed=1, group_by="q", transform=t) as ld, \
-            Loader(queries, batch_size=16, seed=1, group_by="q") as plain:
+    with Loader(queries, batch_size=16, seed=1, order="windowed", group_by="q", transform=t) as ld, \
+            Loader(queries, batch_size=16, seed=1, order="windowed", group_by="q") as plain:
         got = [_rows(b) for b in ld]
         want = [_rows(b) for b in plain]
     assert len(got) == len(want)
@@ -483,14 +483,14 @@ def test_under_group_by_a_transform_that_keeps_the_key_delivers_whole_groups(que
 def test_under_group_by_a_transform_must_keep_the_key_and_every_row(queries):
     with pytest.raises(DataError, match=r"the transform changed the group key 'q' of part-00\d.parquet row group \d: "
                                         r"under group_by= a transform must keep the key column and every row"), \
-            Loader(queries, batch_size=16, seed=1, group_by="q", transform=Transform(X.moved_key, name="m")) as ld:
+            Loader(queries, batch_size=16, seed=1, order="windowed", group_by="q", transform=Transform(X.moved_key, name="m")) as ld:
         list(ld)
     with pytest.raises(DataError, match=r"the transform dropped the group key 'q' of part-00\d.parquet row group \d: "), \
-            Loader(queries, batch_size=16, seed=1, group_by="q", columns=["q", "item"],
+            Loader(queries, batch_size=16, seed=1, order="windowed", group_by="q", columns=["q", "item"],
                    transform=Transform(X.dropped_key, name="d")) as ld:
         list(ld)
     with pytest.raises(OptionError, match=r"transform 'evens' has rows='changes', which group_by= does not allow"):
-        Loader(queries, batch_size=16, seed=1, group_by="q", columns=["q", "item"],
+        Loader(queries, batch_size=16, seed=1, order="windowed", group_by="q", columns=["q", "item"],
                transform=Transform(X.evens_of("item"), name="evens", version="1", rows="changes"))
 
 

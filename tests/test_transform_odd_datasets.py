@@ -98,10 +98,10 @@ CASES = {
     "filter": dict(transform=R.FEATS, filter=[("id", "in", [*range(0, 5000, 3), 1000])]),
     "filter-random": dict(transform=R.NOISE, filter=[("f", ">", 50.0)], columns=["id", "s", "f"],
                           null_fill={"s": "", "f": 0.0}),
-    "group": dict(transform=R.FEATS, group_by="g", batch_size=30),
-    "group-random": dict(transform=R.NOISE_KEYED, group_by="g", columns=["id", "g", "s", "f"],
+    "group": dict(transform=R.FEATS, order="windowed", group_by="g", batch_size=30),
+    "group-random": dict(transform=R.NOISE_KEYED, order="windowed", group_by="g", columns=["id", "g", "s", "f"],
                          null_fill={"s": "", "f": 0.0}),
-    "group-filter": dict(transform=R.FEATS, group_by="g", filter=[("id", "<", 3020)], batch_size=30),
+    "group-filter": dict(transform=R.FEATS, order="windowed", group_by="g", filter=[("id", "<", 3020)], batch_size=30),
 }
 
 

@@ -226,8 +226,10 @@ def _assemble_group(
     spans: list[tuple[int, int]],
     perm: np.ndarray | None,
     scratch: np.ndarray,
+    picks: Sequence[np.ndarray] | None = None,
 ) -> None:
-    """Columns ``names`` of the units, concatenated and permuted, into the rows of ``out2d``."""
+    """Columns ``names`` of the units (their rows ``picks`` when given), concatenated and
+    permuted, into the rows of ``out2d``."""
     k, rows = out2d.shape
     step = k if perm is None else _chunk_cols(rows, out2d.itemsize)
     # A pending cache checksum covers the whole group now, in one call per unit rather
@@ -239,9 +241,17 @@ def _assemble_group(
         j1 = min(k, j0 + step)
         dst = out2d[j0:j1] if perm is None else scratch[: (j1 - j0) * rows * out2d.itemsize].view(
             out2d.dtype).reshape(j1 - j0, rows)
-        for u, (lo, hi) in zip(units, spans):
+        for q, (u, (lo, hi)) in enumerate(zip(units, spans)):
             part = _run_part(u, names, j0, j1)
-            if part is not None:
+            if picks is not None:
+                # The mixed order: this block's rows of a window's row group, ascending.
+                pick = picks[q]
+                if part is not None:
+                    dst[:, lo:hi] = np.take(part, pick, axis=1, mode="wrap")
+                else:
+                    for j in range(j0, j1):
+                        np.take(u[names[j]], pick, out=dst[j - j0, lo:hi], mode="wrap")  # type: ignore[call-overload]
+            elif part is not None:
                 dst[:, lo:hi] = part
             else:
                 for j in range(j0, j1):
@@ -256,21 +266,32 @@ def assemble(
     units: Sequence[Mapping[str, Column]],
     perm: np.ndarray | None,
     allocate: Callable[[int], np.ndarray],
+    picks: Sequence[np.ndarray] | None = None,
 ) -> tuple[np.ndarray, Layout]:
     """Write the block (units concatenated, rows in ``perm`` order) into a new buffer.
 
     ``allocate(nbytes)`` returns a writable uint8 array of that size (heap or
-    shared memory). Returns the buffer and its layout.
+    shared memory). ``picks``: for each unit, the rows of it the block takes (ascending;
+    the mixed order gathers a block from a window of row groups), concatenated before
+    ``perm`` applies. Returns the buffer and its layout.
     """
-    lengths = [len(next(iter(u.values()))) for u in units] if specs else [0 for _ in units]
+    if picks is not None:
+        lengths = [len(p) for p in picks]
+    else:
+        lengths = [len(next(iter(u.values()))) for u in units] if specs else [0 for _ in units]
     rows = sum(lengths)
     spans = []
     pos = 0
     for n in lengths:
         spans.append((pos, pos + n))
         pos += n
-    ragged = {s.name: _concat_ragged(s.name, [u[s.name] for u in units])  # type: ignore[misc]
-              for s in specs if s.kind == "ragged"}
+    if picks is not None:
+        ragged = {s.name: _concat_ragged(s.name, [take_rows(u[s.name], p)  # type: ignore[misc]
+                                                  for u, p in zip(units, picks)])
+                  for s in specs if s.kind == "ragged"}
+    else:
+        ragged = {s.name: _concat_ragged(s.name, [u[s.name] for u in units])  # type: ignore[misc]
+                  for s in specs if s.kind == "ragged"}
     layout, groups = _plan(specs, rows, {k: int(v.values.shape[0]) for k, v in ragged.items()})
     buf = allocate(layout.nbytes)
     base = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)
@@ -284,7 +305,7 @@ def assemble(
         names = tuple(c.name for c in layout.columns[first : first + k])
         d0 = layout.columns[first].data
         out2d = base[d0.offset : d0.offset + k * d0.nbytes].view(_dtype(dt)).reshape(k, rows)
-        _assemble_group(names, out2d, units, spans, perm, scratch)
+        _assemble_group(names, out2d, units, spans, perm, scratch, picks)
     for spec in specs:
         dst = out[spec.name]
         if spec.kind == "fixed":
@@ -292,6 +313,8 @@ def assemble(
             if dst.ndim == 1:
                 continue  # written by its group
             parts = [u[spec.name] for u in units]
+            if picks is not None:
+                parts = [np.take(c, p, axis=0) for c, p in zip(parts, picks)]  # type: ignore[call-overload,arg-type]
             if perm is None:
                 np.concatenate(parts, axis=0, out=dst)  # type: ignore[arg-type]
             else:

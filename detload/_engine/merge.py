@@ -26,7 +26,7 @@ from .._trace import MERGER, Tracer
 from .._types import Column, ColumnSpec
 from ..audit import batch_line, hash_batch
 from ..errors import DetloadError, WorkerError
-from ..plan import Plan
+from ..plan import MixPlan, Plan
 from .block import views
 from .cut import Buffer, make_cutter
 from .messages import POLL, BlockReady, PackedError, StepCut, Task, WorkerFailed, put_until
@@ -34,7 +34,7 @@ from .passes import concerns
 from .pool import WorkerPool
 from .watch import Watch
 
-__all__ = ["END", "Failure", "Run", "make_tasks"]
+__all__ = ["END", "Failure", "Run", "ahead_counts", "make_tasks"]
 
 # Warning classes a worker process may raise, by name (see _worker._forward_warnings).
 _WARNING_CLASSES: dict[str, type[Warning]] = {"CacheWarning": CacheWarning}
@@ -65,6 +65,14 @@ def make_tasks(plan: Plan, start_step: int, workers: int) -> list[list[Task]]:
     (block k to worker k mod W, so worker w's j-th block is k = j*W + w); a task lists
     its block's row ranges (file, row group, first, rows)."""
     opts = plan.options
+    if isinstance(plan, MixPlan):
+        # The mixed order: a worker's task is one plan task, building the blocks listed.
+        return [
+            [Task(blocks[0][0], t.partition, t.number, t.ranges, t.rows, opts.seed, plan.epoch, opts.shuffle,
+                  blocks=tuple((k, t.bounds[j], t.bounds[j + 1]) for k, j in blocks))
+             for t, blocks in tasks]
+            for tasks in plan.task_schedules(workers, start_step)
+        ]
     grouped = plan.group_bounds is not None
     return [
         [Task(j * workers + w, b.partition, b.number, b.ranges,
@@ -72,6 +80,21 @@ def make_tasks(plan: Plan, start_step: int, workers: int) -> list[list[Task]]:
          for j, b in enumerate(blocks)]
         for w, blocks in enumerate(plan.worker_schedules(workers, start_step))
     ]
+
+
+def ahead_counts(tasks: list[list[Task]], limit: int) -> list[int]:
+    """How many of each worker's first tasks may be built ahead of a pass: at most ``limit``, and
+    only a prefix whose blocks all come before the rest's (a worker builds one message's tasks
+    before the next message's, so a mixed-order task that interleaves with a later one stays
+    in the later message)."""
+    out = []
+    for ts in tasks:
+        ks = [[k for k, _, _ in t.blocks] or [t.k] for t in ts]
+        n = min(len(ts), limit)
+        while n and max(max(k) for k in ks[:n]) > min((min(k) for k in ks[n:]), default=2**62):
+            n -= 1
+        out.append(n)
+    return out
 
 
 class Run:
@@ -103,6 +126,8 @@ class Run:
         self._merged = False  # the merger took every block of the pass (ordered merge only)
         self.schedule = plan.schedule_from(start_step)
         self._tasks = make_tasks(plan, start_step, pool.workers)
+        #: The worker that builds each block of the schedule (k mod W, or its task's worker).
+        self._owner = plan.block_workers(pool.workers, start_step)
         # Tasks each worker already has: submitted ahead, with this pass number, while
         # the previous pass was running (see Loader._build_ahead).
         self._ahead = list(ahead) if ahead is not None else [0] * pool.workers
@@ -314,13 +339,13 @@ class Run:
         owned = list(plan.owned_partitions)
         buffers: dict[int, Buffer] = {p: deque() for p in owned}
         step = self.start_step
-        W = self.pool.workers
+        owner = self._owner
         for k, block in enumerate(self.schedule):
             end = min(block.first_step, plan.steps)
             if step < end:
                 self._emit_steps(step, end, owned, buffers)
                 step = end
-            cols = self._take(k % W, k)
+            cols = self._take(owner[k], k)
             buffers[block.partition].append((block.start, cols))
             del cols
         self._merged = True  # the queues now hold only what is built ahead for the next pass
@@ -332,7 +357,7 @@ class Run:
         plan = self.plan
         owned = list(plan.owned_partitions)
         buffers: dict[int, Buffer] = {p: deque() for p in owned}
-        rr = [0] + [len(t) for t in self._tasks]
+        rr = [0] + [self._owner.count(w) for w in range(self.pool.workers)]
         # Where each partition's stream has reached: blocks are placed there by arrival.
         received: dict[int, int] = dict.fromkeys(owned, 0)
         for b in reversed(self.schedule):

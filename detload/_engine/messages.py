@@ -157,7 +157,13 @@ class Poller:
 
 @dataclass(frozen=True)
 class Task:
-    """One block to produce: k is its position in the rank's schedule."""
+    """One block to produce: k is its position in the rank's schedule.
+
+    Or, for the mixed order (``blocks`` set), one task of the plan: its ``units`` (the window)
+    read once, its ``rows`` permuted together (``number`` is the task's), and ``blocks``
+    built from them, each ``(k, lo, hi)``: block k of the schedule is rows ``[lo, hi)`` of
+    the task's permuted rows.
+    """
 
     k: int
     partition: int
@@ -169,6 +175,13 @@ class Task:
     shuffle: bool
     #: group_by: each group's first row in the block before its permutation (empty: no groups).
     groups: tuple[int, ...] = ()
+    #: The mixed order: the blocks to build from the task, ``(k, lo, hi)`` (empty: one block, ``k``).
+    blocks: tuple[tuple[int, int, int], ...] = ()
+
+    @property
+    def block_rows(self) -> int:
+        """The most rows of a block this task builds."""
+        return max((hi - lo for _, lo, hi in self.blocks), default=self.rows)
 
 
 @dataclass

@@ -32,6 +32,7 @@ import xxhash
 
 from .._filters.selection import Selection
 from .._read import UnitReader, select_rows
+from .._streams import mix_row_permutation
 from .._types import UnitColumns
 from . import shm as _shm
 from . import spawn as _spawn
@@ -446,7 +447,14 @@ def worker_loop(cfg: WorkerConfig, index: int, link: ThreadLink | ProcessLink, p
             # built ahead, or the rest of a pass when it begins, perhaps long after.
             reader.new_pass()
             if segs is not None and tasks:
-                segs.new_pass(max(task.rows for task in tasks))
+                segs.new_pass(max(task.block_rows for task in tasks))
+            if tasks and tasks[0].blocks:  # the mixed order: tasks of several blocks each
+                ok, last_wait = _mix_tasks(cfg, reader, steps, tasks, gen, status, segs, link, stale, pid,
+                                           last_wait)
+                if not ok:
+                    reader.close()
+                    reader = UnitReader(cfg)
+                tasks = ()
             for task in tasks:
                 if stale():
                     break
@@ -480,6 +488,150 @@ def worker_loop(cfg: WorkerConfig, index: int, link: ThreadLink | ProcessLink, p
                 pa.default_memory_pool().release_unused()
     finally:
         reader.close()
+
+
+class _Window:
+    """A mixed-order task's window: its pieces' rows read once, the task's permutation, and for
+    each block it builds, where the block's rows lie (computed once per task, in O(rows))."""
+
+    __slots__ = ("perm", "rank", "sorted_rows", "starts", "units")
+
+    def __init__(self, task: Task, units: list[UnitColumns]) -> None:
+        self.units = units
+        sizes = np.asarray([r.rows for r in task.units], dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        n = task.rows
+        self.perm: np.ndarray | None = None
+        self.sorted_rows: dict[int, np.ndarray] = {}
+        self.rank = np.zeros(0, dtype=np.int64)
+        if not task.shuffle:
+            return
+        perm = self.perm = mix_row_permutation(task.seed, task.epoch, task.partition, task.number, n)
+        # Each task row's block (-1: a block before a resume point), then the rows of every block
+        # in ascending (stored) order by one stable sort of small ints (a radix sort), and each
+        # row's place among its block's rows: a block is the gather of its rows from the window
+        # in stored order (cache friendly), permuted by those places.
+        owner = np.full(n, -1, dtype=np.int16 if len(task.blocks) < 2**15 else np.int64)
+        for j, (_, lo, hi) in enumerate(task.blocks):
+            owner[perm[lo:hi]] = j
+        order = np.argsort(owner, kind="stable")
+        counts = np.bincount(owner.astype(np.int64) + 1, minlength=len(task.blocks) + 1)
+        firsts = np.concatenate([[0], np.cumsum(counts)])
+        self.rank = np.empty(n, dtype=np.int64)
+        self.rank[order] = np.arange(n, dtype=np.int64) - np.repeat(firsts[:-1], counts)
+        for j, (k, _, _) in enumerate(task.blocks):
+            self.sorted_rows[k] = order[firsts[j + 1] : firsts[j + 2]]
+
+    def block(self, k: int, lo: int, hi: int) -> tuple[list[UnitColumns], list[np.ndarray] | None, np.ndarray | None]:
+        """Block k (rows ``[lo, hi)`` of the permuted task): the window's units it draws from,
+        the rows of each it takes (None: whole slices), and its permutation of them."""
+        starts = self.starts
+        if self.perm is None:  # no shuffle: the task's rows in stored order, sliced
+            a = int(np.searchsorted(starts, lo, side="right")) - 1
+            units: list[UnitColumns] = []
+            for q in range(a, len(self.units)):
+                s0, s1 = int(starts[q]), int(starts[q + 1])
+                if s0 >= hi:
+                    break
+                first, last = max(lo, s0) - s0, min(hi, s1) - s0
+                units.append(_rows_of(self.units[q], first, last - first))
+            return units, None, None
+        rows = self.sorted_rows.pop(k)
+        cuts = np.searchsorted(rows, starts)
+        units, picks = [], []
+        for q in range(len(self.units)):
+            c0, c1 = int(cuts[q]), int(cuts[q + 1])
+            if c0 < c1:
+                units.append(self.units[q])
+                picks.append(rows[c0:c1] - starts[q])
+        return units, picks, self.rank[self.perm[lo:hi]]
+
+
+def _open_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, gen: int, k: int,
+                 status: Status, t: Timings) -> _Window:
+    """Read a mixed-order task's pieces once each, through the row-group steps (a cache entry's
+    checksum verified as it is read: the window serves several blocks)."""
+    b = _Build(cfg, reader, task, t, defer=False)
+    for f, rg, first, rows in task.units:
+        status.set(gen, k, f, rg)
+        _debug_before_read(cfg, task, f, rg)
+        u = _RowGroup(f, rg, first)
+        for step in steps:
+            if u.done:
+                break
+            step(b, u)
+        b.units.append(_rows_of(u.cols, first, rows))
+    return _Window(task, b.units)
+
+
+def _mix_block(cfg: WorkerConfig, win: _Window, k: int, lo: int, hi: int,
+               segs: _shm.WorkerSegments | None) -> tuple[Any, Layout]:
+    """Build block k of a window: gather its rows from the window's units, permute them."""
+    units, picks, perm = win.block(k, lo, hi)
+    if segs is None:
+        alloc = cfg.buffers.get if cfg.buffers is not None else (lambda n: np.empty(n, dtype=np.uint8))
+        return assemble(cfg.block_specs, units, perm, alloc, picks)
+    got: list[_shm.Segment] = []
+
+    def alloc_shm(n: int) -> np.ndarray:
+        seg, arr = segs.get(n, hi - lo)
+        got.append(seg)
+        return arr
+
+    try:
+        buf, layout = assemble(cfg.block_specs, units, perm, alloc_shm, picks)
+    except BaseException:
+        for seg in got:
+            segs.unsent(seg)
+        raise
+    del buf
+    return got[0], layout
+
+
+def _mix_tasks(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tasks: Any, gen: int, status: Status,
+               segs: _shm.WorkerSegments | None, link: ThreadLink | ProcessLink, stale: Callable[[], bool],
+               pid: int, last_wait: tuple[str, float, float] | None
+               ) -> tuple[bool, tuple[str, float, float] | None]:
+    """Build the blocks of a worker's mixed-order tasks in schedule order (k), each task's
+    window read when its first block is due and dropped after its last one. Tasks of different
+    partitions may interleave in the schedule: their windows are then held together (at most
+    one per partition the rank owns). Returns (whether every block went out, the last wait)."""
+    events = sorted((k, i, lo, hi) for i, task in enumerate(tasks) for k, lo, hi in task.blocks)
+    left = [len(task.blocks) for task in tasks]
+    windows: dict[int, _Window] = {}
+    for k, i, lo, hi in events:
+        if stale():
+            return False, last_wait
+        task = tasks[i]
+        t = Timings(pid=pid)
+        if last_wait is not None:
+            t.spans.append(last_wait)
+            last_wait = None
+        try:
+            win = windows.get(i)
+            if win is None:
+                win = windows[i] = _open_window(cfg, reader, steps, task, gen, k, status, t)
+            t0 = time.perf_counter()
+            payload, layout = _mix_block(cfg, win, k, lo, hi, segs)
+            t.add("permute", t0, time.perf_counter())
+        except BaseException as exc:  # carried back as a value, re-raised by the merger
+            _, _, f, rg = status.get()
+            unit = (cfg.files[f].path, rg) if f >= 0 else None
+            link.send(WorkerFailed(gen, k, pack_exception(exc), unit), stale)
+            return False, last_wait
+        left[i] -= 1
+        if not left[i]:
+            del windows[i]  # the window goes with the task's last block
+        del win
+        status.set(gen, k, -1, -1)
+        if _FORWARDED:
+            t.warnings, _FORWARDED[:] = list(_FORWARDED), []
+        t0 = time.perf_counter()
+        ok = link.send(BlockReady(gen, k, payload, layout, t), stale)
+        last_wait = ("worker_queue_wait", t0, time.perf_counter())
+        if not ok:
+            return False, last_wait
+    return True, last_wait
 
 
 def _warm_up() -> None:

@@ -4,6 +4,9 @@ value, before any worker starts.
 - stage.py      the stage: `column_specs`, then `plan` -> `Planned` (units with selections and
                 groups, the delivered columns, the order identity); the loader runs its result
 - order.py      the epoch planner `make_plan`: units + order options + epoch -> `Plan`
+                (the windowed order, plan format 2; it hands "mix" to mix.py)
+- mix.py        the mixed order's planner (plan format 3): `spread`, partitions, tasks, blocks
+- common.py     what both share: cutting units, step counts, a rank's schedule
 - groups.py     the group pass of ``group_by`` (each unit's groups, from the key column)
 - transform.py  a transform's plan: output schema, rerun check, ``rows="changes"`` counts
 - mixing.py     the mixing report (`Loader.plan_stats`): a plan's rows per batch beside an i.i.d. shuffle

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import xxhash
@@ -17,10 +16,15 @@ import xxhash
 from .._check import check_int
 from .._streams import group_permutation, unit_permutation
 from ..errors import OptionError
-from ..plan import PLAN_FORMAT_VERSION, Block, OrderOptions, Plan, Range, Unit, UnitList
+from ..plan import Block, MixPlan, OrderOptions, Plan, Unit, UnitList
+from .common import cut_unit as _cut
+from .common import drop_all_error
+from .common import rank_schedule as _rank_schedule
+from .common import step_count as _steps
+from .mix import make_mix_plan
 
 __all__ = ["DEFAULT_BLOCK_BUDGET", "block_memory_warning", "check_partitions", "greedy_steps", "make_plan",
-           "order_fingerprint"]
+           "order_fingerprint", "window_memory_warning"]
 
 _U32 = 0xFFFF_FFFF
 
@@ -45,42 +49,6 @@ def greedy_steps(bounds: np.ndarray, m: int) -> np.ndarray:
     return np.asarray(out, dtype=np.int64)
 
 
-def _steps(part_rows: Sequence[int], m: int, drop_last: bool) -> int:
-    """Steps every rank takes: each partition gives one micro-batch of ``m`` rows per step, so
-    the shortest partition's full micro-batches (drop_last) or the longest one's, last short."""
-    return min(r // m for r in part_rows) if drop_last else max(-(-r // m) for r in part_rows)
-
-
-def _rank_schedule(blocks: Sequence[Sequence[Any]], options: OrderOptions, rank: int, steps: int) -> tuple[Any, ...]:
-    """The blocks of ``rank``'s partitions that the epoch's ``steps`` reach, in the order the
-    merger needs them (by first step, then partition, then number)."""
-    per = options.partitions // options.world_size
-    needed = [b for q in range(rank * per, (rank + 1) * per) for b in blocks[q] if b.first_step < steps]
-    return tuple(sorted(needed, key=lambda b: (b.first_step, b.partition, b.number)))
-
-
-def _cut(unit: Unit, offsets: Sequence[int]) -> tuple[list[Unit], int]:
-    """``unit`` cut before each of ``offsets`` (increasing, inside it), and how many
-    row groups two pieces share (each such cut makes one more read of a row group)."""
-    pieces: list[Unit] = []
-    shared = 0
-    bounds = [0, *offsets, unit.rows]
-    for lo, hi in zip(bounds, bounds[1:]):
-        ranges: list[Range] = []
-        pos = 0
-        for r in unit.ranges:
-            a, b = max(lo, pos), min(hi, pos + r.rows)
-            if a < b:
-                ranges.append(Range(r.file, r.row_group, r.first + a - pos, b - a))
-            pos += r.rows
-        groups = tuple(g - lo for g in unit.groups if lo <= g < hi)
-        pieces.append(Unit(tuple(ranges), groups, unit.selection))
-    for left, right in zip(pieces, pieces[1:]):
-        last, first = left.ranges[-1], right.ranges[0]
-        shared += (last.file, last.row_group) == (first.file, first.row_group)
-    return pieces, shared
-
-
 def _snap(unit: Unit, c: int) -> int:
     """Offset ``c`` inside ``unit`` moved to the nearest group start or the unit's end (ties: down)."""
     if not unit.groups:
@@ -95,7 +63,7 @@ def order_fingerprint(dataset_fingerprint: str, units_digest: str, options: Orde
     """Identifies the order of every epoch: same fingerprint, same batches. It covers the units
     through their digest."""
     payload = json.dumps(
-        {"plan_format": PLAN_FORMAT_VERSION, "dataset": dataset_fingerprint, "units": units_digest,
+        {"plan_format": options.plan_format, "dataset": dataset_fingerprint, "units": units_digest,
          **options.order_dict()},
         sort_keys=True,
     )
@@ -134,7 +102,9 @@ def make_plan(
     ``[p*T//P, (p+1)*T//P)`` of it, a unit that a boundary falls inside being cut
     into two (at the nearest group start when it has groups). Within a partition
     ``shuffle_window`` consecutive units form a block; step i takes rows
-    ``[i*m, (i+1)*m)`` of every partition (m = global batch / P).
+    ``[i*m, (i+1)*m)`` of every partition (m = global batch / P). That is the windowed
+    order (plan format 2); with ``options.order == "mix"`` the mixed order's plan
+    (format 3, planning/mix.py) is returned instead.
     """
     check_int("epoch", epoch, 0, _U32, shown="[0, 2**32)")
     check_int("rank", rank, 0)
@@ -148,6 +118,9 @@ def make_plan(
             units = UnitList(units)  # type: ignore[arg-type]
     n = len(units)
     check_partitions(units, options)
+    if options.order == "mix":
+        return make_mix_plan(units, options, epoch=epoch, rank=rank,
+                             fingerprint=order_fingerprint(dataset_fingerprint, units.digest, options))
     P = options.partitions
     m = options.micro_batch
     order = unit_permutation(options.seed, epoch, n) if options.shuffle else np.arange(n, dtype=np.int64)
@@ -191,6 +164,7 @@ def make_plan(
     cs = csum.tolist()
 
     W = options.shuffle_window
+    assert W is not None  # resolved by OrderOptions for the windowed order
     blocks: list[tuple[Block, ...]] = []
     for p in range(P):
         bs: list[Block] = []
@@ -212,11 +186,7 @@ def make_plan(
     else:
         steps = _steps(part_rows, m, options.drop_last)
     if options.drop_last and steps == 0:
-        raise OptionError(
-            f"drop_last=True drops every row: the epoch holds {total} rows, the smallest of the "
-            f"{P} partitions {min(part_rows)}, fewer than one micro-batch of {m} rows (global batch "
-            f"{options.global_batch_size} = {P} x {m}). Use a smaller batch_size or drop_last=False."
-        )
+        raise drop_all_error(options, total, part_rows)
     if step_starts is not None:
         dropped = total - sum(int(s[steps]) for s in step_starts) if options.drop_last else 0
     else:
@@ -302,9 +272,41 @@ def block_memory_warning(plan: Plan, bytes_per_row: float,
         f"{bytes_per_row:,.0f} bytes per row, over the block memory budget of {budget / 2**20:,.0f} MiB; "
         "each worker holds one block while building it and up to `prefetch` more in its queue."
     )
+    if isinstance(plan, MixPlan):
+        text += (f" A smaller block_rows (now {biggest.rows:,} rows at most) makes blocks smaller (the mixing"
+                 " does not change: a task's rows are permuted together whatever its blocks).")
+        return text
     if len(biggest.units) > 1:
         text += (f" A smaller shuffle_window (now {window}) puts fewer row groups in a block"
                  " (fewer rows are mixed together).")
     text += (f" The largest row group holds {largest_unit:,} rows: rewriting the data with smaller row"
              " groups (`detload layout SRC DST --row-group-rows N`) makes blocks smaller at any window.")
     return text
+
+
+def window_memory_warning(plan: Plan, bytes_per_row: float, budget: int = DEFAULT_BLOCK_BUDGET) -> str | None:
+    """The mixed order's warning text when a task's window would exceed ``budget`` bytes, else None.
+
+    A worker holds a task's row groups (its window, up to ``mix_window`` of them) while it
+    builds the task's blocks: on the heap without a cache, as memory-mapped entries (page
+    cache) with one. The estimate is the largest task's rows (over every partition, so every
+    rank warns alike) times ``bytes_per_row``.
+    """
+    if not isinstance(plan, MixPlan):
+        return None
+    biggest = max((t for part in plan.tasks for t in part), key=lambda t: t.rows, default=None)
+    if biggest is None:
+        return None
+    need = biggest.rows * bytes_per_row
+    if need <= budget:
+        return None
+    median = int(np.median(plan.unit_rows))
+    return (
+        f"a task of the mixed order holds {len(biggest.units)} row groups ({biggest.rows:,} rows, about "
+        f"{need / 2**20:,.0f} MiB at {bytes_per_row:,.0f} bytes per row), over the block memory budget of "
+        f"{budget / 2**20:,.0f} MiB: each worker holds one such window of row groups while it builds the "
+        f"task's blocks. Lower mix_window (now {plan.options.mix_window}; fewer row groups are mixed together), "
+        "or pass cache= so that the window is memory-mapped cache entries rather than heap memory, or rewrite "
+        f"the data with smaller row groups (the median holds {median:,} rows: "
+        "`detload layout SRC DST --row-group-rows N`)."
+    )

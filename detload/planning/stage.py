@@ -30,7 +30,7 @@ from .._storage import object_uri
 from .._types import SCALED, ColumnSpec, type_mapping_version
 from .._xform import TransformFailed, TransformPlan
 from ..errors import OptionError, WorkerError
-from ..plan import PLAN_FORMAT_VERSION, OrderOptions, Plan, UnitList
+from ..plan import OrderOptions, Plan, UnitList
 from ..transform import Transform
 from .order import check_partitions, make_plan
 from .transform import plan_transform
@@ -142,6 +142,11 @@ def plan(dataset: Dataset, files: tuple[FileRef, ...], specs: tuple[ColumnSpec, 
     g_cols: tuple[str, ...] = ()
     g_max: int | None = None
     g_stats: GroupStats | None = None
+    if group_by is not None and options.order == "mix":
+        raise OptionError(
+            f"group_by={group_by!r} is not available with order=\"mix\": the mixed "
+            "order permutes rows across a task, not whole groups. Pass order=\"windowed\" (and "
+            "shuffle_window=N, default 4) to load whole groups")
     if group_by is not None:
         # Import cost, not a cycle: pyarrow.compute, only for group_by.
         from .groups import check_group_options, group_units
@@ -175,6 +180,12 @@ def plan(dataset: Dataset, files: tuple[FileRef, ...], specs: tuple[ColumnSpec, 
             units = UnitList(planned.units)
     # Now, not at the first len() or iteration: the bound is known once the units are.
     check_partitions(units, options)
+    if options.order == "mix" and options.block_rows is None:
+        # Resolved from the final units (after a filter or transform), so that the order, the
+        # state and the manifest header record the block size the plans use.
+        from .mix import default_block_rows
+
+        options = dataclasses.replace(options, block_rows=default_block_rows(units.rows))
 
     order: dict[str, Any] = {
         **options.order_dict(),
@@ -182,7 +193,7 @@ def plan(dataset: Dataset, files: tuple[FileRef, ...], specs: tuple[ColumnSpec, 
         "null_fill": {k: _jsonable(v) for k, v in sorted(null_fill.items())},
         # 1 unless an INT96 column is loaded, so that other datasets keep their states.
         "type_mapping": type_mapping_version(list(specs)),
-        "plan_format": PLAN_FORMAT_VERSION,
+        "plan_format": options.plan_format,
         "dataset": dataset.fingerprint,
         # The units the plan cuts into partitions; the fingerprint covers them through this.
         "units_digest": units.digest,

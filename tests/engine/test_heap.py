@@ -84,7 +84,7 @@ def _kept_parts_never_change(data, keep, pool: str) -> None:
     wanted = dict(keep)
     kept: list[object] = []
     snapshots: list[object] = []
-    with Loader(data, batch_size=96, seed=3, workers=2, pool=detload.Pool(kind=pool, prefetch=1), shuffle_window=2) as ld:
+    with Loader(data, batch_size=96, seed=3, workers=2, pool=detload.Pool(kind=pool, prefetch=1), order="windowed", shuffle_window=2) as ld:
         for epoch in range(3):
             ld.set_epoch(epoch)
             for i, b in enumerate(ld):

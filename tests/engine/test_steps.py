@@ -46,7 +46,7 @@ def test_the_worker_kind_is_the_pools(tmp_path, pool):
 def test_a_grouping_loader_cuts_packed_steps_and_any_other_flat(tmp_path):
     pq.write_table(pa.table({"k": np.repeat(np.arange(5), 2), "x": np.arange(10)}), tmp_path / "a.parquet")
     flat = detload.Loader(str(tmp_path), batch_size=4, seed=0)
-    grouped = detload.Loader(str(tmp_path), batch_size=4, seed=0, group_by="k")
+    grouped = detload.Loader(str(tmp_path), batch_size=4, seed=0, order="windowed", group_by="k")
     assert isinstance(make_cutter(flat.plan(0), flat.specs, None), FlatCutter)
     assert isinstance(make_cutter(grouped.plan(0), grouped.specs, grouped.group_columns), PackedCutter)
     flat.close()

@@ -20,7 +20,7 @@ import detload
 from detload import DataError, DatasetError, Loader, WorkerError
 from detload.audit import hash_batch
 
-OPTS = dict(batch_size=150, seed=11, shuffle_window=2)
+OPTS = dict(batch_size=150, seed=11, order="windowed", shuffle_window=2)
 POOLS = [("thread", 1), ("thread", 3), ("process", 2)]
 
 

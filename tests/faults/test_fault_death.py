@@ -17,7 +17,7 @@ from detload import Loader, WorkerError
 from detload._engine.config import DebugHooks
 from detload.audit import hash_batch
 
-OPTS = dict(batch_size=100, seed=7, shuffle_window=2)
+OPTS = dict(batch_size=100, seed=7, order="windowed", shuffle_window=2)
 
 
 def _victim(loader: Loader) -> tuple[int, str, int]:

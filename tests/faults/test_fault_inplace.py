@@ -14,7 +14,7 @@ import pytest
 import detload
 from detload import DataError, Loader
 
-OPTS = dict(batch_size=250, seed=3, shuffle=False, shuffle_window=4)  # step i = unit i
+OPTS = dict(batch_size=250, seed=3, shuffle=False, order="windowed", shuffle_window=4)  # step i = unit i
 
 
 def _cut_in_place(path: str) -> None:

@@ -24,7 +24,7 @@ from detload._read import mapping
 from detload._read.mapping import LOCAL_FILESYSTEMS, on_local_disk, open_mapped, parse_mounts, should_map
 from detload.audit import hash_batch
 
-OPTS = dict(batch_size=100, seed=7, shuffle_window=2)
+OPTS = dict(batch_size=100, seed=7, order="windowed", shuffle_window=2)
 
 MOUNTS = r"""/dev/vda / ext4 rw,relatime 0 0
 tmpfs /dev/shm tmpfs rw 0 0
@@ -135,7 +135,7 @@ def test_a_shrunk_mapped_file_is_refused_before_its_pages_are_read(fault_data, l
     data = fault_data(files=2, row_groups=24)
     rel = data.files[0]
     loader = Loader(data.root, workers=1, pool=detload.Pool(kind="process", prefetch=1),
-                    storage=detload.Storage(memory_map=True), batch_size=250, seed=3, shuffle=False, shuffle_window=4)
+                    storage=detload.Storage(memory_map=True), batch_size=250, seed=3, shuffle=False, order="windowed", shuffle_window=4)
     with loader:
         leaks.track(loader)
         it = iter(loader)
@@ -219,7 +219,7 @@ def test_process_workers_give_back_the_mapped_pages_of_each_row_group(tmp_path, 
     paths = _write_mapped_data(str(tmp_path / "d"))
     size = min(os.path.getsize(p) for p in paths)
     one_rg = max(pq.ParquetFile(p).metadata.row_group(0).total_byte_size for p in paths)
-    with Loader(str(tmp_path / "d"), batch_size=1000, seed=1, shuffle_window=2, workers=2, pool="process") as ld:
+    with Loader(str(tmp_path / "d"), batch_size=1000, seed=1, order="windowed", shuffle_window=2, workers=2, pool="process") as ld:
         leaks.track(ld)
         for epoch in (0, 1):
             ld.set_epoch(epoch)
@@ -243,7 +243,7 @@ def test_a_thread_worker_map_holds_one_row_group_not_the_file(tmp_path, monkeypa
     size = os.path.getsize(paths[0])
     if not release:
         monkeypatch.setattr(mapping.MappedFile, "release", lambda self: None)
-    with Loader(str(tmp_path / "d"), batch_size=1000, seed=1, shuffle_window=2, workers=1, pool="thread",
+    with Loader(str(tmp_path / "d"), batch_size=1000, seed=1, order="windowed", shuffle_window=2, workers=1, pool="thread",
                 storage=detload.Storage(memory_map=True)) as ld:
         for _ in ld:
             pass

@@ -122,7 +122,7 @@ def root(tmp_path):
     (dict(workers="many"), r"workers must be an int in \[1, 256\] or 'auto'"),
     (dict(pool="fork"), r"pool must be 'thread' or 'process', got 'fork'"),
     (dict(pool=lambda: Pool(prefetch=0)), r"Pool.prefetch must be an int in \[1, 1024\] \(blocks queued per worker\), got 0"),
-    (dict(shuffle_window=0), r"shuffle_window must be an int >= 1"),
+    (dict(order="windowed", shuffle_window=0), r"shuffle_window must be an int >= 1"),
     (dict(shuffle="yes"), r"shuffle must be True or False"),
     (dict(drop_last=1), r"drop_last must be True or False"),
     (dict(pool=lambda: Pool(stall_timeout=0)),
@@ -159,7 +159,7 @@ def test_bad_option_messages(root, kw, match):
 
 
 def test_numpy_integers_are_plain_options(root):
-    loader = Loader(root, batch_size=np.int64(10), seed=np.uint64(3), shuffle_window=np.int32(2))
+    loader = Loader(root, batch_size=np.int64(10), seed=np.uint64(3), order="windowed", shuffle_window=np.int32(2))
     assert len(loader) == 20 and loader.state_dict()["order"]["seed"] == 3
     loader.close()
 

@@ -14,7 +14,7 @@ from detload import DataError, Loader, WorkerError
 from detload._engine.config import DebugHooks
 from detload.audit import hash_batch
 
-OPTS = dict(batch_size=128, seed=3, shuffle_window=3)
+OPTS = dict(batch_size=128, seed=3, order="windowed", shuffle_window=3)
 
 
 class ReadFailure(RuntimeError):

@@ -25,7 +25,7 @@ from detload import Loader, WorkerStalledError
 from detload._engine.config import DebugHooks
 from detload.audit import hash_batch
 
-OPTS = dict(batch_size=100, seed=9, shuffle_window=2)
+OPTS = dict(batch_size=100, seed=9, order="windowed", shuffle_window=2)
 HANDED_OVER = 6  # blocks pinned by batches the merger handed over (docs/reliability.md)
 SLACK = 48 * 2**20  # RSS noise: allocator pools, thread stacks, page tables
 
@@ -149,7 +149,7 @@ def test_slow_consumer_memory_bound(tmp_path, leaks, workers, prefetch):
     # A loader that held on to blocks would break both bounds: the exact count of live
     # segments, and (coarser: RSS counts allocator pools and shared pages) the RSS one.
     assert bound_blocks * unit_bytes + SLACK < units * unit_bytes
-    opts = dict(batch_size=batch, seed=1, shuffle_window=1, workers=workers,
+    opts = dict(batch_size=batch, seed=1, order="windowed", shuffle_window=1, workers=workers,
                 pool=detload.Pool(kind="process", prefetch=prefetch))
     with Loader(str(tmp_path / "wide"), **opts) as loader:
         for _ in loader:  # warm-up epoch: allocator pools, imports, page cache
@@ -175,7 +175,7 @@ def test_slow_consumer_thread_pool_rss_bound(tmp_path, leaks):
     units, rows, batch, workers, prefetch = 64, 20_000, 2_500, 2, 1
     unit_bytes = _write_wide(str(tmp_path / "wide"), units, rows)
     bound_blocks = workers * (prefetch + 1) + 2 + HANDED_OVER
-    with Loader(str(tmp_path / "wide"), batch_size=batch, seed=1, shuffle_window=1, workers=workers,
+    with Loader(str(tmp_path / "wide"), batch_size=batch, seed=1, order="windowed", shuffle_window=1, workers=workers,
                 pool=detload.Pool(kind="thread", prefetch=prefetch)) as loader:
         for _ in loader:
             pass

@@ -18,7 +18,7 @@ from faultkit import check_batch, clean_hashes, shm_segments, wait_until
 from detload import Loader
 from detload.audit import hash_batch
 
-OPTS = dict(batch_size=100, seed=5, shuffle_window=2)
+OPTS = dict(batch_size=100, seed=5, order="windowed", shuffle_window=2)
 
 
 class Boom(Exception):

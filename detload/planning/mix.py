@@ -1,0 +1,130 @@
+"""The mixed order's epoch planner (plan format 3, ``order="mix"``): stratified windows.
+
+Units are spread over partitions one from every P consecutive ones, each partition's pieces
+over tasks one from every T consecutive ones (`spread`), and a task's rows are permuted
+together and cut into blocks of equal size. Pure function, no I/O; docs/determinism.md
+states every step and stream.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._streams import TAG_MIX_PARTS, TAG_MIX_TASKS, mix_raw
+from ..plan import MixBlock, MixPlan, MixTask, OrderOptions, Unit, UnitList
+from .common import cut_unit as _cut
+from .common import drop_all_error
+from .common import rank_schedule as _rank_schedule
+from .common import step_count as _steps
+
+__all__ = ["default_block_rows", "make_mix_plan", "spread"]
+
+
+def spread(n: int, groups: int, keys: np.ndarray) -> np.ndarray:
+    """The group (0..groups-1) of each of ``n`` positions, at most one position of every stratum
+    of ``groups`` consecutive positions per group (the last stratum may be short).
+
+    ``keys``: at least ``ceil(n / groups) * groups`` raw words of one stream; stratum s gives
+    its slot i to group ``sigma_s[i]``, the stable argsort of the stratum's words. So group
+    sizes differ by at most one and each group's positions span the whole list.
+    """
+    strata = -(-n // groups)
+    k = np.asarray(keys[: strata * groups], dtype=np.uint64).reshape(strata, groups)
+    return np.argsort(k, axis=1, kind="stable").reshape(-1)[:n].astype(np.int64)
+
+
+def default_block_rows(rows: np.ndarray) -> int:
+    """The default block size: 4 x the median unit rows (the windowed order's default block)."""
+    return max(1, int(4 * np.median(rows)))
+
+
+def make_mix_plan(units: UnitList, options: OrderOptions, *, epoch: int, rank: int, fingerprint: str) -> MixPlan:
+    """Plan epoch ``epoch`` of the mixed order for ``rank`` (``units`` and ``options`` checked)."""
+    n = len(units)
+    P = options.partitions
+    m = options.micro_batch
+    K = options.mix_window
+    assert K is not None
+    S = options.block_rows if options.block_rows is not None else default_block_rows(units.rows)
+    # 1. Partitions: one unit of every P consecutive ones to each, then format 2's cut by rows
+    #    of the stream (partition 0's units in canonical order, then partition 1's, ...).
+    if P > 1 and options.shuffle:
+        group = spread(n, P, mix_raw(TAG_MIX_PARTS, options.seed, -(-n // P) * P, epoch))
+        order = np.lexsort((np.arange(n), group)).astype(np.int64)
+    else:
+        order = np.arange(n, dtype=np.int64)
+    piece_rows = units.rows[order]
+    ends = np.cumsum(piece_rows)
+    total = int(ends[-1])
+    bounds = [p * total // P for p in range(P + 1)]
+    cuts: dict[int, list[int]] = {}
+    for b in bounds[1:-1]:
+        i = int(np.searchsorted(ends, b, side="right"))
+        if i < n:
+            c = b - (int(ends[i]) - int(piece_rows[i]))
+            if c > 0 and (not cuts.get(i) or cuts[i][-1] != c):
+                cuts.setdefault(i, []).append(c)
+    order_l = order.tolist()
+    pieces: list[Unit] = [units.units[j] for j in order_l]
+    sources: list[int] = list(order_l)
+    offsets: list[int] = [0] * n
+    redundant = 0
+    for i in sorted(cuts, reverse=True):  # back to front: earlier positions stay valid
+        cut, shared = _cut(pieces[i], cuts[i])
+        redundant += shared
+        pieces[i : i + 1] = cut
+        sources[i : i + 1] = [sources[i]] * len(cut)
+        offsets[i : i + 1] = [0, *cuts[i]]
+        piece_rows = np.concatenate([piece_rows[:i], [c.rows for c in cut], piece_rows[i + 1 :]])
+    csum = np.concatenate([[0], np.cumsum(piece_rows)])
+    part_of = np.searchsorted(np.asarray(bounds), csum[:-1], side="right") - 1
+    edges = np.searchsorted(part_of, np.arange(P + 1), side="left").tolist()
+    src_a = np.asarray(sources, dtype=np.int64)
+    off_a = np.asarray(offsets, dtype=np.int64)
+    rows_a = np.asarray(piece_rows, dtype=np.int64)
+
+    tasks: list[tuple[MixTask, ...]] = []
+    blocks: list[tuple[MixBlock, ...]] = []
+    for p in range(P):
+        lo, hi = edges[p], edges[p + 1]
+        # Back to canonical order within the partition (by source unit, then first row).
+        idx = np.arange(lo, hi)[np.lexsort((off_a[lo:hi], src_a[lo:hi]))]
+        n_p = len(idx)
+        ts: list[MixTask] = []
+        bs: list[MixBlock] = []
+        if n_p:
+            # 2. Tasks: T = ceil(n_p / K), each one piece of every T consecutive pieces.
+            T = -(-n_p // K)
+            task_of = (spread(n_p, T, mix_raw(TAG_MIX_TASKS, options.seed, -(-n_p // T) * T, epoch, p))
+                       if options.shuffle and T > 1 else np.arange(n_p, dtype=np.int64) * T // n_p)
+            members = np.argsort(task_of, kind="stable")  # canonical order within each task
+            counts = np.bincount(task_of, minlength=T)
+            pos = 0
+            at = 0
+            for t in range(T):
+                mine = idx[members[at : at + int(counts[t])]].tolist()
+                at += int(counts[t])
+                r = int(rows_a[mine].sum())
+                # 3. Blocks: M = ceil(rows / S) of rows j*rows//M, none above S, none a remnant.
+                M = -(-r // S)
+                tb = tuple(j * r // M for j in range(M + 1))
+                task = MixTask(p, t, tuple(pieces[i] for i in mine), tuple(sources[i] for i in mine),
+                               tuple(offsets[i] for i in mine), r, pos, tb, pos // m, (pos + r - 1) // m)
+                for j in range(M):
+                    start, br = pos + tb[j], tb[j + 1] - tb[j]
+                    bs.append(MixBlock(p, len(bs), task.units, task.sources, br, start, start // m,
+                                       (start + br - 1) // m, task, j))
+                ts.append(task)
+                pos += r
+        tasks.append(tuple(ts))
+        blocks.append(tuple(bs))
+    part_rows = tuple(bounds[p + 1] - bounds[p] for p in range(P))
+    steps = _steps(part_rows, m, options.drop_last)
+    if options.drop_last and steps == 0:
+        raise drop_all_error(options, total, part_rows)
+    dropped = total - steps * m * P if options.drop_last else 0
+    return MixPlan(
+        options=options, epoch=epoch, rank=rank, units=units, unit_order=order, boundaries=tuple(bounds),
+        partition_rows=part_rows, redundant_reads=redundant, blocks=tuple(blocks), steps=steps,
+        dropped_rows=dropped, fingerprint=fingerprint, schedule=_rank_schedule(blocks, options, rank, steps),
+        tasks=tuple(tasks))

@@ -1,0 +1,198 @@
+"""The mixed order's planner (plan format 3): the design's worked example as a known answer, its
+invariants as properties (every row once, equal blocks, one reader per row group, same inputs
+same plan), its options and their errors, and the windowed order's fingerprints unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from detload.errors import OptionError
+from detload.plan import PLAN_FORMAT_MIX, MixPlan, OrderOptions, Range, Unit, UnitList
+from detload.planning import make_plan
+from detload.planning.mix import spread
+from detload.planning.order import order_fingerprint, window_memory_warning
+
+
+def mix(**kw: object) -> OrderOptions:
+    return OrderOptions(**({"seed": 7, "batch_size": 4, "order": "mix"} | kw))  # type: ignore[arg-type]
+
+
+def test_known_answer_of_the_worked_example() -> None:
+    # docs/determinism.md and docs/mixing-design.md: six row groups of 5, 3, 6, 2, 4, 4 rows.
+    plan = make_plan([5, 3, 6, 2, 4, 4], mix(batch_size=1, mix_window=2, block_rows=4), epoch=0)
+    assert isinstance(plan, MixPlan) and plan.plan_format == PLAN_FORMAT_MIX == 3
+    tasks = plan.tasks[0]
+    assert [t.sources for t in tasks] == [(2, 3), (1, 5), (0, 4)]
+    assert [np.diff(t.bounds).tolist() for t in tasks] == [[4, 4], [3, 4], [3, 3, 3]]
+    assert plan.row_ids().tolist() == [13, 15, 12, 14, 9, 8, 10, 11, 5, 22, 7, 21, 6, 23, 20,
+                                       0, 1, 18, 17, 19, 3, 2, 4, 16]
+    assert [b.rows for b in plan.schedule] == [4, 4, 3, 4, 3, 3, 3]
+    assert plan.steps == 24 and plan.dropped_rows == 0
+
+
+def test_spread_takes_one_of_every_stratum_per_group() -> None:
+    keys = np.random.default_rng(0).integers(0, 2**63, size=40, dtype=np.uint64)
+    g = spread(37, 4, keys)
+    for s in range(0, 37, 4):
+        stratum = g[s : s + 4]
+        assert len(set(stratum.tolist())) == len(stratum)
+    counts = np.bincount(g, minlength=4)
+    assert counts.max() - counts.min() <= 1 and counts.sum() == 37
+
+
+def test_without_shuffle_the_stream_is_canonical() -> None:
+    plan = make_plan([5, 3, 6, 2, 4, 4], mix(shuffle=False, mix_window=2, block_rows=4), epoch=3)
+    assert plan.row_ids().tolist() == list(range(24))
+
+
+def _check_plan(rows: list[int], plan: MixPlan) -> None:
+    total = sum(rows)
+    P = plan.options.partitions
+    streams = [plan.partition_row_ids(p) for p in range(P)]
+    every = np.concatenate(streams)
+    # Every row exactly once over the partitions.
+    assert np.array_equal(np.sort(every), np.arange(total))
+    reads: dict[int, int] = {}
+    for p in range(P):
+        assert sum(t.rows for t in plan.tasks[p]) == plan.partition_rows[p]
+        for t in plan.tasks[p]:
+            sizes = np.diff(t.bounds)
+            # Equal blocks within a task (within one row), none above block_rows: no small tail.
+            assert sizes.max() - sizes.min() <= 1 and sizes.max() <= plan.options.block_rows
+            assert len(t.units) <= plan.options.mix_window
+            for s in set(t.sources):
+                reads[s] = reads.get(s, 0) + 1
+        # The partition's blocks tile its stream in order.
+        starts = [b.start for b in plan.blocks[p]]
+        assert starts == sorted(starts) and sum(b.rows for b in plan.blocks[p]) == plan.partition_rows[p]
+    # Each row group is read by one task, except those a partition boundary cut.
+    assert sum(v - 1 for v in reads.values()) <= P - 1
+    assert sum(v - 1 for v in reads.values()) == plan.redundant_reads
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(st.integers(1, 40), min_size=1, max_size=60), seed=st.integers(0, 2**64 - 1),
+       window=st.integers(1, 9), block=st.integers(1, 60), parts=st.sampled_from([1, 2, 3]),
+       epoch=st.integers(0, 3), shuffle=st.booleans())
+def test_invariants(rows: list[int], seed: int, window: int, block: int, parts: int, epoch: int,
+                    shuffle: bool) -> None:
+    parts = min(parts, len(rows))
+    opts = mix(seed=seed, batch_size=parts * 2 if parts != 2 else 4, partitions=parts, mix_window=window, block_rows=block,
+               shuffle=shuffle)
+    plan = make_plan(rows, opts, epoch=epoch)
+    assert isinstance(plan, MixPlan)
+    _check_plan(rows, plan)
+    # Same inputs, same plan (a pure function of them).
+    again = make_plan(list(rows), opts, epoch=epoch)
+    assert np.array_equal(plan.row_ids(), again.row_ids()) and plan.fingerprint == again.fingerprint
+    # The union over ranks of each step is the same at every world size that divides P.
+    if parts == 2:
+        split = [make_plan(rows, mix(seed=seed, batch_size=2, partitions=2, world_size=2,
+                                     mix_window=window, block_rows=block, shuffle=shuffle), epoch=epoch, rank=r)
+                 for r in range(2)]
+        assert np.array_equal(np.sort(np.concatenate([s.row_ids() for s in split])), np.sort(plan.row_ids()))
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.lists(st.integers(1, 30), min_size=2, max_size=40), seed=st.integers(0, 2**32),
+       parts=st.sampled_from([2, 4]))
+def test_fixed_partitions_give_the_same_global_steps_at_every_world_size(rows: list[int], seed: int,
+                                                                         parts: int) -> None:
+    parts = min(parts, len(rows))
+    if parts not in (2, 4):
+        return
+
+    def steps(world: int) -> list[list[int]]:
+        plans = [make_plan(rows, mix(seed=seed, batch_size=parts // world * 3, partitions=parts, world_size=world,
+                                     mix_window=3, block_rows=7), epoch=1, rank=r) for r in range(world)]
+        out = []
+        for i in range(plans[0].steps):
+            step: list[int] = []
+            for pl in plans:
+                for p in pl.owned_partitions:
+                    lo, hi = pl.micro_range(p, i)
+                    step += pl.partition_row_ids(p)[lo:hi].tolist()
+            out.append(step)
+        return out
+
+    assert steps(1) == steps(2)
+
+
+def test_filtered_units_and_cut_pieces_keep_their_rows() -> None:
+    # Units that are parts of row groups (a filter's delivered rows) and cuts by partitions.
+    units = UnitList([Unit((Range(0, g, 0, n),)) for g, n in enumerate([7, 1, 9, 4, 4, 12, 3])])
+    plan = make_plan(units, mix(batch_size=3, partitions=3, mix_window=2, block_rows=5), epoch=2)
+    assert isinstance(plan, MixPlan)
+    _check_plan([7, 1, 9, 4, 4, 12, 3], plan)
+    for p in range(3):
+        for t in plan.tasks[p]:
+            for u, s, o in zip(t.units, t.sources, t.offsets):
+                assert u.ranges[0].row_group == s and u.ranges[0].first == o
+
+
+def test_schedule_and_workers_deal_whole_tasks() -> None:
+    plan = make_plan([10] * 12, mix(batch_size=4, mix_window=3, block_rows=10), epoch=0)
+    assert isinstance(plan, MixPlan)
+    for W in (1, 2, 3, 5):
+        owners = plan.block_workers(W)
+        for b, w in zip(plan.schedule, owners):
+            assert w == b.task.number % W  # type: ignore[attr-defined]
+        per = plan.task_schedules(W)
+        assert sorted(k for w in per for _, blocks in w for k, _ in blocks) == list(range(len(plan.schedule)))
+    # A resume inside a task keeps the task and lists only its blocks still needed.
+    s = plan.schedule[4].first_step + 1
+    per = plan.task_schedules(2, s)
+    first = per[0][0]
+    assert [i for _, i in first[1]] == list(range(first[1][0][1], first[0].blocks))
+    assert all(plan.schedule_from(s)[k].last_step >= s for w in per for _, bl in w for k, _ in bl)
+
+
+def test_options_and_their_errors() -> None:
+    opts = OrderOptions(seed=1, batch_size=8, order="mix")
+    assert opts.mix_window == 64 and opts.block_rows is None and opts.shuffle_window is None
+    assert opts.order_dict()["order"] == "mix" and "shuffle_window" not in opts.order_dict()
+    with pytest.raises(OptionError, match=r"shuffle_window=8 is an option of order=\"windowed\""):
+        OrderOptions(seed=1, batch_size=8, order="mix", shuffle_window=8)
+    with pytest.raises(OptionError, match=r"mix_window=8 is an option of order=\"mix\""):
+        OrderOptions(seed=1, batch_size=8, order="windowed", mix_window=8)
+    with pytest.raises(OptionError, match=r"block_rows=8 is an option of order=\"mix\""):
+        OrderOptions(seed=1, batch_size=8, order="windowed", block_rows=8)
+    with pytest.raises(OptionError, match=r"order must be one of \['mix', 'windowed'\], got 'iid'"):
+        OrderOptions(seed=1, batch_size=8, order="iid")
+    with pytest.raises(OptionError, match="mix_window must be"):
+        OrderOptions(seed=1, batch_size=8, order="mix", mix_window=0)
+    with pytest.raises(OptionError, match="block_rows must be"):
+        OrderOptions(seed=1, batch_size=8, order="mix", block_rows=-1)
+    with pytest.raises(OptionError, match=r"group_by= is not available with order=\"mix\": pass order=\"windowed\""):
+        OrderOptions(seed=1, batch_size=8, order="mix", group_batches=True)
+
+
+def test_windowed_order_keeps_its_format_2_dict_and_fingerprint() -> None:
+    opts = OrderOptions(seed=3, batch_size=8, order="windowed")
+    assert opts.shuffle_window == 4 and opts.plan_format == 2
+    assert opts.order_dict() == {"seed": 3, "global_batch_size": 8, "shuffle": True, "shuffle_window": 4,
+                                 "drop_last": False, "partitions": 1}
+    # The fingerprint of format 2 (pinned from before the mixed order existed).
+    assert order_fingerprint("ds", "units", opts) == "4caa6927a8bfae8a5823f160694627c3"
+    plan = make_plan([5, 3, 6], opts, epoch=0)
+    assert not isinstance(plan, MixPlan) and plan.plan_format == 2
+
+
+def test_mixed_fingerprint_differs_from_windowed_and_covers_the_window() -> None:
+    a = order_fingerprint("ds", "u", mix(mix_window=4, block_rows=10))
+    assert a != order_fingerprint("ds", "u", mix(mix_window=5, block_rows=10))
+    assert a != order_fingerprint("ds", "u", mix(mix_window=4, block_rows=11))
+    assert a != order_fingerprint("ds", "u", OrderOptions(seed=7, batch_size=4, order="windowed"))
+
+
+def test_window_memory_warning_names_what_to_change() -> None:
+    plan = make_plan([1000] * 10, mix(mix_window=8, block_rows=500), epoch=0)
+    assert window_memory_warning(plan, 100.0, budget=1 << 30) is None
+    text = window_memory_warning(plan, 100.0, budget=100_000)
+    assert text is not None
+    assert "Lower mix_window (now 8" in text and "cache=" in text and "--row-group-rows N" in text
+    assert "holds 5 row groups (5,000 rows" in text
