@@ -32,8 +32,8 @@ from ._engine.pool import WorkerPool
 from ._engine.spawn import check_for_processes
 from ._hooks import Hooks
 from ._storage import display_uri
+from ._torch_dataloader import refuse_auto_batching, register_iterable
 from ._torch_dataloader import register as _register_with_torch
-from ._torch_dataloader import register_iterable
 from ._trace import CONSUMER, StatsMark, Tracer
 from ._types import INT96_UNIT, Column, ColumnSpec, normalize_cast
 from .audit import MANIFEST_FORMAT, MANIFEST_VERSION, ManifestWriter
@@ -547,6 +547,7 @@ class Loader:
 
     def __iter__(self) -> Iterator[dict[str, Column]]:
         refuse_torch_workers("Loader")
+        refuse_auto_batching(self, "Loader")  # DataLoader(loader) without batch_size=None
         with self._lock:
             self._stop_run()
             plan = self.plan()  # a planning error comes before any worker starts
