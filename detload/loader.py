@@ -8,14 +8,11 @@ merger's thread. Workers also build the first blocks of the pass expected next
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import json
 import os
 import sys
 import threading
 import time
-import types
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +32,8 @@ from ._engine.pool import WorkerPool
 from ._engine.spawn import check_for_processes
 from ._hooks import Hooks
 from ._storage import display_uri
+from ._torch_dataloader import refuse_auto_batching, register_iterable
+from ._torch_dataloader import register as _register_with_torch
 from ._trace import CONSUMER, StatsMark, Tracer
 from ._types import INT96_UNIT, Column, ColumnSpec, normalize_cast
 from .audit import MANIFEST_FORMAT, MANIFEST_VERSION, ManifestWriter
@@ -569,6 +568,7 @@ class Loader:
 
     def __iter__(self) -> Iterator[dict[str, Column]]:
         refuse_torch_workers("Loader")
+        refuse_auto_batching(self, "Loader")  # DataLoader(loader) without batch_size=None
         with self._lock:
             self._stop_run()
             plan = self.plan()  # a planning error comes before any worker starts
@@ -891,74 +891,10 @@ class Loader:
 
 # -- torch's DataLoader -------------------------------------------------------------
 #
-# torch.utils.data.DataLoader treats an object as an iterable dataset only if it is an
-# instance of IterableDataset (else it indexes it: "'Loader' object is not subscriptable").
-# IterableDataset's metaclass is ABCMeta (through typing.Iterable), so Loader is
-# registered as a virtual subclass -- without importing torch, which costs seconds:
-# at once if torch.utils.data is loaded, else by a finder that runs when it is.
-
-def _register_with_torch() -> bool:
-    """Register Loader as a torch IterableDataset if torch.utils.data is loaded; True once done."""
-    data = sys.modules.get("torch.utils.data")
-    iterable = getattr(data, "IterableDataset", None)
-    if iterable is None:
-        return False
-    if not issubclass(Loader, iterable):
-        iterable.register(Loader)
-    return True
-
-
-class _RegisterAfterExec(importlib.abc.Loader):
-    """Runs torch.utils.data's own loader, then registers; everything else is the real loader's."""
-
-    def __init__(self, inner: importlib.abc.Loader) -> None:
-        self._inner = inner
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        self._inner.exec_module(module)
-        # Leave nothing of ours on the module: its loader is its own again.
-        if module.__spec__ is not None and module.__spec__.loader is self:
-            module.__spec__.loader = self._inner
-        if getattr(module, "__loader__", None) is self:
-            module.__loader__ = self._inner
-        if _register_with_torch():
-            _TorchDataFinder.remove()
-
-    def __getattr__(self, name: str) -> Any:  # get_source, is_package, resource readers ...
-        if name == "_inner":
-            raise AttributeError(name)
-        return getattr(self._inner, name)
-
-
-class _TorchDataFinder(importlib.abc.MetaPathFinder):
-    """A sys.meta_path entry that only acts on ``torch.utils.data``: it finds the module
-    with the finders after it and wraps its loader in `_RegisterAfterExec`."""
-
-    def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: types.ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != "torch.utils.data":
-            return None
-        for finder in list(sys.meta_path):
-            find = getattr(finder, "find_spec", None)
-            if finder is self or find is None:
-                continue
-            spec = find(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _RegisterAfterExec(spec.loader)
-                return spec
-        return None
-
-    @staticmethod
-    def remove() -> None:
-        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _TorchDataFinder)]
-
-
-if not _register_with_torch() and not any(isinstance(f, _TorchDataFinder) for f in sys.meta_path):
-    sys.meta_path.insert(0, _TorchDataFinder())
+# A DataLoader iterates a Loader only if it is an instance of IterableDataset (else it indexes
+# it: "'Loader' object is not subscriptable"); _torch_dataloader registers it as one without
+# importing torch, at once if torch.utils.data is loaded, else when it is imported.
+register_iterable(Loader)
 
 
 @dataclass(frozen=True)

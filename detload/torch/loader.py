@@ -20,6 +20,7 @@ import torch.utils.data
 from .. import _hooks
 from .._engine.messages import POLL, put_until
 from .._hooks import Hooks
+from .._torch_dataloader import refuse_auto_batching
 from .._trace import StatsMark
 from .._types import Column
 from ..errors import DetloadError, OptionError
@@ -274,6 +275,7 @@ class TorchLoader:
         restoring a checkpoint), so the pass must not be fixed when the iterator is made.
         """
         refuse_torch_workers("TorchLoader")
+        refuse_auto_batching(self, "TorchLoader")  # DataLoader(tl) without batch_size=None
         self._shutdown()
         token = self._latest = object()
         return self._iterate(token)
