@@ -621,7 +621,7 @@ def _ragged(spec: ColumnSpec, arr: pa.Array, where: tuple[str, int]) -> Ragged:
         arr = arr.cast(pa.large_binary()) if not pa.types.is_large_binary(t) else arr
     else:
         if not pa.types.is_large_list(t):
-            arr = arr.cast(pa.large_list(t.value_type))
+            arr = _large_list(arr, t.value_type)
     n = len(arr)
     if spec.ragged_kind in ("utf8", "binary"):
         bufs = arr.buffers()
@@ -646,7 +646,7 @@ def _string_lists(spec: ColumnSpec, arr: pa.Array, where: tuple[str, int]) -> Ra
     text = pa.large_string() if spec.item_kind == "utf8" else pa.large_binary()
     t = arr.type
     if not (pa.types.is_large_list(t) and t.value_type.equals(text)):
-        arr = arr.cast(pa.large_list(text))
+        arr = _large_list(arr, text)
     n = len(arr)
     offsets = numpy_of(arr.offsets)
     lo, hi = (int(offsets[0]), int(offsets[-1])) if n else (0, 0)
@@ -666,3 +666,20 @@ def _string_lists(spec: ColumnSpec, arr: pa.Array, where: tuple[str, int]) -> Ra
     elif lo:
         offsets = offsets - lo
     return Ragged(inner, offsets.astype(np.int64, copy=False), "list")
+
+
+def _large_list(arr: pa.Array, value_type: pa.DataType) -> pa.Array:
+    """``arr`` (a list-like array without nulls) as a large_list of ``value_type``.
+
+    A list view goes through its lengths and flattened values: pyarrow's cast of a sliced
+    list_view to a list loses the slice's offsets (26.0.1: ``[[], [], ['z']]`` becomes
+    ``[[], [], []]``). Parquet never yields views, so only a caller's arrays take that path.
+    """
+    if not _is_view(arr.type, "list"):
+        return arr.cast(pa.large_list(value_type))
+    import pyarrow.compute as pc
+
+    lengths = numpy_of(pc.list_value_length(arr).fill_null(0).cast(pa.int64()))
+    offsets = np.zeros(len(arr) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.LargeListArray.from_arrays(int64_array(offsets), pc.list_flatten(arr).cast(value_type))
