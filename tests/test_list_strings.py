@@ -445,27 +445,36 @@ def test_inspect_shows_the_numpy_form(data, capsys):
 # -- torch ------------------------------------------------------------------------------
 
 
+TORCH_KW = dict(batch_size=16, seed=6, null_fill=FILL, columns=["id", "tags", "lblobs"])
+
+
+def back(b: dict) -> dict:
+    """A torch batch as NumPy (from any device), checking each list of strings' nested form."""
+    import torch
+
+    from detload.torch import RaggedTensor
+
+    out = {}
+    for k, v in b.items():
+        if isinstance(v, RaggedTensor):
+            assert isinstance(v.values, RaggedTensor) and v.kind == "list"
+            assert v.values.values.dtype == torch.uint8 and v.offsets.dtype == v.values.offsets.dtype == torch.int64
+            out[k] = Ragged(Ragged(v.values.values.cpu().numpy(), v.values.offsets.cpu().numpy(), v.values.kind),
+                            v.offsets.cpu().numpy(), v.kind)
+        else:
+            out[k] = v.cpu().numpy()
+    return out
+
+
 def test_torch_gets_a_nested_ragged_tensor_of_bytes(data, monkeypatch):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     import detload.torch.handoff as dt
     from detload.torch import PackedTensors, RaggedTensor, TorchLoader, to_torch
 
     root, want = data
-    kw = dict(batch_size=16, seed=6, null_fill=FILL, columns=["id", "tags", "lblobs"])
+    kw = TORCH_KW
     with Loader(root, **kw) as loader:
         ref = [hash_batch(b)[0] for b in loader]
-
-    def back(b: dict) -> dict:
-        out = {}
-        for k, v in b.items():
-            if isinstance(v, RaggedTensor):
-                assert isinstance(v.values, RaggedTensor) and v.kind == "list"
-                assert v.values.values.dtype == torch.uint8 and v.offsets.dtype == v.values.offsets.dtype == torch.int64
-                out[k] = Ragged(Ragged(v.values.values.numpy(), v.values.offsets.numpy(), v.values.kind),
-                                v.offsets.numpy(), v.kind)
-            else:
-                out[k] = v.numpy()
-        return out
 
     with Loader(root, **kw) as loader:
         first = next(iter(loader))
@@ -491,4 +500,29 @@ def test_torch_gets_a_nested_ragged_tensor_of_bytes(data, monkeypatch):
             assert isinstance(p, PackedTensors)
             flat = back(p.unpack())
             for r in rows_of(flat):
+                assert r["qtags"] == gwant[r["item"]]["qtags"] and r["tags"] == gwant[r["item"]]["tags"]
+
+
+def test_cuda_paths_carry_lists_of_strings(data, tmp_path):  # pragma: no cover - no GPU in CI
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from detload.torch import TorchLoader
+
+    root, _ = data
+    with Loader(root, **TORCH_KW) as loader:
+        ref = [hash_batch(b)[0] for b in loader]
+    for kw in (dict(workers=2, pool="process"), dict(workers=2, pool="thread")):
+        with TorchLoader(Loader(root, **kw, **TORCH_KW), device="cuda", prefetch=3) as tl:
+            kept = list(tl)
+            torch.cuda.synchronize()
+            assert all(b["tags"].values.values.is_cuda and b["tags"].offsets.is_cuda for b in kept)
+            assert [hash_batch(back(b))[0] for b in kept] == ref, kw
+    groot = str(tmp_path / "groups")
+    gwant = write_groups(groot)
+    with TorchLoader(Loader(groot, batch_size=12, seed=4, group_by="q", group_columns=["qtags"]),
+                     device="cuda", unpack="device") as tl:
+        for b in tl:
+            assert b["qtags"].values.values.is_cuda
+            for r in rows_of(back(b)):
                 assert r["qtags"] == gwant[r["item"]]["qtags"] and r["tags"] == gwant[r["item"]]["tags"]
