@@ -508,7 +508,8 @@ def _type_key(t: pa.DataType) -> str:
     # if they yield the same thing. Unmappable types compare by their Arrow text.
     try:
         s = column_spec("_", t)
-        return f"{s.kind}:{s.dtype}:{s.inner}:{s.ragged_kind}"
+        key = f"{s.kind}:{s.dtype}:{s.inner}:{s.ragged_kind}"
+        return key if s.item_kind is None else f"{key}:{s.item_kind}"
     except DatasetError:
         return "arrow:" + str(t)
 

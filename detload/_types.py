@@ -56,6 +56,8 @@ def type_mapping_version(specs: Sequence[ColumnSpec]) -> int:
 
 Kind = Literal["fixed", "ragged"]
 RaggedKind = Literal["utf8", "binary", "list"]
+#: The kind of the items of a list of strings or binary (a nested `Ragged`).
+ItemKind = Literal["utf8", "binary"]
 
 
 @dataclass(frozen=True)
@@ -65,9 +67,15 @@ class Ragged:
     Arrow's own layout with int64 offsets that start at 0; strings and binary
     hold their bytes as uint8 values. Never an object array, so it can live in
     shared memory and in the cache.
+
+    A list of strings (or of binary) nests: its ``values`` are themselves a
+    `Ragged` of kind ``"utf8"`` (or ``"binary"``) holding every string of the
+    column, and ``offsets`` index those strings, as Arrow's list layout does
+    (row offsets over string offsets over bytes). Row ``i`` is then a list of
+    ``str`` (or ``bytes``).
     """
 
-    values: np.ndarray
+    values: np.ndarray | Ragged
     offsets: np.ndarray
     kind: RaggedKind = "list"
 
@@ -80,7 +88,10 @@ class Ragged:
             i += n
         if not 0 <= i < n:
             raise IndexError(f"row {i} out of range for {n} rows")
-        piece = self.values[self.offsets[i] : self.offsets[i + 1]]
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        if isinstance(self.values, Ragged):
+            return [self.values[j] for j in range(a, b)]
+        piece = self.values[a:b]
         if self.kind == "utf8":
             return piece.tobytes().decode("utf-8")
         if self.kind == "binary":
@@ -97,12 +108,12 @@ class Ragged:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Ragged):
             return NotImplemented
-        return (
-            self.kind == other.kind
-            and np.array_equal(self.offsets, other.offsets)
-            and self.values.dtype == other.values.dtype
-            and np.array_equal(self.values, other.values)
-        )
+        if self.kind != other.kind or not np.array_equal(self.offsets, other.offsets):
+            return False
+        a, b = self.values, other.values
+        if isinstance(a, Ragged) or isinstance(b, Ragged):
+            return isinstance(a, Ragged) and isinstance(b, Ragged) and a == b
+        return a.dtype == b.dtype and np.array_equal(a, b)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -140,7 +151,9 @@ class ColumnSpec:
     ``cast`` is the dtype the user asked for with ``cast=`` (normalised, e.g.
     "float64", "int64-scaled", "datetime64[ns]"), None for the type's own mapping;
     ``scale`` the decimal scale of an "int64-scaled" column (value = x / 10**scale);
-    ``int96`` marks a Parquet INT96 timestamp, read at `INT96_UNIT`.
+    ``int96`` marks a Parquet INT96 timestamp, read at `INT96_UNIT`;
+    ``item_kind`` is set for a list of strings ("utf8") or binary ("binary"): a
+    `Ragged` of kind "list" whose values are a `Ragged` of that kind, of ``dtype`` bytes.
     """
 
     name: str
@@ -154,9 +167,13 @@ class ColumnSpec:
     cast: str | None = None
     scale: int | None = None
     int96: bool = False
+    item_kind: ItemKind | None = None
 
     def describe(self) -> str:
-        if self.kind == "ragged":
+        if self.item_kind is not None:
+            text = (f"Ragged[list] of Ragged[{self.item_kind}]: values {self.dtype}, "
+                    f"{'string' if self.item_kind == 'utf8' else 'item'} offsets int64, row offsets int64")
+        elif self.kind == "ragged":
             text = f"Ragged[{self.ragged_kind}] values {self.dtype}, offsets int64"
         else:
             shape = ", ".join(["rows", *map(str, self.inner)])
@@ -229,6 +246,12 @@ def _spec(name: str, t: pa.DataType, partition: bool) -> ColumnSpec:
         prim = _fixed_dtype(t.value_type)
         if prim is not None:
             return ColumnSpec(name, arrow_type, "ragged", prim[0], ragged_kind="list", null=prim[1])
+        if _is_text(t.value_type):
+            v = t.value_type
+            item: ItemKind = ("utf8" if pa.types.is_string(v) or pa.types.is_large_string(v) or _is_view(v, "string")
+                              else "binary")
+            return ColumnSpec(name, arrow_type, "ragged", "|u1", ragged_kind="list", partition=partition,
+                              item_kind=item)
     hint = ""
     if pa.types.is_decimal(t):
         scaled = (f", or cast={{{name!r}: {SCALED!r}}} for the unscaled integers (scale {t.scale})"
@@ -247,15 +270,16 @@ def _spec(name: str, t: pa.DataType, partition: bool) -> ColumnSpec:
                 "writing (fixed-size lists of fixed-size lists are supported, as 3-D arrays), or "
                 "leave the column out with columns=[...] listing the columns to load.")
     elif _is_list_like(t) and _is_text(t.value_type):
-        hint = (" Lists of strings are not mapped: join each list into one string or encode the "
-                "strings as integer ids when writing; or leave the column out with columns=[...] "
-                "listing the columns to load.")
+        hint = (" Fixed-size lists of strings are not mapped (variable-length lists of strings are): "
+                "write the column as a list<string>, or leave it out with columns=[...] listing the "
+                "columns to load.")
     else:
         hint = " Leave it out with columns=[...] listing the columns to load."
     raise UnsupportedTypeError(
         f"column {name!r} has Arrow type {t}, which detload does not map to NumPy.{hint} "
         "Supported: booleans, integers, floats, timestamps, dates, durations, strings, "
-        "binary, fixed-size lists and lists of those primitives, dictionaries of them."
+        "binary, fixed-size lists and lists of those primitives, lists of strings or binary, "
+        "dictionaries of them."
     )
 
 
@@ -589,13 +613,15 @@ def _first_misfit(spec: ColumnSpec, arr: pa.Array) -> tuple[int | None, str]:
 
 def _ragged(spec: ColumnSpec, arr: pa.Array, where: tuple[str, int]) -> Ragged:
     t = arr.type
+    if spec.item_kind is not None:
+        return _string_lists(spec, arr, where)
     if spec.ragged_kind == "utf8":
         arr = arr.cast(pa.large_string()) if not pa.types.is_large_string(t) else arr
     elif spec.ragged_kind == "binary":
         arr = arr.cast(pa.large_binary()) if not pa.types.is_large_binary(t) else arr
     else:
         if not pa.types.is_large_list(t):
-            arr = arr.cast(pa.large_list(t.value_type))
+            arr = _large_list(arr, t.value_type)
     n = len(arr)
     if spec.ragged_kind in ("utf8", "binary"):
         bufs = arr.buffers()
@@ -612,3 +638,48 @@ def _ragged(spec: ColumnSpec, arr: pa.Array, where: tuple[str, int]) -> Ragged:
     elif offsets[0] != 0:
         offsets = offsets - offsets[0]
     return Ragged(values, offsets.astype(np.int64, copy=False), spec.ragged_kind)
+
+
+def _string_lists(spec: ColumnSpec, arr: pa.Array, where: tuple[str, int]) -> Ragged:
+    """A list of strings (or binary) as a `Ragged` of rows over a `Ragged` of its strings:
+    Arrow's large_list<large_string> layout, offsets rebased to 0 at both levels."""
+    text = pa.large_string() if spec.item_kind == "utf8" else pa.large_binary()
+    t = arr.type
+    if not (pa.types.is_large_list(t) and t.value_type.equals(text)):
+        arr = _large_list(arr, text)
+    n = len(arr)
+    offsets = numpy_of(arr.offsets)
+    lo, hi = (int(offsets[0]), int(offsets[-1])) if n else (0, 0)
+    items = arr.values.slice(lo, hi - lo)
+    if items.null_count:
+        what = "string" if spec.item_kind == "utf8" else "binary value"
+        raise DataError(
+            f"{_where(spec.name, where)} holds {items.null_count} null {what}(s) inside its lists, which "
+            f"a list of {spec.item_kind} values cannot represent and null_fill (which replaces whole-row "
+            f"nulls) cannot reach. Rewrite the column without null items (an empty {what} instead, "
+            "or leave the item out of its list)."
+        )
+    item_kind: RaggedKind = "utf8" if spec.item_kind == "utf8" else "binary"
+    inner = _ragged(dataclasses.replace(spec, ragged_kind=item_kind, item_kind=None), items, where)
+    if n == 0:
+        offsets = np.zeros(1, dtype=np.int64)
+    elif lo:
+        offsets = offsets - lo
+    return Ragged(inner, offsets.astype(np.int64, copy=False), "list")
+
+
+def _large_list(arr: pa.Array, value_type: pa.DataType) -> pa.Array:
+    """``arr`` (a list-like array without nulls) as a large_list of ``value_type``.
+
+    A list view goes through its lengths and flattened values: pyarrow's cast of a sliced
+    list_view to a list loses the slice's offsets (26.0.1: ``[[], [], ['z']]`` becomes
+    ``[[], [], []]``). Parquet never yields views, so only a caller's arrays take that path.
+    """
+    if not _is_view(arr.type, "list"):
+        return arr.cast(pa.large_list(value_type))
+    import pyarrow.compute as pc
+
+    lengths = numpy_of(pc.list_value_length(arr).fill_null(0).cast(pa.int64()))
+    offsets = np.zeros(len(arr) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.LargeListArray.from_arrays(int64_array(offsets), pc.list_flatten(arr).cast(value_type))

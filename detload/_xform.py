@@ -23,7 +23,7 @@ import numpy as np
 from ._cache.keys import _derived_name
 from ._cache.rowgroups import RowGroupCache
 from ._filters.selection import Selection
-from ._types import Column, ColumnSpec, Ragged, UnitColumns
+from ._types import Column, ColumnSpec, ItemKind, Ragged, UnitColumns
 from .errors import DataError
 from .transform import Transform, TransformContext
 
@@ -68,6 +68,8 @@ def _where(path: str, rg: int) -> str:
 
 def _kind(c: Column) -> str:
     if isinstance(c, Ragged):
+        if isinstance(c.values, Ragged):
+            return f"Ragged[{c.kind}] of {_kind(c.values)}"
         return f"Ragged[{c.kind}] of {c.values.dtype}"
     shape = "".join(f" x {n}" for n in c.shape[1:])
     return f"{c.dtype}{' (rows' + shape + ')' if shape else ''}"
@@ -75,6 +77,9 @@ def _kind(c: Column) -> str:
 
 def _spec_of(name: str, c: Column) -> ColumnSpec:
     if isinstance(c, Ragged):
+        if isinstance(c.values, Ragged):  # a list of strings (checked: its items are utf8 or binary)
+            item: ItemKind = "utf8" if c.values.kind == "utf8" else "binary"
+            return ColumnSpec(name, "transform", "ragged", "|u1", (), c.kind, item_kind=item)
         return ColumnSpec(name, "transform", "ragged", np.dtype(c.values.dtype).str, (), c.kind)
     return ColumnSpec(name, "transform", "fixed", np.dtype(c.dtype).str, tuple(int(n) for n in c.shape[1:]))
 
@@ -84,6 +89,20 @@ def _check_column(t: Transform, name: Any, c: Any, where: str) -> int:
     if not isinstance(name, str):
         raise DataError(f"transform {t.name!r} returned a column named {name!r} ({type(name).__name__}) for "
                         f"{where}; column names must be str")
+    if isinstance(c, Ragged) and isinstance(c.values, Ragged):
+        items = c.values
+        if c.kind != "list" or items.kind not in ("utf8", "binary") or isinstance(items.values, Ragged):
+            raise DataError(f"transform {t.name!r} returned column {name!r} for {where} as a Ragged whose values "
+                            f"are a Ragged ({_kind(c)}); the only nested Ragged is a list of strings: a "
+                            "Ragged of kind 'list' over a Ragged of kind 'utf8' or 'binary' with uint8 values")
+        n_items = _check_column(t, name, items, where)
+        offs = c.offsets
+        if not isinstance(offs, np.ndarray) or offs.dtype != np.int64 or offs.ndim != 1 or offs.shape[0] < 1 or (
+                offs[0] != 0) or offs[-1] != n_items or (offs.shape[0] > 1 and (np.diff(offs) < 0).any()):
+            raise DataError(f"transform {t.name!r} returned column {name!r} for {where} as a list of strings with "
+                            "bad row offsets: they must be 1-D int64, start at 0, never decrease and end at "
+                            "the number of strings (len(values))")
+        return len(c)
     if isinstance(c, Ragged):
         offs, vals = c.offsets, c.values
         if not (isinstance(offs, np.ndarray) and isinstance(vals, np.ndarray)) or vals.dtype.hasobject:
@@ -144,7 +163,8 @@ def check_output(t: Transform, out: Any, where: str, specs: Sequence[ColumnSpec]
         for s in specs:
             c = out[s.name]
             got = _spec_of(s.name, c)
-            if (got.kind, got.dtype, got.inner, got.ragged_kind) != (s.kind, s.dtype, s.inner, s.ragged_kind):
+            if ((got.kind, got.dtype, got.inner, got.ragged_kind, got.item_kind)
+                    != (s.kind, s.dtype, s.inner, s.ragged_kind, s.item_kind)):
                 first = s.describe()
                 raise DataError(f"transform {t.name!r} returned column {s.name!r} of {where} as {_kind(c)}, but "
                                 f"the first row group's was {first}: every row group must give a column the "
@@ -163,7 +183,7 @@ def output_specs(cols: Mapping[str, Column]) -> tuple[ColumnSpec, ...]:
 def _readonly(c: Column) -> Column:
     """A view that refuses writes (cache mappings and shared memory must never be written)."""
     if isinstance(c, Ragged):
-        return Ragged(_readonly_array(c.values), _readonly_array(c.offsets), c.kind)
+        return Ragged(_readonly(c.values), _readonly_array(c.offsets), c.kind)
     return _readonly_array(c)
 
 
@@ -184,14 +204,16 @@ def _same(a: Mapping[str, Column], b: Mapping[str, Column]) -> str | None:
     if list(a) != list(b):
         return "the column names"
     for k in a:
-        x, y = a[k], b[k]
-        if isinstance(x, Ragged) or isinstance(y, Ragged):
-            if not (isinstance(x, Ragged) and isinstance(y, Ragged) and x.kind == y.kind
-                    and _bitwise(x.offsets, y.offsets) and _bitwise(x.values, y.values)):
-                return repr(k)
-        elif not _bitwise(x, y):
+        if not _bitwise_column(a[k], b[k]):
             return repr(k)
     return None
+
+
+def _bitwise_column(x: Column, y: Column) -> bool:
+    if isinstance(x, Ragged) or isinstance(y, Ragged):
+        return (isinstance(x, Ragged) and isinstance(y, Ragged) and x.kind == y.kind
+                and _bitwise(x.offsets, y.offsets) and _bitwise_column(x.values, y.values))
+    return _bitwise(x, y)
 
 
 # -- running it -------------------------------------------------------------------------

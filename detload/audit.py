@@ -50,14 +50,21 @@ def _update_array(h: xxhash.xxh3_128, a: np.ndarray) -> None:
     h.update(a.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
 
+def _update_ragged(h: xxhash.xxh3_128, col: Ragged) -> None:
+    h.update(b"R" + col.kind.encode("ascii") + b"\x00")
+    _update_array(h, col.offsets)
+    if isinstance(col.values, Ragged):  # a list of strings: its strings' section in the same form
+        _update_ragged(h, col.values)
+    else:
+        _update_array(h, col.values)
+
+
 def column_digest(name: str, col: Column) -> bytes:
     """xxh3-128 of one column in canonical form (see docs/audit.md)."""
     h = xxhash.xxh3_128()
     h.update(name.encode("utf-8") + b"\x00")
     if isinstance(col, Ragged):
-        h.update(b"R" + col.kind.encode("ascii") + b"\x00")
-        _update_array(h, col.offsets)
-        _update_array(h, col.values)
+        _update_ragged(h, col)
     else:
         h.update(b"A\x00")
         _update_array(h, col)

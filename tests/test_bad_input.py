@@ -420,7 +420,8 @@ def test_empty_single_file_names_the_file(tmp_path, no_workers):
     (pa.struct([("a", pa.int64())]), "Write one column per field (flatten the struct)"),
     (pa.map_(pa.string(), pa.int64()), "Write its keys and values as two list columns"),
     (pa.list_(pa.list_(pa.int64())), "Variable-length lists of lists have no flat NumPy layout"),
-    (pa.list_(pa.string()), "Lists of strings are not mapped"),
+    (pa.list_(pa.string(), 2), "Fixed-size lists of strings are not mapped"),
+    (pa.list_(pa.list_(pa.string())), "Variable-length lists of lists have no flat NumPy layout"),
     (pa.time64("us"), "Leave it out with columns=[...]"),
 ])
 def test_unsupported_types_suggest_columns(tmp_path, t, advice):

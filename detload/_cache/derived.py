@@ -96,7 +96,7 @@ class DerivedStore:
         ident = _identity(identity)
         cols = list(arrays.items())
         for k, a in cols:
-            for part in (a.values, a.offsets) if isinstance(a, Ragged) else (a,):
+            for part in _arrays(a):
                 if not isinstance(part, np.ndarray) or part.dtype.hasobject:
                     raise TypeError(f"a derived entry holds NumPy arrays without objects; {k!r} is "
                                     f"{type(part).__name__}{' of objects' if isinstance(part, np.ndarray) else ''}")
@@ -112,6 +112,13 @@ class DerivedStore:
 
     def put_bytes(self, file_key: str, rg: int, identity: str | bytes, payload: bytes) -> None:
         self.put(file_key, rg, identity, {_BYTES: np.frombuffer(bytes(payload), dtype=np.uint8)})
+
+
+def _arrays(col: Column | object) -> list[object]:
+    """A column's arrays: a Ragged's offsets and values (its strings' for a list of strings)."""
+    if isinstance(col, Ragged):
+        return [col.offsets, *_arrays(col.values)]
+    return [col]
 
 
 def _decode(data: bytes, key: str, ident: bytes) -> dict[str, Column]:

@@ -76,7 +76,16 @@ def _serialize(key: str, cols: Sequence[tuple[str, Column]],
         return [start, np.dtype(a.dtype).str, list(a.shape)]
 
     for name, c in cols:
-        if isinstance(c, Ragged):
+        if isinstance(c, Ragged) and isinstance(c.values, Ragged):
+            # A list of strings: row offsets, string offsets, bytes. Only this detload writes
+            # these keys, and only under specs no earlier version has, so the format holds.
+            items = c.values
+            assert isinstance(items.values, np.ndarray)
+            columns.append({"name": name, "kind": "ragged", "ragged_kind": c.kind,
+                            "offsets": slot(c.offsets), "item_kind": items.kind,
+                            "item_offsets": slot(items.offsets), "values": slot(items.values)})
+        elif isinstance(c, Ragged):
+            assert isinstance(c.values, np.ndarray)
             columns.append({"name": name, "kind": "ragged", "ragged_kind": c.kind,
                             "offsets": slot(c.offsets), "values": slot(c.values)})
         else:
@@ -87,7 +96,7 @@ def _serialize(key: str, cols: Sequence[tuple[str, Column]],
     draft = json.dumps(header).encode()
     payload_start = _aligned(_PREFIX.size + len(draft) + 32 + 24 * 3 * len(pieces))
     for entry in columns:
-        for k in ("data", "offsets", "values"):
+        for k in ("data", "offsets", "item_offsets", "values"):
             if k in entry:
                 entry[k][0] += payload_start
     total = payload_start + pos
@@ -123,7 +132,8 @@ def _buffers(laid: _Laid) -> list[Any]:
 # rest of each header; reading the whole header and making a view per column
 # with np.frombuffer was most of the time a worker held the GIL on a cache hit.
 # Bounded: cleared when full (ragged columns make the text differ per entry).
-_Compiled = list[tuple[str, Any, Any, Any]]  # name, data slot, offsets slot or None, ragged kind
+# name, data slot, offsets slot or None, ragged kind, and for a list of strings (string offsets slot, their kind)
+_Compiled = list[tuple[str, Any, Any, Any, Any]]
 # Runs of same-typed 1-D columns at one stride: names, first offset, dtype, rows, stride.
 _Runs = list[tuple[tuple[str, ...], int, np.dtype[Any], int, int]]
 _COLUMNS_MEMO: dict[bytes, tuple[_Compiled, _Runs, dict[str, int]]] = {}
@@ -143,9 +153,10 @@ def _compile_columns(columns: list[dict[str, Any]]) -> _Compiled:
     out: _Compiled = []
     for c in columns:
         if c["kind"] == "fixed":
-            out.append((c["name"], _slot(c["data"]), None, ""))
+            out.append((c["name"], _slot(c["data"]), None, "", None))
         else:
-            out.append((c["name"], _slot(c["values"]), _slot(c["offsets"]), c["ragged_kind"]))
+            items = (_slot(c["item_offsets"]), c["item_kind"]) if "item_offsets" in c else None
+            out.append((c["name"], _slot(c["values"]), _slot(c["offsets"]), c["ragged_kind"], items))
     return out
 
 
@@ -160,7 +171,7 @@ def _find_runs(cols: _Compiled) -> _Runs:
         if first is not None and len(names) > 1 and first[2][0] > 0:
             runs.append((tuple(names), first[0], first[1], first[2][0], stride))
 
-    for name, data, offsets, _ in cols:
+    for name, data, offsets, _, _ in cols:
         one_d = offsets is None and len(data[2]) == 1
         if first is not None and one_d and data[1] == first[1] and data[2] == first[2]:
             step = data[0] - first[0]
@@ -178,8 +189,10 @@ def _find_runs(cols: _Compiled) -> _Runs:
 def _ends(cols: _Compiled) -> dict[str, int]:
     """Where each column's bytes end in the entry (for PendingCheck)."""
     out = {}
-    for name, data, offsets, _ in cols:
+    for name, data, offsets, _, items in cols:
         end = data[0] + data[3]
+        if items is not None:
+            end = max(end, items[0][0] + items[0][3])
         out[name] = max(end, offsets[0] + offsets[3]) if offsets is not None else end
     return out
 
@@ -242,12 +255,15 @@ def _parse(buf: np.ndarray, hlen: int, expect: str | None,
             run = np.ndarray((len(names), n), dtype=dt, buffer=buf, offset=off0, strides=(stride, dt.itemsize))
             for i, name in enumerate(names):
                 in_runs[name] = (run, i, names)
-        for name, data, offsets, ragged_kind in columns:
+        for name, data, offsets, ragged_kind, items in columns:
             r = in_runs.get(name)
             if r is not None:
                 out[name] = r[0][r[1]]  # a row of the run: the same bytes, a cheaper view
             elif offsets is None:
                 out[name] = _view(buf, data)
+            elif items is not None:
+                strings = Ragged(_view(buf, data), _view(buf, items[0]), items[1])
+                out[name] = Ragged(strings, _view(buf, offsets), ragged_kind)
             else:
                 out[name] = Ragged(_view(buf, data), _view(buf, offsets), ragged_kind)
     except (KeyError, TypeError, ValueError) as exc:

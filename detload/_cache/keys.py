@@ -50,8 +50,8 @@ def specs_key(specs: Sequence[ColumnSpec], null_fill: Mapping[str, Any]) -> str:
 
     def column(s: ColumnSpec) -> list[Any]:
         out: list[Any] = [s.name, s.arrow_type, s.kind, s.dtype, list(s.inner), s.ragged_kind, s.null]
-        extra = {k: v for k, v in (("cast", s.cast), ("scale", s.scale), ("int96", s.int96 or None))
-                 if v is not None}
+        extra = {k: v for k, v in (("cast", s.cast), ("scale", s.scale), ("int96", s.int96 or None),
+                                   ("item_kind", s.item_kind)) if v is not None}
         return [*out, extra] if extra else out
 
     payload = {

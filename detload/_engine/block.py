@@ -53,6 +53,9 @@ class ColumnSlot(NamedTuple):
     data: ArraySlot
     offsets: ArraySlot | None = None  # set for ragged columns
     ragged_kind: RaggedKind = "list"
+    # A list of strings: its strings' offsets (``data`` holds their bytes) and their kind.
+    item_offsets: ArraySlot | None = None
+    item_kind: RaggedKind = "utf8"
 
 
 @dataclass(frozen=True)
@@ -80,12 +83,13 @@ Group = tuple[int, int, str]
 # Layouts of recent blocks: most blocks of a dataset have the same row count.
 # Keyed by the identity of the specs sequence (a worker passes the same one each
 # time; the entry keeps it alive, so its id cannot be reused meanwhile).
-_LAYOUTS: dict[tuple[int, int, tuple[tuple[str, int], ...]],
+_LAYOUTS: dict[tuple[int, int, tuple[tuple[str, tuple[int, ...]], ...]],
                tuple[Sequence[ColumnSpec], Layout, tuple[Group, ...]]] = {}
 _LAYOUTS_MAX = 64
 
 
-def _plan(specs: Sequence[ColumnSpec], rows: int, value_counts: dict[str, int]) -> tuple[Layout, tuple[Group, ...]]:
+def _plan(specs: Sequence[ColumnSpec], rows: int, value_counts: dict[str, tuple[int, ...]]
+          ) -> tuple[Layout, tuple[Group, ...]]:
     key = (id(specs), rows, tuple(value_counts.items()))
     hit = _LAYOUTS.get(key)
     if hit is not None and hit[0] is specs:
@@ -98,9 +102,11 @@ def _plan(specs: Sequence[ColumnSpec], rows: int, value_counts: dict[str, int]) 
     return layout, groups
 
 
-def _plan_layout(specs: Sequence[ColumnSpec], rows: int, value_counts: dict[str, int]) -> Layout:
+def _plan_layout(specs: Sequence[ColumnSpec], rows: int, value_counts: dict[str, tuple[int, ...]]) -> Layout:
     """Each column 64-byte aligned, except that a fixed 1-D column directly follows
-    the one before it when that one is fixed 1-D of the same dtype (see `_groups`)."""
+    the one before it when that one is fixed 1-D of the same dtype (see `_groups`).
+
+    ``value_counts``: each ragged column's values, (strings, bytes) for a list of strings."""
     pos = 0
     run_dtype: str | None = None  # dtype of the previous column, while a run can go on
     slots: list[ColumnSlot] = []
@@ -115,10 +121,15 @@ def _plan_layout(specs: Sequence[ColumnSpec], rows: int, value_counts: dict[str,
             slots.append(ColumnSlot(spec.name, data))
         else:
             offs = _slot(_aligned(pos), "<i8", (rows + 1,))
-            data = _slot(_aligned(offs.offset + offs.nbytes), spec.dtype, (value_counts[spec.name],))
+            counts = value_counts[spec.name]
+            items = None
+            if spec.item_kind is not None:
+                items = _slot(_aligned(offs.offset + offs.nbytes), "<i8", (counts[0] + 1,))
+            at = items if items is not None else offs
+            data = _slot(_aligned(at.offset + at.nbytes), spec.dtype, (counts[-1],))
             pos = data.offset + data.nbytes
             run_dtype = None
-            slots.append(ColumnSlot(spec.name, data, offs, spec.ragged_kind))
+            slots.append(ColumnSlot(spec.name, data, offs, spec.ragged_kind, items, spec.item_kind or "utf8"))
     return Layout(rows, max(_aligned(pos), 1), tuple(slots))
 
 
@@ -159,17 +170,44 @@ def views(buf: np.ndarray | memoryview | bytearray, layout: Layout) -> dict[str,
         data = _array(base, c.data)
         if c.offsets is None:
             out[c.name] = data
-        else:
+        elif c.item_offsets is None:
             out[c.name] = Ragged(data, _array(base, c.offsets), c.ragged_kind)
+        else:
+            items = Ragged(data, _array(base, c.item_offsets), c.item_kind)
+            out[c.name] = Ragged(items, _array(base, c.offsets), c.ragged_kind)
     return out
+
+
+def _value_counts(col: Ragged) -> tuple[int, ...]:
+    """A ragged column's values: (values,), or (strings, bytes) for a list of strings."""
+    counts = []
+    v = col.values
+    while isinstance(v, Ragged):
+        counts.append(len(v))
+        v = v.values
+    return (*counts, int(v.shape[0]))
+
+
+def _copy_ragged(dst: Ragged, src: Ragged) -> None:
+    dst.offsets[:] = src.offsets
+    if isinstance(dst.values, Ragged):
+        assert isinstance(src.values, Ragged)
+        _copy_ragged(dst.values, src.values)
+    else:
+        dst.values[:] = src.values
 
 
 def _concat_ragged(name: str, parts: Sequence[Ragged]) -> Ragged:
     if len(parts) == 1:
         return parts[0]
-    values = _workspace(f"values:{name}", sum(int(p.values.shape[0]) for p in parts),
-                        np.result_type(*[p.values.dtype for p in parts]))
-    np.concatenate([p.values for p in parts], out=values)
+    values: np.ndarray | Ragged
+    if isinstance(parts[0].values, Ragged):  # a list of strings: its strings, concatenated as a column
+        values = _concat_ragged(f"{name}\x00items", [p.values for p in parts])  # type: ignore[misc]
+    else:
+        arrays = [p.values for p in parts if isinstance(p.values, np.ndarray)]
+        values = _workspace(f"values:{name}", sum(int(a.shape[0]) for a in arrays),
+                            np.result_type(*[a.dtype for a in arrays]))
+        np.concatenate(arrays, out=values)
     offs = _workspace(f"offsets:{name}", sum(int(p.offsets.shape[0]) - 1 for p in parts) + 1, np.int64)
     at, base = 0, 0
     for p in parts:
@@ -292,7 +330,7 @@ def assemble(
     else:
         ragged = {s.name: _concat_ragged(s.name, [u[s.name] for u in units])  # type: ignore[misc]
                   for s in specs if s.kind == "ragged"}
-    layout, groups = _plan(specs, rows, {k: int(v.values.shape[0]) for k, v in ragged.items()})
+    layout, groups = _plan(specs, rows, {k: _value_counts(v) for k, v in ragged.items()})
     buf = allocate(layout.nbytes)
     base = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)
     out = views(base, layout)
@@ -324,8 +362,7 @@ def assemble(
             assert isinstance(dst, Ragged)
             src_r = ragged[spec.name]
             if perm is None:
-                dst.offsets[:] = src_r.offsets
-                dst.values[:] = src_r.values
+                _copy_ragged(dst, src_r)
             else:
                 _ragged_take(src_r, perm, dst.offsets, dst.values)
     return buf, layout

@@ -47,7 +47,9 @@ def concat(parts: Sequence[Column]) -> Column:
         return parts[0]
     if isinstance(parts[0], Ragged):
         rparts: list[Ragged] = list(parts)  # type: ignore[arg-type]
-        values = np.concatenate([p.values for p in rparts])
+        # A list of strings joins its strings as a column of its own.
+        values = (concat([p.values for p in rparts]) if isinstance(rparts[0].values, Ragged)
+                  else np.concatenate([p.values for p in rparts]))  # type: ignore[misc]
         offs = [np.zeros(1, dtype=np.int64)]
         base = 0
         for p in rparts:
@@ -68,7 +70,10 @@ def _join(pieces: list[dict[str, Column]], specs: Sequence[ColumnSpec]) -> dict[
 
 def _empty(spec: ColumnSpec) -> Column:
     if spec.kind == "ragged":
-        return Ragged(np.empty(0, dtype=np.dtype(spec.dtype)), np.zeros(1, dtype=np.int64), spec.ragged_kind)
+        values: np.ndarray | Ragged = np.empty(0, dtype=np.dtype(spec.dtype))
+        if spec.item_kind is not None:
+            values = Ragged(values, np.zeros(1, dtype=np.int64), spec.item_kind)
+        return Ragged(values, np.zeros(1, dtype=np.int64), spec.ragged_kind)
     return np.empty((0, *spec.inner), dtype=np.dtype(spec.dtype))
 
 

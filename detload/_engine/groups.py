@@ -61,21 +61,48 @@ def _rows(col: Column) -> int:
     return len(col.offsets) - 1 if isinstance(col, Ragged) else len(col)
 
 
+def _flat(col: Ragged) -> tuple[np.ndarray, np.ndarray]:
+    """(values, offsets) of a variable-length column whose rows compare as its rows' bytes: a
+    list of strings encodes each row as its strings' int64 lengths and bytes, in turn (two rows
+    are equal exactly when their encodings are), other columns are their own values."""
+    items = col.values
+    if not isinstance(items, Ragged):
+        return items, col.offsets
+    assert isinstance(items.values, np.ndarray)
+    lengths = np.diff(items.offsets).astype("<i8")
+    n = lengths.shape[0]
+    at = np.zeros(n + 1, dtype=np.int64)  # where each string's encoding starts
+    np.cumsum(lengths + 8, out=at[1:])
+    out = np.empty(int(at[-1]), dtype=np.uint8)
+    out[(at[:-1, None] + np.arange(8)).reshape(-1)] = lengths.view(np.uint8)
+    nbytes = int(items.offsets[-1]) - int(items.offsets[0])
+    if nbytes:
+        starts = at[:-1] + 8 - (items.offsets[:-1] - items.offsets[0])
+        dest = np.arange(nbytes, dtype=np.int64) + np.repeat(starts, lengths)
+        out[dest] = items.values[int(items.offsets[0]) : int(items.offsets[-1])]
+    return out, at[col.offsets]
+
+
 def _row_value(col: Column, r: int) -> bytes:
     if isinstance(col, Ragged):
+        if isinstance(col.values, Ragged):  # a list of strings: encode this row alone
+            row = slice_rows(col, r, r + 1)
+            assert isinstance(row, Ragged)
+            return _flat(row)[0].tobytes()
+        values, offsets = col.values, col.offsets
         # tobytes, not a reshape to (n, -1): a row group whose values are all empty ("" or [])
         # has no values to reshape, and -1 is undefined for it.
-        return np.ascontiguousarray(col.values[int(col.offsets[r]) : int(col.offsets[r + 1])]).tobytes()
+        return np.ascontiguousarray(values[int(offsets[r]) : int(offsets[r + 1])]).tobytes()
     return np.ascontiguousarray(col[r : r + 1]).tobytes()
 
 
 def _ragged_diffs(col: Ragged, is_start: np.ndarray) -> np.ndarray:
     """For rows 1..n-1 of a variable-length column: differs from the row before, inside a group."""
     n = len(is_start)
-    offs = col.offsets.astype(np.int64)  # into ``values`` as they are
+    vals, offs = _flat(col)
+    offs = offs.astype(np.int64)  # into ``values`` as they are
     lengths = np.diff(offs)
     bad = (lengths[1:] != lengths[:-1]) & ~is_start[1:]
-    vals = col.values
     if vals.size:
         vb = vals.reshape(len(vals), -1).view(np.uint8)
         row = np.repeat(np.arange(n, dtype=np.int64), lengths)
@@ -132,7 +159,7 @@ def check_key_kept(cfg: WorkerConfig, before: Mapping[str, Column], after: Mappi
     def same(x: Column, y: Column | None) -> bool:
         if isinstance(x, Ragged) or isinstance(y, Ragged):
             return (isinstance(x, Ragged) and isinstance(y, Ragged) and np.array_equal(x.offsets, y.offsets)
-                    and _bits(x.values) == _bits(y.values))
+                    and _bits(_flat(x)[0]) == _bits(_flat(y)[0]))
         return y is not None and x.shape == y.shape and x.dtype == y.dtype and _bits(x) == _bits(y)
 
     if not same(a, b):
@@ -416,7 +443,9 @@ def _specs_key(specs: tuple[ColumnSpec, ...]) -> tuple[ColumnSpec, ...]:
 
 def _shifted(c: ColumnSlot, by: int) -> ColumnSlot:
     return c._replace(data=c.data._replace(offset=c.data.offset + by),
-                      offsets=c.offsets._replace(offset=c.offsets.offset + by) if c.offsets is not None else None)
+                      offsets=c.offsets._replace(offset=c.offsets.offset + by) if c.offsets is not None else None,
+                      item_offsets=(c.item_offsets._replace(offset=c.item_offsets.offset + by)
+                                    if c.item_offsets is not None else None))
 
 
 def block_piece(cols: Mapping[str, Column], lo: int, hi: int, g_lo: int, g_hi: int, group_columns: Sequence[str]

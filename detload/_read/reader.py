@@ -476,7 +476,8 @@ def _check_unchanged(pf: pq.ParquetFile, ref: FileRef, rg: int, specs: Sequence[
         t = schema.field(idx).type
         try:
             got = column_spec(spec.name, t, cast=spec.cast)
-            same = (got.kind, got.dtype, got.inner, got.ragged_kind) == (spec.kind, spec.dtype, spec.inner, spec.ragged_kind)
+            same = ((got.kind, got.dtype, got.inner, got.ragged_kind, got.item_kind)
+                    == (spec.kind, spec.dtype, spec.inner, spec.ragged_kind, spec.item_kind))
         except DetloadError:
             same = False
         if not same:

@@ -26,13 +26,14 @@ from .registry import HandoffStats, HostRegistry
 from .tensors import (
     Finish,
     PackedTensors,
-    RaggedTensor,
     Stack,
     TorchBatch,
     apply,
+    collect_ragged,
     each_any,
     host_dtype,
     pack,
+    ragged_arrays,
     to_torch,
     torch_dtype,
     unpack_slab,
@@ -413,8 +414,9 @@ class Registered(Handoff):
             if name in self.stacked and self._group_of[name] in strided:
                 continue  # its group is one strided view of the block (below)
             if isinstance(col, Ragged):
-                arrays.append((name, col.kind, col.values, False))
-                arrays.append((name, col.kind, col.offsets, True))
+                rkind, parts = ragged_arrays(col)
+                arrays.append((name, rkind, parts[0], False))
+                arrays.extend((name, rkind, offs, True) for offs in parts[1:])
             else:
                 arrays.append((name, None, col, False))
         placed: list[torch.Tensor | None] = []
@@ -443,15 +445,15 @@ class Registered(Handoff):
             bases.append(slab)
             issued = True
         out: dict[str, Any] = {}
-        pending: dict[str, torch.Tensor] = {}
+        pending: dict[str, list[torch.Tensor]] = {}
         for (name, kind, _, _), t in zip(arrays, placed, strict=True):
             assert t is not None
             if kind is None:
                 out[name] = t
-            elif name in pending:
-                out[name] = RaggedTensor(pending.pop(name), t, kind)
             else:
-                pending[name] = t
+                got = collect_ragged(pending, name, kind, t)
+                if got is not None:
+                    out[name] = got
         if self.stack:
             ordered = {k: v for k, v in out.items() if k not in self.stacked}
             for group, cols in self.stack:

@@ -19,8 +19,9 @@ from ..errors import OptionError
 from ..packed import Packed
 
 __all__ = ["ALIGN", "GROUP_INDEX", "OFFSETS", "Finish", "PackedTensors", "Part", "RaggedTensor", "Stack",
-           "TorchBatch", "TorchColumn", "Unpack", "apply", "each_any", "expand", "finisher", "host_dtype", "pack",
-           "to_torch", "torch_dtype", "unpack_slab", "wire"]
+           "TorchBatch", "TorchColumn", "Unpack", "apply", "collect_ragged", "each_any", "expand", "finisher",
+           "host_dtype", "pack", "ragged_arrays", "ragged_count", "ragged_tensor", "to_torch", "torch_dtype",
+           "unpack_slab", "wire"]
 
 
 class RaggedTensor(NamedTuple):
@@ -28,11 +29,14 @@ class RaggedTensor(NamedTuple):
 
     ``offsets`` is int64 with ``rows + 1`` entries starting at 0; strings and
     binary hold their bytes as uint8 ``values`` (``kind`` is ``"utf8"``,
-    ``"binary"`` or ``"list"``). A NamedTuple, so collate/transfer helpers that
-    walk tuples (Lightning's ``move_data_to_device``) move both tensors.
+    ``"binary"`` or ``"list"``). A list of strings nests, as `detload.Ragged`
+    does: its ``values`` are a RaggedTensor of kind ``"utf8"`` (or ``"binary"``)
+    over every string's bytes, and its ``offsets`` index those strings. A
+    NamedTuple, so collate/transfer helpers that walk tuples (Lightning's
+    ``move_data_to_device``) move every tensor.
     """
 
-    values: torch.Tensor
+    values: torch.Tensor | RaggedTensor
     offsets: torch.Tensor
     kind: str
 
@@ -51,6 +55,9 @@ class RaggedTensor(NamedTuple):
 
     def to_nested(self) -> torch.Tensor:
         """A jagged nested tensor sharing ``values`` (for ``list`` columns of numbers)."""
+        if isinstance(self.values, RaggedTensor):
+            raise TypeError("to_nested() takes a list of numbers; a list of strings has no jagged tensor form "
+                            "(its values are a RaggedTensor of the strings' bytes)")
         return torch.nested.nested_tensor_from_jagged(self.values, self.offsets)
 
 
@@ -86,10 +93,41 @@ def to_torch(batch: Mapping[str, Column]) -> TorchBatch:
     out: TorchBatch = {}
     for name, col in batch.items():
         if isinstance(col, Ragged):
-            out[name] = RaggedTensor(_tensor(name, col.values), _tensor(name, col.offsets), col.kind)
+            kind, arrays = ragged_arrays(col)
+            out[name] = ragged_tensor(kind, [_tensor(name, a) for a in arrays])
         else:
             out[name] = _tensor(name, col)
     return out
+
+
+def ragged_arrays(col: Ragged) -> tuple[str, list[np.ndarray]]:
+    """A Ragged as flat arrays: its kinds from the outside in ("list/utf8" for a list of
+    strings) and its arrays, innermost values first, then each level's offsets from the
+    inside out (values, offsets for a plain Ragged). `ragged_tensor` rebuilds it."""
+    kinds: list[str] = []
+    offsets: list[np.ndarray] = []
+    c = col
+    while isinstance(c.values, Ragged):
+        kinds.append(c.kind)
+        offsets.append(c.offsets)
+        c = c.values
+    kinds.append(c.kind)
+    offsets.append(c.offsets)
+    return "/".join(kinds), [c.values, *reversed(offsets)]
+
+
+def ragged_tensor(kind: str, tensors: Sequence[torch.Tensor]) -> RaggedTensor:
+    """The RaggedTensor of the tensors of `ragged_arrays`'s arrays (``kind``: its kind text)."""
+    out: torch.Tensor | RaggedTensor = tensors[0]
+    for k, offsets in zip(reversed(kind.split("/")), tensors[1:], strict=True):
+        out = RaggedTensor(out, offsets, k)
+    assert isinstance(out, RaggedTensor)
+    return out
+
+
+def ragged_count(kind: str) -> int:
+    """How many arrays `ragged_arrays` gives for a Ragged of this kind text."""
+    return kind.count("/") + 2
 
 
 # Names the group index and offsets of a packed batch travel under, beside its columns
@@ -110,7 +148,7 @@ def expand(col: TorchColumn, index: torch.Tensor) -> TorchColumn:
     src = torch.repeat_interleave(col.offsets[:-1].index_select(0, index) - offsets[:-1], lengths,
                                   output_size=total)
     src += torch.arange(total, dtype=src.dtype, device=src.device)
-    return RaggedTensor(col.values.index_select(0, src), offsets, col.kind)
+    return RaggedTensor(expand(col.values, src), offsets, col.kind)
 
 
 class PackedTensors(NamedTuple):
@@ -201,18 +239,25 @@ def finisher(unpack: Unpack, group_names: frozenset[str], columns: tuple[str, ..
     return functools.partial(_finish, unpack=unpack, group_names=group_names, columns=columns)
 
 
+def _apply_one(v: TorchColumn, fn: Callable[[torch.Tensor], torch.Tensor]) -> TorchColumn:
+    return RaggedTensor(_apply_one(v.values, fn), fn(v.offsets), v.kind) if isinstance(v, RaggedTensor) else fn(v)
+
+
 def apply(batch: TorchBatch, fn: Callable[[torch.Tensor], torch.Tensor]) -> TorchBatch:
-    return {k: RaggedTensor(fn(v.values), fn(v.offsets), v.kind) if isinstance(v, RaggedTensor) else fn(v)
-            for k, v in batch.items()}
+    return {k: _apply_one(v, fn) for k, v in batch.items()}
+
+
+def _each_one(v: TorchColumn, fn: Callable[[torch.Tensor], Any]) -> None:
+    if isinstance(v, RaggedTensor):
+        _each_one(v.values, fn)
+        fn(v.offsets)
+    else:
+        fn(v)
 
 
 def _each(batch: TorchBatch, fn: Callable[[torch.Tensor], Any]) -> None:
     for v in batch.values():
-        if isinstance(v, RaggedTensor):
-            fn(v.values)
-            fn(v.offsets)
-        else:
-            fn(v)
+        _each_one(v, fn)
 
 
 def each_any(batch: TorchBatch | PackedTensors, fn: Callable[[torch.Tensor], Any]) -> None:
@@ -239,7 +284,7 @@ class Part(NamedTuple):
     """Where one array of a batch lies in a slab."""
 
     name: str
-    kind: str | None  # None for a plain column; a Ragged's kind for its two arrays
+    kind: str | None  # None for a plain column; a Ragged's kind text (`ragged_arrays`) for each of its arrays
     offset: int  # bytes from the slab's start
     nbytes: int
     dtype: torch.dtype
@@ -282,8 +327,8 @@ def pack(batches: Sequence[Mapping[str, Column]], pin: bool,
             if name in stacked:
                 continue
             if isinstance(col, Ragged):
-                items.append((name, col.kind, col.values))
-                items.append((name, col.kind, col.offsets))
+                rkind, arrays = ragged_arrays(col)
+                items.extend((name, rkind, a) for a in arrays)
             else:
                 items.append((name, None, col))
         for out, cols in stack:
@@ -319,7 +364,7 @@ def unpack_slab(slab: torch.Tensor, parts: list[Part], typed: dict[torch.dtype, 
     target, say) would fail ``backward()`` through any other.
     """
     out: TorchBatch = {}
-    pending: dict[str, torch.Tensor] = {}
+    pending: dict[str, list[torch.Tensor]] = {}
     for p in parts:
         whole = typed.get(p.dtype)
         if whole is None:
@@ -327,8 +372,20 @@ def unpack_slab(slab: torch.Tensor, parts: list[Part], typed: dict[torch.dtype, 
         t = whole.as_strided(p.shape, p.stride, p.offset // whole.element_size()).data
         if p.kind is None:
             out[p.name] = t
-        elif p.name in pending:
-            out[p.name] = RaggedTensor(pending.pop(p.name), t, p.kind)
         else:
-            pending[p.name] = t
+            got = collect_ragged(pending, p.name, p.kind, t)
+            if got is not None:
+                out[p.name] = got
     return out
+
+
+def collect_ragged(pending: dict[str, list[torch.Tensor]], name: str, kind: str,
+                   t: torch.Tensor) -> RaggedTensor | None:
+    """Add ``t``, the next of column ``name``'s `ragged_arrays` as a tensor; its RaggedTensor once
+    all of them are in (None before)."""
+    have = pending.setdefault(name, [])
+    have.append(t)
+    if len(have) < ragged_count(kind):
+        return None
+    del pending[name]
+    return ragged_tensor(kind, have)
