@@ -51,8 +51,14 @@ def _hash_ints(seed: int, a: np.ndarray) -> np.ndarray:
     return hash_words(_words(a), seed)
 
 
+def _bytes_of(r: Ragged) -> np.ndarray:
+    """A string or binary column's bytes (its values; a list column's are another Ragged)."""
+    assert isinstance(r.values, np.ndarray), "a string or binary Ragged holds its bytes as values"
+    return r.values
+
+
 def _hash_text(seed: int, r: Ragged) -> np.ndarray:
-    return hash_bytes(r.values, r.offsets, seed)
+    return hash_bytes(_bytes_of(r), r.offsets, seed)
 
 
 def _bucket_ints(seed: int, m: np.uint64, a: np.ndarray) -> np.ndarray:
@@ -60,7 +66,7 @@ def _bucket_ints(seed: int, m: np.uint64, a: np.ndarray) -> np.ndarray:
 
 
 def _bucket_text(seed: int, m: np.uint64, r: Ragged) -> np.ndarray:
-    return (hash_bytes(r.values, r.offsets, seed) % m).astype(np.int64)
+    return (hash_bytes(_bytes_of(r), r.offsets, seed) % m).astype(np.int64)
 
 
 def _map(name: str, col: Any, leaf: Callable[[np.ndarray], np.ndarray],
@@ -195,7 +201,8 @@ class _Table:
         out = np.full(n, oov, dtype=np.int64)
         if n == 0 or self.sorted.size == 0:
             return out
-        h = hash_bytes(r.values, r.offsets, 0)
+        data = _bytes_of(r)
+        h = hash_bytes(data, r.offsets, 0)
         pos = np.minimum(np.searchsorted(self.sorted, h), self.sorted.size - 1)
         hit = np.flatnonzero(self.sorted[pos] == h)
         cand = self.order[pos[hit]]  # token indices, 0-based
@@ -208,7 +215,7 @@ class _Table:
         if total:
             row = np.repeat(np.arange(hit.size), ln)
             within = np.arange(total) - np.repeat(np.cumsum(ln) - ln, ln)
-            differ = (r.values[np.repeat(r.offsets[hit], ln) + within]
+            differ = (data[np.repeat(r.offsets[hit], ln) + within]
                       != self.values[np.repeat(self.offsets[cand], ln) + within])
             ok = np.ones(hit.size, dtype=bool)
             ok[row[differ]] = False
@@ -216,7 +223,7 @@ class _Table:
         out[hit] = cand + 1
         if self.exact is not None:
             for i in np.flatnonzero(np.isin(h, self.shared)).tolist():
-                out[i] = self.exact.get(bytes(r.values[r.offsets[i]:r.offsets[i + 1]]), oov)
+                out[i] = self.exact.get(bytes(data[r.offsets[i]:r.offsets[i + 1]]), oov)
         return out
 
     def lookup_ints(self, a: np.ndarray, oov: int) -> np.ndarray:
