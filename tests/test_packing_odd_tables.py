@@ -102,8 +102,8 @@ def duck(tmp_path_factory: pytest.TempPathFactory) -> str:
     return root
 
 
-HIVE = dict(order="windowed", group_by="sid", group_columns=GROUP_COLUMNS)
-DUCK = dict(order="windowed", group_by="q", group_columns=["qv", "qs"])
+HIVE = dict(group_by="sid", group_columns=GROUP_COLUMNS)
+DUCK = dict(group_by="q", group_columns=["qv", "qs"])
 
 
 # -- the stored rows, read back with pyarrow -------------------------------------------------
