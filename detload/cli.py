@@ -182,6 +182,16 @@ def _order_kwargs(a: argparse.Namespace) -> dict[str, Any]:
     return dict(order=a.order, shuffle_window=a.shuffle_window, mix_window=a.mix_window, block_rows=a.block_rows)
 
 
+def _add_selection(g: Any) -> None:
+    """Which rows and columns, and how they are typed: the same flags for run, plan and bench."""
+    g.add_argument("--columns", type=_columns, metavar="A,B,...",
+                   help="comma-separated columns (default: all, in schema order)")
+    rare(_add_null_fill(g))
+    rare(_add_cast(g))
+    _add_filter(g)
+    _add_group(g)
+
+
 def _common_loader_args(p: argparse.ArgumentParser, s: _Sections, *, need_seed: bool = True) -> None:
     p.add_argument("source", help="a Parquet file, directory, glob or URI (s3://bucket/prefix)")
     s["order"].add_argument("--batch-size", type=int, required=True, help="rows per batch (per rank)")
@@ -194,12 +204,7 @@ def _common_loader_args(p: argparse.ArgumentParser, s: _Sections, *, need_seed: 
                                  "the shortest partition's last full micro-batch)")
     s["order"].add_argument("--partitions", type=int, default=None,
                             help="canonical partitions (default: the world size)")
-    s["select"].add_argument("--columns", type=_columns, metavar="A,B,...",
-                             help="comma-separated columns (default: all, in schema order)")
-    rare(_add_null_fill(s["select"]))
-    rare(_add_cast(s["select"]))
-    _add_filter(s["select"])
-    _add_group(s["select"])
+    _add_selection(s["select"])
     s["dist"].add_argument("--rank", type=int, default=None,
                            help="this process's rank (default: from torch.distributed, else $RANK, else 0)")
     s["dist"].add_argument("--world-size", type=int, default=None,
@@ -393,12 +398,7 @@ def _parser() -> argparse.ArgumentParser:
     s["order"].add_argument("--batch-size", type=int, default=4096, help="rows per batch")
     _add_order(s["order"])
     s["order"].add_argument("--seed", type=int, default=0, help="the seed that fixes the order")
-    s["select"].add_argument("--columns", type=_columns, metavar="A,B,...",
-                             help="comma-separated columns (default: all, in schema order)")
-    rare(_add_null_fill(s["select"]))
-    rare(_add_cast(s["select"]))
-    _add_filter(s["select"])
-    _add_group(s["select"])
+    _add_selection(s["select"])
     s["workers"].add_argument("--workers", type=_workers, default="auto",
                               help="worker count or 'auto' (one per core, at most 16)")
     s["workers"].add_argument("--pool", choices=["thread", "process"], default="thread", help="what the workers are")
