@@ -149,8 +149,9 @@ class ColumnDrift:
             f"schema drift between {fa} and {fb}: {self.name!r} is {ta} in {fa} but {tb} in {fb}, and no "
             "type holds both without changing a value (detload promotes only widening integers and "
             "floats, and lists of them: docs/types.md, \"Schema drift\"). Leave the column out with "
-            "columns=[...], or rewrite the files with one type (e.g. with pyarrow, or `detload layout` "
-            "after casting the odd files); cast= applies after this check and cannot unify it."
+            "columns=[...], or rewrite the files of one type with the other (e.g. pyarrow's "
+            "Table.cast, where every value fits); cast= converts the promoted type, so it cannot unify "
+            "types that do not promote."
         )
 
     def missing_error(self) -> SchemaMismatchError:
