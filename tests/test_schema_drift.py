@@ -189,10 +189,10 @@ def test_cast_and_null_fill_apply_to_the_promoted_type(tmp_path):
     with Loader(tmp_path, batch_size=8, seed=0, shuffle=False, null_fill={"x": -7}) as ld:
         (b,) = list(ld)
     assert b["x"].dtype == np.int64 and b["x"].tolist() == [1, -7, 3, 2**40, 5]
-    with Loader(tmp_path, batch_size=8, seed=0, null_fill={"x": -7}, cast={"x": "int32"}) as ld:
-        with pytest.raises(detload.DataError, match=r"column 'x' in b\.parquet row group 0 cannot be delivered "
-                                                    r"as int32.*1099511627776"):
-            list(ld)
+    with (Loader(tmp_path, batch_size=8, seed=0, null_fill={"x": -7}, cast={"x": "int32"}) as ld,
+          pytest.raises(detload.DataError, match=r"column 'x' in b\.parquet row group 0 cannot be delivered "
+                                                 r"as int32.*1099511627776")):
+        list(ld)
 
 
 def test_fingerprint_differs_by_a_files_type_and_records_the_drift(tmp_path):
