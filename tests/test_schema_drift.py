@@ -334,3 +334,28 @@ def test_inspect_shows_each_drifted_column(tmp_path, capsys):
                                 "types": [{"arrow": "int32", "files": 2, "first": "a.parquet"},
                                           {"arrow": "int64", "files": 1, "first": "c.parquet"}]}
     assert info["drift"][1]["promoted"] is None and info["drift"][2]["missing_files"] == 2
+
+
+# -- group_by ---------------------------------------------------------------------------------
+
+def test_group_by_a_drifted_key_compares_keys_across_files_in_the_promoted_type(tmp_path):
+    pq.write_table(pa.table({"k": pa.array([1, 1, 2, 2], I32), "v": [0, 1, 2, 3]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"k": pa.array([3, 3, 4], I64), "v": [4, 5, 6]}), tmp_path / "b.parquet")
+    with Loader(tmp_path, batch_size=4, seed=0, shuffle=False, group_by="k") as ld:
+        batches = list(ld)
+    keys = [b.groups["k"] for b in batches]
+    assert [k for ks in keys for k in ks.tolist()] == [1, 2, 3, 4]
+    assert all(ks.dtype == np.int64 for ks in keys)
+    assert [v for b in batches for v in b.items["v"].tolist()] == [0, 1, 2, 3, 4, 5, 6]
+    # Key 2 in an int32 and an int64 file is one key: a group split across files, named as such.
+    pq.write_table(pa.table({"k": pa.array([2, 3, 3], I64), "v": [4, 5, 6]}), tmp_path / "b.parquet")
+    with pytest.raises(detload.DatasetError, match=r"group 2 is split across files: it occurs in a\.parquet"):
+        Loader(tmp_path, batch_size=4, seed=0, group_by="k")
+
+
+def test_group_by_a_column_some_files_lack_is_refused(tmp_path):
+    pq.write_table(pa.table({"v": [0, 1]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"v": [2], "k": [5]}), tmp_path / "b.parquet")
+    with pytest.raises(SchemaMismatchError, match=r"^group_by='k' is a column 1 file\(s\) lack, e\.g\. a\.parquet "
+                                                  r"\(b\.parquet has it\): every row needs a stored group key"):
+        Loader(tmp_path, batch_size=4, seed=0, columns=["v", "k"], null_fill={"k": 0}, group_by="k")
