@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import json
 import os
 import posixpath
@@ -145,15 +146,28 @@ class Dataset:
         hold (schema drift: loaded with a fill), then the Hive partition columns."""
         return [*self.schema.names, *self.later_columns(), *self.partition_keys]
 
+    @functools.cached_property
+    def _schema_groups(self) -> tuple[tuple[pa.Schema, tuple[str, ...]], ...]:
+        """The distinct schemas (names and types) of the files with rows, first seen first,
+        each with its files: drift is decided per schema, not per file (thousands of files
+        usually share a few schemas)."""
+        groups: dict[tuple[tuple[str, str], ...], tuple[pa.Schema, list[str]]] = {}
+        ids: dict[int, list[str]] = {}  # files written alike share one schema object
+        for f, s in zip(self.files, self.file_schemas):
+            if not sum(f.row_groups):
+                continue
+            paths = ids.get(id(s))
+            if paths is None:
+                key = tuple((fld.name, str(fld.type)) for fld in s)
+                paths = ids[id(s)] = groups.setdefault(key, (s, []))[1]
+            paths.append(f.path)
+        return tuple((s, tuple(paths)) for s, paths in groups.values())
+
     def later_columns(self) -> list[str]:
         """Columns that files with rows hold but the reference file lacks, in file order."""
         known = set(self.schema.names)
         out: list[str] = []
-        seen_schemas: set[int] = set()
-        for f, s in zip(self.files, self.file_schemas):
-            if id(s) in seen_schemas or not sum(f.row_groups):
-                continue
-            seen_schemas.add(id(s))
+        for s, _ in self._schema_groups:
             for name in s.names:
                 if name not in known:
                     known.add(name)
@@ -162,13 +176,10 @@ class Dataset:
 
     def drift(self, name: str) -> ColumnDrift | None:
         """How the files with rows disagree on column ``name`` (None: they agree, the common case)."""
-        if not self.file_schemas:
+        groups = self._schema_groups
+        if len(groups) < 2:
             return None
-        kept = [(f.path, s) for f, s in zip(self.files, self.file_schemas) if sum(f.row_groups)]
-        first = kept[0][1]
-        if all(s is first for _, s in kept):  # files written alike share one schema object
-            return None
-        return column_drift(name, [p for p, _ in kept], [s for _, s in kept])
+        return column_drift(name, groups)
 
     def column_type(self, name: str) -> pa.DataType:
         """The Arrow type column ``name`` is read as: its promoted type where files drift."""

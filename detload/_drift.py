@@ -166,19 +166,20 @@ class ColumnDrift:
         )
 
 
-def column_drift(name: str, paths: Sequence[str], schemas: Sequence[pa.Schema]) -> ColumnDrift | None:
-    """The drift of column ``name`` over files ``paths`` (with rows, canonical order) and
-    their ``schemas``; None when every file holds it in one form (the common case)."""
+def column_drift(name: str, groups: Sequence[tuple[pa.Schema, Sequence[str]]]) -> ColumnDrift | None:
+    """The drift of column ``name`` over the files with rows, given as their distinct
+    ``groups`` (schema, the files holding it in canonical order), first seen first; None when
+    every file holds the column in one form (the common case)."""
     seen: dict[str, list[Any]] = {}
     missing: list[str] = []
-    for path, schema in zip(paths, schemas):
+    for schema, paths in groups:
         i = schema.get_field_index(name)
         if i < 0:
-            missing.append(path)
+            missing.extend(paths)
             continue
         t = schema.field(i).type
-        entry = seen.setdefault(str(t), [t, 0, path])
-        entry[1] += 1
+        entry = seen.setdefault(str(t), [t, 0, paths[0]])
+        entry[1] += len(paths)
     if not seen:
         return None
     types = tuple((t, n, p) for t, n, p in seen.values())
