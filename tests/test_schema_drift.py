@@ -237,15 +237,18 @@ def test_filter_on_a_column_some_files_lack_is_refused(tmp_path):
 # -- missing columns --------------------------------------------------------------------------
 
 def _missing(tmp_path):
-    pq.write_table(pa.table({"id": [1, 2], "s": ["a", "b"]}), tmp_path / "a.parquet")
+    d = tmp_path / "data"
+    d.mkdir()
+    pq.write_table(pa.table({"id": [1, 2], "s": ["a", "b"]}), d / "a.parquet")
     pq.write_table(pa.table({"id": [3, 4, 5], "s": ["c", "d", "e"], "y": pa.array([7.5, None, 9.0], F32),
-                             "t": ["x", "y", "z"]}), tmp_path / "b.parquet")
-    pq.write_table(pa.table({"id": [6]}), tmp_path / "c.parquet")
+                             "t": ["x", "y", "z"]}), d / "b.parquet")
+    pq.write_table(pa.table({"id": [6]}), d / "c.parquet")
+    return d
 
 
 def test_a_missing_column_is_filled_with_its_null_fill(tmp_path):
     _missing(tmp_path)
-    with Loader(tmp_path, batch_size=8, seed=0, shuffle=False, columns=["id", "s", "y", "t"],
+    with Loader(tmp_path / "data", batch_size=8, seed=0, shuffle=False, columns=["id", "s", "y", "t"],
                 null_fill={"s": "?", "y": -1.0, "t": ""}, workers=2, pool="process") as ld:
         (b,) = list(ld)
         order = dict(ld.order)
@@ -255,8 +258,15 @@ def test_a_missing_column_is_filled_with_its_null_fill(tmp_path):
     assert b["t"].to_list() == ["", "", "x", "y", "z", ""]
     assert order["null_fill"] == {"s": "?", "t": "", "y": -1.0}
     assert order["schema_drift"]["y"] == {"type": "float", "missing": "null_fill"}
+    # Through the cache: a cold pass stores the filled form, a warm one reads it back.
+    kw = dict(batch_size=8, seed=0, shuffle=False, columns=["id", "s", "y", "t"],
+              null_fill={"s": "?", "y": -1.0, "t": ""}, cache=detload.Cache(str(tmp_path / "cache")))
+    for _ in ("cold", "warm"):
+        with Loader(tmp_path / "data", **kw) as ld:
+            (again,) = list(ld)
+        assert again["t"].to_list() == b["t"].to_list() and again["y"].tolist() == b["y"].tolist()
     # columns=None loads the first file's columns, as before.
-    with Loader(tmp_path, batch_size=8, seed=0, null_fill={"s": "?"}) as ld:
+    with Loader(tmp_path / "data", batch_size=8, seed=0, null_fill={"s": "?"}) as ld:
         assert [s.name for s in ld.column_specs] == ["id", "s"]
 
 
@@ -266,16 +276,16 @@ def test_a_missing_column_without_a_fill_names_the_files_and_the_fix(tmp_path):
             r"^column 'y' is missing from 2 files, e\.g\. a\.parquet, but b\.parquet has it \(float\)\. "
             r"Pass null_fill=\{'y': value\} to fill every row of the files that lack it with that value "
             r"\(on the command line: --null-fill y=VALUE\), or leave the column out with columns=\[\.\.\.\]\.$")):
-        Loader(tmp_path, batch_size=8, seed=0, columns=["id", "y"])
+        Loader(tmp_path / "data", batch_size=8, seed=0, columns=["id", "y"])
     with pytest.raises(SchemaMismatchError, match=r"^column 's' is missing from 1 file, e\.g\. c\.parquet, "
                                                   r"but a\.parquet has it \(string\)"):
-        Loader(tmp_path, batch_size=8, seed=0)
+        Loader(tmp_path / "data", batch_size=8, seed=0)
 
 
 def test_a_fill_that_does_not_fit_the_promoted_type_is_refused(tmp_path):
     _missing(tmp_path)
     with pytest.raises(detload.OptionError, match=r"null_fill\['y'\] = 'no' does not fit the column's type float"):
-        Loader(tmp_path, batch_size=8, seed=0, columns=["id", "y"], null_fill={"y": "no"})
+        Loader(tmp_path / "data", batch_size=8, seed=0, columns=["id", "y"], null_fill={"y": "no"})
 
 
 # -- refusals ---------------------------------------------------------------------------------
