@@ -369,3 +369,20 @@ def test_group_by_a_column_some_files_lack_is_refused(tmp_path):
     with pytest.raises(SchemaMismatchError, match=r"^group_by='k' is a column 1 file\(s\) lack, e\.g\. a\.parquet "
                                                   r"\(b\.parquet has it\): every row needs a stored group key"):
         Loader(tmp_path, batch_size=4, seed=0, columns=["v", "k"], null_fill={"k": 0}, group_by="k")
+
+
+def test_bloom_filters_of_each_files_own_type_prune_a_drifted_column_exactly(tmp_path):
+    # Each file's filter hashes its own PLAIN encoding (4 bytes in the int32 file, 8 in the
+    # int64 one): a key is probed in each file's width, never ruled out by the other's.
+    rng = np.random.default_rng(0)
+    xs = [rng.permutation(4000)[:1000], rng.permutation(4000)[:1000] * 3]
+    for name, t, x in (("a", I32, xs[0]), ("b", I64, xs[1])):
+        pq.write_table(pa.table({"x": pa.array(x, t)}), tmp_path / f"{name}.parquet", row_group_size=100,
+                       bloom_filter_options={"x": {"ndv": 100, "fpp": 0.01}})
+    every = np.concatenate(xs)
+    keys = [int(xs[0][5]), int(xs[1][7]), 4001, 2**40]
+    with Loader(tmp_path, batch_size=5000, seed=0, shuffle=False, filter=[("x", "in", keys)]) as ld:
+        (b,) = list(ld)
+        pruned = ld.filter_stats["pruned"]["bloom"]
+    assert b["x"].tolist() == every[np.isin(every, keys)].tolist()
+    assert pruned > 0  # the filters were used, not skipped
