@@ -56,6 +56,8 @@ def promote(types: Sequence[pa.DataType]) -> pa.DataType | None:
       than 32 bits (int64 and uint64 do not fit a float64 exactly: None);
     - lists and large lists: a list of the elements' promotion (a large list if
       any is large); fixed-size lists of one size likewise;
+    - decimals: the narrowest decimal with the largest scale and the most integer digits
+      of them all (decimal256 beyond 38 digits, None beyond 76);
     - a ``null`` column (all nulls) takes the others' type;
     - types of the same NumPy form are one type; anything else: None.
     """
@@ -70,6 +72,8 @@ def promote(types: Sequence[pa.DataType]) -> pa.DataType | None:
         return promote(typed) if typed else first
     if all(pa.types.is_integer(t) or pa.types.is_floating(t) for t in typed):
         return _numeric(typed)
+    if all(pa.types.is_decimal(t) for t in typed):
+        return _decimal(typed)
     if all(_var_list(t) for t in typed):
         inner = promote([t.value_type for t in typed])
         if inner is None:
@@ -102,6 +106,14 @@ def _numeric(types: Sequence[pa.DataType]) -> pa.DataType | None:
         return _SIGNED[signed]
     width = max(signed, 2 * unsigned)  # a signed type holds an unsigned one of half its width
     return _SIGNED.get(width)
+
+
+def _decimal(types: Sequence[pa.DataType]) -> pa.DataType | None:
+    scale = max(t.scale for t in types)
+    digits = max(t.precision - t.scale for t in types) + scale  # every integer digit, every fraction digit
+    if digits <= 38 and not any(pa.types.is_decimal256(t) for t in types):
+        return pa.decimal128(digits, scale)
+    return pa.decimal256(digits, scale) if digits <= 76 else None
 
 
 @dataclass(frozen=True)
@@ -147,8 +159,8 @@ class ColumnDrift:
         (ta, _, fa), (tb, _, fb) = pair
         return SchemaMismatchError(
             f"schema drift between {fa} and {fb}: {self.name!r} is {ta} in {fa} but {tb} in {fb}, and no "
-            "type holds both without changing a value (detload promotes only widening integers and "
-            "floats, and lists of them: docs/types.md, \"Schema drift\"). Leave the column out with "
+            "type holds both without changing a value (detload promotes only widening integers, "
+            "floats and decimals, and lists of them: docs/types.md, \"Schema drift\"). Leave the column out with "
             "columns=[...], or rewrite the files of one type with the other (e.g. pyarrow's "
             "Table.cast, where every value fits); cast= converts the promoted type, so it cannot unify "
             "types that do not promote."

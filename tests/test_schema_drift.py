@@ -48,7 +48,12 @@ F16, F32, F64 = pa.float16(), pa.float32(), pa.float64()
     ([pa.null(), I32], I32),
     ([pa.string(), pa.large_string()], pa.string()),  # one form: not drift
     ([I64, pa.string()], None), ([pa.bool_(), I8], None), ([pa.date32(), pa.timestamp("ms")], None),
-    ([pa.timestamp("ms"), pa.timestamp("us")], None), ([pa.decimal128(10, 2), pa.decimal128(12, 2)], None),
+    ([pa.timestamp("ms"), pa.timestamp("us")], None),
+    ([pa.decimal128(10, 2), pa.decimal128(12, 2)], pa.decimal128(12, 2)),
+    ([pa.decimal128(10, 2), pa.decimal128(10, 4)], pa.decimal128(12, 4)),
+    ([pa.decimal128(38, 0), pa.decimal128(38, 10)], pa.decimal256(48, 10)),
+    ([pa.decimal256(70, 0), pa.decimal128(38, 10)], None),
+    ([pa.decimal128(10, 2), I32], None),
 ])
 def test_promotion_table(types, want):
     got = promote(types)
@@ -195,6 +200,23 @@ def test_cast_and_null_fill_apply_to_the_promoted_type(tmp_path):
         list(ld)
 
 
+def test_decimals_of_several_precisions_and_scales_are_read_as_one(tmp_path):
+    from decimal import Decimal
+
+    pq.write_table(pa.table({"d": pa.array([Decimal("12345678.91"), None], pa.decimal128(10, 2))}),
+                   tmp_path / "a.parquet")
+    pq.write_table(pa.table({"d": pa.array([Decimal("1.2345"), Decimal("-0.0001")], pa.decimal128(6, 4))}),
+                   tmp_path / "b.parquet")
+    with Loader(tmp_path, batch_size=8, seed=0, shuffle=False, cast={"d": "int64-scaled"}, null_fill={"d": 0}) as ld:
+        (b,) = list(ld)
+        (spec,) = ld.column_specs
+    assert spec.arrow_type == "decimal128(12, 4)" and spec.scale == 4
+    assert b["d"].tolist() == [123456789100, 0, 12345, -1]
+    with Loader(tmp_path, batch_size=8, seed=0, shuffle=False, cast={"d": "float64"}) as ld:
+        (b,) = list(ld)
+    assert b["d"][[0, 2, 3]].tolist() == [12345678.91, 1.2345, -0.0001] and np.isnan(b["d"][1])
+
+
 def test_fingerprint_differs_by_a_files_type_and_records_the_drift(tmp_path):
     for sub, t in (("narrow", I32), ("wide", I64)):
         (tmp_path / sub).mkdir()
@@ -307,8 +329,8 @@ def test_a_refused_drift_names_both_files_both_types_and_the_fix(tmp_path, ta, v
         Loader(tmp_path, batch_size=8, seed=0)
     assert str(info.value) == (
         f"schema drift between a.parquet and b.parquet: 'x' is {ta} in a.parquet but {tb} in b.parquet, and no "
-        "type holds both without changing a value (detload promotes only widening integers and floats, and lists "
-        "of them: docs/types.md, \"Schema drift\"). Leave the column out with columns=[...], or rewrite the files "
+        "type holds both without changing a value (detload promotes only widening integers, floats and decimals, "
+        "and lists of them: docs/types.md, \"Schema drift\"). Leave the column out with columns=[...], or rewrite the files "
         "of one type with the other (e.g. pyarrow's Table.cast, where every value fits); cast= converts the "
         "promoted type, so it cannot unify types that do not promote.")
     with Loader(tmp_path, batch_size=8, seed=0, columns=["id"]) as ld:
