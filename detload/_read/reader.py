@@ -524,7 +524,8 @@ def _check_unchanged(pf: pq.ParquetFile, ref: FileRef, rg: int, specs: Sequence[
         t = schema.field(idx).type
         if spec.promote is not None:
             # A drifted column: the file's type must still widen to the one planned.
-            if promote([t, spec.promote]) is None or not same_form(promote([t, spec.promote]), spec.promote):
+            widened = promote([t, spec.promote])
+            if widened is None or not same_form(widened, spec.promote):
                 problems.append(f"column {spec.name!r} is {t}, planned as {spec.arrow_type}")
             continue
         try:
