@@ -519,8 +519,26 @@ class MixPlan(Plan):
             out[i % workers].append((task, tuple(blocks)))
         return out
 
-    def block_workers(self, workers: int, start_step: int = 0) -> list[int]:
-        """The worker that builds each block of `schedule_from` (``start_step``): its task's."""
+    def shared_task_schedules(self, workers: int, start_step: int = 0
+                              ) -> list[list[tuple[MixTask, tuple[tuple[int, int], ...]]]]:
+        """As `task_schedules`, for workers that share task windows (_engine/share.py): block k
+        of `schedule_from` (``start_step``) goes to worker k mod ``workers``, and each worker
+        lists the tasks it builds blocks of, in the order of their first needed block."""
+        out: list[list[tuple[MixTask, tuple[tuple[int, int], ...]]]] = [[] for _ in range(workers)]
+        for task, blocks in self.task_schedules(1, start_step)[0]:
+            mine: list[list[tuple[int, int]]] = [[] for _ in range(workers)]
+            for k, j in blocks:
+                mine[k % workers].append((k, j))
+            for w in range(workers):
+                if mine[w]:
+                    out[w].append((task, tuple(mine[w])))
+        return out
+
+    def block_workers(self, workers: int, start_step: int = 0, shared: bool = False) -> list[int]:
+        """The worker that builds each block of `schedule_from` (``start_step``): its task's, or
+        with ``shared`` windows k mod ``workers``."""
+        if shared:
+            return [k % workers for k in range(len(self.schedule_from(start_step)))]
         owner: list[int] = [0] * len(self.schedule_from(start_step))
         for w, tasks in enumerate(self.task_schedules(workers, start_step)):
             for _, blocks in tasks:

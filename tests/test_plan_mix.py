@@ -28,8 +28,8 @@ def test_known_answer_of_the_worked_example() -> None:
     tasks = plan.tasks[0]
     assert [t.sources for t in tasks] == [(2, 3), (1, 5), (0, 4)]
     assert [np.diff(t.bounds).tolist() for t in tasks] == [[4, 4], [3, 4], [3, 3, 3]]
-    assert plan.row_ids().tolist() == [13, 15, 12, 14, 9, 8, 10, 11, 5, 22, 7, 21, 6, 23, 20,
-                                       0, 1, 18, 17, 19, 3, 2, 4, 16]
+    assert plan.row_ids().tolist() == [9, 8, 12, 14, 13, 15, 10, 11, 20, 23, 21, 7, 6, 22, 5,
+                                       4, 18, 16, 17, 0, 3, 19, 1, 2]
     assert [b.rows for b in plan.schedule] == [4, 4, 3, 4, 3, 3, 3]
     assert plan.steps == 24 and plan.dropped_rows == 0
 

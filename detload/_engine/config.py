@@ -60,6 +60,11 @@ class WorkerConfig:
     #: How local files are opened: Storage.memory_map's value (False, "auto" or True; thread
     #: workers get False for "auto"), see _read/mapping.should_map.
     memory_map: bool | str = False
+    #: The mixed order with more than one worker: the folder of the row-group claims through
+    #: which workers share task windows in the cache (_engine/share.py); None: no sharing.
+    share_dir: str | None = None
+    #: ``cache`` is the pool's scratch cache (no user cache): a task's entries go with it.
+    scratch: bool = False
 
     @property
     def shm_dir(self) -> str | None:

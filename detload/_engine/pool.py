@@ -48,6 +48,7 @@ from typing import Any, Literal
 from .._cache import KeptMappings
 from .._fdless import check_descriptors, descriptor_limit_error, is_out_of_descriptors
 from ..errors import OptionError, WorkerError
+from . import share
 from . import shm as _shm
 from . import spawn as _spawn
 from .config import WorkerConfig
@@ -459,6 +460,8 @@ class WorkerPool:
             if self.kind == "process":
                 self._close_processes(started)
             self.watch.clear()  # every buffer still announced is withdrawn
+            if self.cfg.share_dir is not None:  # claims, and a scratch cache: after the workers
+                share.remove_share_dir(os.path.dirname(self.cfg.share_dir))
             # Forget them all: what still refers to this pool must not keep them alive.
             self.inboxes, self.outboxes, self.handles = [], [], []
             self.segments, self._sender = None, None

@@ -32,8 +32,9 @@ import xxhash
 
 from .._filters.selection import Selection
 from .._read import UnitReader, select_rows
-from .._streams import mix_row_permutation
+from .._streams import mix_rows_at
 from .._types import UnitColumns
+from . import share
 from . import shm as _shm
 from . import spawn as _spawn
 from .block import Layout, assemble, slice_rows
@@ -450,7 +451,7 @@ def worker_loop(cfg: WorkerConfig, index: int, link: ThreadLink | ProcessLink, p
                 segs.new_pass(max(task.block_rows for task in tasks))
             if tasks and tasks[0].blocks:  # the mixed order: tasks of several blocks each
                 ok, last_wait = _mix_tasks(cfg, reader, steps, tasks, gen, status, segs, link, stale, pid,
-                                           last_wait)
+                                           last_wait, index)
                 if not ok:
                     reader.close()
                     reader = UnitReader(cfg)
@@ -491,42 +492,24 @@ def worker_loop(cfg: WorkerConfig, index: int, link: ThreadLink | ProcessLink, p
 
 
 class _Window:
-    """A mixed-order task's window: its pieces' rows read once, the task's permutation, and for
-    each block it builds, where the block's rows lie (computed once per task, in O(rows))."""
+    """A mixed-order task's window: its pieces' rows read once, and what locates a block's
+    rows in them. A block's rows come from `mix_rows_at` of its own positions only, so a
+    worker building some of a task's blocks pays for those blocks, not for the task."""
 
-    __slots__ = ("perm", "rank", "sorted_rows", "starts", "units")
+    __slots__ = ("starts", "task", "units")
 
     def __init__(self, task: Task, units: list[UnitColumns]) -> None:
+        self.task = task
         self.units = units
         sizes = np.asarray([r.rows for r in task.units], dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        n = task.rows
-        self.perm: np.ndarray | None = None
-        self.sorted_rows: dict[int, np.ndarray] = {}
-        self.rank = np.zeros(0, dtype=np.int64)
-        if not task.shuffle:
-            return
-        perm = self.perm = mix_row_permutation(task.seed, task.epoch, task.partition, task.number, n)
-        # Each task row's block (-1: a block before a resume point), then the rows of every block
-        # in ascending (stored) order by one stable sort of small ints (a radix sort), and each
-        # row's place among its block's rows: a block is the gather of its rows from the window
-        # in stored order (cache friendly), permuted by those places.
-        owner = np.full(n, -1, dtype=np.int16 if len(task.blocks) < 2**15 else np.int64)
-        for j, (_, lo, hi) in enumerate(task.blocks):
-            owner[perm[lo:hi]] = j
-        order = np.argsort(owner, kind="stable")
-        counts = np.bincount(owner.astype(np.int64) + 1, minlength=len(task.blocks) + 1)
-        firsts = np.concatenate([[0], np.cumsum(counts)])
-        self.rank = np.empty(n, dtype=np.int64)
-        self.rank[order] = np.arange(n, dtype=np.int64) - np.repeat(firsts[:-1], counts)
-        for j, (k, _, _) in enumerate(task.blocks):
-            self.sorted_rows[k] = order[firsts[j + 1] : firsts[j + 2]]
 
-    def block(self, k: int, lo: int, hi: int) -> tuple[list[UnitColumns], list[np.ndarray] | None, np.ndarray | None]:
-        """Block k (rows ``[lo, hi)`` of the permuted task): the window's units it draws from,
+    def block(self, lo: int, hi: int) -> tuple[list[UnitColumns], list[np.ndarray] | None, np.ndarray | None]:
+        """The block of rows ``[lo, hi)`` of the permuted task: the window's units it draws from,
         the rows of each it takes (None: whole slices), and its permutation of them."""
         starts = self.starts
-        if self.perm is None:  # no shuffle: the task's rows in stored order, sliced
+        task = self.task
+        if not task.shuffle:  # the task's rows in stored order, sliced
             a = int(np.searchsorted(starts, lo, side="right")) - 1
             units: list[UnitColumns] = []
             for q in range(a, len(self.units)):
@@ -536,7 +519,14 @@ class _Window:
                 first, last = max(lo, s0) - s0, min(hi, s1) - s0
                 units.append(_rows_of(self.units[q], first, last - first))
             return units, None, None
-        rows = self.sorted_rows.pop(k)
+        rows = mix_rows_at(task.seed, task.epoch, task.partition, task.number, task.rows,
+                           np.arange(lo, hi, dtype=np.int64))
+        # Gather in stored order (cache friendly), then put each row at its place: ``perm[i]``
+        # is the index among the sorted rows of the row at position ``lo + i``.
+        order = np.argsort(rows, kind="stable")
+        rows = rows[order]
+        perm = np.empty(len(order), dtype=np.int64)
+        perm[order] = np.arange(len(order), dtype=np.int64)
         cuts = np.searchsorted(rows, starts)
         units, picks = [], []
         for q in range(len(self.units)):
@@ -544,7 +534,7 @@ class _Window:
             if c0 < c1:
                 units.append(self.units[q])
                 picks.append(rows[c0:c1] - starts[q])
-        return units, picks, self.rank[self.perm[lo:hi]]
+        return units, picks, perm
 
 
 def _open_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, gen: int, k: int,
@@ -552,22 +542,72 @@ def _open_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task
     """Read a mixed-order task's pieces once each, through the row-group steps (a cache entry's
     checksum verified as it is read: the window serves several blocks)."""
     b = _Build(cfg, reader, task, t, defer=False)
-    for f, rg, first, rows in task.units:
+    units: list[UnitColumns] = []
+    for piece in task.units:
+        f, rg, _, _ = piece
         status.set(gen, k, f, rg)
         _debug_before_read(cfg, task, f, rg)
-        u = _RowGroup(f, rg, first)
-        for step in steps:
-            if u.done:
-                break
-            step(b, u)
-        b.units.append(_rows_of(u.cols, first, rows))
-    return _Window(task, b.units)
+        units.append(_read_piece(b, steps, piece))
+    return _Window(task, units)
+
+
+def _read_piece(b: _Build, steps: Steps, piece: tuple[int, int, int, int]) -> UnitColumns:
+    """One piece of a window through the row-group steps (read or mapped, checked, selected,
+    transformed), as the rows the task takes of it."""
+    f, rg, first, rows = piece
+    u = _RowGroup(f, rg, first)
+    for step in steps:
+        if u.done:
+            break
+        step(b, u)
+    return _rows_of(u.cols, first, rows)
+
+
+def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, gen: int, k: int,
+                        status: Status, t: Timings, index: int, stale: Callable[[], bool]) -> _Window:
+    """A task's window shared with the other workers through the cache (_engine/share.py):
+    convert the pieces this worker claims (starting at a place of its own, so that workers
+    spread over the task), then map the entries the others wrote, waiting for those still
+    being converted."""
+    assert cfg.share_dir is not None
+    share_dir = cfg.share_dir
+    b = _Build(cfg, reader, task, t, defer=False)
+    n = len(task.units)
+    got: dict[int, UnitColumns] = {}
+    start = int((index * 0.6180339887498949) % 1.0 * n)
+    for j in range(n):
+        i = (start + j) % n
+        f, rg, _, _ = task.units[i]
+        entry = reader.entry_path(f, rg)
+        if entry is None or os.path.exists(entry) or not share.claim(share_dir, gen, f, rg):
+            continue
+        status.set(gen, k, f, rg)
+        _debug_before_read(cfg, task, f, rg)
+        try:
+            got[i] = _read_piece(b, steps, task.units[i])
+        finally:
+            share.finish(share_dir, gen, f, rg)
+    units: list[UnitColumns] = []
+    for i, piece in enumerate(task.units):
+        cols = got.pop(i, None)
+        if cols is None:
+            f, rg, _, _ = piece
+            entry = reader.entry_path(f, rg)
+            if entry is not None and not os.path.exists(entry):
+                t0 = time.perf_counter()
+                if not share.wait_for(share_dir, gen, f, rg, entry, stale) and share.claim(share_dir, gen, f, rg):
+                    share.finish(share_dir, gen, f, rg)  # converted below, by this worker
+                t.add("window_wait", t0, time.perf_counter())
+            status.set(gen, k, f, rg)
+            cols = _read_piece(b, steps, piece)
+        units.append(cols)
+    return _Window(task, units)
 
 
 def _mix_block(cfg: WorkerConfig, win: _Window, k: int, lo: int, hi: int,
                segs: _shm.WorkerSegments | None) -> tuple[Any, Layout]:
     """Build block k of a window: gather its rows from the window's units, permute them."""
-    units, picks, perm = win.block(k, lo, hi)
+    units, picks, perm = win.block(lo, hi)
     if segs is None:
         alloc = cfg.buffers.get if cfg.buffers is not None else (lambda n: np.empty(n, dtype=np.uint8))
         return assemble(cfg.block_specs, units, perm, alloc, picks)
@@ -590,7 +630,7 @@ def _mix_block(cfg: WorkerConfig, win: _Window, k: int, lo: int, hi: int,
 
 def _mix_tasks(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tasks: Any, gen: int, status: Status,
                segs: _shm.WorkerSegments | None, link: ThreadLink | ProcessLink, stale: Callable[[], bool],
-               pid: int, last_wait: tuple[str, float, float] | None
+               pid: int, last_wait: tuple[str, float, float] | None, index: int = 0
                ) -> tuple[bool, tuple[str, float, float] | None]:
     """Build the blocks of a worker's mixed-order tasks in schedule order (k), each task's
     window read when its first block is due and dropped after its last one. Tasks of different
@@ -610,7 +650,9 @@ def _mix_tasks(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tasks: Any, 
         try:
             win = windows.get(i)
             if win is None:
-                win = windows[i] = _open_window(cfg, reader, steps, task, gen, k, status, t)
+                win = windows[i] = (
+                    _open_shared_window(cfg, reader, steps, task, gen, k, status, t, index, stale)
+                    if cfg.share_dir is not None else _open_window(cfg, reader, steps, task, gen, k, status, t))
             t0 = time.perf_counter()
             payload, layout = _mix_block(cfg, win, k, lo, hi, segs)
             t.add("permute", t0, time.perf_counter())
