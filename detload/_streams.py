@@ -13,6 +13,7 @@ import numpy as np
 __all__ = [
     "TAG_BLOCK",
     "TAG_GROUPS",
+    "TAG_MIX_BLOCK",
     "TAG_MIX_PARTS",
     "TAG_MIX_ROWS",
     "TAG_MIX_TASKS",
@@ -21,8 +22,9 @@ __all__ = [
     "block_permutation",
     "group_permutation",
     "group_row_order",
+    "mix_block_permutation",
     "mix_raw",
-    "mix_row_permutation",
+    "mix_rotations",
     "row_group_entropy",
     "unit_permutation",
 ]
@@ -36,6 +38,7 @@ TAG_GROUPS = 0x4752_5053  # "GRPS": the order of a block's groups (group_batches
 TAG_MIX_PARTS = 0x4D58_5054  # "MXPT" [tag, seed_lo32, seed_hi32, epoch]
 TAG_MIX_TASKS = 0x4D58_544B  # "MXTK" [tag, seed_lo32, seed_hi32, epoch, partition]
 TAG_MIX_ROWS = 0x4D58_5257  # "MXRW" [tag, seed_lo32, seed_hi32, epoch, partition, task]
+TAG_MIX_BLOCK = 0x4D58_424B  # "MXBK" [tag, seed_lo32, seed_hi32, epoch, partition, task, block]
 
 _U32 = 0xFFFF_FFFF
 
@@ -132,60 +135,15 @@ def mix_raw(tag: int, seed: int, n: int, *words: int) -> np.ndarray:
                       dtype=np.uint64)
 
 
-#: Half-rounds of the mixed order's row bijection (`mix_rows_at`): 4 full Feistel rounds.
-_MIX_HALF_ROUNDS = 8
+def mix_rotations(seed: int, epoch: int, partition: int, task: int, pieces: int, blocks: int) -> np.ndarray:
+    """Each piece's rotation in one task of the mixed order: block j takes chunk
+    ``(j + rotation) mod blocks`` of the piece (words of MXRW modulo ``blocks``)."""
+    return (mix_raw(TAG_MIX_ROWS, seed, pieces, epoch, partition, task) % np.uint64(max(1, blocks))).astype(np.int64)
 
 
-def _mix64(z: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser on uint64 words (wrapping arithmetic): the Feistel round function."""
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
-def mix_rows_at(seed: int, epoch: int, partition: int, task: int, n: int, positions: np.ndarray) -> np.ndarray:
-    """The task rows at ``positions`` of the permuted order of one task of the mixed order.
-
-    A bijection of ``range(n)`` computed per position, so a worker that builds one block
-    of a task computes that block's rows only (O(block), not O(task)). ``b`` bits cover
-    ``n`` (``2**b < 2 n``); a position is split into its high ``b - b//2`` and low ``b//2``
-    bits, and each of `_MIX_HALF_ROUNDS` half-rounds XORs one half with SplitMix64's
-    finaliser of the other half XOR a round key (the first words of the MXRW stream);
-    results ``>= n`` are encrypted again (cycle walking) until they fall in ``range(n)``.
-    """
-    pos = np.asarray(positions, dtype=np.uint64)
-    if n <= 2:
-        return pos.astype(np.int64) if n < 2 else (pos ^ np.uint64(mix_raw(TAG_MIX_ROWS, seed, 1, epoch, partition,
-                                                                          task)[0] & 1)).astype(np.int64)
-    b = (n - 1).bit_length()
-    lo_bits = b // 2
-    lo_mask = np.uint64((1 << lo_bits) - 1)
-    hi_mask = np.uint64((1 << (b - lo_bits)) - 1)
-    shift = np.uint64(lo_bits)
-    keys = mix_raw(TAG_MIX_ROWS, seed, _MIX_HALF_ROUNDS, epoch, partition, task)
-
-    def encrypt(x: np.ndarray) -> np.ndarray:
-        hi, lo = x >> shift, x & lo_mask
-        for r in range(_MIX_HALF_ROUNDS):
-            if r % 2 == 0:
-                hi = hi ^ (_mix64(lo ^ keys[r]) & hi_mask)
-            else:
-                lo = lo ^ (_mix64(hi ^ keys[r]) & lo_mask)
-        return (hi << shift) | lo
-
-    out = encrypt(pos)
-    bound = np.uint64(n)
-    walk = np.flatnonzero(out >= bound)
-    while walk.size:  # cycle walking: at most a few rounds, since 2**b < 2 n
-        out[walk] = encrypt(out[walk])
-        walk = walk[out[walk] >= bound]
-    return out.astype(np.int64)
-
-
-def mix_row_permutation(seed: int, epoch: int, partition: int, task: int, n: int) -> np.ndarray:
-    """The order of the ``n`` rows of one task of the mixed order when shuffling: row ``i``
-    of the result is the task row at position ``i`` (`mix_rows_at` of every position)."""
-    return mix_rows_at(seed, epoch, partition, task, n, np.arange(n, dtype=np.int64))
+def mix_block_permutation(seed: int, epoch: int, partition: int, task: int, block: int, n: int) -> np.ndarray:
+    """The order of the ``n`` rows of block ``block`` of one task of the mixed order when shuffling."""
+    return _stream_permutation(_entropy(TAG_MIX_BLOCK, seed, epoch, partition, task, block), n)
 
 
 def block_permutation(seed: int, epoch: int, partition: int, block: int, n: int) -> np.ndarray:

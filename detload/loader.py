@@ -407,30 +407,33 @@ class Loader:
         # Maps only where a fault kills a worker process, not the consumer (see Storage.memory_map).
         mapping = self._memory_map if self._memory_map != "auto" or kind == "process" else False
         cache, share_dir, scratch = self.cache, None, False
-        if self._shares_windows():
-            # The mixed order's workers share task windows as cache entries (_engine/share.py):
-            # the user's cache, else a scratch cache the pool removes when it closes.
+        shared = self._shares_windows(kind)
+        if shared and kind == "process":
+            # Process workers share the mixed order's task windows as cache entries
+            # (_engine/share.py): the user's cache, else a scratch cache the pool removes.
             base = share.make_share_dir()
             share_dir = os.path.join(base, "claims")
             os.mkdir(share_dir)
             if cache is None:
                 cache = open_cache(os.path.join(base, "cache"), None, self._cache_keys, cache_map_limit=0)
                 scratch = cache is not None
-                if cache is None:  # the temporary folder is not usable: every worker reads its own windows
+                if cache is None:  # the folder is not usable: every worker reads its own windows
                     share.remove_share_dir(base)
-                    share_dir = None
+                    share_dir, shared = None, False
         return WorkerConfig(self._files, self.dataset.filesystem, specs, self._null_fill, kind,
                             prefix, hooks=self._hooks.debug,
                             cache=cache, selections=self._selections, group_by=self.group_by,
                             group_columns=self.group_columns, transform=self._xform, group_specs=group_specs,
-                            memory_map=mapping, share_dir=share_dir, scratch=scratch)
+                            memory_map=mapping, share_windows=shared, share_dir=share_dir, scratch=scratch)
 
-    def _shares_windows(self) -> bool:
-        """Whether the workers share the mixed order's task windows through the row-group cache:
-        more than one worker, and row groups that the cache keeps (file columns read, and no
-        cached transform, whose outputs are kept instead)."""
-        return (self.options.order == "mix" and self.workers > 1 and any(not s.partition for s in self.specs)
-                and not (self._xform is not None and self._xform.cached))
+    def _shares_windows(self, kind: WorkerKind) -> bool:
+        """Whether the workers share the mixed order's task windows (_engine/share.py): with
+        more than one worker; threads always; processes through the row-group cache, so only
+        for row groups it keeps (file columns read) and no transform (each process would run
+        it on every row group of its windows)."""
+        if self.options.order != "mix" or self.workers < 2:
+            return False
+        return kind == "thread" or (any(not s.partition for s in self.specs) and self._xform is None)
 
     @property
     def _pool(self) -> WorkerPool | None:
@@ -465,10 +468,9 @@ class Loader:
         """Warn once per loader when the largest block would exceed the block memory budget."""
         if self._block_memory is None:
             return
-        # A mixed-order task's window is heap memory without a cache, unless the workers share
-        # windows (then, as with a cache, it is mapped entries).
-        window = (window_memory_warning(plan, self._row_bytes, self._block_memory)
-                  if self.cache is None and not self._shares_windows() else None)
+        # A mixed-order task's window is memory without a cache (heap, or shared by the workers
+        # on the heap or in /dev/shm); with one it is mapped entries of the cache's disk.
+        window = window_memory_warning(plan, self._row_bytes, self._block_memory) if self.cache is None else None
         for text in (block_memory_warning(plan, self._row_bytes, self._block_memory), window):
             if text is not None:
                 warnings.warn(BlockMemoryWarning(text + " Pass Pool(block_memory=None) to silence this."),
@@ -650,7 +652,7 @@ class Loader:
         if nxt >= 2**32:
             return
         plan = self.plan(nxt)
-        tasks = make_tasks(plan, 0, pool.workers, pool.cfg.share_dir is not None)
+        tasks = make_tasks(plan, 0, pool.workers, pool.cfg.share_windows)
         counts = ahead_counts(tasks, self.prefetch)
         gen = pool.passes.ahead(self._gen)
         pool.submit(gen, [t[:n] for t, n in zip(tasks, counts)], ahead=True)

@@ -434,6 +434,17 @@ class Plan:
 # -- plan format 3: the mixed order (order="mix") ---------------------------------------
 
 
+def mix_block_sizes(piece_rows: Sequence[int], blocks: int, deal: int) -> np.ndarray:
+    """The rows of each of the ``blocks`` blocks of a task whose pieces hold ``piece_rows``
+    rows (see `MixTask.block_chunks`): every block takes ``r // blocks`` rows of each piece
+    of r rows, and the pieces' ``r % blocks`` extra rows are dealt one per block, cyclically
+    from block ``deal``: sizes differ by at most one row."""
+    base = sum(r // blocks for r in piece_rows)
+    extra = sum(r % blocks for r in piece_rows)
+    j = np.arange(blocks, dtype=np.int64)
+    return base + extra // blocks + ((j - deal) % blocks < extra % blocks).astype(np.int64)
+
+
 @dataclass(frozen=True)
 class MixTask:
     """What one worker builds in one go (plan format 3): its pieces read once, their rows
@@ -455,6 +466,43 @@ class MixTask:
     bounds: tuple[int, ...]
     first_step: int
     last_step: int
+    #: Shuffling: each piece's rotation (block j takes chunk ``(j + rotation) mod blocks``
+    #: of it) and the block the extra rows are first dealt to (`mix_block_sizes`); empty
+    #: without shuffle (block j is then rows ``bounds[j]..bounds[j + 1]`` in order).
+    rotations: tuple[int, ...] = ()
+    deal: int = 0
+
+    def block_chunks(self, j: int) -> list[tuple[int, int, int]]:
+        """Block j's rows before its permutation: (piece, first row in the piece, rows), in
+        piece order. With shuffle, one chunk of every piece: piece q of r rows is cut into
+        ``blocks`` chunks of ``r // blocks`` rows, plus one for the ``r % blocks`` blocks its
+        extra rows are dealt to (cyclically, the pieces in order, from block ``deal``), and
+        block j takes its chunk ``(j + rotations[q]) mod blocks``. Without, the slices it spans."""
+        if self.rotations:
+            M = self.blocks
+            out = []
+            dealt = self.deal
+            for q, (u, o) in enumerate(zip(self.units, self.rotations)):
+                base, x = divmod(u.rows, M)
+                c = (j + o) % M
+                a = (dealt + o) % M  # the chunk index of the piece's first extra row
+                dealt += x
+                # Extras among chunk indices [0, c): the cyclic run [a, a + x) cut at c.
+                before = max(0, min(c - a, x)) + (max(0, min(c, a + x - M)) if a + x > M else 0)
+                extra = 1 if (c - a) % M < x else 0
+                n = base + extra
+                if n:
+                    out.append((q, c * base + before, n))
+            return out
+        lo, hi = self.bounds[j], self.bounds[j + 1]
+        out, s0 = [], 0
+        for q, u in enumerate(self.units):
+            s1 = s0 + u.rows
+            if s1 > lo and s0 < hi:
+                a, b = max(lo, s0), min(hi, s1)
+                out.append((q, a - s0, b - a))
+            s0 = s1
+        return out
 
     @property
     def end(self) -> int:
@@ -557,16 +605,19 @@ class MixPlan(Plan):
     def partition_row_ids(self, partition: int) -> np.ndarray:
         """Partition ``partition``'s stream as global row ids (the row's index in the
         concatenation of the units' delivered rows, canonical order)."""
-        from ._streams import mix_row_permutation  # the streams import nothing of the plan
+        from ._streams import mix_block_permutation  # the streams import nothing of the plan
 
         starts = np.concatenate([[0], np.cumsum(self.units.rows)[:-1]]).astype(np.int64)
         out: list[np.ndarray] = []
         for t in self.tasks[partition]:
-            ids = np.concatenate([np.arange(r, dtype=np.int64) + starts[s] + o
-                                  for s, o, r in zip(t.sources, t.offsets, (u.rows for u in t.units))])
-            if self.options.shuffle:
-                ids = ids[mix_row_permutation(self.options.seed, self.epoch, t.partition, t.number, t.rows)]
-            out.append(ids)
+            base = [int(starts[s]) + o for s, o in zip(t.sources, t.offsets)]
+            for j in range(t.blocks):
+                parts = [np.arange(first, first + n, dtype=np.int64) + base[q] for q, first, n in t.block_chunks(j)]
+                ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+                if self.options.shuffle:
+                    ids = ids[mix_block_permutation(self.options.seed, self.epoch, t.partition, t.number, j,
+                                                    len(ids))]
+                out.append(ids)
         return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
     def row_ids(self) -> np.ndarray:

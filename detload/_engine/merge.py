@@ -27,7 +27,6 @@ from .._types import Column, ColumnSpec
 from ..audit import batch_line, hash_batch
 from ..errors import DetloadError, WorkerError
 from ..plan import Block, MixBlock, MixPlan, MixTask, Plan
-from . import share
 from .block import views
 from .config import WorkerConfig
 from .cut import Buffer, make_cutter
@@ -74,7 +73,8 @@ def make_tasks(plan: Plan, start_step: int, workers: int, shared: bool = False) 
                      else plan.task_schedules(workers, start_step))
         return [
             [Task(blocks[0][0], t.partition, t.number, t.ranges, t.rows, opts.seed, plan.epoch, opts.shuffle,
-                  blocks=tuple((k, t.bounds[j], t.bounds[j + 1]) for k, j in blocks))
+                  blocks=tuple((k, t.bounds[j], t.bounds[j + 1]) for k, j in blocks),
+                  chunks=tuple((j, tuple(t.block_chunks(j))) for _, j in blocks))
              for t, blocks in tasks]
             for tasks in schedules
         ]
@@ -153,14 +153,14 @@ class Run:
         self._stop_lock = threading.Lock()
         self._merged = False  # the merger took every block of the pass (ordered merge only)
         self.schedule = plan.schedule_from(start_step)
-        share_dir = pool.cfg.share_dir if isinstance(plan, MixPlan) else None
-        self._tasks = make_tasks(plan, start_step, pool.workers, share_dir is not None)
+        shared = isinstance(plan, MixPlan) and pool.cfg.share_windows
+        self._tasks = make_tasks(plan, start_step, pool.workers, shared)
         #: The worker that builds each block of the schedule (k mod W, or its task's worker).
-        self._owner = (plan.block_workers(pool.workers, start_step, share_dir is not None)
+        self._owner = (plan.block_workers(pool.workers, start_step, shared)
                        if isinstance(plan, MixPlan) else plan.block_workers(pool.workers, start_step))
-        #: Shared windows: after the merger took block k, the claims (and scratch entries) of the
-        #: task whose last block it is go (_engine/share.py).
-        self._window_ends = _window_ends(plan, self.schedule, pool.cfg) if share_dir is not None else {}
+        #: Shared windows: after the merger took block k, the task whose last block it is lets go
+        #: of its window (_engine/share.py); what is left when the pass stops goes then.
+        self._window_ends = _window_ends(plan, self.schedule, pool.cfg) if shared else {}
         # Tasks each worker already has: submitted ahead, with this pass number, while
         # the previous pass was running (see Loader._build_ahead).
         self._ahead = list(ahead) if ahead is not None else [0] * pool.workers
@@ -203,6 +203,11 @@ class Run:
                     break
             if not merged:
                 self.pool.drain()
+            if self._window_ends:  # a stopped pass: its claims, what its workers shared
+                if self.thread.is_alive():  # a merger that outlived the join: it may still pop
+                    self._window_ends = dict(self._window_ends)
+                left = list(self._window_ends.values())
+                self.pool.release_windows(self.gen, None, [e for _, es in left for e in es])
         finally:
             # An iterator still holding this run must end, not wait forever: also when the
             # above was interrupted (a KeyboardInterrupt in the thread that stops it).
@@ -381,9 +386,9 @@ class Run:
             cols = self._take(owner[k], k)
             buffers[block.partition].append((block.start, cols))
             del cols
-            done = self._window_ends.get(k)
+            done = self._window_ends.pop(k, None)
             if done is not None:
-                share.remove_claims(self.pool.cfg.share_dir or "", self.gen, *done)
+                self.pool.release_windows(self.gen, *done)
         self._merged = True  # the queues now hold only what is built ahead for the next pass
         if step < plan.steps:
             self._emit_steps(step, plan.steps, owned, buffers)

@@ -14,7 +14,10 @@ Claim files live in ``share_dir``: ``<pass>-<file>-<row group>`` while its claim
 the row group, renamed to ``...done`` after (written to the cache or not: a full cache writes
 nothing, and a waiter then converts the row group itself). A worker never waits on a row
 group nobody claimed, and a wait is bounded (`WAIT_LIMIT`); the merger removes a task's claims
-(and, for the scratch cache, its entries) once it took the task's last block.
+(and, for the scratch cache, its entries) once it took the task's last block, and a stopped
+pass's claims when it stops.
+
+Thread workers share the converted columns themselves (`MemoryShare`): no cache write, no copy.
 """
 
 from __future__ import annotations
@@ -23,11 +26,15 @@ import contextlib
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
-__all__ = ["WAIT_LIMIT", "claim", "claim_names", "finish", "make_share_dir", "remove_share_dir",
-           "sweep_share_dirs", "wait_for"]
+from .shm import SHM_DIR
+
+__all__ = ["WAIT_LIMIT", "MemoryShare", "claim", "claim_names", "finish", "make_share_dir", "remove_claims",
+           "remove_share_dir", "share_root", "sweep_share_dirs", "wait_for"]
 
 #: Longest wait for a row group another worker claimed: then this worker converts it too (same
 #: bytes). Only a claimer that stopped without finishing (a cancelled pass) makes it matter.
@@ -82,13 +89,18 @@ def wait_for(share_dir: str, gen: int, file: int, rg: int, entry: str, stale: Ca
         pause = min(pause * 2, 0.01)
 
 
-def remove_claims(share_dir: str, gen: int, pieces: Iterable[tuple[int, int]],
+def remove_claims(share_dir: str, gen: int, pieces: Iterable[tuple[int, int]] | None,
                   entries: Iterable[str] = ()) -> None:
-    """The merger, after a task's last block: its claims, and its scratch entries if given."""
-    for f, rg in pieces:
-        for name in claim_names(gen, f, rg):
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(share_dir, name))
+    """The merger, after a task's last block: its claims (``pieces`` None: every claim of pass
+    ``gen``, which was stopped), and the scratch entries given."""
+    if pieces is None:
+        with contextlib.suppress(OSError):
+            names = [e.name for e in os.scandir(share_dir) if e.name.startswith(f"{gen}-")]
+    else:
+        names = [name for f, rg in pieces for name in claim_names(gen, f, rg)]
+    for name in names:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(share_dir, name))
     for path in entries:
         with contextlib.suppress(OSError):
             os.unlink(path)
@@ -98,7 +110,13 @@ def make_share_dir() -> str:
     """A new folder for one pool's claims (and scratch cache), in the temporary directory;
     leftovers of processes that died without removing theirs are removed first."""
     sweep_share_dirs()
-    return tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-")
+    return tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=share_root())
+
+
+def share_root() -> str:
+    """Where share folders go: /dev/shm when it is there (a window is memory either way, and
+    tmpfs writes cost no journal), else the temporary directory."""
+    return SHM_DIR if os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK) else tempfile.gettempdir()
 
 
 def remove_share_dir(base: str) -> None:
@@ -107,7 +125,7 @@ def remove_share_dir(base: str) -> None:
 
 def sweep_share_dirs() -> None:
     """Remove the share folders of processes that no longer run (a loader killed with SIGKILL)."""
-    tmp = tempfile.gettempdir()
+    tmp = share_root()
     with contextlib.suppress(OSError):
         for e in os.scandir(tmp):
             if not e.name.startswith(_PREFIX):
@@ -121,3 +139,58 @@ def sweep_share_dirs() -> None:
                 shutil.rmtree(e.path, ignore_errors=True)
             except OSError:
                 pass
+
+
+class _Item:
+    __slots__ = ("event", "value")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.value: Any = None
+
+
+class MemoryShare:
+    """Thread workers' shared windows: a converted row group is handed to the other threads
+    as it is (no copy), under the same claim protocol as the process workers' files."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: dict[tuple[int, int, int], _Item] = {}
+
+    def claim(self, gen: int, file: int, rg: int) -> bool:
+        with self._lock:
+            if (gen, file, rg) in self._items:
+                return False
+            self._items[(gen, file, rg)] = _Item()
+            return True
+
+    def publish(self, gen: int, file: int, rg: int, cols: Any) -> None:
+        """The claimed row group's columns (None: not converted, a waiter converts it itself)."""
+        item = self._items.get((gen, file, rg))
+        if item is not None:
+            item.value = cols
+            item.event.set()
+
+    def fetch(self, gen: int, file: int, rg: int, stale: Callable[[], bool], limit: float = WAIT_LIMIT) -> Any:
+        """The row group's columns once its claimer published them; None if this worker should
+        convert it itself (nobody claimed it, the claimer failed, the wait passed ``limit`` or
+        the pass is stale)."""
+        item = self._items.get((gen, file, rg))
+        if item is None:
+            return None
+        deadline = time.monotonic() + limit
+        while not item.event.wait(0.05):
+            if stale() or time.monotonic() > deadline:
+                return None
+        return item.value
+
+    def drop(self, gen: int, pieces: Iterable[tuple[int, int]] | None = None) -> None:
+        """Forget a task's row groups (the merger, after its last block), or every row group of
+        pass ``gen`` (``pieces`` None: the pass was stopped)."""
+        with self._lock:
+            if pieces is None:
+                for key in [k for k in self._items if k[0] == gen]:
+                    del self._items[key]
+            else:
+                for f, rg in pieces:
+                    self._items.pop((gen, f, rg), None)

@@ -1,8 +1,8 @@
 """The mixed order's epoch planner (plan format 3, ``order="mix"``): stratified windows.
 
 Units are spread over partitions one from every P consecutive ones, each partition's pieces
-over tasks one from every T consecutive ones (`spread`), and a task's rows are permuted
-together and cut into blocks of equal size. Pure function, no I/O; docs/determinism.md
+over tasks one from every T consecutive ones (`spread`), and each block of a task takes one
+chunk of every piece of the task (a rotation per piece), its rows then permuted. Pure function, no I/O; docs/determinism.md
 states every step and stream.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._streams import TAG_MIX_PARTS, TAG_MIX_TASKS, mix_raw
-from ..plan import MixBlock, MixPlan, MixTask, OrderOptions, Unit, UnitList
+from .._streams import TAG_MIX_PARTS, TAG_MIX_TASKS, mix_raw, mix_rotations
+from ..plan import MixBlock, MixPlan, MixTask, OrderOptions, Unit, UnitList, mix_block_sizes
 from .common import cut_unit as _cut
 from .common import drop_all_error
 from .common import rank_schedule as _rank_schedule
@@ -105,11 +105,21 @@ def make_mix_plan(units: UnitList, options: OrderOptions, *, epoch: int, rank: i
                 mine = idx[members[at : at + int(counts[t])]].tolist()
                 at += int(counts[t])
                 r = int(rows_a[mine].sum())
-                # 3. Blocks: M = ceil(rows / S) of rows j*rows//M, none above S, none a remnant.
+                # 3. Blocks: M = ceil(rows / S). With shuffle every piece is cut into M chunks and
+                #    block j takes chunk (j + rotation) mod M of each (MXRW), its rows then
+                #    permuted (MXBK); without, block j is rows j*rows//M.. of the task in order.
                 M = -(-r // S)
-                tb = tuple(j * r // M for j in range(M + 1))
+                if options.shuffle:
+                    words = mix_rotations(options.seed, epoch, p, t, len(mine) + 1, M)
+                    rotations, deal = tuple(int(x) for x in words[:-1]), int(words[-1])
+                    sizes = mix_block_sizes([int(x) for x in rows_a[mine]], M, deal)
+                    tb = tuple(int(x) for x in np.concatenate([[0], np.cumsum(sizes)]))
+                else:
+                    tb = tuple(j * r // M for j in range(M + 1))
+                    rotations, deal = (), 0
                 task = MixTask(p, t, tuple(pieces[i] for i in mine), tuple(sources[i] for i in mine),
-                               tuple(offsets[i] for i in mine), r, pos, tb, pos // m, (pos + r - 1) // m)
+                               tuple(offsets[i] for i in mine), r, pos, tb, pos // m, (pos + r - 1) // m,
+                               rotations, deal)
                 for j in range(M):
                     start, br = pos + tb[j], tb[j + 1] - tb[j]
                     bs.append(MixBlock(p, len(bs), task.units, task.sources, br, start, start // m,

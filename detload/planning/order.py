@@ -287,9 +287,9 @@ def block_memory_warning(plan: Plan, bytes_per_row: float,
 def window_memory_warning(plan: Plan, bytes_per_row: float, budget: int = DEFAULT_BLOCK_BUDGET) -> str | None:
     """The mixed order's warning text when a task's window would exceed ``budget`` bytes, else None.
 
-    A worker holds a task's row groups (its window, up to ``mix_window`` of them) while it
-    builds the task's blocks: on the heap without a cache, as memory-mapped entries (page
-    cache) with one. The estimate is the largest task's rows (over every partition, so every
+    The workers hold a task's row groups (its window, up to ``mix_window`` of them) while they
+    build the task's blocks: in memory without a cache (the heap, or /dev/shm for process
+    workers sharing it), as memory-mapped entries (page cache) with one. The estimate is the largest task's rows (over every partition, so every
     rank warns alike) times ``bytes_per_row``.
     """
     if not isinstance(plan, MixPlan):
@@ -304,8 +304,8 @@ def window_memory_warning(plan: Plan, bytes_per_row: float, budget: int = DEFAUL
     return (
         f"a task of the mixed order holds {len(biggest.units)} row groups ({biggest.rows:,} rows, about "
         f"{need / 2**20:,.0f} MiB at {bytes_per_row:,.0f} bytes per row), over the block memory budget of "
-        f"{budget / 2**20:,.0f} MiB: each worker holds one such window of row groups while it builds the "
-        f"task's blocks. Lower mix_window (now {plan.options.mix_window}; fewer row groups are mixed together), "
+        f"{budget / 2**20:,.0f} MiB: the workers hold such a window of row groups (together, or each its own "
+        f"with one worker) while they build the task's blocks. Lower mix_window (now {plan.options.mix_window}; fewer row groups are mixed together), "
         "or pass cache= so that the window is memory-mapped cache entries rather than heap memory, or rewrite "
         f"the data with smaller row groups (the median holds {median:,} rows: "
         "`detload layout SRC DST --row-group-rows N`)."
