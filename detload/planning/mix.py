@@ -11,9 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from .._streams import TAG_MIX_PARTS, TAG_MIX_TASKS, mix_raw, mix_rotations
-from ..plan import MixBlock, MixPlan, MixTask, OrderOptions, Unit, UnitList, mix_block_sizes
-from .common import cut_unit as _cut
-from .common import drop_all_error
+from ..plan import MixBlock, MixPlan, MixTask, OrderOptions, UnitList, mix_block_sizes
+from .common import cut_stream, drop_all_error
 from .common import rank_schedule as _rank_schedule
 from .common import step_count as _steps
 
@@ -64,18 +63,7 @@ def make_mix_plan(units: UnitList, options: OrderOptions, *, epoch: int, rank: i
             c = b - (int(ends[i]) - int(piece_rows[i]))
             if c > 0 and (not cuts.get(i) or cuts[i][-1] != c):
                 cuts.setdefault(i, []).append(c)
-    order_l = order.tolist()
-    pieces: list[Unit] = [units.units[j] for j in order_l]
-    sources: list[int] = list(order_l)
-    offsets: list[int] = [0] * n
-    redundant = 0
-    for i in sorted(cuts, reverse=True):  # back to front: earlier positions stay valid
-        cut, shared = _cut(pieces[i], cuts[i])
-        redundant += shared
-        pieces[i : i + 1] = cut
-        sources[i : i + 1] = [sources[i]] * len(cut)
-        offsets[i : i + 1] = [0, *cuts[i]]
-        piece_rows = np.concatenate([piece_rows[:i], [c.rows for c in cut], piece_rows[i + 1 :]])
+    pieces, sources, offsets, piece_rows, redundant = cut_stream(units.units, order, units.rows, cuts)
     csum = np.concatenate([[0], np.cumsum(piece_rows)])
     part_of = np.searchsorted(np.asarray(bounds), csum[:-1], side="right") - 1
     edges = np.searchsorted(part_of, np.arange(P + 1), side="left").tolist()

@@ -17,8 +17,7 @@ from .._check import check_int
 from .._streams import group_permutation, unit_permutation
 from ..errors import OptionError
 from ..plan import Block, MixPlan, OrderOptions, Plan, Unit, UnitList
-from .common import cut_unit as _cut
-from .common import drop_all_error
+from .common import cut_stream, drop_all_error
 from .common import rank_schedule as _rank_schedule
 from .common import step_count as _steps
 from .mix import make_mix_plan
@@ -145,17 +144,7 @@ def make_plan(
     # The permuted stream's pieces (units, and the pieces of cut units), each with its
     # source unit; at most P - 1 units are cut, the rest is array work (100,000 units:
     # a loop over the pieces took twice as long).
-    order_l = order.tolist()
-    pieces: list[Unit] = [units.units[j] for j in order_l]
-    sources: list[int] = order_l
-    piece_rows = units.rows[order]
-    redundant = 0
-    for i in sorted(cuts, reverse=True):  # back to front: earlier positions stay valid
-        cut, shared = _cut(pieces[i], cuts[i])
-        redundant += shared
-        pieces[i : i + 1] = cut
-        sources[i : i + 1] = [sources[i]] * len(cut)
-        piece_rows = np.concatenate([piece_rows[:i], [c.rows for c in cut], piece_rows[i + 1 :]])
+    pieces, sources, _, piece_rows, redundant = cut_stream(units.units, order, units.rows, cuts)
     csum = np.concatenate([[0], np.cumsum(piece_rows)])
     # A piece lies in the partition its first row lies in (no piece straddles a boundary);
     # side="right" skips empty partitions.
