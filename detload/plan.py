@@ -311,6 +311,16 @@ class Block:
         return tuple(out)
 
 
+def _unit_dict(u: Unit, src: int) -> dict[str, object]:
+    """A unit (or piece) as ``detload plan`` prints it, with its source unit."""
+    d: dict[str, object] = {"source": src, "rows": u.rows, "ranges": [list(r) for r in u.ranges]}
+    if u.groups:
+        d["groups"] = list(u.groups)
+    if u.selection:
+        d["selection"] = u.selection
+    return d
+
+
 @dataclass(frozen=True)
 class Plan:
     """One epoch's plan for one rank. Plain data: print it, test it, fingerprint it.
@@ -388,19 +398,10 @@ class Plan:
     def unit_rows(self) -> np.ndarray:
         return self.units.rows
 
-    def to_dict(self, workers: int = 1) -> dict[str, object]:
-        """A JSON-able description (what ``detload plan`` prints)."""
-
-        def unit(u: Unit, src: int) -> dict[str, object]:
-            d: dict[str, object] = {"source": src, "rows": u.rows, "ranges": [list(r) for r in u.ranges]}
-            if u.groups:
-                d["groups"] = list(u.groups)
-            if u.selection:
-                d["selection"] = u.selection
-            return d
-
+    def _header(self) -> dict[str, object]:
+        """What ``detload plan`` prints of any plan before its blocks (or tasks)."""
         return {
-            "plan_format": PLAN_FORMAT_VERSION,
+            "plan_format": self.plan_format,
             "fingerprint": self.fingerprint,
             "units_digest": self.units.digest,
             "epoch": self.epoch,
@@ -414,6 +415,12 @@ class Plan:
             "partition_rows": list(self.partition_rows),
             "boundaries": list(self.boundaries),
             "redundant_reads": self.redundant_reads,
+        }
+
+    def to_dict(self, workers: int = 1) -> dict[str, object]:
+        """A JSON-able description (what ``detload plan`` prints)."""
+        return {
+            **self._header(),
             **({"micro_batch_starts": [s.tolist() for s in self.step_starts]} if self.step_starts is not None else {}),
             "unit_order": self.unit_order.tolist(),
             "blocks": [
@@ -421,7 +428,7 @@ class Plan:
                     "k": k,
                     "partition": b.partition,
                     "number": b.number,
-                    "units": [unit(u, s) for u, s in zip(b.units, b.sources)],
+                    "units": [_unit_dict(u, s) for u, s in zip(b.units, b.sources)],
                     "rows": b.rows,
                     "steps": [b.first_step, b.last_step],
                     "worker": k % workers,
@@ -630,45 +637,22 @@ class MixPlan(Plan):
 
     def to_dict(self, workers: int = 1) -> dict[str, object]:
         """A JSON-able description (what ``detload plan`` prints): the tasks, each with its
-        pieces, block bounds, steps and worker."""
-        owners = self.block_workers(workers)
-        first_k: dict[tuple[int, int], int] = {}
-        for k, b in enumerate(self.schedule):
-            assert isinstance(b, MixBlock)
-            first_k.setdefault((b.partition, b.task.number), k)
-
-        def piece(u: Unit, src: int) -> dict[str, object]:
-            d: dict[str, object] = {"source": src, "rows": u.rows, "ranges": [list(r) for r in u.ranges]}
-            if u.selection:
-                d["selection"] = u.selection
-            return d
-
+        pieces, block bounds, rotations and steps, and the blocks with the worker that builds
+        each (with more than one worker, k mod W: the workers share task windows)."""
+        shared = workers > 1
+        owners = self.block_workers(workers, shared=shared)
         return {
-            "plan_format": PLAN_FORMAT_MIX,
-            "fingerprint": self.fingerprint,
-            "units_digest": self.units.digest,
-            "epoch": self.epoch,
-            "rank": self.rank,
-            "options": self.options.order_dict() | {"batch_size": self.options.batch_size,
-                                                    "world_size": self.options.world_size},
-            "units": len(self.units),
-            "rows": self.total_rows,
-            "steps": self.steps,
-            "dropped_rows": self.dropped_rows,
-            "partition_rows": list(self.partition_rows),
-            "boundaries": list(self.boundaries),
-            "redundant_reads": self.redundant_reads,
+            **self._header(),
             "unit_order": self.unit_order.tolist(),
             "tasks": [
                 {
                     "partition": t.partition,
                     "number": t.number,
-                    "units": [piece(u, s) for u, s in zip(t.units, t.sources)],
+                    "units": [_unit_dict(u, s) for u, s in zip(t.units, t.sources)],
                     "rows": t.rows,
                     "block_bounds": list(t.bounds),
+                    **({"rotations": list(t.rotations), "deal": t.deal} if t.rotations else {}),
                     "steps": [t.first_step, t.last_step],
-                    **({"worker": owners[first_k[(t.partition, t.number)]]}
-                       if (t.partition, t.number) in first_k else {}),
                 }
                 for p in self.owned_partitions for t in self.tasks[p]
             ],
