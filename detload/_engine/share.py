@@ -156,10 +156,13 @@ class MemoryShare:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._items: dict[tuple[int, int, int], _Item] = {}
+        self._stopped: set[int] = set()  # passes dropped whole: nothing of theirs is kept again
 
     def claim(self, gen: int, file: int, rg: int) -> bool:
+        """Claim a row group's conversion for pass ``gen``: True if this worker got it (a
+        stopped pass's worker gets nothing to hand over: it converts for itself)."""
         with self._lock:
-            if (gen, file, rg) in self._items:
+            if (gen, file, rg) in self._items or gen in self._stopped:
                 return False
             self._items[(gen, file, rg)] = _Item()
             return True
@@ -189,6 +192,7 @@ class MemoryShare:
         pass ``gen`` (``pieces`` None: the pass was stopped)."""
         with self._lock:
             if pieces is None:
+                self._stopped.add(gen)
                 for key in [k for k in self._items if k[0] == gen]:
                     del self._items[key]
             else:

@@ -538,6 +538,10 @@ def _row_group(b: _Build, steps: Steps, f: int, rg: int, first: int) -> UnitColu
     return u.cols
 
 
+class _StalePass(Exception):
+    """The pass a shared window was being opened for was stopped: its blocks are not wanted."""
+
+
 def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, gen: int, k: int,
                         status: Status, t: Timings, index: int, stale: Callable[[], bool]) -> _Window:
     """A task's window shared with the other workers (_engine/share.py): convert the row groups
@@ -559,6 +563,8 @@ def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tas
 
     start = int((index * 0.6180339887498949) % 1.0 * n)
     for j in range(n):
+        if stale():  # the pass was stopped: claim (and keep) nothing more for it
+            raise _StalePass
         i = (start + j) % n
         f, rg, _, _ = task.units[i]
         if mem is not None:
@@ -582,6 +588,8 @@ def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tas
     for i, (f, rg, first, rows) in enumerate(task.units):
         cols = got.pop(i, None)
         if cols is None:
+            if stale():
+                raise _StalePass
             t0 = time.perf_counter()
             if mem is not None:
                 cols = mem.fetch(gen, f, rg, stale)
@@ -650,6 +658,8 @@ def _mix_tasks(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tasks: Any, 
             t0 = time.perf_counter()
             payload, layout = _mix_block(cfg, win, n, lo, hi, segs)
             t.add("permute", t0, time.perf_counter())
+        except _StalePass:
+            return False, last_wait
         except BaseException as exc:  # carried back as a value, re-raised by the merger
             _, _, f, rg = status.get()
             unit = (cfg.files[f].path, rg) if f >= 0 else None

@@ -87,8 +87,10 @@ def test_memory_share_hands_over_or_says_convert_it() -> None:
     assert m.fetch(1, 0, 2, lambda: True) is None
     m.drop(1, [(0, 0)])
     assert m.claim(1, 0, 0)  # forgotten: claimable again
-    m.drop(1)
-    assert m.claim(1, 0, 1) and m.claim(1, 0, 2)
+    m.drop(1)  # a stopped pass: everything forgotten, and nothing of it kept again
+    assert not m._items and not m.claim(1, 0, 1)
+    assert m.fetch(1, 0, 1, _never) is None
+    assert m.claim(2, 0, 1)  # the next pass claims as usual
 
 
 def test_sweep_removes_share_folders_of_dead_processes() -> None:
