@@ -55,6 +55,10 @@ class RowGroupCache:
     def _path(self, obj: str, rg: int) -> str:
         return os.path.join(self.store.objects, obj, _entry_name(rg, self.specs_key))
 
+    def path(self, obj: str, rg: int) -> str:
+        """Where the entry of row group ``rg`` of object ``obj`` lies (it may not exist)."""
+        return self._path(obj, rg)
+
     def _key(self, obj: str, rg: int) -> str:
         return f"{obj}/{_entry_name(rg, self.specs_key)}"
 
