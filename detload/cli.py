@@ -162,7 +162,8 @@ def _add_cast(p: Any) -> argparse.Action:
     return p.add_argument("--cast", type=_cast, action="append", default=[], metavar="COLUMN=DTYPE",
                           help="deliver COLUMN as DTYPE, checked value by value: float64 or float32 for a decimal, "
                                "int64-scaled for a decimal's unscaled integer, datetime64[ns|us|ms|s] for a "
-                               "timestamp, a narrower integer or float type (int32, float32); repeat for more "
+                               "timestamp, a narrower integer or float type (int32, float32), a dtype with a shape "
+                               "(float32[16]) for a list column as a dense (rows, 16) array; repeat for more "
                                "columns (default: none; see docs/types.md)")
 
 

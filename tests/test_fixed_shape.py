@@ -355,10 +355,12 @@ def test_packed_batches_carry_the_dense_column(tmp_path, workers, pool):
     n = 30
     q = np.repeat(np.arange(10), 3)
     emb = np.arange(n * 4, dtype=np.float64).reshape(n, 4)
+    qe = np.repeat(np.arange(20).reshape(10, 2), 3, axis=0)  # one per query: a group column
     path = str(tmp_path / "q.parquet")
-    pq.write_table(pa.table({"q": q, "item": np.arange(n), "emb": pa.array(list(emb), pa.list_(pa.float64()))}),
-                   path, row_group_size=9)
-    kw = dict(batch_size=6, seed=4, shuffle_window=2, group_by="q", cast={"emb": "float32[4]"})
+    pq.write_table(pa.table({"q": q, "item": np.arange(n), "emb": pa.array(list(emb), pa.list_(pa.float64())),
+                             "qe": pa.array(list(qe), pa.large_list(pa.int64()))}), path, row_group_size=9)
+    kw = dict(batch_size=6, seed=4, shuffle_window=2, group_by="q", group_columns=["qe"],
+              cast={"emb": "float32[4]", "qe": "int16[2]"})
     with Loader(path, workers=1, **kw) as loader:
         ref = [hash_batch(b)[0] for b in loader]
     with Loader(path, workers=workers, pool=pool, cache=detload.Cache(str(tmp_path / "c")), **kw) as loader:
@@ -368,6 +370,8 @@ def test_packed_batches_carry_the_dense_column(tmp_path, workers, pool):
             flat = b.unpack()
             assert flat["emb"].shape == (len(flat["item"]), 4) and flat["emb"].dtype == np.float32
             np.testing.assert_array_equal(flat["emb"], emb[flat["item"]].astype(np.float32))
+            assert b.groups["qe"].shape == (b.n_groups, 2) and b.groups["qe"].dtype == np.int16
+            np.testing.assert_array_equal(flat["qe"], qe[flat["item"]])
             got.append(hash_batch(b)[0])
     assert got == ref
 
