@@ -18,11 +18,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import xxhash
+from hypothesis import given
+from hypothesis import strategies as st
 from matrix import check_matrix
 
 import detload
 from detload import DataError, Loader, OptionError, hash_batch, read_manifest
-from detload._types import column_spec, normalize_cast
+from detload._engine.block import assemble, views
+from detload._types import column_spec, convert_column, normalize_cast
 from detload.audit import column_digest
 from detload.cli import main
 from detload.verify import verify
@@ -244,6 +247,58 @@ def test_the_hash_is_the_documented_2d_form(data, tmp_path):
     e = np.arange(6, dtype=np.float32).reshape(2, 3)
     assert column_digest("e", e).hex() == xxhash.xxh3_128_hexdigest(
         b"e\0A\0<f4\0" + struct.pack("<3q", 2, 2, 3) + e.tobytes()) == "ec1e7cad94ef86a1208ff03270e0f2b7"
+
+
+@given(data=st.data(), width=st.integers(1, 5), n=st.integers(0, 12),
+       kind=st.sampled_from(["list", "large_list", "list_view"]))
+def test_conversion_equals_pyarrows_values_at_any_slice_and_chunking(data, width, n, kind):
+    """Dense where every row has ``width`` values; else the first row of another length is named."""
+    lengths = data.draw(st.lists(st.sampled_from([width, width, width, 0, width + 1]), min_size=n, max_size=n))
+    values = np.arange(sum(lengths), dtype=np.float64) * 0.5
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    if kind == "list_view":
+        if not hasattr(pa, "ListViewArray"):
+            return
+        arr = pa.ListViewArray.from_arrays(pa.array(offsets[:-1]), pa.array(np.asarray(lengths, np.int32)),
+                                           pa.array(values))
+    else:
+        cls = pa.ListArray if kind == "list" else pa.LargeListArray
+        arr = cls.from_arrays(pa.array(offsets.astype(np.int32 if kind == "list" else np.int64)), pa.array(values))
+    lo = data.draw(st.integers(0, n))
+    hi = data.draw(st.integers(lo, n))
+    cut = data.draw(st.integers(lo, hi))
+    col = pa.chunked_array([arr.slice(lo, cut - lo), arr.slice(cut, hi - cut)], arr.type)
+    spec = column_spec("e", arr.type, cast=f"float32[{width}]")
+    bad = [i for i, k in enumerate(lengths[lo:hi]) if k != width]
+    if bad:
+        with pytest.raises(DataError, match=rf"asks for: row {bad[0]} holds {lengths[lo + bad[0]]} value\(s\), "
+                                            rf"not {width}[ .]"):
+            convert_column(spec, col, ("f.parquet", 0))
+        return
+    got = convert_column(spec, col, ("f.parquet", 0))
+    want = values[offsets[lo] : offsets[hi]].astype(np.float32)  # the rows' values, in order
+    if hi > lo:
+        assert np.array_equal(pa.concat_arrays(col.chunks).flatten().to_numpy(), values[offsets[lo] : offsets[hi]])
+    assert got.shape == (hi - lo, width) and got.dtype == np.float32
+    np.testing.assert_array_equal(got, want.reshape(hi - lo, width))
+
+
+@given(units=st.lists(st.integers(0, 6), min_size=1, max_size=4), shuffle=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))
+def test_block_assembly_permutes_whole_rows(units, shuffle, seed):
+    specs = (column_spec("id", pa.int64()), column_spec("e", pa.list_(pa.float64()), cast="float32[2,3]"))
+    cols, first = [], 0
+    for n in units:
+        ids = np.arange(first, first + n, dtype=np.int64)
+        cols.append({"id": ids, "e": (ids[:, None, None] * 10 + np.arange(6).reshape(2, 3)).astype(np.float32)})
+        first += n
+    perm = np.random.default_rng(seed).permutation(first) if shuffle else None
+    buf, layout = assemble(specs, cols, perm, lambda k: np.empty(k, dtype=np.uint8))
+    got = views(buf, layout)
+    order = perm if perm is not None else np.arange(first)
+    assert got["id"].tolist() == order.tolist()
+    assert got["e"].shape == (first, 2, 3)
+    np.testing.assert_array_equal(got["e"], order[:, None, None] * 10 + np.arange(6).reshape(2, 3))
 
 
 # -- bad data ----------------------------------------------------------------------------
