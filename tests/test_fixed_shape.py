@@ -437,15 +437,17 @@ def test_torch_gets_a_dense_tensor(data):
 
     root, want = data
     kw = dict(batch_size=10, seed=3, cast={c: CAST[c] for c in ("emb", "grid")}, columns=["id", "emb", "grid"])
-    with TorchLoader(Loader(root, workers=2, **kw), device="cpu") as tl:
-        n = 0
-        for b in tl:
-            at = rows(want, b["id"].numpy())
-            assert b["emb"].shape == (len(at), W) and b["emb"].dtype == torch.float32
-            assert b["grid"].shape == (len(at), 2, 3) and b["grid"].dtype == torch.int32
-            assert torch.equal(b["emb"], torch.from_numpy(want["emb"][at].astype(np.float32)))
-            n += len(at)
-    assert n == 70
+    for copy_batches in (1, 3):  # shared with the batch, and packed by the background thread
+        with TorchLoader(Loader(root, workers=2, **kw), device="cpu", copy_batches=copy_batches) as tl:
+            n = 0
+            for b in tl:
+                at = rows(want, b["id"].numpy())
+                assert b["emb"].shape == (len(at), W) and b["emb"].dtype == torch.float32
+                assert b["grid"].shape == (len(at), 2, 3) and b["grid"].dtype == torch.int32
+                assert torch.equal(b["emb"], torch.from_numpy(want["emb"][at].astype(np.float32)))
+                assert torch.equal(b["grid"], torch.from_numpy(want["grid"][at].astype(np.int32)))
+                n += len(at)
+        assert n == 70
     with pytest.raises(OptionError, match=r"stack\['x'\]: column 'emb' is 2-D; only one-value-per-row columns "
                                           r"can be stacked"):
         TorchLoader(Loader(root, **kw), device="cpu", stack={"x": ["emb"]})
@@ -466,3 +468,20 @@ def test_the_command_line_takes_the_shape(data, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "emb: list<element: double> -> ndarray <f4 (rows, 16), cast to float32[16]" in out
     assert "fx: fixed_size_list<element: double>[16] -> ndarray <f8 (rows, 16)\n" in out
+
+
+def test_cuda_gets_the_dense_tensor_on_the_device(data):  # pragma: no cover - no GPU in CI
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from detload.torch import TorchLoader
+
+    root, want = data
+    kw = dict(batch_size=10, seed=3, cast={"emb": "float32[16]"}, columns=["id", "emb"])
+    # One batch a copy, several batches a copy, and straight from registered worker segments.
+    for copy_batches, pool in ((1, "thread"), (3, "thread"), (1, "process")):
+        with TorchLoader(Loader(root, workers=2, pool=pool, **kw), device="cuda", copy_batches=copy_batches) as tl:
+            for b in tl:
+                assert b["emb"].is_cuda and b["emb"].shape == (len(b["id"]), W)
+                at = rows(want, b["id"].cpu().numpy())
+                assert torch.equal(b["emb"].cpu(), torch.from_numpy(want["emb"][at].astype(np.float32)))
