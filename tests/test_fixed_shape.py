@@ -155,10 +155,11 @@ def test_the_spec_and_its_description():
 # -- values ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("workers", "pool"), [(1, "thread"), (3, "thread"), (3, "process")])
-def test_every_value_equals_pyarrows_reading_reshaped(data, workers, pool):
+@pytest.mark.parametrize(("workers", "pool", "order"), [
+    (1, "thread", "windowed"), (3, "thread", "windowed"), (3, "process", "windowed"), (3, "process", "mix")])
+def test_every_value_equals_pyarrows_reading_reshaped(data, workers, pool, order):
     root, want = data
-    with Loader(root, batch_size=10, seed=3, shuffle_window=2, cast=CAST, workers=workers, pool=pool) as loader:
+    with Loader(root, batch_size=10, seed=3, order=order, cast=CAST, workers=workers, pool=pool) as loader:
         n = 0
         for b in loader:
             at = rows(want, b["id"])
@@ -180,9 +181,10 @@ def test_the_ragged_form_is_unchanged_without_a_cast(data):
     np.testing.assert_array_equal(b["emb"].values.reshape(-1, W), want["emb"])
 
 
-def test_batches_are_the_same_in_every_cell_of_the_matrix(data, tmp_path):
+@pytest.mark.parametrize("order", [dict(order="windowed", shuffle_window=2), dict(order="mix", mix_window=3)])
+def test_batches_are_the_same_in_every_cell_of_the_matrix(data, tmp_path, order):
     root, _ = data
-    check_matrix(root, dict(batch_size=12, seed=9, shuffle_window=2, cast=CAST), str(tmp_path))
+    check_matrix(root, dict(batch_size=12, seed=9, cast=CAST, **order), str(tmp_path))
 
 
 # -- order, cache, hash ------------------------------------------------------------------
