@@ -521,12 +521,13 @@ def convert_column(
         elif spec.null == "error" or spec.kind == "ragged" or spec.inner:
             what = (f"its type {arr.type}" if spec.cast is None
                     else f"{spec.cast} (its type {arr.type}, cast as asked)")
-            at = ""
+            at, value = "", "value"
             if spec.cast is not None and split_cast(spec.cast)[1]:  # a shaped cast names the row
                 at = f" (the first at row {int(np.flatnonzero(numpy_of(arr.is_null()))[0])})"
+                value = f"[{int(np.prod(spec.inner, dtype=np.int64))} values]"
             raise DataError(
                 f"{_where(spec.name, where)} holds {arr.null_count} null(s){at}, but {what} "
-                f"has no null value in NumPy. Pass null_fill={{{spec.name!r}: value}} "
+                f"has no null value in NumPy. Pass null_fill={{{spec.name!r}: {value}}} "
                 f"(on the command line: --null-fill {spec.name}=VALUE) to replace them."
             )
     if spec.kind == "fixed":

@@ -352,8 +352,8 @@ def test_a_null_row_is_an_error_naming_the_row_unless_filled(tmp_path):
     path = write(tmp_path, pa.array(rows_, pa.list_(pa.float64())))
     assert first_error(path, cast={"emb": "float32[2]"}) == (
         "column 'emb' in b.parquet row group 1 holds 1 null(s) (the first at row 2), but float32[2] (its type "
-        "list<element: double>, cast as asked) has no null value in NumPy. Pass null_fill={'emb': value} (on the "
-        "command line: --null-fill emb=VALUE) to replace them.")
+        "list<element: double>, cast as asked) has no null value in NumPy. Pass null_fill={'emb': [2 values]} (on "
+        "the command line: --null-fill emb=VALUE) to replace them.")
     with Loader(path, batch_size=8, seed=0, shuffle=False, cast={"emb": "float32[2]"},
                 null_fill={"emb": [0.0, -1.0]}) as loader:
         (b,) = list(loader)
