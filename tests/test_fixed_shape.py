@@ -24,7 +24,9 @@ from matrix import check_matrix
 
 import detload
 from detload import DataError, Loader, OptionError, hash_batch, read_manifest
+from detload._columns import slice_rows, take_rows
 from detload._engine.block import assemble, views
+from detload._engine.cut import concat
 from detload._types import column_spec, convert_column, normalize_cast
 from detload.audit import column_digest
 from detload.cli import main
@@ -301,6 +303,12 @@ def test_block_assembly_permutes_whole_rows(units, shuffle, seed):
     assert got["id"].tolist() == order.tolist()
     assert got["e"].shape == (first, 2, 3)
     np.testing.assert_array_equal(got["e"], order[:, None, None] * 10 + np.arange(6).reshape(2, 3))
+    # Batches are slices, gathers and joins of whole rows.
+    e = got["e"]
+    cut = first // 2
+    assert np.array_equal(concat([slice_rows(e, 0, cut), slice_rows(e, cut, first)]), e)
+    idx = np.random.default_rng(seed).integers(0, max(first, 1), size=first if first else 0)
+    assert np.array_equal(take_rows(e, idx), e[idx]) and take_rows(e, idx).shape == (len(idx), 2, 3)
 
 
 # -- bad data ----------------------------------------------------------------------------
