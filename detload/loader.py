@@ -177,7 +177,8 @@ class Loader:
     - ``block_rows``: with the mixed order, rows per block at most (default 4 x the median row group).
     - ``drop_last``: make every step full and drop the tail (default False).
     - ``null_fill``: ``{column: value}`` replacing nulls before conversion.
-    - ``cast``: ``{column: dtype}`` delivering a column as another dtype, checked value by value.
+    - ``cast``: ``{column: dtype}`` delivering a column as another dtype, checked value by value;
+      a shape (``"float32[16]"``) delivers a list column as a dense ``(rows, 16)`` array.
     - ``partitions``: canonical partitions P (default: the world size); fix it to change
       the world size without changing the order.
     - ``manifest``: path of a manifest to write (a directory gets ``rank-NNNNN.jsonl``).
