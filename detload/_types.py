@@ -338,7 +338,7 @@ def normalize_cast(name: str, value: Any) -> str:
     if isinstance(value, (str, np.dtype, type)):
         try:
             dt = np.dtype(value)
-        except TypeError:
+        except (TypeError, ValueError, SyntaxError):  # NumPy parses "(x,)f4" as Python: SyntaxError
             dt = None
     if dt is not None and dt.kind in "iuf":
         return dt.name

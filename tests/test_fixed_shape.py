@@ -109,6 +109,8 @@ HOW = (r"write an integer or float dtype followed by the number of values of eac
                           r"elements only, not datetime64\[ms\]; " + HOW),
     (np.dtype(("M8[ms]", 4)), r"^cast\['emb'\] = dtype\(\('<M8\[ms\]', \(4,\)\)\): a shape applies to integer "
                               r"and float elements only, not datetime64\[ms\]; "),
+    # NumPy reads "(x,)f4" as Python and raised a SyntaxError, not an OptionError.
+    ("(x,)f4", r"^cast\['emb'\] = '\(x,\)f4' is not a dtype detload casts to; "),
     ("bogus[4]", r"^cast\['emb'\] = 'bogus\[4\]' is not a dtype detload casts to; .* or an integer or float "
                  r"dtype with a shape such as 'float32\[16\]' \(a list column as a dense \(rows, 16\) array\)$"),
 ])
