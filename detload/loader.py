@@ -416,7 +416,8 @@ class Loader:
             share_dir = os.path.join(base, "claims")
             os.mkdir(share_dir)
             if cache is None:
-                cache = open_cache(os.path.join(base, "cache"), None, self._cache_keys, cache_map_limit=0)
+                cache = open_cache(os.path.join(base, "cache"), None, self._cache_keys, cache_map_limit=0,
+                                   checksums=False)
                 scratch = cache is not None
                 if cache is None:  # the folder is not usable: every worker reads its own windows
                     share.remove_share_dir(base)
