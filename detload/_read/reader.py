@@ -255,6 +255,13 @@ class UnitReader:
             if not self._still_listed(self.cfg.files[i]):
                 self._drop(i)
 
+    def entry_path(self, file_idx: int, rg: int) -> str | None:
+        """Where the row group's cache entry lies (None: it is not cached by this reader)."""
+        ref = self.cfg.files[file_idx]
+        if self._cache is None or not ref.cache_key or not self._cache.writes_on:
+            return None
+        return self._cache.path(ref.cache_key, rg)
+
     def read(self, file_idx: int, rg: int, t: StageTimes, *, defer: bool = False) -> UnitColumns:
         """One row group's columns. With ``defer``, a cache hit's checksum is verified
         while the block reads it: call `settle` before using the block."""
