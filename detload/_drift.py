@@ -78,10 +78,12 @@ def promote(types: Sequence[pa.DataType]) -> pa.DataType | None:
         inner = promote([t.value_type for t in typed])
         if inner is None:
             return None
-        return pa.large_list(inner) if any(pa.types.is_large_list(t) for t in typed) else pa.list_(inner)
+        item = typed[0].value_field.with_type(inner).with_nullable(True)  # the writers' item name
+        return pa.large_list(item) if any(pa.types.is_large_list(t) for t in typed) else pa.list_(item)
     if all(pa.types.is_fixed_size_list(t) for t in typed) and len({t.list_size for t in typed}) == 1:
         inner = promote([t.value_type for t in typed])
-        return None if inner is None else pa.list_(inner, typed[0].list_size)
+        return None if inner is None else pa.list_(typed[0].value_field.with_type(inner).with_nullable(True),
+                                                   typed[0].list_size)
     return None
 
 

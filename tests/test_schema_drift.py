@@ -164,7 +164,7 @@ def test_values_equal_pyarrow_after_the_promotion(tmp_path, workers, pool):
     assert specs["id"].drift == ("int16", "int64", "int32")
     assert "promoted to int64 from int16 and int64 and int32" in specs["id"].describe()
     assert specs["s"].drift == () and "s" not in order["schema_drift"]  # one form: not drift
-    assert order["schema_drift"]["lst"] == {"type": "large_list<item: int64>",
+    assert order["schema_drift"]["lst"] == {"type": "large_list<element: int64>",
                                             "from": ["list<element: int32>", "large_list<element: int64>",
                                                      "list<element: int16>"]}
 
@@ -215,6 +215,14 @@ def test_decimals_of_several_precisions_and_scales_are_read_as_one(tmp_path):
     with Loader(tmp_path, batch_size=8, seed=0, shuffle=False, cast={"d": "float64"}) as ld:
         (b,) = list(ld)
     assert b["d"][[0, 2, 3]].tolist() == [12345678.91, 1.2345, -0.0001] and np.isnan(b["d"][1])
+
+
+def test_a_fixed_shape_cast_applies_to_a_promoted_list(tmp_path):
+    pq.write_table(pa.table({"e": pa.array([[1.5, 2.0], [3.0, 4.0]], pa.list_(F32))}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"e": pa.array([[5.0, 6.25]], pa.large_list(F64))}), tmp_path / "b.parquet")
+    with Loader(tmp_path, batch_size=8, seed=0, shuffle=False, cast={"e": "float32[2]"}) as ld:
+        (b,) = list(ld)
+    assert b["e"].dtype == np.float32 and b["e"].tolist() == [[1.5, 2.0], [3.0, 4.0], [5.0, 6.25]]
 
 
 def test_fingerprint_differs_by_a_files_type_and_records_the_drift(tmp_path):
