@@ -7,14 +7,16 @@ as plain data in `Dataset`.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
+import functools
 import json
 import os
 import posixpath
 import re
 import urllib.parse
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Union
@@ -26,13 +28,13 @@ import pyarrow.parquet as pq
 import xxhash
 
 from ._check import check_no_nul
+from ._drift import ColumnDrift, column_drift
 from ._storage import describe_attempts, display_uri, object_uri, path_on, s3_from_uri
 from ._types import INT96_UNIT, ColumnSpec, column_spec
 from .errors import (
     DatasetError,
     EmptyDatasetError,
     OptionError,
-    SchemaMismatchError,
     SkippedFilesWarning,
     SourceError,
     UnfinishedLayoutWarning,
@@ -140,16 +142,70 @@ class Dataset:
         return (np.array(fi, dtype=np.int64), np.array(rg, dtype=np.int64), np.array(rows, dtype=np.int64))
 
     def column_names(self) -> list[str]:
-        return [*self.schema.names, *self.partition_keys]
+        """Every column a loader can ask for: the schema's, then those only some later files
+        hold (schema drift: loaded with a fill), then the Hive partition columns."""
+        return [*self.schema.names, *self.later_columns(), *self.partition_keys]
 
-    def specs(self, columns: Sequence[str] | None, cast: Mapping[str, str] | None = None) -> list[ColumnSpec]:
+    @functools.cached_property
+    def _schema_groups(self) -> tuple[tuple[pa.Schema, tuple[str, ...]], ...]:
+        """The distinct schemas (names and types) of the files with rows, first seen first,
+        each with its files: drift is decided per schema, not per file (thousands of files
+        usually share a few schemas)."""
+        groups: dict[tuple[tuple[str, str], ...], tuple[pa.Schema, list[str]]] = {}
+        ids: dict[int, list[str]] = {}  # files written alike share one schema object
+        for f, s in zip(self.files, self.file_schemas):
+            if not sum(f.row_groups):
+                continue
+            paths = ids.get(id(s))
+            if paths is None:
+                key = tuple((fld.name, str(fld.type)) for fld in s)
+                paths = ids[id(s)] = groups.setdefault(key, (s, []))[1]
+            paths.append(f.path)
+        return tuple((s, tuple(paths)) for s, paths in groups.values())
+
+    def later_columns(self) -> list[str]:
+        """Columns that files with rows hold but the reference file lacks, in file order."""
+        known = set(self.schema.names)
+        out: list[str] = []
+        for s, _ in self._schema_groups:
+            for name in s.names:
+                if name not in known:
+                    known.add(name)
+                    out.append(name)
+        return out
+
+    def drift(self, name: str) -> ColumnDrift | None:
+        """How the files with rows disagree on column ``name`` (None: they agree, the common case)."""
+        groups = self._schema_groups
+        if len(groups) < 2:
+            return None
+        return column_drift(name, groups)
+
+    def column_type(self, name: str) -> pa.DataType:
+        """The Arrow type column ``name`` is read as: its promoted type where files drift."""
+        d = self.drift(name)
+        if d is not None and d.promoted is not None:
+            return d.promoted
+        if name in self.schema.names:
+            return self.schema.field(name).type
+        assert d is not None, name
+        return d.types[0][0]
+
+    def typed_schema(self) -> pa.Schema:
+        """Every stored column with the type it is read as (a refused drift keeps the
+        reference file's type): what a filter is typed against."""
+        return pa.schema([pa.field(n, self.column_type(n)) for n in [*self.schema.names, *self.later_columns()]])
+
+    def specs(self, columns: Sequence[str] | None, cast: Mapping[str, str] | None = None,
+              filled: Collection[str] = ()) -> list[ColumnSpec]:
         """How each requested column is delivered; listed order, partition columns last.
 
-        ``cast`` maps a column to a dtype from `normalize_cast` (the Loader's ``cast=``).
+        ``cast`` maps a column to a dtype from `normalize_cast` (the Loader's ``cast=``);
+        ``filled`` names the columns with a null_fill, which may be missing from some files.
         """
         available = self.column_names()
         if columns is None:
-            wanted = available
+            wanted = [*self.schema.names, *self.partition_keys]
         else:
             if isinstance(columns, str):
                 raise OptionError(f"columns must be a list of names, got the string {columns!r}")
@@ -172,7 +228,7 @@ class Dataset:
         unknown_cast = [k for k in cast if k not in wanted]
         if unknown_cast:
             raise OptionError(f"cast names {unknown_cast}, which are not among the loaded columns {wanted}")
-        self.check_drift([c for c in wanted if c not in self.partition_keys])
+        drifts = self.check_drift([c for c in wanted if c not in self.partition_keys], filled)
         ptypes = dict(self.partition_types)
         out = []
         for name in wanted:
@@ -185,21 +241,35 @@ class Dataset:
                     )
                 t = pa.int64() if ptypes[name] == "int64" else pa.string()
                 out.append(column_spec(name, t, partition=True))
-            else:
+                continue
+            d = drifts.get(name)
+            if d is None:
                 out.append(column_spec(name, self.schema.field(name).type, cast=cast.get(name),
                                        int96=name in self.int96))
+                continue
+            assert d.promoted is not None
+            spec = column_spec(name, d.promoted, cast=cast.get(name), int96=name in self.int96)
+            # Each file's values are cast to the promoted type before conversion (the reader).
+            out.append(dataclasses.replace(
+                spec, promote=d.promoted,
+                drift=tuple(str(t) for t, _, _ in d.types) if d.retyped else (), missing=bool(d.missing)))
         return out
 
-    def check_drift(self, names: Sequence[str]) -> None:
-        """Raise SchemaMismatchError if files disagree on any of ``names`` (ignoring nullability)."""
-        ref = _reference(self.files)
-        first = self.file_schemas[ref] if self.file_schemas else None
-        for f, s in zip(self.files, self.file_schemas):
-            # A file without rows yields nothing, and writers often type the
-            # columns of an empty file as null: its schema cannot drift.
-            if first is None or s is first or not sum(f.row_groups) or s.equals(first):
+    def check_drift(self, names: Sequence[str], filled: Collection[str] = ()) -> dict[str, ColumnDrift]:
+        """The drift of each of ``names`` that files disagree on (ignoring nullability), promoted
+        by the rule of `_drift.promote`; SchemaMismatchError for a drift it refuses, and for a
+        column some files lack that ``filled`` does not name."""
+        out = {}
+        for name in names:
+            d = self.drift(name)
+            if d is None:
                 continue
-            _check_same_schema(first, self.files[ref].path, s, f.path, names)
+            if d.promoted is None:
+                raise d.refusal()
+            if d.missing and name not in filled:
+                raise d.missing_error()
+            out[name] = d
+        return out
 
 
 def _reference(files: Sequence[FileInfo]) -> int:
@@ -503,17 +573,6 @@ def _etag(f: Any) -> str | None:
     return None
 
 
-def _type_key(t: pa.DataType) -> str:
-    # What a column yields is decided by column_spec; two files agree on a column
-    # if they yield the same thing. Unmappable types compare by their Arrow text.
-    try:
-        s = column_spec("_", t)
-        key = f"{s.kind}:{s.dtype}:{s.inner}:{s.ragged_kind}"
-        return key if s.item_kind is None else f"{key}:{s.item_kind}"
-    except DatasetError:
-        return "arrow:" + str(t)
-
-
 def discover(
     source: Any,
     *,
@@ -589,22 +648,6 @@ def _names_file(location: str, source: Any) -> bool:
     if text.startswith("file://"):
         text = text[len("file://"):]
     return text == location or os.path.abspath(text) == location or text.endswith("/" + location.lstrip("/"))
-
-
-def _check_same_schema(a: pa.Schema, a_rel: str, b: pa.Schema, b_rel: str, names: Sequence[str]) -> None:
-    ta = {f.name: f.type for f in a}
-    tb = {f.name: f.type for f in b}
-    diffs = []
-    for name in names:
-        if name not in ta or name not in tb:
-            diffs.append(f"{name!r} only in {a_rel if name in ta else b_rel}")
-        elif _type_key(ta[name]) != _type_key(tb[name]):
-            diffs.append(f"{name!r} is {ta[name]} in {a_rel} but {tb[name]} in {b_rel}")
-    if diffs:
-        raise SchemaMismatchError(
-            f"schema drift between {a_rel} and {b_rel}: " + "; ".join(diffs)
-            + ". Rewrite the files with one schema, or leave these columns out with columns=[...]."
-        )
 
 
 def _partition_types(

@@ -155,7 +155,10 @@ class ColumnSpec:
     ``scale`` the decimal scale of an "int64-scaled" column (value = x / 10**scale);
     ``int96`` marks a Parquet INT96 timestamp, read at `INT96_UNIT`;
     ``item_kind`` is set for a list of strings ("utf8") or binary ("binary"): a
-    `Ragged` of kind "list" whose values are a `Ragged` of that kind, of ``dtype`` bytes.
+    `Ragged` of kind "list" whose values are a `Ragged` of that kind, of ``dtype`` bytes;
+    ``promote`` is the Arrow type files that disagree on the column are read as (schema
+    drift, _drift.promote), with ``drift`` the types seen; ``missing``: some files lack
+    the column, and their rows get its null_fill.
     """
 
     name: str
@@ -170,6 +173,9 @@ class ColumnSpec:
     scale: int | None = None
     int96: bool = False
     item_kind: ItemKind | None = None
+    promote: Any = None  # pa.DataType | None
+    drift: tuple[str, ...] = ()
+    missing: bool = False
 
     def describe(self) -> str:
         if self.item_kind is not None:
@@ -184,6 +190,10 @@ class ColumnSpec:
             text += f", unscaled decimal: value = x / 10**{self.scale} (scale {self.scale})"
         if self.int96:
             text += f", from Parquet INT96 (read at {INT96_UNIT})"
+        if self.drift:
+            text += f", promoted to {self.arrow_type} from {' and '.join(self.drift)}"
+        if self.missing:
+            text += ", null_fill in files that lack it"
         if self.cast is not None:
             text += f", cast to {self.cast}"
         return text

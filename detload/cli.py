@@ -666,6 +666,8 @@ def _cmd_verify(a: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(a: argparse.Namespace) -> int:
+    import pyarrow as pa
+
     from ._discovery import describe_skipped, discover, skipped_why
     from ._storage import display_uri
     from ._types import SCALED, allowed_casts, normalize_cast
@@ -675,9 +677,10 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
     # Shows the form a cast column is delivered in ("float32[16]": a dense (rows, 16) array).
     cast = {name: normalize_cast(name, dtype) for name, dtype in a.cast}
     ds = discover(a.source)
-    unknown = sorted(set(cast) - set(ds.schema.names))
+    names = [*ds.schema.names, *ds.later_columns()]
+    unknown = sorted(set(cast) - set(names))
     if unknown:
-        raise OptionError(f"cast names {unknown}, which are not columns stored in the files {ds.schema.names}")
+        raise OptionError(f"cast names {unknown}, which are not columns stored in the files {names}")
     info: dict[str, Any] = {
         "root": display_uri(ds.filesystem, ds.root),  # s3://bucket/prefix, as the source is written
         "fingerprint": ds.fingerprint,
@@ -690,10 +693,15 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
         "skipped": list(ds.skipped),
     }
     delivered = {}
-    for fld in ds.schema:
+    drift = {}
+    stored = [*ds.schema, *(pa.field(n, ds.column_type(n)) for n in ds.later_columns())]
+    for fld in stored:
+        d = ds.drift(fld.name)
+        if d is not None:
+            drift[fld.name] = d
         try:
             delivered[fld.name] = ds.specs([fld.name], {fld.name: cast[fld.name]} if fld.name in cast
-                                           else None)[0].describe()
+                                           else None, filled=[fld.name])[0].describe()
         except SchemaMismatchError as exc:
             delivered[fld.name] = f"files disagree ({exc})"
         except DetloadError as exc:
@@ -708,6 +716,12 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
     for k, _ in ds.partition_types:
         delivered[k] = ds.specs([k])[0].describe() + " (Hive partition)"
     info["numpy"] = delivered
+    # Per drifted column: the types seen (files each), the files that lack it, and the type
+    # every file is read as (None: refused).
+    info["drift"] = [{"name": name, "types": [{"arrow": str(t), "files": n, "first": p} for t, n, p in d.types],
+                      "missing_files": len(d.missing),
+                      "promoted": str(d.promoted) if d.promoted is not None else None}
+                     for name, d in drift.items()]
     if a.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -723,10 +737,15 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
         for rel in ds.skipped:
             print(f"    {rel}")
     print("  columns:")
-    for fld in ds.schema:
+    for fld in stored:
         print(f"    {fld.name}: {fld.type} -> {delivered[fld.name]}")
     for k, t in ds.partition_types:
         print(f"    {k}: {t} -> {delivered[k]}")
+    if drift:
+        print("  schema drift (files with rows that disagree on a column; docs/types.md, \"Schema drift\"):")
+        for name, d in drift.items():
+            fill = " (load it with null_fill)" if d.missing and d.promoted is not None else ""
+            print(f"    {name}: {d.describe()}{fill}")
     return 0
 
 

@@ -43,15 +43,21 @@ def _derived_name(rg: int, ident: bytes) -> str:
 def specs_key(specs: Sequence[ColumnSpec], null_fill: Mapping[str, Any]) -> str:
     """Hash of what decides the converted bytes besides the file: columns, casts, fills, versions.
 
-    A cast (and the scale or INT96 unit it implies) is added to its column only where
-    there is one, so that the entries of uncast columns keep their keys.
+    A cast (and the scale or INT96 unit it implies), and a schema drift's promotion, are
+    added to their column only where there is one, so that other columns' entries keep
+    their keys.
     """
     cols = [s for s in specs if not s.partition]
 
     def column(s: ColumnSpec) -> list[Any]:
         out: list[Any] = [s.name, s.arrow_type, s.kind, s.dtype, list(s.inner), s.ragged_kind, s.null]
+        # A drifted column's entries hold its promoted form (or, in a file that lacks it, its
+        # fill): named apart from the entries of the same file read without the drift rule.
+        promoted = str(s.promote) if s.promote is not None else None
         extra = {k: v for k, v in (("cast", s.cast), ("scale", s.scale), ("int96", s.int96 or None),
-                                   ("item_kind", s.item_kind)) if v is not None}
+                                   ("item_kind", s.item_kind), ("promoted", promoted),
+                                   ("drift", list(s.drift) or None), ("missing", s.missing or None))
+                 if v is not None}
         return [*out, extra] if extra else out
 
     payload = {

@@ -25,6 +25,7 @@ from .._arrow import numpy_of
 from .._cache import RowGroupCache
 from .._columns import slice_rows, take_rows
 from .._discovery import _etag, _int96_columns, chunk_bytes, leaf_columns
+from .._drift import promote, same_form
 from .._filters.selection import Selection
 from .._storage import describe_attempts
 from .._types import INT96_UNIT, Column, ColumnSpec, Ragged, UnitColumns, column_spec, convert_column
@@ -143,6 +144,11 @@ class UnitReader:
         self._pre_buffer = cfg.filesystem.type_name != "local"
         # Per open file read through a memory map: the map (its descriptor, the size mapped).
         self._mapped: dict[int, MappedFile] = {}
+        # Schema drift, per open file: the requested columns it holds (the others are missing
+        # from it and filled), and those whose type it casts to the promoted one first.
+        self._drifts = any(s.promote is not None for s in self._file_specs)
+        self._here: dict[int, list[str]] = {}
+        self._retype: dict[int, dict[str, pa.DataType]] = {}
 
     def _file(self, i: int, rg: int) -> pq.ParquetFile:
         pf = self._open.get(i)
@@ -186,6 +192,8 @@ class UnitReader:
             del pf, source
             self._unmap(i)
             raise
+        if self._drifts:
+            self._here[i], self._retype[i] = _drift_reads(pf.schema_arrow, self._file_specs)
         self._open[i] = pf
         if len(self._open) > OPEN_FILES:
             self._drop(next(iter(self._open)))
@@ -193,6 +201,8 @@ class UnitReader:
 
     def _drop(self, i: int) -> None:
         self._int96_ms.pop(i, None)
+        self._here.pop(i, None)
+        self._retype.pop(i, None)
         self._leaves.pop(i, None)
         self._open.pop(i).close()
         self._unmap(i)
@@ -318,7 +328,8 @@ class UnitReader:
             d = self.cfg.hooks
             if d is not None and d.shrink_unit == (ref.path, rg):  # test hook: a rewrite racing this read
                 os.truncate(ref.location, os.stat(ref.location).st_size // 2)
-            table = pf.read_row_group(rg, columns=self._file_cols, use_threads=False)
+            wanted = self._here.get(file_idx, self._file_cols)
+            table = pf.read_row_group(rg, columns=wanted, use_threads=False)
             at_ms = self._int96_ms.get(file_idx)
             ms = at_ms[0].read_row_group(rg, columns=at_ms[1], use_threads=False) if at_ms else None
         except OSError as exc:
@@ -348,15 +359,17 @@ class UnitReader:
         fills = self.cfg.null_fill
         # The table's columns come in the order asked for; by position is cheaper than by name.
         arrays = (table.columns if table.column_names == self._file_cols
-                  else [table.column(n) for n in self._file_cols])
+                  else [table.column(n) for n in wanted])
         # Every column must decode to the rows the footer promised and the plan counted on:
         # a short one (a footer that disagrees with its pages) would shorten the epoch.
         expected = self._planned_rows(ref, rg)
         if expected is None:
             expected = pf.metadata.row_group(rg).num_rows
-        for name, arr in zip(self._file_cols, arrays):
+        for name, arr in zip(wanted, arrays):
             if len(arr) != expected:
                 raise _short_unit(ref.path, rg, name, expected, len(arr))
+        if wanted is not self._file_cols or file_idx in self._retype:
+            arrays = _promoted(self._file_specs, wanted, arrays, self._retype.get(file_idx, {}), expected)
         if ms is not None:
             for name in ms.column_names:
                 _check_int96(table.column(name), ms.column(name), ref.path, rg, name)
@@ -366,10 +379,42 @@ class UnitReader:
         t.add("convert", t1, time.perf_counter())
         leaves = self._leaves.get(file_idx)
         if leaves is None:
-            leaves = self._leaves[file_idx] = leaf_columns(pf.metadata, self._file_cols)
+            leaves = self._leaves[file_idx] = leaf_columns(pf.metadata, wanted)
         t.source_reads += 1
         t.source_bytes += chunk_bytes(pf.metadata, rg, leaves)
         return out, expected
+
+
+def _drift_reads(schema: pa.Schema, specs: Sequence[ColumnSpec]) -> tuple[list[str], dict[str, pa.DataType]]:
+    """Of the columns ``specs``, those a file of ``schema`` holds, and those among them whose
+    type differs in form from the promoted one (cast before conversion)."""
+    here, retype = [], {}
+    for s in specs:
+        i = schema.get_field_index(s.name)
+        if i < 0:
+            continue  # missing: planning made sure it has a fill (_discovery.Dataset.check_drift)
+        here.append(s.name)
+        if s.promote is not None and not same_form(schema.field(i).type, s.promote):
+            retype[s.name] = s.promote
+    return here, retype
+
+
+def _promoted(specs: Sequence[ColumnSpec], here: Sequence[str], arrays: Sequence[Any],
+              retype: Mapping[str, pa.DataType], rows: int) -> list[Any]:
+    """One file's columns as the dataset types them: each drifted column cast to its promoted
+    type (a widening, so every value is kept), each missing one all nulls, which its
+    null_fill replaces in `convert_column`."""
+    got = dict(zip(here, arrays))
+    out = []
+    for s in specs:
+        arr = got.get(s.name)
+        if arr is None:
+            t = s.promote.value_type if pa.types.is_dictionary(s.promote) else s.promote
+            arr = pa.nulls(rows, type=t)
+        elif s.name in retype:
+            arr = arr.cast(retype[s.name])
+        out.append(arr)
+    return out
 
 
 def _short_unit(path: str, rg: int, column: str, expected: int, got: int) -> DataError:
@@ -480,9 +525,16 @@ def _check_unchanged(pf: pq.ParquetFile, ref: FileRef, rg: int, specs: Sequence[
             continue
         idx = schema.get_field_index(spec.name)
         if idx < 0:
-            problems.append(f"column {spec.name!r} is missing")
+            if not spec.missing:
+                problems.append(f"column {spec.name!r} is missing")
             continue
         t = schema.field(idx).type
+        if spec.promote is not None:
+            # A drifted column: the file's type must still widen to the one planned.
+            widened = promote([t, spec.promote])
+            if widened is None or not same_form(widened, spec.promote):
+                problems.append(f"column {spec.name!r} is {t}, planned as {spec.arrow_type}")
+            continue
         try:
             got = column_spec(spec.name, t, cast=spec.cast)
             same = ((got.kind, got.dtype, got.inner, got.ragged_kind, got.item_kind)

@@ -25,7 +25,7 @@ from .._check import check_int
 from .._filters.selection import Selection
 from .._read.parquet import open_parquet, read_row_group
 from .._storage import object_uri
-from ..errors import DatasetError, OptionError
+from ..errors import DatasetError, OptionError, SchemaMismatchError
 from ..plan import Range, Unit
 
 __all__ = ["GroupStats", "GroupedUnits", "group_units", "runs_of"]
@@ -113,7 +113,7 @@ def _file_runs(dataset: Any, i: int, rgs: Sequence[tuple[int, int]], key: str,
                stats: list[int]) -> list[_RgRuns]:
     """The runs of the planned row groups ``rgs`` ((row group, delivered rows)) of file ``i``."""
     f = dataset.files[i]
-    floating = pa.types.is_floating(dataset.schema.field(key).type)
+    floating = pa.types.is_floating(dataset.column_type(key))
     ident = (_IDENTITY_FLOAT if floating else _IDENTITY) + key
     out: list[_RgRuns] = []
     pf = None
@@ -204,7 +204,11 @@ def group_units(dataset: Any, key: str, units: Sequence[Unit], *,
     stats = GroupStats(scanned=sum(c[0] for c in counters), cached=sum(c[1] for c in counters))
 
     # One code per distinct key over the whole dataset: equal keys, equal codes.
-    all_keys = [_one_type(k) for runs in per_file for _, _, _, k in runs]
+    # A key column the files drift on (int32 in some, int64 in others) joins in its promoted type.
+    drift = dataset.drift(key)
+    promoted = drift.promoted if drift is not None and drift.retyped else None
+    all_keys = [_one_type(k if promoted is None or k.type.equals(promoted) else k.cast(promoted))
+                for runs in per_file for _, _, _, k in runs]
     typ = all_keys[0].type
     keys_all = pa.chunked_array(all_keys, type=typ).combine_chunks()
     encoded = _bitwise(keys_all).dictionary_encode()
@@ -325,14 +329,20 @@ def check_group_options(dataset: Any, names: Sequence[str], group_by: Any, group
     ``names``: the key, the group columns in the loaded order (the key among them), N or None."""
     if not isinstance(group_by, str) or not group_by:
         raise OptionError(f"group_by must be a column name (str), got {group_by!r}")
-    stored = set(dataset.schema.names)
+    stored = {*dataset.schema.names, *dataset.later_columns()}
     if group_by not in stored:
         if group_by in dataset.partition_keys:
             raise OptionError(f"group_by={group_by!r} is a Hive partition key; group by a column stored in "
                               "the files")
         known = ", ".join(dataset.schema.names[:12]) + (", ..." if len(dataset.schema.names) > 12 else "")
         raise OptionError(f"group_by={group_by!r} is not a column of the dataset (its columns: {known})")
-    typ = dataset.schema.field(group_by).type
+    drift = dataset.drift(group_by)
+    if drift is not None and drift.missing:
+        raise SchemaMismatchError(
+            f"group_by={group_by!r} is a column {len(drift.missing)} file(s) lack, e.g. {drift.missing[0]} "
+            f"({drift.types[0][2]} has it): every row needs a stored group key. Group by a column every "
+            "file holds, or rewrite the files that lack it")
+    typ = dataset.column_type(group_by)
     if pa.types.is_nested(typ):
         raise OptionError(f"group_by={group_by!r} is a {typ} column: the key must be a scalar column "
                           "(a number, string, binary, bool, date or time)")

@@ -254,7 +254,7 @@ def _check_column(planned: Planned | None, name: str) -> None:
             "are not the stored rows the column is read from; measure the mixing without mix_column, or "
             "with a loader without the transform")
     if name not in ds.partition_keys:
-        t = ds.schema.field(name).type
+        t = ds.column_type(name)
         if pa.types.is_nested(t) or (pa.types.is_dictionary(t) and pa.types.is_nested(t.value_type)):
             raise OptionError(f"mix column {name!r} holds {t} values; choose a column of single values "
                               "(a category, a day, a number)")

@@ -29,7 +29,7 @@ from .._read import FileRef, ReadConfig
 from .._storage import object_uri
 from .._types import SCALED, ColumnSpec, split_cast, type_mapping_version
 from .._xform import TransformFailed, TransformPlan
-from ..errors import OptionError, WorkerError
+from ..errors import OptionError, SchemaMismatchError, WorkerError
 from ..plan import OrderOptions, Plan, UnitList
 from ..transform import Transform
 from .order import check_partitions, make_plan
@@ -98,7 +98,7 @@ def file_refs(dataset: Dataset) -> tuple[FileRef, ...]:
 def column_specs(dataset: Dataset, columns: Sequence[str] | None, null_fill: Mapping[str, Any],
                  cast: Mapping[str, str]) -> tuple[ColumnSpec, ...]:
     """How each requested column is delivered, with ``null_fill`` checked against the columns."""
-    specs = dataset.specs(columns, cast)
+    specs = dataset.specs(columns, cast, filled=null_fill.keys())
     names = [s.name for s in specs]
     unknown_fill = [k for k in null_fill if k not in names]
     if unknown_fill:
@@ -128,7 +128,10 @@ def plan(dataset: Dataset, files: tuple[FileRef, ...], specs: tuple[ColumnSpec, 
         from .._filters.canonical import parse_filter
         from .._filters.planning import filter_units
 
-        flt = parse_filter(filter, dataset.schema, dict(dataset.partition_types))
+        # Typed against the promoted types, so a literal that fits the dataset's column
+        # (not only the first file's narrower type) is accepted and compared as such.
+        flt = parse_filter(filter, dataset.typed_schema(), dict(dataset.partition_types))
+        _check_filter_columns(dataset, flt.stored_columns)
         # Row groups are pruned and the selection pass runs now, so that the plan is exact:
         # len(), partitions and resume count the selected rows.
         chosen = filter_units(dataset, flt, cache=cache, cache_keys=keys, footers=footers)
@@ -198,6 +201,9 @@ def plan(dataset: Dataset, files: tuple[FileRef, ...], specs: tuple[ColumnSpec, 
         # The units the plan cuts into partitions; the fingerprint covers them through this.
         "units_digest": units.digest,
     }
+    drift = {s.name: _drift_record(s) for s in specs if s.drift or s.missing}
+    if drift:  # only when files drift: other loaders keep their fingerprints
+        order["schema_drift"] = drift
     if cast:  # only when given: loaders without a cast keep their fingerprints
         order["cast"] = dict(sorted(cast.items()))
     if flt is not None:  # likewise: unfiltered loaders keep their order and fingerprint
@@ -223,7 +229,7 @@ def _check_fill(spec: ColumnSpec, dataset: Dataset, value: Any) -> None:
     if spec.partition:
         t = pa.int64() if spec.kind == "fixed" else pa.string()
     else:
-        t = dataset.schema.field(spec.name).type
+        t = dataset.column_type(spec.name)
     if pa.types.is_dictionary(t):
         t = t.value_type
     if spec.cast is not None and split_cast(spec.cast)[1] and not pa.types.is_fixed_size_list(t):
@@ -248,6 +254,28 @@ def _check_fill(spec: ColumnSpec, dataset: Dataset, value: Any) -> None:
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
             raise OptionError(f"null_fill[{spec.name!r}] = {value!r} does not fit {spec.cast}, which "
                               f"cast[{spec.name!r}] asks for: {exc}") from None
+
+
+def _drift_record(spec: ColumnSpec) -> dict[str, Any]:
+    """The order's record of a column that files drift on: the type delivered, from what."""
+    out: dict[str, Any] = {"type": spec.arrow_type}
+    if spec.drift:
+        out["from"] = list(spec.drift)
+    if spec.missing:
+        out["missing"] = "null_fill"
+    return out
+
+
+def _check_filter_columns(dataset: Dataset, stored: Sequence[str]) -> None:
+    """Refuse a filter on a column some files lack: the selection pass reads stored values,
+    and a fill is the delivered value, not a stored one."""
+    for name in stored:
+        d = dataset.drift(name)
+        if d is not None and d.missing:
+            raise SchemaMismatchError(
+                f"the filter reads column {name!r}, which {len(d.missing)} file(s) lack, e.g. {d.missing[0]} "
+                f"({d.types[0][2]} has it). A filter compares stored values only: filter on a column every "
+                "file holds, or rewrite the files that lack it")
 
 
 def _cast_target(spec: ColumnSpec, t: Any) -> Any:

@@ -1,0 +1,418 @@
+"""Schema drift across files: the promotion rule, the values delivered, and every refusal's message.
+
+Values are compared with pyarrow's own reading of each file cast to the promoted type
+(docs/types.md, "Schema drift").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from matrix import check_matrix
+
+import detload
+from detload import Loader, SchemaMismatchError
+from detload._cache.keys import specs_key
+from detload._drift import promote
+from detload.cli import main
+
+# -- the rule -------------------------------------------------------------------------------
+
+I8, I16, I32, I64 = pa.int8(), pa.int16(), pa.int32(), pa.int64()
+U8, U16, U32, U64 = pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()
+F16, F32, F64 = pa.float16(), pa.float32(), pa.float64()
+
+
+@pytest.mark.parametrize(("types", "want"), [
+    ([I8, I16], I16), ([I32, I64], I64), ([I64, I8, I32], I64),
+    ([U8, U32], U32), ([U16, U64], U64),
+    ([U8, I8], I16), ([U8, I16], I16), ([U16, I8], I32), ([U32, I32], I64), ([U32, I64], I64),
+    ([U64, I8], None), ([U64, I64], None),
+    ([F16, F32], F32), ([F32, F64], F64),
+    ([I32, F32], F64), ([I8, F16], F64), ([U32, F64], F64), ([I64, F64], None), ([U64, F32], None),
+    # Decided on the set: uint32 with int8 alone is int64, which no float holds, but float64
+    # holds uint32, int8 and float32 together.
+    ([U32, F32, I8], F64), ([I8, U32, F32], F64),
+    ([pa.list_(I32), pa.list_(I64)], pa.list_(I64)),
+    ([pa.list_(F32), pa.large_list(F64)], pa.large_list(F64)),
+    ([pa.list_(I32, 4), pa.list_(F32, 4)], pa.list_(F64, 4)),
+    ([pa.list_(I32, 4), pa.list_(I32, 3)], None),
+    ([pa.list_(I32), pa.list_(I32, 4)], None),
+    ([pa.list_(I64), pa.list_(F64)], None),
+    ([pa.list_(pa.string()), pa.list_(I64)], None),
+    ([pa.dictionary(I32, I16), I32], I32),
+    ([pa.null(), I32], I32),
+    ([pa.string(), pa.large_string()], pa.string()),  # one form: not drift
+    ([I64, pa.string()], None), ([pa.bool_(), I8], None), ([pa.date32(), pa.timestamp("ms")], None),
+    ([pa.timestamp("ms"), pa.timestamp("us")], None),
+    ([pa.decimal128(10, 2), pa.decimal128(12, 2)], pa.decimal128(12, 2)),
+    ([pa.decimal128(10, 2), pa.decimal128(10, 4)], pa.decimal128(12, 4)),
+    ([pa.decimal128(38, 0), pa.decimal128(38, 10)], pa.decimal256(48, 10)),
+    ([pa.decimal256(70, 0), pa.decimal128(38, 10)], None),
+    ([pa.decimal128(10, 2), I32], None),
+])
+def test_promotion_table(types, want):
+    got = promote(types)
+    assert (got is None) == (want is None), (types, got)
+    if want is not None:
+        assert got.equals(want), (types, got)
+    again = promote(list(reversed(types)))  # the order of the files does not matter
+    assert (again is None) == (want is None)
+    if want is not None and not pa.types.is_string(want):
+        assert again.equals(want)
+
+
+_NUMERIC = [I8, I16, I32, I64, U8, U16, U32, U64, F16, F32, F64]
+
+
+def _extremes(t: pa.DataType) -> list[object]:
+    """Values at the edges of ``t``: what a lossy promotion would change."""
+    if pa.types.is_integer(t):
+        info = np.iinfo(t.to_pandas_dtype())
+        return [int(info.min), int(info.max), 0, int(info.max) - 1, 1]
+    info = np.finfo(t.to_pandas_dtype())
+    return [float(info.max), float(info.min), float(info.smallest_subnormal), -1.5, 0.0]
+
+
+def _holds(target: pa.DataType, t: pa.DataType) -> bool:
+    """An independent model: whether ``target`` holds every value of ``t`` exactly."""
+    if t.equals(target):
+        return True
+    if pa.types.is_integer(t):
+        lo, hi = np.iinfo(t.to_pandas_dtype()).min, np.iinfo(t.to_pandas_dtype()).max
+        if pa.types.is_integer(target):
+            info = np.iinfo(target.to_pandas_dtype())
+            return bool(info.min <= lo and hi <= info.max)
+        mantissa = np.finfo(target.to_pandas_dtype()).nmant + 1
+        return max(abs(int(lo)), int(hi)) <= 2**mantissa
+    return pa.types.is_floating(target) and target.bit_width >= t.bit_width
+
+
+@given(a=st.sampled_from(_NUMERIC), b=st.sampled_from(_NUMERIC))
+def test_numeric_pairs_promote_iff_a_type_holds_both_and_values_are_exact(tmp_path_factory, a, b):
+    got = promote([a, b])
+    exists = any(_holds(t, a) and _holds(t, b) for t in _NUMERIC)
+    assert (got is not None) == exists, (a, b, got)
+    if got is None:
+        return
+    assert _holds(got, a) and _holds(got, b)
+    d = tmp_path_factory.mktemp("pair")
+    va, vb = _extremes(a), _extremes(b)
+    pq.write_table(pa.table({"x": pa.array(va, a)}), d / "a.parquet")
+    pq.write_table(pa.table({"x": pa.array(vb, b)}), d / "b.parquet")
+    with Loader(d, batch_size=64, seed=0, shuffle=False) as ld:
+        (batch,) = list(ld)
+    assert batch["x"].dtype == np.dtype(got.to_pandas_dtype())
+    delivered = batch["x"].tolist()
+    assert delivered == va + vb  # Python ints and floats compare exactly
+    assert [type(v) for v in delivered] == [type(delivered[0])] * len(delivered)
+
+
+# -- values -----------------------------------------------------------------------------------
+
+def _write_drifted(root) -> pa.Table:
+    """Three files that drift on every column; returns pyarrow's reading after the promotion."""
+    root.mkdir(exist_ok=True)
+    rng = np.random.default_rng(3)
+    parts = []
+    for i, (ti, tf, tl, ts) in enumerate([
+        (I16, F32, pa.list_(I32), pa.string()),
+        (I64, F64, pa.large_list(I64), pa.large_string()),
+        (I32, F32, pa.list_(I16), pa.string()),
+    ]):
+        n = 300 + 50 * i
+        ids = np.arange(n) + 1000 * i
+        t = pa.table({
+            "id": pa.array(ids * (2**40 if ti == I64 else 1), ti),
+            "f": pa.array(rng.standard_normal(n), tf),
+            "lst": pa.array([list(range(k % 4)) for k in range(n)], tl),
+            "s": pa.array([f"r{i}-{k}" for k in range(n)], ts),
+        })
+        pq.write_table(t, root / f"part-{i}.parquet", row_group_size=120)
+        parts.append(t)
+    target = pa.schema([("id", I64), ("f", F64), ("lst", pa.large_list(I64)), ("s", pa.large_string())])
+    return pa.concat_tables([p.cast(target) for p in parts])
+
+
+def _concat(batches: list[dict], name: str) -> list:
+    out: list = []
+    for b in batches:
+        col = b[name]
+        out.extend(col.tolist() if isinstance(col, np.ndarray) else [list(v) if isinstance(v, np.ndarray) else v
+                                                                        for v in col.to_list()])
+    return out
+
+
+@pytest.mark.parametrize(("workers", "pool"), [(1, "thread"), (3, "thread"), (1, "process"), (3, "process")])
+def test_values_equal_pyarrow_after_the_promotion(tmp_path, workers, pool):
+    want = _write_drifted(tmp_path / "d")
+    permissive = pa.concat_tables([pq.read_table(tmp_path / "d" / f"part-{i}.parquet") for i in range(3)],
+                                  promote_options="permissive")
+    assert permissive.column("id").to_pylist() == want.column("id").to_pylist()
+    with Loader(tmp_path / "d", batch_size=97, seed=0, shuffle=False, workers=workers, pool=pool) as ld:
+        batches = list(ld)
+        specs = {s.name: s for s in ld.column_specs}
+        order = dict(ld.order)
+    assert batches[0]["id"].dtype == np.int64 and batches[0]["f"].dtype == np.float64
+    for name in ("id", "f", "lst", "s"):
+        got = _concat(batches, name)
+        assert got == want.column(name).to_pylist(), name
+    assert specs["id"].drift == ("int16", "int64", "int32")
+    assert "promoted to int64 from int16 and int64 and int32" in specs["id"].describe()
+    assert specs["s"].drift == () and "s" not in order["schema_drift"]  # one form: not drift
+    assert order["schema_drift"]["lst"] == {"type": "large_list<element: int64>",
+                                            "from": ["list<element: int32>", "large_list<element: int64>",
+                                                     "list<element: int16>"]}
+
+
+def test_determinism_matrix_with_drift(tmp_path):
+    """Every worker count, pool, cache state (cold and warm give the same manifest), resume
+    point and world size delivers the reference's bytes."""
+    _write_drifted(tmp_path / "d")
+    check_matrix(str(tmp_path / "d"), dict(batch_size=64, seed=5, shuffle_window=2), str(tmp_path / "m"))
+
+
+def test_cache_key_names_the_promotion(tmp_path):
+    _write_drifted(tmp_path / "d")
+    pq.write_table(pq.read_table(tmp_path / "d" / "part-1.parquet"), tmp_path / "alone.parquet")
+    with Loader(tmp_path / "d", batch_size=8, seed=0, columns=["id"]) as ld:
+        drifted = ld.column_specs
+    with Loader(tmp_path / "alone.parquet", batch_size=8, seed=0, columns=["id"]) as ld:
+        plain = ld.column_specs
+    # The same file's int64 column, with and without the rule, are cached under two names.
+    assert drifted[0].dtype == plain[0].dtype == "<i8"
+    assert specs_key(drifted, {}) != specs_key(plain, {})
+
+
+def test_cast_and_null_fill_apply_to_the_promoted_type(tmp_path):
+    pq.write_table(pa.table({"x": pa.array([1, None, 3], I32)}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"x": pa.array([2**40, 5], I64)}), tmp_path / "b.parquet")
+    with Loader(tmp_path, batch_size=8, seed=0, shuffle=False, null_fill={"x": -7}) as ld:
+        (b,) = list(ld)
+    assert b["x"].dtype == np.int64 and b["x"].tolist() == [1, -7, 3, 2**40, 5]
+    with (Loader(tmp_path, batch_size=8, seed=0, null_fill={"x": -7}, cast={"x": "int32"}) as ld,
+          pytest.raises(detload.DataError, match=r"column 'x' in b\.parquet row group 0 cannot be delivered "
+                                                 r"as int32.*1099511627776")):
+        list(ld)
+
+
+def test_decimals_of_several_precisions_and_scales_are_read_as_one(tmp_path):
+    from decimal import Decimal
+
+    pq.write_table(pa.table({"d": pa.array([Decimal("12345678.91"), None], pa.decimal128(10, 2))}),
+                   tmp_path / "a.parquet")
+    pq.write_table(pa.table({"d": pa.array([Decimal("1.2345"), Decimal("-0.0001")], pa.decimal128(6, 4))}),
+                   tmp_path / "b.parquet")
+    with Loader(tmp_path, batch_size=8, seed=0, shuffle=False, cast={"d": "int64-scaled"}, null_fill={"d": 0}) as ld:
+        (b,) = list(ld)
+        (spec,) = ld.column_specs
+    assert spec.arrow_type == "decimal128(12, 4)" and spec.scale == 4
+    assert b["d"].tolist() == [123456789100, 0, 12345, -1]
+    with Loader(tmp_path, batch_size=8, seed=0, shuffle=False, cast={"d": "float64"}) as ld:
+        (b,) = list(ld)
+    assert b["d"][[0, 2, 3]].tolist() == [12345678.91, 1.2345, -0.0001] and np.isnan(b["d"][1])
+
+
+def test_a_fixed_shape_cast_applies_to_a_promoted_list(tmp_path):
+    pq.write_table(pa.table({"e": pa.array([[1.5, 2.0], [3.0, 4.0]], pa.list_(F32))}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"e": pa.array([[5.0, 6.25]], pa.large_list(F64))}), tmp_path / "b.parquet")
+    with Loader(tmp_path, batch_size=8, seed=0, shuffle=False, cast={"e": "float32[2]"}) as ld:
+        (b,) = list(ld)
+    assert b["e"].dtype == np.float32 and b["e"].tolist() == [[1.5, 2.0], [3.0, 4.0], [5.0, 6.25]]
+
+
+def test_fingerprint_differs_by_a_files_type_and_records_the_drift(tmp_path):
+    for sub, t in (("narrow", I32), ("wide", I64)):
+        (tmp_path / sub).mkdir()
+        pq.write_table(pa.table({"x": pa.array([1, 2], I64)}), tmp_path / sub / "a.parquet")
+        pq.write_table(pa.table({"x": pa.array([3], t)}), tmp_path / sub / "b.parquet")
+    with Loader(tmp_path / "narrow", batch_size=8, seed=0) as a, Loader(tmp_path / "wide", batch_size=8, seed=0) as b:
+        assert a.fingerprint != b.fingerprint
+        assert a.order["schema_drift"] == {"x": {"type": "int64", "from": ["int64", "int32"]}}
+        assert "schema_drift" not in b.order
+        header = a.state_dict()["order"]
+    assert header["schema_drift"]["x"]["type"] == "int64"
+
+
+# -- filters ----------------------------------------------------------------------------------
+
+def test_filter_on_a_drifted_column_compares_on_the_promoted_type(tmp_path):
+    pq.write_table(pa.table({"x": pa.array(np.arange(100), I32), "f": pa.array(np.arange(100) / 4, F32)}),
+                   tmp_path / "a.parquet", row_group_size=25)
+    pq.write_table(pa.table({"x": pa.array(np.arange(100) * 2**33, I64), "f": pa.array(np.arange(100) / 3, F64)}),
+                   tmp_path / "b.parquet", row_group_size=25)
+    table = pa.concat_tables([pq.read_table(tmp_path / n) for n in ("a.parquet", "b.parquet")],
+                             promote_options="permissive")
+    # 2**32 does not fit the first file's int32; the promoted type holds it.
+    for flt, mask in ((("x", ">", 2**32), table["x"].to_numpy() > 2**32),
+                      (("f", ">=", 20.5), table["f"].to_numpy() >= 20.5),
+                      (("x", "in", [3, 2**34]), np.isin(table["x"].to_numpy(), [3, 2**34]))):
+        with Loader(tmp_path, batch_size=1000, seed=0, shuffle=False, filter=[flt]) as ld:
+            (b,) = list(ld)
+        assert b["x"].tolist() == table["x"].to_numpy()[mask].tolist(), flt
+
+
+def test_filter_on_a_column_some_files_lack_is_refused(tmp_path):
+    pq.write_table(pa.table({"id": [1, 2]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"id": [3], "y": [5]}), tmp_path / "b.parquet")
+    with pytest.raises(SchemaMismatchError, match=r"the filter reads column 'y', which 1 file\(s\) lack, e\.g\. "
+                                                  r"a\.parquet \(b\.parquet has it\)\. A filter compares stored"):
+        Loader(tmp_path, batch_size=8, seed=0, columns=["id", "y"], null_fill={"y": 0}, filter=[("y", "==", 5)])
+
+
+# -- missing columns --------------------------------------------------------------------------
+
+def _missing(tmp_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    pq.write_table(pa.table({"id": [1, 2], "s": ["a", "b"]}), d / "a.parquet")
+    pq.write_table(pa.table({"id": [3, 4, 5], "s": ["c", "d", "e"], "y": pa.array([7.5, None, 9.0], F32),
+                             "t": ["x", "y", "z"]}), d / "b.parquet")
+    pq.write_table(pa.table({"id": [6]}), d / "c.parquet")
+    return d
+
+
+def test_a_missing_column_is_filled_with_its_null_fill(tmp_path):
+    _missing(tmp_path)
+    with Loader(tmp_path / "data", batch_size=8, seed=0, shuffle=False, columns=["id", "s", "y", "t"],
+                null_fill={"s": "?", "y": -1.0, "t": ""}, workers=2, pool="process") as ld:
+        (b,) = list(ld)
+        order = dict(ld.order)
+    assert b["id"].tolist() == [1, 2, 3, 4, 5, 6]
+    assert b["s"].to_list() == ["a", "b", "c", "d", "e", "?"]
+    assert b["y"].dtype == np.float32 and b["y"].tolist() == [-1.0, -1.0, 7.5, -1.0, 9.0, -1.0]
+    assert b["t"].to_list() == ["", "", "x", "y", "z", ""]
+    assert order["null_fill"] == {"s": "?", "t": "", "y": -1.0}
+    assert order["schema_drift"]["y"] == {"type": "float", "missing": "null_fill"}
+    # Through the cache: a cold pass stores the filled form, a warm one reads it back.
+    kw = dict(batch_size=8, seed=0, shuffle=False, columns=["id", "s", "y", "t"],
+              null_fill={"s": "?", "y": -1.0, "t": ""}, cache=detload.Cache(str(tmp_path / "cache")))
+    for _ in ("cold", "warm"):
+        with Loader(tmp_path / "data", **kw) as ld:
+            (again,) = list(ld)
+        assert again["t"].to_list() == b["t"].to_list() and again["y"].tolist() == b["y"].tolist()
+    # columns=None loads the first file's columns, as before.
+    with Loader(tmp_path / "data", batch_size=8, seed=0, null_fill={"s": "?"}) as ld:
+        assert [s.name for s in ld.column_specs] == ["id", "s"]
+
+
+def test_a_missing_column_without_a_fill_names_the_files_and_the_fix(tmp_path):
+    _missing(tmp_path)
+    with pytest.raises(SchemaMismatchError, match=(
+            r"^column 'y' is missing from 2 files, e\.g\. a\.parquet, but b\.parquet has it \(float\)\. "
+            r"Pass null_fill=\{'y': value\} to fill every row of the files that lack it with that value "
+            r"\(on the command line: --null-fill y=VALUE\), or leave the column out with columns=\[\.\.\.\]\.$")):
+        Loader(tmp_path / "data", batch_size=8, seed=0, columns=["id", "y"])
+    with pytest.raises(SchemaMismatchError, match=r"^column 's' is missing from 1 file, e\.g\. c\.parquet, "
+                                                  r"but a\.parquet has it \(string\)"):
+        Loader(tmp_path / "data", batch_size=8, seed=0)
+
+
+def test_a_fill_that_does_not_fit_the_promoted_type_is_refused(tmp_path):
+    _missing(tmp_path)
+    with pytest.raises(detload.OptionError, match=r"null_fill\['y'\] = 'no' does not fit the column's type float"):
+        Loader(tmp_path / "data", batch_size=8, seed=0, columns=["id", "y"], null_fill={"y": "no"})
+
+
+# -- refusals ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("ta", "va", "tb", "vb"), [
+    (I64, [1], pa.string(), ["1"]),
+    (I64, [1], F64, [1.0]),
+    (U64, [1], I8, [1]),
+    (pa.timestamp("ms"), [1], pa.timestamp("us"), [1]),
+    (pa.list_(I32), [[1]], pa.list_(I32, 1), [[1]]),
+    (pa.list_(F32, 2), [[1, 2]], pa.list_(F32, 3), [[1, 2, 3]]),
+    (pa.bool_(), [True], I8, [1]),
+])
+def test_a_refused_drift_names_both_files_both_types_and_the_fix(tmp_path, ta, va, tb, vb):
+    pq.write_table(pa.table({"id": [1], "x": pa.array(va, ta)}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"id": [2], "x": pa.array(vb, tb)}), tmp_path / "b.parquet")
+    ta, tb = (pq.read_schema(tmp_path / f"{n}.parquet").field("x").type for n in "ab")  # as read back
+    with pytest.raises(SchemaMismatchError) as info:
+        Loader(tmp_path, batch_size=8, seed=0)
+    assert str(info.value) == (
+        f"schema drift between a.parquet and b.parquet: 'x' is {ta} in a.parquet but {tb} in b.parquet, and no "
+        "type holds both without changing a value (detload promotes only widening integers, floats and decimals, "
+        "and lists of them: docs/types.md, \"Schema drift\"). Leave the column out with columns=[...], or rewrite the files "
+        "of one type with the other (e.g. pyarrow's Table.cast, where every value fits); cast= converts the "
+        "promoted type, so it cannot unify types that do not promote.")
+    with Loader(tmp_path, batch_size=8, seed=0, columns=["id"]) as ld:
+        assert sorted(np.concatenate([b["id"] for b in ld]).tolist()) == [1, 2]
+
+
+def test_a_refusal_names_the_pair_that_does_not_promote(tmp_path):
+    for name, t, v in (("a", I8, [1]), ("b", I16, [2]), ("c", pa.string(), ["z"])):
+        pq.write_table(pa.table({"x": pa.array(v, t)}), tmp_path / f"{name}.parquet")
+    with pytest.raises(SchemaMismatchError, match=r"^schema drift between a\.parquet and c\.parquet: 'x' is int8 "
+                                                  r"in a\.parquet but string in c\.parquet"):
+        Loader(tmp_path, batch_size=8, seed=0)
+
+
+# -- inspect ----------------------------------------------------------------------------------
+
+def test_inspect_shows_each_drifted_column(tmp_path, capsys):
+    for name, cols in (("a", {"id": pa.array([1], I32), "s": ["x"]}),
+                       ("b", {"id": pa.array([2], I32), "s": ["y"]}),
+                       ("c", {"id": pa.array([3], I64), "s": pa.array([1], I64), "new": [1.5]})):
+        pq.write_table(pa.table(cols), tmp_path / f"{name}.parquet")
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "    id: int32 -> ndarray <i8 (rows), promoted to int64 from int32 and int64\n" in out
+    assert "    new: double -> ndarray <f8 (rows), null_fill in files that lack it\n" in out
+    assert ("  schema drift (files with rows that disagree on a column; docs/types.md, \"Schema drift\"):\n"
+            "    id: int32 in 2 files, int64 in 1 file -> int64\n"
+            "    s: string in 2 files, int64 in 1 file -> refused (no widening holds every value)\n"
+            "    new: double in 1 file, missing from 2 files -> double (load it with null_fill)\n") in out
+    assert main(["inspect", str(tmp_path), "--json"]) == 0
+    info = __import__("json").loads(capsys.readouterr().out)
+    assert info["drift"][0] == {"name": "id", "promoted": "int64", "missing_files": 0,
+                                "types": [{"arrow": "int32", "files": 2, "first": "a.parquet"},
+                                          {"arrow": "int64", "files": 1, "first": "c.parquet"}]}
+    assert info["drift"][1]["promoted"] is None and info["drift"][2]["missing_files"] == 2
+
+
+# -- group_by ---------------------------------------------------------------------------------
+
+def test_group_by_a_drifted_key_compares_keys_across_files_in_the_promoted_type(tmp_path):
+    pq.write_table(pa.table({"k": pa.array([1, 1, 2, 2], I32), "v": [0, 1, 2, 3]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"k": pa.array([3, 3, 4], I64), "v": [4, 5, 6]}), tmp_path / "b.parquet")
+    with Loader(tmp_path, batch_size=4, seed=0, shuffle=False, group_by="k") as ld:
+        batches = list(ld)
+    keys = [b.groups["k"] for b in batches]
+    assert [k for ks in keys for k in ks.tolist()] == [1, 2, 3, 4]
+    assert all(ks.dtype == np.int64 for ks in keys)
+    assert [v for b in batches for v in b.items["v"].tolist()] == [0, 1, 2, 3, 4, 5, 6]
+    # Key 2 in an int32 and an int64 file is one key: a group split across files, named as such.
+    pq.write_table(pa.table({"k": pa.array([2, 3, 3], I64), "v": [4, 5, 6]}), tmp_path / "b.parquet")
+    with pytest.raises(detload.DatasetError, match=r"group 2 is split across files: it occurs in a\.parquet"):
+        Loader(tmp_path, batch_size=4, seed=0, group_by="k")
+
+
+def test_group_by_a_column_some_files_lack_is_refused(tmp_path):
+    pq.write_table(pa.table({"v": [0, 1]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"v": [2], "k": [5]}), tmp_path / "b.parquet")
+    with pytest.raises(SchemaMismatchError, match=r"^group_by='k' is a column 1 file\(s\) lack, e\.g\. a\.parquet "
+                                                  r"\(b\.parquet has it\): every row needs a stored group key"):
+        Loader(tmp_path, batch_size=4, seed=0, columns=["v", "k"], null_fill={"k": 0}, group_by="k")
+
+
+def test_bloom_filters_of_each_files_own_type_prune_a_drifted_column_exactly(tmp_path):
+    # Each file's filter hashes its own PLAIN encoding (4 bytes in the int32 file, 8 in the
+    # int64 one): a key is probed in each file's width, never ruled out by the other's.
+    rng = np.random.default_rng(0)
+    xs = [rng.permutation(4000)[:1000], rng.permutation(4000)[:1000] * 3]
+    for name, t, x in (("a", I32, xs[0]), ("b", I64, xs[1])):
+        pq.write_table(pa.table({"x": pa.array(x, t)}), tmp_path / f"{name}.parquet", row_group_size=100,
+                       bloom_filter_options={"x": {"ndv": 100, "fpp": 0.01}})
+    every = np.concatenate(xs)
+    keys = [int(xs[0][5]), int(xs[1][7]), 4001, 2**40]
+    with Loader(tmp_path, batch_size=5000, seed=0, shuffle=False, filter=[("x", "in", keys)]) as ld:
+        (b,) = list(ld)
+        pruned = ld.filter_stats["pruned"]["bloom"]
+    assert b["x"].tolist() == every[np.isin(every, keys)].tolist()
+    assert pruned > 0  # the filters were used, not skipped
