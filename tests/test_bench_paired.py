@@ -1,6 +1,6 @@
-"""experiments/bench/paired.py: both trees run the same configuration (the windowed order, which
-a tree from before the mixed order has alone), in alternating order, and a tree whose processes
-import detload from elsewhere is refused before anything is measured."""
+"""experiments/bench/paired.py and paired_cpu.py: both trees run the same configuration (the windowed
+order, which a tree from before the mixed order has alone), in alternating order, and a tree whose
+processes import detload from elsewhere is refused before anything is measured."""
 
 from __future__ import annotations
 
@@ -66,3 +66,25 @@ def test_a_tree_that_imports_detload_from_elsewhere_is_refused(paired, monkeypat
     monkeypatch.setattr(paired, "_run", lambda tree, spec, timeout, **env: type("Done", (), {"stderr": ""}))
     with pytest.raises(SystemExit, match="no detload module seen"):
         paired.check_imports(tree, {})
+
+
+def test_the_cpu_pairs_alternate_and_report_per_pair_ratios(bench_script, monkeypatch, tmp_path, capsys):
+    cpu = bench_script("paired_cpu")
+    calls: list[tuple[str, tuple]] = []
+    cost = {"before": (2.0, 4.0), "after": (1.8, 5.0)}
+
+    def one(tree: Path, *args: object) -> tuple[float, float]:
+        calls.append((tree.name, args))
+        return cost[tree.name]
+
+    monkeypatch.setattr(cpu, "one", one)
+    monkeypatch.setattr("datagen.make_ctr", lambda path, rows: None)
+    (tmp_path / "before").mkdir()
+    (tmp_path / "after").mkdir()
+    assert cpu.main(["--before", str(tmp_path / "before"), "--after", str(tmp_path / "after"), "--pool", "process",
+                     "--workers", "2", "--pairs", "2", "--data", str(tmp_path)]) == 0
+    assert [name for name, _ in calls] == ["before", "after", "after", "before"]
+    assert {args for _, args in calls} == {(str(tmp_path / "ctr"), "process", 2, 4)}
+    assert capsys.readouterr().out == ("detload process W=2, 2 pairs: after / before CPU 0.900 (range 0.900-0.900), "
+                                       "wall 1.250 (range 1.250-1.250) (median of per-pair ratios; above 1 is slower)\n")
+
