@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import mmap
 import os
 import sys
@@ -20,26 +21,34 @@ import numpy as np
 
 from .errors import DetloadError
 
-__all__ = ["address_of", "check_descriptors", "descriptor_limit_error", "is_out_of_descriptors", "map_file"]
+__all__ = ["MAP_FAILED", "address_of", "check_descriptors", "descriptor_limit_error", "is_out_of_descriptors",
+           "libc", "map_file"]
 
 _TRACKFD = sys.version_info >= (3, 13)
 _MAP_FIXED = 0x10  # the same value on Linux and macOS; the mmap module does not export it
-_MAP_FAILED = ctypes.c_void_p(-1).value
+#: What libc's mmap returns on failure, as a ctypes c_void_p result reads.
+MAP_FAILED = ctypes.c_void_p(-1).value
 
 
-def _load_libc_mmap() -> Any:
+@functools.cache
+def libc() -> Any:
+    """libc through ctypes, its ``mmap`` and ``munmap`` typed (loaded once; the entry cache
+    maps its files through it too), or None where they cannot be called."""
     if sys.platform != "linux" and sys.platform != "darwin":
         return None
     try:
-        fn = ctypes.CDLL(None, use_errno=True).mmap
+        lib = ctypes.CDLL(None, use_errno=True)
+        lib.mmap.restype = ctypes.c_void_p
+        lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                             ctypes.c_int64]
+        lib.munmap.restype = ctypes.c_int
+        lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     except (OSError, AttributeError):
         return None
-    fn.restype = ctypes.c_void_p
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64]
-    return fn
+    return lib
 
 
-_LIBC_MMAP = None if _TRACKFD else _load_libc_mmap()
+_LIBC = None if _TRACKFD else libc()
 
 
 def address_of(buffer: object) -> tuple[int, int]:
@@ -64,14 +73,14 @@ def map_file(fd: int, length: int, *, flags: int = mmap.MAP_SHARED,
     """
     if _TRACKFD:
         return mmap.mmap(fd, length, flags=flags, prot=prot, trackfd=False)  # type: ignore[call-arg]
-    if _LIBC_MMAP is None:
+    if _LIBC is None:
         return mmap.mmap(fd, length, flags=flags, prot=prot)
     # MAP_PRIVATE: the placeholder reserves addresses only; its pages are never touched.
     mm = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE, prot=prot)
     try:
         addr = address_of(mm)[0]
-        got = _LIBC_MMAP(addr, length, prot, flags | _MAP_FIXED, fd, 0)
-        if got is None or got == _MAP_FAILED or got != addr:
+        got = _LIBC.mmap(addr, length, prot, flags | _MAP_FIXED, fd, 0)
+        if got is None or got == MAP_FAILED or got != addr:
             err = ctypes.get_errno()
             raise OSError(err, f"mmap of descriptor {fd} ({length} bytes) failed: {os.strerror(err)}")
     except BaseException:

@@ -421,6 +421,14 @@ def test_inspect_and_discovery_messages_keep_the_scheme(s3, proxy, tmp_path, cap
         Loader(moto.upload_dir(empty, "empty"), **OPTS)
 
 
+def test_layout_messages_keep_the_scheme(s3, proxy):
+    _, _, _, uri, _ = s3
+    with pytest.raises(DatasetError, match=rf"^sort key 'nope' is not a column of s3://{BUCKET}/ds; the columns are "):
+        detload.layout.check(uri, sort_by=["nope"])
+    with pytest.raises(DatasetError, match=rf"^unknown column\(s\) \['nope'\] for the digest; 's3://{BUCKET}/ds' has "):
+        detload.layout.digest(uri, columns=["nope"])
+
+
 def test_a_source_that_does_not_fit_the_filesystem_names_the_form_to_pass(tmp_path):
     from fsspec.implementations.memory import MemoryFileSystem
 

@@ -4,12 +4,14 @@ is unmapped when the last array viewing it is gone."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from .._fdless import MAP_FAILED, libc
 from .format import _PREFIX, _Corrupt
 
 
@@ -29,22 +31,7 @@ class _Mapping(NamedTuple):
 # Python 3.13's trackfd=False), so keeping thousands of entries mapped ran a
 # process out of descriptors ("Too many open files"). A mapping made here holds
 # none; it is unmapped when the last array viewing it is gone.
-_libc: Any = None
-_MAP_FAILED = ctypes.c_void_p(-1).value
 _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux
-
-
-def _libc_mmap() -> Any:
-    global _libc
-    if _libc is None:
-        lib = ctypes.CDLL(None, use_errno=True)
-        lib.mmap.restype = ctypes.c_void_p
-        lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                             ctypes.c_long]
-        lib.munmap.restype = ctypes.c_int
-        lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        _libc = lib
-    return _libc
 
 
 class _Unmap:
@@ -61,11 +48,13 @@ class _Unmap:
 
 def _mmap_read(fd: int, size: int) -> np.ndarray:
     """The first ``size`` bytes of ``fd`` mapped read-only (shared) as a uint8 array; keeps no descriptor."""
-    lib = _libc_mmap()
+    lib = libc()  # shared with the pool's descriptor-free maps (_fdless.py)
+    if lib is None:
+        raise OSError(errno.ENOSYS, "libc's mmap cannot be called on this platform")
     # Populated at once: the checksum reads every page right after, and setting up all
     # page-table entries in one call is a little cheaper than a fault per 64 KiB.
     addr = lib.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_POPULATE, fd, 0)
-    if addr is None or addr == _MAP_FAILED:
+    if addr is None or addr == MAP_FAILED:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
     raw = _char_array(size).from_address(addr)

@@ -434,8 +434,7 @@ class BloomReader:
 
     def has_filter(self, row_group: int, column: str) -> bool:
         """Whether the column chunk has a bloom filter detload can probe."""
-        entry = self._columns.get(column)
-        return entry is not None and entry[1] is not None and self._bitset(row_group, entry[0], column) is not None
+        return self._probed(row_group, column) is not None
 
     def might_contain(self, row_group: int, column: str, values: Sequence[Any]) -> bool:
         """False only if the column chunk's bloom filter rules out every one of ``values``.
@@ -446,15 +445,10 @@ class BloomReader:
         """
         if not len(values):
             return False
-        entry = self._columns.get(column)
-        if entry is None:
+        probed = self._probed(row_group, column)
+        if probed is None:
             return True
-        index, encoder, _ = entry
-        if encoder is None:
-            return True
-        bitset = self._bitset(row_group, index, column)
-        if bitset is None:
-            return True
+        bitset, index, encoder, _ = probed
         hashes = self._hash(index, encoder, values)
         if hashes is None:
             return True
@@ -464,18 +458,12 @@ class BloomReader:
         """`might_contain` of ``keys.items[i:j]``; the list's hashes are made once and kept with it."""
         if i >= j:
             return False
-        entry = self._columns.get(column)
-        if entry is None:
+        probed = self._probed(row_group, column)
+        if probed is None:
             return True
-        index, encoder, signature = entry
-        if encoder is None:
-            return True
-        bitset = self._bitset(row_group, index, column)
-        if bitset is None:
-            return True
-        enc = encoder
+        bitset, _, encoder, signature = probed
         hashes, starts, unencodable = keys.memo(("bloom", signature),
-                                                lambda items: _key_hashes(enc, items, signature))
+                                                lambda items: _key_hashes(encoder, items, signature))
         if unencodable[j] != unencodable[i]:
             return True
         # In growing chunks, stopping at the first hit: a long list nearly always has one early
@@ -488,6 +476,21 @@ class BloomReader:
             lo += step
             step = min(step * 2, 65536)
         return False
+
+    def _probed(self, row_group: int, column: str) -> tuple[np.ndarray, int, Encoder, tuple[Any, ...]] | None:
+        """(bitset, column index, encoder, signature) of a column chunk whose bloom filter can be
+        probed; None where it cannot (no such column, no encoder for its type, no usable filter),
+        so the chunk may contain anything."""
+        entry = self._columns.get(column)
+        if entry is None:
+            return None
+        index, encoder, signature = entry
+        if encoder is None:
+            return None
+        bitset = self._bitset(row_group, index, column)
+        if bitset is None:
+            return None
+        return bitset, index, encoder, signature
 
     def _hash(self, index: int, encoder: Encoder, values: Sequence[Any]) -> np.ndarray | None:
         key = (index, tuple(values))

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .._discovery import discover
+from .._storage import display_uri
 from ..errors import DatasetError, OptionError
 
 __all__ = ["LayoutCheck", "check_layout"]
@@ -156,7 +157,7 @@ def check_layout(source: Any, *, sort_by: Sequence[str], filesystem: Any = None)
     available = ds.column_names()
     missing = [k for k in keys if k not in available]
     if missing:
-        raise DatasetError(f"sort key {missing[0]!r} is not a column of {ds.root}; the columns are {available}")
+        raise DatasetError(f"sort key {missing[0]!r} is not a column of {display_uri(ds.filesystem, ds.root)}; the columns are {available}")
     ptypes = dict(ds.partition_types)
     for k in keys:
         if k in ptypes:

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from .._discovery import discover
+from .._storage import display_uri
 from ..errors import DatasetError, OptionError, UnsupportedTypeError
 
 __all__ = ["Digest", "digest", "hash_values"]
@@ -400,7 +401,7 @@ def digest(source: Any, *, filesystem: Any = None, columns: Sequence[str] | None
         return _digest_batches(source.to_batches(), {}).result()
     ds = discover(source, filesystem=filesystem)
     if columns is not None:
-        _check_columns(columns, ds.column_names(), repr(ds.root))
+        _check_columns(columns, ds.column_names(), repr(display_uri(ds.filesystem, ds.root)))
     wanted = set(columns) if columns is not None else None
     ptypes = dict(ds.partition_types)
     file_cols = None if wanted is None else [c for c in ds.schema.names if c in wanted]
