@@ -444,7 +444,7 @@ def test_the_mixing_report_reads_a_drifted_column_as_its_promoted_type(tmp_path)
 def test_the_mixing_report_refuses_a_column_some_files_lack_or_a_refused_drift(tmp_path):
     _mix_data(tmp_path / "d")
     with Loader(str(tmp_path / "d"), batch_size=10, seed=0, columns=["id"]) as loader:
-        with pytest.raises(detload.OptionError, match=r"^mix column 'tag' is missing from 1 file, e\.g\. a\.parquet "
+        with pytest.raises(SchemaMismatchError, match=r"^mix column 'tag' is missing from 1 file, e\.g\. a\.parquet "
                                                       r"\(b\.parquet has it\): the mixing report reads stored values"):
             loader.plan_stats(mix_column="tag")
         with pytest.raises(SchemaMismatchError, match=r"'u' is uint64 in a\.parquet but int64 in b\.parquet"):

@@ -20,7 +20,7 @@ from .._drift import same_form
 from .._read.parquet import open_parquet, read_row_group
 from .._storage import object_uri
 from .._streams import _entropy, _stream_permutation, block_permutation, group_permutation, group_row_order
-from ..errors import OptionError
+from ..errors import OptionError, SchemaMismatchError
 from ..plan import Block, Plan, Unit, UnitList
 
 if TYPE_CHECKING:
@@ -259,7 +259,7 @@ def _check_column(planned: Planned | None, name: str) -> None:
         raise d.refusal()
     if d is not None and d.missing:
         n = len(d.missing)
-        raise OptionError(
+        raise SchemaMismatchError(
             f"mix column {name!r} is missing from {n} file{'s' if n != 1 else ''}, e.g. {d.missing[0]} "
             f"({d.types[0][2]} has it): the mixing report reads stored values; choose a column every file holds")
     if name not in ds.partition_keys:
