@@ -416,3 +416,36 @@ def test_bloom_filters_of_each_files_own_type_prune_a_drifted_column_exactly(tmp
         pruned = ld.filter_stats["pruned"]["bloom"]
     assert b["x"].tolist() == every[np.isin(every, keys)].tolist()
     assert pruned > 0  # the filters were used, not skipped
+
+
+# -- the mixing report ------------------------------------------------------------------------
+
+def _mix_data(root) -> None:
+    root.mkdir()
+    pq.write_table(pa.table({"id": pa.array(range(100), pa.int32()), "u": pa.array(range(100), pa.uint64())}),
+                   root / "a.parquet", row_group_size=25)
+    pq.write_table(pa.table({"id": pa.array(range(100, 150), pa.int64()), "u": pa.array(range(50), pa.int64()),
+                             "tag": ["x"] * 50}), root / "b.parquet", row_group_size=25)
+
+
+def test_the_mixing_report_reads_a_drifted_column_as_its_promoted_type(tmp_path):
+    """Each file's values are cast before the pieces are joined (int32 and int64 do not concatenate)."""
+    _mix_data(tmp_path / "d")
+    with Loader(str(tmp_path / "d"), batch_size=10, seed=0, columns=["id"]) as loader:
+        got = loader.plan_stats(mix_column="id")["mix_column"]
+    # The same report on one file holding every value as int64: the promoted column.
+    pq.write_table(pa.concat_tables([pq.read_table(tmp_path / "d" / n, columns=["id"]).cast(pa.schema([("id", I64)]))
+                                     for n in ("a.parquet", "b.parquet")]), tmp_path / "one.parquet", row_group_size=25)
+    with Loader(str(tmp_path / "one.parquet"), batch_size=10, seed=0) as one:
+        want = one.plan_stats(mix_column="id")["mix_column"]
+    assert got["labels"] == want["labels"] and got["codes"] == want["codes"] == 20
+
+
+def test_the_mixing_report_refuses_a_column_some_files_lack_or_a_refused_drift(tmp_path):
+    _mix_data(tmp_path / "d")
+    with Loader(str(tmp_path / "d"), batch_size=10, seed=0, columns=["id"]) as loader:
+        with pytest.raises(SchemaMismatchError, match=r"^mix column 'tag' is missing from 1 file, e\.g\. a\.parquet "
+                                                      r"\(b\.parquet has it\): the mixing report reads stored values"):
+            loader.plan_stats(mix_column="tag")
+        with pytest.raises(SchemaMismatchError, match=r"'u' is uint64 in a\.parquet but int64 in b\.parquet"):
+            loader.plan_stats(mix_column="u")

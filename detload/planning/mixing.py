@@ -16,10 +16,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._check import check_int
+from .._drift import same_form
 from .._read.parquet import open_parquet, read_row_group
 from .._storage import object_uri
 from .._streams import _entropy, _stream_permutation, block_permutation, group_permutation, group_row_order
-from ..errors import OptionError
+from ..errors import OptionError, SchemaMismatchError
 from ..plan import Block, Plan, Unit, UnitList
 
 if TYPE_CHECKING:
@@ -253,6 +254,14 @@ def _check_column(planned: Planned | None, name: str) -> None:
             f"mix column {name!r}: transform {planned.transform.name!r} has rows='changes', so the delivered rows "
             "are not the stored rows the column is read from; measure the mixing without mix_column, or "
             "with a loader without the transform")
+    d = ds.drift(name) if name not in ds.partition_keys else None
+    if d is not None and d.promoted is None:
+        raise d.refusal()
+    if d is not None and d.missing:
+        n = len(d.missing)
+        raise SchemaMismatchError(
+            f"mix column {name!r} is missing from {n} file{'s' if n != 1 else ''}, e.g. {d.missing[0]} "
+            f"({d.types[0][2]} has it): the mixing report reads stored values; choose a column every file holds")
     if name not in ds.partition_keys:
         t = ds.column_type(name)
         if pa.types.is_nested(t) or (pa.types.is_dictionary(t) and pa.types.is_nested(t.value_type)):
@@ -306,6 +315,9 @@ def _read_values(planned: Planned, name: str, src: _Sources, needed: np.ndarray)
             out.append(_normal(one.take(pa.array(np.zeros(n, dtype=np.int64)))))
         return pa.concat_arrays(out)
 
+    # Schema drift: every file's values as the promoted type, so that the files' pieces concatenate.
+    promoted = ds.column_type(name) if ds.drift(name) is not None else None
+
     def read(i: int) -> list[pa.Array]:
         f = ds.files[i]
         handle = ds.filesystem.open_input_file(f.location)
@@ -314,6 +326,11 @@ def _read_values(planned: Planned, name: str, src: _Sources, needed: np.ndarray)
             got: list[pa.Array] = []
             for g, local in by_file[i]:
                 col = read_row_group(pf, g, [name], object_uri(ds.filesystem, f.location)).column(0)
+                if promoted is not None and not same_form(col.type, promoted):
+                    if pa.types.is_dictionary(col.type):
+                        col = pa.chunked_array([c.dictionary_decode() for c in col.chunks],
+                                               type=col.type.value_type)
+                    col = col.cast(promoted)
                 picked = selections.get((i, g))
                 rows = picked.indices()[local] if picked is not None else local
                 got.append(_normal(col.take(pa.array(rows))))
