@@ -259,7 +259,7 @@ def run_one(spec: dict) -> dict:
             # Benchmark hooks (never keywords): block delays and the unordered merge.
             with installed(Hooks(debug=debug, unordered=not spec.get("ordered", True))):
                 ld = Loader(path, batch_size=BATCH, seed=1234, workers=spec["workers"],
-                            pool=Pool(kind=spec["pool"], prefetch=2), shuffle=True, shuffle_window=4,
+                            pool=Pool(kind=spec["pool"], prefetch=2), shuffle=True, order="windowed", shuffle_window=4,
                             manifest=manifest, cache=state.get("cache_dir"),
                             storage=Storage(memory_map=spec.get("memory_map", "auto")))
             t0 = time.perf_counter()
