@@ -799,10 +799,11 @@ class Loader:
             return (f"the dataset changed (fingerprint {theirs!r} in the state, {mine!r} here): "
                     "files, row groups or schema differ")
         if key == "plan_format" and theirs == PLAN_FORMAT_VERSION and mine == PLAN_FORMAT_MIX:
+            w = state_window(state_order)
             return (f"this state was written with plan format {theirs} (the windowed order) and this loader "
                     f"plans the mixed order (plan format {mine}, order=\"mix\"). To resume it pass "
-                    f"order=\"windowed\" and shuffle_window={state_window(state_order)} as in the state, or "
-                    "start a new run")
+                    f"order=\"windowed\" and shuffle_window={w} as in the state, or "
+                    f"start a new run (on the command line: --order windowed --shuffle-window {w})")
         if key == "plan_format" and theirs == PLAN_FORMAT_MIX and mine == PLAN_FORMAT_VERSION:
             return (f"this state was written with plan format {theirs} (the mixed order, order=\"mix\") and this "
                     f"loader plans the windowed order (plan format {mine}). To resume it pass order=\"mix\" "

@@ -118,6 +118,7 @@ def test_cli_resume_of_a_windowed_run_says_how(ds, tmp_path, capsys) -> None:  #
     err = capsys.readouterr().err
     assert "plan format 2 (the windowed order)" in err
     assert 'pass order="windowed" and shuffle_window=2 as in the state' in err
+    assert "(on the command line: --order windowed --shuffle-window 2)" in err
     # As the message says: the old order by name resumes it (at the end of its epoch here).
     assert cli_main([*base, "--order", "windowed", "--shuffle-window", "2", "--resume", path]) == 0
 
