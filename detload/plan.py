@@ -69,7 +69,7 @@ class OrderOptions:
         set_ = object.__setattr__
         set_(self, "seed", check_int("seed", self.seed, 0, _MAX_SEED, shown="[0, 2**64)"))
         if self.order is None:
-            set_(self, "order", "windowed" if self.group_batches is True else "mix")
+            set_(self, "order", "windowed" if self.group_batches else "mix")
         if self.order not in ORDERS:
             raise OptionError(f"order must be one of {list(ORDERS)}, got {self.order!r}: \"mix\" mixes every part "
                               "of the epoch (plan format 3), \"windowed\" is plan format 2's order")

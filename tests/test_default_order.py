@@ -39,6 +39,8 @@ def test_order_options_resolve_the_default() -> None:
     grouped = OrderOptions(seed=1, batch_size=8, group_batches=True)
     assert grouped.order == "windowed" and grouped.shuffle_window == 4 and grouped.plan_format == PLAN_FORMAT_VERSION
     assert OrderOptions(seed=1, batch_size=8, order="windowed").order == "windowed"
+    with pytest.raises(OptionError, match=r"^group_batches must be True or False, got 'yes'$"):
+        OrderOptions(seed=1, batch_size=8, group_batches="yes")  # type: ignore[arg-type]
 
 
 def test_the_default_is_the_mixed_order_and_records_it(ds, tmp_path) -> None:  # type: ignore[no-untyped-def]
