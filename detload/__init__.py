@@ -11,7 +11,8 @@ __version__ = "0.1.0"
 
 # Where each public name lives. `from detload import Loader` imports detload.loader then.
 # The loader and its option groups, the plan, transforms, the audit and every exception and
-# warning (all defined in errors.py); the layout tool is the submodule detload.layout.
+# warning (all defined in errors.py); the layout tool is the submodule detload.layout, and
+# parsing a filter outside a Loader (its canonical form) the submodule detload.filters.
 _EXPORTS = {
     "BlockMemoryWarning": "errors",
     "Cache": "options",
@@ -91,6 +92,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
     from . import errors as errors
     from . import features as features
+    from . import filters as filters
     from . import layout as layout
     from ._types import ColumnSpec, Ragged
     from .audit import hash_batch, read_manifest
@@ -121,9 +123,10 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from .stats import Stats
     from .transform import Transform, TransformContext
 
-#: Public submodules reached as attributes (``detload.layout.rewrite(...)``), imported on first use.
+#: Public submodules reached as attributes (``detload.layout.rewrite(...)``, ``detload.filters.parse(...)``),
+#: imported on first use.
 #: ``detload.torch`` (the PyTorch adapter) is imported by name only: ``import detload.torch``.
-_SUBMODULES = frozenset({"errors", "features", "layout"})
+_SUBMODULES = frozenset({"errors", "features", "filters", "layout"})
 
 
 def __getattr__(name: str) -> object:

@@ -13,6 +13,7 @@ import numpy as np
 __all__ = [
     "TAG_BLOCK",
     "TAG_GROUPS",
+    "TAG_MIX_BLOCK",
     "TAG_MIX_PARTS",
     "TAG_MIX_ROWS",
     "TAG_MIX_TASKS",
@@ -21,8 +22,9 @@ __all__ = [
     "block_permutation",
     "group_permutation",
     "group_row_order",
+    "mix_block_permutation",
     "mix_raw",
-    "mix_row_permutation",
+    "mix_rotations",
     "row_group_entropy",
     "unit_permutation",
 ]
@@ -36,6 +38,7 @@ TAG_GROUPS = 0x4752_5053  # "GRPS": the order of a block's groups (group_batches
 TAG_MIX_PARTS = 0x4D58_5054  # "MXPT" [tag, seed_lo32, seed_hi32, epoch]
 TAG_MIX_TASKS = 0x4D58_544B  # "MXTK" [tag, seed_lo32, seed_hi32, epoch, partition]
 TAG_MIX_ROWS = 0x4D58_5257  # "MXRW" [tag, seed_lo32, seed_hi32, epoch, partition, task]
+TAG_MIX_BLOCK = 0x4D58_424B  # "MXBK" [tag, seed_lo32, seed_hi32, epoch, partition, task, block]
 
 _U32 = 0xFFFF_FFFF
 
@@ -132,9 +135,15 @@ def mix_raw(tag: int, seed: int, n: int, *words: int) -> np.ndarray:
                       dtype=np.uint64)
 
 
-def mix_row_permutation(seed: int, epoch: int, partition: int, task: int, n: int) -> np.ndarray:
-    """The order of the ``n`` rows of one task of the mixed order when shuffling."""
-    return _stream_permutation(_entropy(TAG_MIX_ROWS, seed, epoch, partition, task), n)
+def mix_rotations(seed: int, epoch: int, partition: int, task: int, pieces: int, blocks: int) -> np.ndarray:
+    """Each piece's rotation in one task of the mixed order: block j takes chunk
+    ``(j + rotation) mod blocks`` of the piece (words of MXRW modulo ``blocks``)."""
+    return (mix_raw(TAG_MIX_ROWS, seed, pieces, epoch, partition, task) % np.uint64(max(1, blocks))).astype(np.int64)
+
+
+def mix_block_permutation(seed: int, epoch: int, partition: int, task: int, block: int, n: int) -> np.ndarray:
+    """The order of the ``n`` rows of block ``block`` of one task of the mixed order when shuffling."""
+    return _stream_permutation(_entropy(TAG_MIX_BLOCK, seed, epoch, partition, task, block), n)
 
 
 def block_permutation(seed: int, epoch: int, partition: int, block: int, n: int) -> np.ndarray:

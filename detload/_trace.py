@@ -26,6 +26,7 @@ STAGES: dict[str, str] = {
     "transform": "worker",          # the loader's transform= on a row group (not when its output is cached)
     "cache_write": "worker",        # storing a converted row group in the cache
     "permute": "worker",            # assembling the block into its buffer in permuted row order
+    "window_wait": "worker",        # the mixed order: waiting for row groups another worker converts
     "worker_queue_wait": "worker",  # blocked on the worker's own full queue (the merger is behind)
     "merge_wait": "merger",         # waiting for the next block of the plan from its worker
     "stitch": "merger",             # cutting a batch: a view, or a copy where it spans blocks

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Union
@@ -32,6 +33,7 @@ __all__ = [
     "column_spec",
     "convert_column",
     "normalize_cast",
+    "split_cast",
     "type_mapping_version",
 ]
 
@@ -321,14 +323,22 @@ def allowed_casts(t: pa.DataType) -> tuple[str, ...]:
 
 
 def normalize_cast(name: str, value: Any) -> str:
-    """``cast[name]`` in one canonical spelling ("f8" and np.float64 are "float64"), or OptionError."""
+    """``cast[name]`` in one canonical spelling ("f8" and np.float64 are "float64"), or OptionError.
+
+    A shape after an integer or float dtype ("float32[16]", "f4[4,4]", or NumPy's subarray
+    dtype ``np.dtype((np.float32, 16))``) asks for a list column as a dense array of that
+    shape per row; it normalises to "float32[16]", "float32[4,4]".
+    """
     if isinstance(value, str) and value == SCALED:
         return SCALED
+    shaped = _normalize_shaped(name, value)
+    if shaped is not None:
+        return shaped
     dt: np.dtype[Any] | None = None
     if isinstance(value, (str, np.dtype, type)):
         try:
             dt = np.dtype(value)
-        except TypeError:
+        except (TypeError, ValueError, SyntaxError):  # NumPy parses "(x,)f4" as Python: SyntaxError
             dt = None
     if dt is not None and dt.kind in "iuf":
         return dt.name
@@ -339,11 +349,98 @@ def normalize_cast(name: str, value: Any) -> str:
     raise OptionError(
         f"cast[{name!r}] = {value!r} is not a dtype detload casts to; use an integer or float dtype "
         f"name (e.g. 'int32', 'float32'), {SCALED!r} (a decimal's unscaled integer) or a timestamp "
-        "unit such as 'datetime64[ms]'"
+        "unit such as 'datetime64[ms]', or an integer or float dtype with a shape such as 'float32[16]' "
+        "(a list column as a dense (rows, 16) array)"
     )
 
 
+#: "DTYPE[SHAPE]": the last bracket of a cast, e.g. "float32[16]" -> ("float32", "16").
+_SHAPED = re.compile(r"^(.*)\[([^\[\]]*)\]$", re.DOTALL)
+
+
+def _normalize_shaped(name: str, value: Any) -> str | None:
+    """A shaped cast's canonical spelling, None for a value without a shape, or OptionError."""
+    how = ("write an integer or float dtype followed by the number of values of each row, "
+           "e.g. 'float32[16]' (or 'float32[4,4]' for rows of 4x4 values)")
+    if isinstance(value, np.dtype) and value.subdtype is not None:
+        base_dt, shape = value.subdtype
+        dims = [str(d) for d in shape]
+    elif isinstance(value, str):
+        m = _SHAPED.match(value.strip())
+        if m is None:
+            return None
+        base, text = m.group(1).strip(), m.group(2)
+        if not base:
+            raise OptionError(f"cast[{name!r}] = {value!r} gives a shape but no dtype; {how}")
+        try:
+            base_dt = np.dtype(base)
+        except TypeError:
+            return None  # not a dtype before the bracket: the plain path words the refusal
+        if base_dt.kind not in "iuf":
+            if base_dt.kind == "M" and base.endswith("]"):  # "datetime64[ms][16]"
+                raise OptionError(f"cast[{name!r}] = {value!r}: a shape applies to integer and float "
+                                  f"elements only, not {base_dt.name}; {how}")
+            return None  # "datetime64[ms]": a unit, not a shape
+        dims = [d.strip() for d in text.split(",")]
+    else:
+        return None
+    if base_dt.kind not in "iuf":
+        raise OptionError(f"cast[{name!r}] = {value!r}: a shape applies to integer and float "
+                          f"elements only, not {base_dt}; {how}")
+    if not dims or not all(re.fullmatch(r"[0-9]+", d) and int(d) > 0 for d in dims):
+        raise OptionError(f"cast[{name!r}] = {value!r} has the shape [{','.join(dims)}], which is not one or "
+                          f"more positive whole numbers; {how}")
+    return f"{np.dtype(base_dt).name}[{','.join(str(int(d)) for d in dims)}]"
+
+
+def split_cast(cast: str) -> tuple[str, tuple[int, ...]]:
+    """A normalised cast as (element dtype, shape): "float32[16]" -> ("float32", (16,)); no shape: ()."""
+    m = _SHAPED.match(cast)
+    if m is None or m.group(1).startswith("datetime64"):
+        return cast, ()
+    return m.group(1), tuple(int(d) for d in m.group(2).split(","))
+
+
+def _shaped_spec(name: str, t: pa.DataType, cast: str, elem: str, shape: tuple[int, ...],
+                 partition: bool) -> ColumnSpec:
+    """The spec of a list column delivered dense, as ``(rows, *shape)`` of ``elem``."""
+    dims: list[int] = []
+    v = t
+    while pa.types.is_fixed_size_list(v):
+        dims.append(v.list_size)
+        v = v.value_type
+    if not dims and (pa.types.is_list(t) or pa.types.is_large_list(t) or _is_view(t, "list")):
+        v = t.value_type
+    numeric = pa.types.is_integer(v) or pa.types.is_floating(v)
+    if v is t or not numeric:
+        raise OptionError(
+            f"cast[{name!r}] = {cast!r} gives a shape, which applies to a list, large_list or fixed_size_list "
+            f"of integers or floats; column {name!r} has Arrow type {t}. "
+            + (f"The casts allowed for it: {', '.join(allowed_casts(t))}" if allowed_casts(t)
+               else "No cast applies to that type")
+        )
+    allowed = _element_casts(v)
+    if elem not in allowed:
+        text = ",".join(map(str, shape))
+        raise OptionError(
+            f"cast[{name!r}] = {cast!r} does not apply to column {name!r} of Arrow type {t}; "
+            f"the casts allowed for it: {', '.join(f'{a}[{text}]' for a in allowed)}"
+        )
+    if dims and tuple(dims) != shape:
+        want = f"{elem}[{','.join(map(str, dims))}]"
+        raise OptionError(
+            f"cast[{name!r}] = {cast!r} does not fit column {name!r} of Arrow type {t}, whose rows "
+            f"hold {' x '.join(map(str, dims))} values each; use {want!r} (or {elem!r}, which keeps that shape)"
+        )
+    null: Literal["nan", "error"] = "nan" if pa.types.is_floating(v) else "error"
+    return ColumnSpec(name, str(t), "fixed", np.dtype(elem).str, inner=shape, null=null, cast=cast,
+                      partition=partition)
+
+
 def _cast_spec(name: str, t: pa.DataType, cast: str, partition: bool) -> ColumnSpec:
+    elem, shape = split_cast(cast)
+    if shape:
+        return _shaped_spec(name, t, cast, elem, shape, partition)
     allowed = allowed_casts(t)
     if cast not in allowed:
         raise OptionError(
@@ -424,14 +521,20 @@ def convert_column(
         elif spec.null == "error" or spec.kind == "ragged" or spec.inner:
             what = (f"its type {arr.type}" if spec.cast is None
                     else f"{spec.cast} (its type {arr.type}, cast as asked)")
+            at, value = "", "value"
+            if spec.cast is not None and split_cast(spec.cast)[1]:  # a shaped cast names the row
+                at = f" (the first at row {int(np.flatnonzero(numpy_of(arr.is_null()))[0])})"
+                value = f"[{int(np.prod(spec.inner, dtype=np.int64))} values]"
             raise DataError(
-                f"{_where(spec.name, where)} holds {arr.null_count} null(s), but {what} "
-                f"has no null value in NumPy. Pass null_fill={{{spec.name!r}: value}} "
+                f"{_where(spec.name, where)} holds {arr.null_count} null(s){at}, but {what} "
+                f"has no null value in NumPy. Pass null_fill={{{spec.name!r}: {value}}} "
                 f"(on the command line: --null-fill {spec.name}=VALUE) to replace them."
             )
     if spec.kind == "fixed":
         if pa.types.is_fixed_size_binary(arr.type):
             return _primitive(spec, arr, where)
+        if spec.inner and not pa.types.is_fixed_size_list(arr.type):
+            return _dense(spec, arr, where)
         if spec.inner:
             values = arr
             for _ in spec.inner:
@@ -440,6 +543,34 @@ def convert_column(
             return out.reshape((len(arr), *spec.inner))
         return _primitive(spec, arr, where)
     return _ragged(spec, arr, where)
+
+
+def _dense(spec: ColumnSpec, arr: pa.Array, where: tuple[str, int]) -> np.ndarray:
+    """A variable-length list column (nulls already refused or filled) as ``(rows, *spec.inner)``.
+
+    Every row must hold exactly the shape's number of values: the lengths are checked
+    from the offsets before any value is converted, and the first row of another length
+    is a DataError naming it. The values are then one contiguous run of the child array.
+    """
+    if _is_view(arr.type, "list"):
+        arr = _large_list(arr, arr.type.value_type)
+    n = len(arr)
+    width = int(np.prod(spec.inner, dtype=np.int64))
+    offsets = numpy_of(arr.offsets)
+    lengths = np.diff(offsets)
+    bad = np.flatnonzero(lengths != width)
+    if bad.size:
+        i = int(bad[0])
+        more = f" ({bad.size} rows of another length)" if bad.size > 1 else ""
+        raise DataError(
+            f"{_where(spec.name, where)} cannot be delivered as {spec.cast}, which cast={{{spec.name!r}: "
+            f"{spec.cast!r}}} asks for: row {i} holds {int(lengths[i])} value(s), not {width}{more}. "
+            f"Write the column with {width} values in every row, or cast it without the shape "
+            f"({split_cast(spec.cast or '')[0]!r}) to load it as variable-length lists."
+        )
+    lo = int(offsets[0]) if n else 0
+    values = _primitive(spec, arr.values.slice(lo, n * width), where)
+    return values.reshape((n, *spec.inner))
 
 
 # Type ids that need more than reading the values buffer (see convert_column's general path).
@@ -577,6 +708,9 @@ def _misfit(spec: ColumnSpec, src: Any, where: tuple[str, int], exc: Exception |
         if isinstance(v, pa.Scalar) and pa.types.is_timestamp(v.type):
             shown = np.datetime64(v.value, v.type.unit)
         at = f" at row {i}" if spec.kind == "fixed" and not spec.inner else ""
+        if spec.inner and spec.cast is not None and split_cast(spec.cast)[1]:  # flat index -> row
+            width = int(np.prod(spec.inner, dtype=np.int64))
+            at = f" at row {i // width} (value {i % width} of the row)"
         detail = f": the value {shown}{at} is {why}"
     return DataError(
         f"{_where(spec.name, where)} cannot be delivered as {spec.cast}, which cast={{{spec.name!r}: "

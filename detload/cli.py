@@ -162,7 +162,8 @@ def _add_cast(p: Any) -> argparse.Action:
     return p.add_argument("--cast", type=_cast, action="append", default=[], metavar="COLUMN=DTYPE",
                           help="deliver COLUMN as DTYPE, checked value by value: float64 or float32 for a decimal, "
                                "int64-scaled for a decimal's unscaled integer, datetime64[ns|us|ms|s] for a "
-                               "timestamp, a narrower integer or float type (int32, float32); repeat for more "
+                               "timestamp, a narrower integer or float type (int32, float32), a dtype with a shape "
+                               "(float32[16]) for a list column as a dense (rows, 16) array; repeat for more "
                                "columns (default: none; see docs/types.md)")
 
 
@@ -350,6 +351,7 @@ def _parser() -> argparse.ArgumentParser:
                                    "Arrow type with the NumPy form it is delivered in; list skipped files.")
     p.add_argument("source", help="a Parquet file, directory, glob or URI")
     p.add_argument("--json", action="store_true", help="print it as JSON")
+    _add_cast(p)
 
     p = sub.add_parser("plan", help="print an epoch's plan: units, blocks and per-worker schedules",
                        formatter_class=fmt,
@@ -667,11 +669,16 @@ def _cmd_verify(a: argparse.Namespace) -> int:
 def _cmd_inspect(a: argparse.Namespace) -> int:
     from ._discovery import describe_skipped, discover, skipped_why
     from ._storage import display_uri
-    from ._types import SCALED, allowed_casts
+    from ._types import SCALED, allowed_casts, normalize_cast
     from .loader import _check_source
 
     _check_source(a.source)
+    # Shows the form a cast column is delivered in ("float32[16]": a dense (rows, 16) array).
+    cast = {name: normalize_cast(name, dtype) for name, dtype in a.cast}
     ds = discover(a.source)
+    unknown = sorted(set(cast) - set(ds.schema.names))
+    if unknown:
+        raise OptionError(f"cast names {unknown}, which are not columns stored in the files {ds.schema.names}")
     info: dict[str, Any] = {
         "root": display_uri(ds.filesystem, ds.root),  # s3://bucket/prefix, as the source is written
         "fingerprint": ds.fingerprint,
@@ -686,10 +693,13 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
     delivered = {}
     for fld in ds.schema:
         try:
-            delivered[fld.name] = ds.specs([fld.name])[0].describe()
+            delivered[fld.name] = ds.specs([fld.name], {fld.name: cast[fld.name]} if fld.name in cast
+                                           else None)[0].describe()
         except SchemaMismatchError as exc:
             delivered[fld.name] = f"files disagree ({exc})"
         except DetloadError as exc:
+            if fld.name in cast:
+                raise  # the cast asked for does not apply: say so, as run and plan do
             casts = allowed_casts(fld.type)
             if casts:  # a decimal: delivered when a cast says how
                 scale = f"; scale {fld.type.scale}" if SCALED in casts else ""

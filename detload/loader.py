@@ -25,6 +25,7 @@ from . import __version__, _hooks, planning
 from ._cache import open_cache
 from ._check import check_int, check_path, check_writable_file
 from ._discovery import Dataset, SkippedFilesWarning, describe_skipped, discover, skipped_why
+from ._engine import share
 from ._engine.config import WorkerConfig, WorkerKind
 from ._engine.memory import BufferWatch, finalize
 from ._engine.merge import END, STOPPED, Failure, Run, ahead_counts, make_tasks
@@ -178,7 +179,8 @@ class Loader:
     - ``block_rows``: with the mixed order, rows per block at most (default 4 x the median row group).
     - ``drop_last``: make every step full and drop the tail (default False).
     - ``null_fill``: ``{column: value}`` replacing nulls before conversion.
-    - ``cast``: ``{column: dtype}`` delivering a column as another dtype, checked value by value.
+    - ``cast``: ``{column: dtype}`` delivering a column as another dtype, checked value by value;
+      a shape (``"float32[16]"``) delivers a list column as a dense ``(rows, 16)`` array.
     - ``partitions``: canonical partitions P (default: the world size); fix it to change
       the world size without changing the order.
     - ``manifest``: path of a manifest to write (a directory gets ``rank-NNNNN.jsonl``).
@@ -409,11 +411,35 @@ class Loader:
             specs = tuple(s for s in self.specs if s.name not in self.group_columns)
         # Maps only where a fault kills a worker process, not the consumer (see Storage.memory_map).
         mapping = self._memory_map if self._memory_map != "auto" or kind == "process" else False
+        cache, share_dir, scratch = self.cache, None, False
+        shared = self._shares_windows(kind)
+        if shared and kind == "process":
+            # Process workers share the mixed order's task windows as cache entries
+            # (_engine/share.py): the user's cache, else a scratch cache the pool removes.
+            base = share.make_share_dir()
+            share_dir = os.path.join(base, "claims")
+            os.mkdir(share_dir)
+            if cache is None:
+                cache = open_cache(os.path.join(base, "cache"), None, self._cache_keys, cache_map_limit=0,
+                                   checksums=False)
+                scratch = cache is not None
+                if cache is None:  # the folder is not usable: every worker reads its own windows
+                    share.remove_share_dir(base)
+                    share_dir, shared = None, False
         return WorkerConfig(self._files, self.dataset.filesystem, specs, self._null_fill, kind,
                             prefix, hooks=self._hooks.debug,
-                            cache=self.cache, selections=self._selections, group_by=self.group_by,
+                            cache=cache, selections=self._selections, group_by=self.group_by,
                             group_columns=self.group_columns, transform=self._xform, group_specs=group_specs,
-                            memory_map=mapping)
+                            memory_map=mapping, share_windows=shared, share_dir=share_dir, scratch=scratch)
+
+    def _shares_windows(self, kind: WorkerKind) -> bool:
+        """Whether the workers share the mixed order's task windows (_engine/share.py): with
+        more than one worker; threads always; processes through the row-group cache, so only
+        for row groups it keeps (file columns read) and no transform (each process would run
+        it on every row group of its windows)."""
+        if self.options.order != "mix" or self.workers < 2:
+            return False
+        return kind == "thread" or (any(not s.partition for s in self.specs) and self._xform is None)
 
     @property
     def _pool(self) -> WorkerPool | None:
@@ -448,7 +474,8 @@ class Loader:
         """Warn once per loader when the largest block would exceed the block memory budget."""
         if self._block_memory is None:
             return
-        # A mixed-order task's window is heap memory without a cache; with one it is mapped entries.
+        # A mixed-order task's window is memory without a cache (heap, or shared by the workers
+        # on the heap or in /dev/shm); with one it is mapped entries of the cache's disk.
         window = window_memory_warning(plan, self._row_bytes, self._block_memory) if self.cache is None else None
         for text in (block_memory_warning(plan, self._row_bytes, self._block_memory), window):
             if text is not None:
@@ -631,7 +658,7 @@ class Loader:
         if nxt >= 2**32:
             return
         plan = self.plan(nxt)
-        tasks = make_tasks(plan, 0, pool.workers)
+        tasks = make_tasks(plan, 0, pool.workers, pool.cfg.share_windows)
         counts = ahead_counts(tasks, self.prefetch)
         gen = pool.passes.ahead(self._gen)
         pool.submit(gen, [t[:n] for t, n in zip(tasks, counts)], ahead=True)

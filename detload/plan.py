@@ -318,6 +318,16 @@ class Block:
         return tuple(out)
 
 
+def _unit_dict(u: Unit, src: int) -> dict[str, object]:
+    """A unit (or piece) as ``detload plan`` prints it, with its source unit."""
+    d: dict[str, object] = {"source": src, "rows": u.rows, "ranges": [list(r) for r in u.ranges]}
+    if u.groups:
+        d["groups"] = list(u.groups)
+    if u.selection:
+        d["selection"] = u.selection
+    return d
+
+
 @dataclass(frozen=True)
 class Plan:
     """One epoch's plan for one rank. Plain data: print it, test it, fingerprint it.
@@ -395,19 +405,10 @@ class Plan:
     def unit_rows(self) -> np.ndarray:
         return self.units.rows
 
-    def to_dict(self, workers: int = 1) -> dict[str, object]:
-        """A JSON-able description (what ``detload plan`` prints)."""
-
-        def unit(u: Unit, src: int) -> dict[str, object]:
-            d: dict[str, object] = {"source": src, "rows": u.rows, "ranges": [list(r) for r in u.ranges]}
-            if u.groups:
-                d["groups"] = list(u.groups)
-            if u.selection:
-                d["selection"] = u.selection
-            return d
-
+    def _header(self) -> dict[str, object]:
+        """What ``detload plan`` prints of any plan before its blocks (or tasks)."""
         return {
-            "plan_format": PLAN_FORMAT_VERSION,
+            "plan_format": self.plan_format,
             "fingerprint": self.fingerprint,
             "units_digest": self.units.digest,
             "epoch": self.epoch,
@@ -421,6 +422,12 @@ class Plan:
             "partition_rows": list(self.partition_rows),
             "boundaries": list(self.boundaries),
             "redundant_reads": self.redundant_reads,
+        }
+
+    def to_dict(self, workers: int = 1) -> dict[str, object]:
+        """A JSON-able description (what ``detload plan`` prints)."""
+        return {
+            **self._header(),
             **({"micro_batch_starts": [s.tolist() for s in self.step_starts]} if self.step_starts is not None else {}),
             "unit_order": self.unit_order.tolist(),
             "blocks": [
@@ -428,7 +435,7 @@ class Plan:
                     "k": k,
                     "partition": b.partition,
                     "number": b.number,
-                    "units": [unit(u, s) for u, s in zip(b.units, b.sources)],
+                    "units": [_unit_dict(u, s) for u, s in zip(b.units, b.sources)],
                     "rows": b.rows,
                     "steps": [b.first_step, b.last_step],
                     "worker": k % workers,
@@ -439,6 +446,17 @@ class Plan:
 
 
 # -- plan format 3: the mixed order (order="mix") ---------------------------------------
+
+
+def mix_block_sizes(piece_rows: Sequence[int], blocks: int, deal: int) -> np.ndarray:
+    """The rows of each of the ``blocks`` blocks of a task whose pieces hold ``piece_rows``
+    rows (see `MixTask.block_chunks`): every block takes ``r // blocks`` rows of each piece
+    of r rows, and the pieces' ``r % blocks`` extra rows are dealt one per block, cyclically
+    from block ``deal``: sizes differ by at most one row."""
+    base = sum(r // blocks for r in piece_rows)
+    extra = sum(r % blocks for r in piece_rows)
+    j = np.arange(blocks, dtype=np.int64)
+    return base + extra // blocks + ((j - deal) % blocks < extra % blocks).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -462,6 +480,43 @@ class MixTask:
     bounds: tuple[int, ...]
     first_step: int
     last_step: int
+    #: Shuffling: each piece's rotation (block j takes chunk ``(j + rotation) mod blocks``
+    #: of it) and the block the extra rows are first dealt to (`mix_block_sizes`); empty
+    #: without shuffle (block j is then rows ``bounds[j]..bounds[j + 1]`` in order).
+    rotations: tuple[int, ...] = ()
+    deal: int = 0
+
+    def block_chunks(self, j: int) -> list[tuple[int, int, int]]:
+        """Block j's rows before its permutation: (piece, first row in the piece, rows), in
+        piece order. With shuffle, one chunk of every piece: piece q of r rows is cut into
+        ``blocks`` chunks of ``r // blocks`` rows, plus one for the ``r % blocks`` blocks its
+        extra rows are dealt to (cyclically, the pieces in order, from block ``deal``), and
+        block j takes its chunk ``(j + rotations[q]) mod blocks``. Without, the slices it spans."""
+        if self.rotations:
+            M = self.blocks
+            out = []
+            dealt = self.deal
+            for q, (u, o) in enumerate(zip(self.units, self.rotations)):
+                base, x = divmod(u.rows, M)
+                c = (j + o) % M
+                a = (dealt + o) % M  # the chunk index of the piece's first extra row
+                dealt += x
+                # Extras among chunk indices [0, c): the cyclic run [a, a + x) cut at c.
+                before = max(0, min(c - a, x)) + (max(0, min(c, a + x - M)) if a + x > M else 0)
+                extra = 1 if (c - a) % M < x else 0
+                n = base + extra
+                if n:
+                    out.append((q, c * base + before, n))
+            return out
+        lo, hi = self.bounds[j], self.bounds[j + 1]
+        out, s0 = [], 0
+        for q, u in enumerate(self.units):
+            s1 = s0 + u.rows
+            if s1 > lo and s0 < hi:
+                a, b = max(lo, s0), min(hi, s1)
+                out.append((q, a - s0, b - a))
+            s0 = s1
+        return out
 
     @property
     def end(self) -> int:
@@ -526,8 +581,26 @@ class MixPlan(Plan):
             out[i % workers].append((task, tuple(blocks)))
         return out
 
-    def block_workers(self, workers: int, start_step: int = 0) -> list[int]:
-        """The worker that builds each block of `schedule_from` (``start_step``): its task's."""
+    def shared_task_schedules(self, workers: int, start_step: int = 0
+                              ) -> list[list[tuple[MixTask, tuple[tuple[int, int], ...]]]]:
+        """As `task_schedules`, for workers that share task windows (_engine/share.py): block k
+        of `schedule_from` (``start_step``) goes to worker k mod ``workers``, and each worker
+        lists the tasks it builds blocks of, in the order of their first needed block."""
+        out: list[list[tuple[MixTask, tuple[tuple[int, int], ...]]]] = [[] for _ in range(workers)]
+        for task, blocks in self.task_schedules(1, start_step)[0]:
+            mine: list[list[tuple[int, int]]] = [[] for _ in range(workers)]
+            for k, j in blocks:
+                mine[k % workers].append((k, j))
+            for w in range(workers):
+                if mine[w]:
+                    out[w].append((task, tuple(mine[w])))
+        return out
+
+    def block_workers(self, workers: int, start_step: int = 0, shared: bool = False) -> list[int]:
+        """The worker that builds each block of `schedule_from` (``start_step``): its task's, or
+        with ``shared`` windows k mod ``workers``."""
+        if shared:
+            return [k % workers for k in range(len(self.schedule_from(start_step)))]
         owner: list[int] = [0] * len(self.schedule_from(start_step))
         for w, tasks in enumerate(self.task_schedules(workers, start_step)):
             for _, blocks in tasks:
@@ -546,16 +619,19 @@ class MixPlan(Plan):
     def partition_row_ids(self, partition: int) -> np.ndarray:
         """Partition ``partition``'s stream as global row ids (the row's index in the
         concatenation of the units' delivered rows, canonical order)."""
-        from ._streams import mix_row_permutation  # the streams import nothing of the plan
+        from ._streams import mix_block_permutation  # the streams import nothing of the plan
 
         starts = np.concatenate([[0], np.cumsum(self.units.rows)[:-1]]).astype(np.int64)
         out: list[np.ndarray] = []
         for t in self.tasks[partition]:
-            ids = np.concatenate([np.arange(r, dtype=np.int64) + starts[s] + o
-                                  for s, o, r in zip(t.sources, t.offsets, (u.rows for u in t.units))])
-            if self.options.shuffle:
-                ids = ids[mix_row_permutation(self.options.seed, self.epoch, t.partition, t.number, t.rows)]
-            out.append(ids)
+            base = [int(starts[s]) + o for s, o in zip(t.sources, t.offsets)]
+            for j in range(t.blocks):
+                parts = [np.arange(first, first + n, dtype=np.int64) + base[q] for q, first, n in t.block_chunks(j)]
+                ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+                if self.options.shuffle:
+                    ids = ids[mix_block_permutation(self.options.seed, self.epoch, t.partition, t.number, j,
+                                                    len(ids))]
+                out.append(ids)
         return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
     def row_ids(self) -> np.ndarray:
@@ -568,45 +644,22 @@ class MixPlan(Plan):
 
     def to_dict(self, workers: int = 1) -> dict[str, object]:
         """A JSON-able description (what ``detload plan`` prints): the tasks, each with its
-        pieces, block bounds, steps and worker."""
-        owners = self.block_workers(workers)
-        first_k: dict[tuple[int, int], int] = {}
-        for k, b in enumerate(self.schedule):
-            assert isinstance(b, MixBlock)
-            first_k.setdefault((b.partition, b.task.number), k)
-
-        def piece(u: Unit, src: int) -> dict[str, object]:
-            d: dict[str, object] = {"source": src, "rows": u.rows, "ranges": [list(r) for r in u.ranges]}
-            if u.selection:
-                d["selection"] = u.selection
-            return d
-
+        pieces, block bounds, rotations and steps, and the blocks with the worker that builds
+        each (with more than one worker, k mod W: the workers share task windows)."""
+        shared = workers > 1
+        owners = self.block_workers(workers, shared=shared)
         return {
-            "plan_format": PLAN_FORMAT_MIX,
-            "fingerprint": self.fingerprint,
-            "units_digest": self.units.digest,
-            "epoch": self.epoch,
-            "rank": self.rank,
-            "options": self.options.order_dict() | {"batch_size": self.options.batch_size,
-                                                    "world_size": self.options.world_size},
-            "units": len(self.units),
-            "rows": self.total_rows,
-            "steps": self.steps,
-            "dropped_rows": self.dropped_rows,
-            "partition_rows": list(self.partition_rows),
-            "boundaries": list(self.boundaries),
-            "redundant_reads": self.redundant_reads,
+            **self._header(),
             "unit_order": self.unit_order.tolist(),
             "tasks": [
                 {
                     "partition": t.partition,
                     "number": t.number,
-                    "units": [piece(u, s) for u, s in zip(t.units, t.sources)],
+                    "units": [_unit_dict(u, s) for u, s in zip(t.units, t.sources)],
                     "rows": t.rows,
                     "block_bounds": list(t.bounds),
+                    **({"rotations": list(t.rotations), "deal": t.deal} if t.rotations else {}),
                     "steps": [t.first_step, t.last_step],
-                    **({"worker": owners[first_k[(t.partition, t.number)]]}
-                       if (t.partition, t.number) in first_k else {}),
                 }
                 for p in self.owned_partitions for t in self.tasks[p]
             ],

@@ -315,6 +315,42 @@ def test_marks_are_only_right_before_a_fence():
                 assert nxt.startswith(want), f"{page}:{i + 1}: {line.strip()} is not followed by a {want} block"
 
 
+# A private detload name: a module or attribute with a leading underscore under detload
+# (detload._filters.canonical, detload.layout._x), or one imported from a detload module.
+_PRIVATE_PATH = re.compile(r"\bdetload(?:\.[A-Za-z]\w*)*\.(_\w+)")
+_FROM_IMPORT = re.compile(r"^\s*from\s+detload(?:\.\w+)*\s+import\s+(\([^)]*\)|[^\n]*)", re.M)
+
+
+def private_names(code: str) -> list[str]:
+    """The private detload names a block of code uses (``__version__`` is public)."""
+    found = [m.group(0) for m in _PRIVATE_PATH.finditer(code) if not m.group(1).startswith("__")]
+    for m in _FROM_IMPORT.finditer(code):
+        for part in m.group(1).strip("()").replace("\n", ",").split(","):
+            name = part.split(" as ")[0].strip()
+            if name.startswith("_") and not name.startswith("__"):
+                found.append(name)
+    return found
+
+
+@pytest.mark.parametrize(("code", "found"), [
+    ("from detload._filters.canonical import parse_filter", ["detload._filters"]),
+    ("import detload.layout._x as x", ["detload.layout._x"]),
+    ("from detload import _EXPORTS, Loader", ["_EXPORTS"]),
+    ("from detload.filters import (\n    Filter,\n    _private,\n)", ["_private"]),
+    ("print(detload._cache.CONVERTER_VERSION)", ["detload._cache"]),
+    ("import detload.filters\nfrom detload import Loader, __version__\ndetload.filters.parse(x, s)", []),
+])
+def test_private_names_are_found(code, found):
+    assert private_names(code) == found
+
+
+def test_examples_use_only_public_names():
+    """The pages show what a reader may use: no example imports or calls a private detload name."""
+    problems = [f"{page}:{b.line}: {name}" for page in PAGES for b in page_blocks(page)
+                if b.lang in ("python", "console") for name in private_names(b.body)]
+    assert not problems, "examples that use private names:\n" + "\n".join(problems)
+
+
 @pytest.mark.parametrize(("expected", "actual", "same"), [
     ("a 1\nb 2", "a 1  \nb 2\n\n", True),
     ("a 1\nb 2", "a 1\nb 3", False),

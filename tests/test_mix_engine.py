@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from strategies import check_rows
 
+import detload._read.reader
 from detload import BlockMemoryWarning, Loader, Pool
 from detload.plan import MixPlan
 
@@ -48,10 +49,30 @@ def test_batches_are_the_plans_rows_at_any_worker_count(ds, pool) -> None:  # ty
         assert all(np.array_equal(a, b) for a, b in zip(ref, got)) and len(ref) == len(got)
 
 
-def test_each_row_group_is_read_once_per_epoch(ds, unit_log) -> None:  # type: ignore[no-untyped-def]
-    with Loader(ds.root, batch_size=64, seed=2, workers=2, **MIX) as loader:
+@pytest.fixture
+def source_log(monkeypatch) -> list[tuple[str, int]]:  # type: ignore[no-untyped-def]
+    """Every (file, row group) a thread worker decodes from the source (not a cache entry)."""
+    log: list[tuple[str, int]] = []
+    real = detload._read.reader.UnitReader.read
+
+    def read(self, file_idx, rg, t, **kw):  # type: ignore[no-untyped-def]
+        hits = self._cache.hits if self._cache is not None else 0
+        out = real(self, file_idx, rg, t, **kw)
+        if self._cache is None or self._cache.hits == hits:
+            log.append((self.cfg.files[file_idx].path, rg))
+        return out
+
+    monkeypatch.setattr(detload._read.reader.UnitReader, "read", read)
+    return log
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_each_row_group_is_decoded_once_per_epoch(ds, source_log, workers) -> None:  # type: ignore[no-untyped-def]
+    # Several workers build blocks of one task (k mod W) and share its window through the cache:
+    # still one decode per row group.
+    with Loader(ds.root, batch_size=64, seed=2, workers=workers, **MIX) as loader:
         _ids(loader)
-    counts = collections.Counter(unit_log)
+    counts = collections.Counter(source_log)
     assert len(counts) == len(ds.units) and set(counts.values()) == {1}
 
 

@@ -28,8 +28,13 @@ def test_known_answer_of_the_worked_example() -> None:
     tasks = plan.tasks[0]
     assert [t.sources for t in tasks] == [(2, 3), (1, 5), (0, 4)]
     assert [np.diff(t.bounds).tolist() for t in tasks] == [[4, 4], [3, 4], [3, 3, 3]]
-    assert plan.row_ids().tolist() == [13, 15, 12, 14, 9, 8, 10, 11, 5, 22, 7, 21, 6, 23, 20,
-                                       0, 1, 18, 17, 19, 3, 2, 4, 16]
+    # Each block one chunk of each piece: (piece, first row, rows) before its permutation.
+    assert [[t.block_chunks(j) for j in range(t.blocks)] for t in tasks] == [
+        [[(0, 0, 3), (1, 1, 1)], [(0, 3, 3), (1, 0, 1)]],
+        [[(0, 2, 1), (1, 2, 2)], [(0, 0, 2), (1, 0, 2)]],
+        [[(0, 0, 2), (1, 0, 1)], [(0, 2, 2), (1, 1, 1)], [(0, 4, 1), (1, 2, 2)]]]
+    assert plan.row_ids().tolist() == [15, 9, 8, 10, 14, 13, 11, 12, 23, 22, 7, 6, 20, 5, 21,
+                                       0, 1, 16, 17, 3, 2, 18, 19, 4]
     assert [b.rows for b in plan.schedule] == [4, 4, 3, 4, 3, 3, 3]
     assert plan.steps == 24 and plan.dropped_rows == 0
 

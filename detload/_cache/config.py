@@ -30,6 +30,11 @@ class CacheConfig:
     map_budget: int = 0
     #: Test hook: act as if the disk were full once this many bytes were written by one worker.
     fail_after_bytes: int | None = None
+    #: Entries carry and are checked against an xxh3-128 checksum. Off only for a worker pool's
+    #: own scratch cache (the mixed order's shared windows in /dev/shm, gone with the pool),
+    #: which no disk or other process writes: hashing every window once per writer and once per
+    #: reader was a tenth of a cold epoch's work there.
+    checksums: bool = True
 
 
 def _is_auto(value: Any) -> bool:
@@ -74,7 +79,7 @@ def _warn_once(cfg: CacheConfig, kind: str, message: str) -> None:
 
 def open_cache(cache_dir: str | os.PathLike[str], cache_limit: int | str | None,
                objects: Sequence[str], *, cache_map_limit: int | str | None = "auto",
-               fail_after_bytes: int | None = None) -> CacheConfig | None:
+               fail_after_bytes: int | None = None, checksums: bool = True) -> CacheConfig | None:
     """Create the folders of a `detload.Cache`'s ``dir``, evict entries of replaced files, recount usage.
 
     The arguments are the group's ``dir``, ``limit`` and ``map_limit`` (checked again here,
@@ -95,7 +100,8 @@ def open_cache(cache_dir: str | os.PathLike[str], cache_limit: int | str | None,
         raise OptionError(f"Cache.dir {base!r} exists and is not a directory")
     root = os.path.join(base, f"v{CACHE_FORMAT}")
     session = f"{_safe_host(socket.gethostname())}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    cfg = CacheConfig(root, limit, session, map_budget=mapped, fail_after_bytes=fail_after_bytes)
+    cfg = CacheConfig(root, limit, session, map_budget=mapped, fail_after_bytes=fail_after_bytes,
+                      checksums=checksums)
     store = _Store(root)
     try:
         _prepare(store)

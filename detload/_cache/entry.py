@@ -54,13 +54,13 @@ class _Entry(NamedTuple):
 
 
 def _entry(mapping: _Mapping, expect: str | None, defer: bool, kept: _Entry | None = None,
-           rows: int | None = None) -> _Entry:
+           rows: int | None = None, verify: bool = True) -> _Entry:
     """Check the prefix (re-read on every use: the checksum does not cover it) and, unless
     ``defer``, the checksum; then parse the header, or reuse ``kept`` (an earlier parse of
     this mapping, whose row count was checked then) if the prefix is still the one it was
     parsed from."""
     hlen, digest = _prefix(mapping.buf)
-    if not defer:
+    if not defer and verify:  # (verify: False only for a scratch cache written without checksums)
         _verify(mapping.buf, digest)
     if kept is not None and hlen == kept.hlen and digest == kept.digest:
         return kept

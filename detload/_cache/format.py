@@ -107,9 +107,10 @@ def _serialize(key: str, cols: Sequence[tuple[str, Column]],
     return _Laid(hbytes.ljust(payload_start - _PREFIX.size, b" "), pieces, payload_start, total)
 
 
-def _buffers(laid: _Laid) -> list[Any]:
-    """The bytes of a laid-out entry, prefix (with the checksum) first, to be written back to back."""
-    h = xxhash.xxh3_128()
+def _buffers(laid: _Laid, checksum: bool = True) -> list[Any]:
+    """The bytes of a laid-out entry, prefix (with the checksum, zero without) first, to be
+    written back to back."""
+    h: Any = xxhash.xxh3_128() if checksum else _NoHash()
     h.update(laid.header)
     body: list[Any] = [laid.header]
     at = laid.payload_start
@@ -123,6 +124,16 @@ def _buffers(laid: _Laid) -> list[Any]:
             h.update(_ZEROS[:pad])
         at = end + pad
     return [_PREFIX.pack(_MAGIC, len(laid.header), h.digest()), *body]
+
+
+class _NoHash:
+    """Stands in for the hash of an entry written without a checksum."""
+
+    def update(self, data: Any) -> None:
+        pass
+
+    def digest(self) -> bytes:
+        return bytes(16)
 
 
 # -- reading ---------------------------------------------------------------------

@@ -55,6 +55,10 @@ class RowGroupCache:
     def _path(self, obj: str, rg: int) -> str:
         return os.path.join(self.store.objects, obj, _entry_name(rg, self.specs_key))
 
+    def path(self, obj: str, rg: int) -> str:
+        """Where the entry of row group ``rg`` of object ``obj`` lies (it may not exist)."""
+        return self._path(obj, rg)
+
     def _key(self, obj: str, rg: int) -> str:
         return f"{obj}/{_entry_name(rg, self.specs_key)}"
 
@@ -68,14 +72,14 @@ class RowGroupCache:
         # Offsets of variable-length columns steer copies and sizes: those entries are
         # verified before use. A damaged fixed-width value only changes data, which the
         # deferred check catches before the block is handed over.
-        defer = defer and not self._ragged
+        defer = defer and not self._ragged and self.cfg.checksums
         try:
             kept = self.kept.get(path)
             mapping = kept.mapping if kept is not None else _map(path)
             if mapping is None:
                 self.misses += 1
                 return None
-            entry = _entry(mapping, self._key(obj, rg), defer, kept, rows)
+            entry = _entry(mapping, self._key(obj, rg), defer, kept, rows, verify=self.cfg.checksums)
             if entry is not kept:
                 self.kept.offer(path, entry)
         except _Corrupt as exc:

@@ -65,7 +65,7 @@ class _Writer:
         if tmp is None:
             return  # over Cache.limit: what is cached stays, this entry is not added
         try:
-            buffers = _buffers(laid)  # the checksum: only for an entry that has room
+            buffers = _buffers(laid, self.cfg.checksums)  # the checksum: only for an entry that has room
             fd = os.open(tmp, os.O_WRONLY)
             try:
                 # One vectored write of the whole entry: the page cache then holds it in

@@ -224,6 +224,9 @@ def _concat_ragged(name: str, parts: Sequence[Ragged]) -> Ragged:
 # with the permutation (8 bytes a row) and the written rows: at 65,536 rows, one
 # float32 column a chunk took ~5% less than four (1 MB) did.
 _CHUNK_BYTES = 1 << 18
+#: Above this many units, a group of columns is copied from each unit in one call (a
+#: per-unit call per cache-sized chunk of columns cost more in calls than it saved).
+_MANY_UNITS = 8
 
 
 def _chunk_cols(rows: int, itemsize: int) -> int:
@@ -264,12 +267,12 @@ def _assemble_group(
     spans: list[tuple[int, int]],
     perm: np.ndarray | None,
     scratch: np.ndarray,
-    picks: Sequence[np.ndarray] | None = None,
+    ranges: Sequence[tuple[int, int]] | None = None,
 ) -> None:
-    """Columns ``names`` of the units (their rows ``picks`` when given), concatenated and
-    permuted, into the rows of ``out2d``."""
+    """Columns ``names`` of the units (rows ``first..first + n`` of each with ``ranges``),
+    concatenated and permuted, into the rows of ``out2d``."""
     k, rows = out2d.shape
-    step = k if perm is None else _chunk_cols(rows, out2d.itemsize)
+    step = k if perm is None or len(units) > _MANY_UNITS else _chunk_cols(rows, out2d.itemsize)
     # A pending cache checksum covers the whole group now, in one call per unit rather
     # than one per chunk: each call releases and retakes the GIL, and the group (a few
     # MB per block) is still in L3 when the chunks copy it.
@@ -280,23 +283,24 @@ def _assemble_group(
         dst = out2d[j0:j1] if perm is None else scratch[: (j1 - j0) * rows * out2d.itemsize].view(
             out2d.dtype).reshape(j1 - j0, rows)
         for q, (u, (lo, hi)) in enumerate(zip(units, spans)):
+            a = ranges[q][0] if ranges is not None else 0
             part = _run_part(u, names, j0, j1)
-            if picks is not None:
-                # The mixed order: this block's rows of a window's row group, ascending.
-                pick = picks[q]
-                if part is not None:
-                    dst[:, lo:hi] = np.take(part, pick, axis=1, mode="wrap")
-                else:
-                    for j in range(j0, j1):
-                        np.take(u[names[j]], pick, out=dst[j - j0, lo:hi], mode="wrap")  # type: ignore[call-overload]
-            elif part is not None:
-                dst[:, lo:hi] = part
+            if part is not None:
+                dst[:, lo:hi] = part[:, a : a + hi - lo] if ranges is not None else part
             else:
                 for j in range(j0, j1):
-                    dst[j - j0, lo:hi] = u[names[j]]
+                    col = u[names[j]]
+                    assert isinstance(col, np.ndarray)
+                    dst[j - j0, lo:hi] = col[a : a + hi - lo] if ranges is not None else col
         if perm is not None:
             # Every index is in range (a permutation): "wrap" changes nothing but speed.
-            np.take(dst, perm, axis=1, out=out2d[j0:j1], mode="wrap")
+            # Many units (a mixed-order block: one chunk of each of up to mix_window row
+            # groups): the whole group was copied at once, one call per unit; it is
+            # permuted in cache-sized runs of columns.
+            sub = _chunk_cols(rows, out2d.itemsize) if step > 1 and step == k else j1 - j0
+            for c0 in range(0, j1 - j0, sub):
+                c1 = min(j1 - j0, c0 + sub)
+                np.take(dst[c0:c1], perm, axis=1, out=out2d[j0 + c0 : j0 + c1], mode="wrap")
 
 
 def assemble(
@@ -304,17 +308,22 @@ def assemble(
     units: Sequence[Mapping[str, Column]],
     perm: np.ndarray | None,
     allocate: Callable[[int], np.ndarray],
-    picks: Sequence[np.ndarray] | None = None,
+    ranges: Sequence[tuple[int, int]] | None = None,
 ) -> tuple[np.ndarray, Layout]:
     """Write the block (units concatenated, rows in ``perm`` order) into a new buffer.
 
     ``allocate(nbytes)`` returns a writable uint8 array of that size (heap or
-    shared memory). ``picks``: for each unit, the rows of it the block takes (ascending;
-    the mixed order gathers a block from a window of row groups), concatenated before
-    ``perm`` applies. Returns the buffer and its layout.
+    shared memory). ``ranges``: for each unit, the rows ``(first, n)`` of it the block takes
+    (a mixed-order block takes one chunk of each row group of its task's window), else all.
+    Returns the buffer and its layout.
     """
-    if picks is not None:
-        lengths = [len(p) for p in picks]
+    # The rows each unit gives, as views: what ragged and multi-dimensional columns copy.
+    whole: Sequence[Mapping[str, Column]] = units
+    if ranges is not None:
+        lengths = [n for _, n in ranges]
+        if any(s.kind != "fixed" or s.inner for s in specs):
+            whole = [{s.name: slice_rows(u[s.name], a, a + n) for s in specs if s.kind != "fixed" or s.inner}
+                     for u, (a, n) in zip(units, ranges)]
     else:
         lengths = [len(next(iter(u.values()))) for u in units] if specs else [0 for _ in units]
     rows = sum(lengths)
@@ -323,36 +332,29 @@ def assemble(
     for n in lengths:
         spans.append((pos, pos + n))
         pos += n
-    if picks is not None:
-        ragged = {s.name: _concat_ragged(s.name, [take_rows(u[s.name], p)  # type: ignore[misc]
-                                                  for u, p in zip(units, picks)])
-                  for s in specs if s.kind == "ragged"}
-    else:
-        ragged = {s.name: _concat_ragged(s.name, [u[s.name] for u in units])  # type: ignore[misc]
-                  for s in specs if s.kind == "ragged"}
+    ragged = {s.name: _concat_ragged(s.name, [u[s.name] for u in whole])  # type: ignore[misc]
+              for s in specs if s.kind == "ragged"}
     layout, groups = _plan(specs, rows, {k: _value_counts(v) for k, v in ragged.items()})
     buf = allocate(layout.nbytes)
     base = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)
     out = views(base, layout)
     need = 0
     if perm is not None and rows:
-        need = max((min(k, _chunk_cols(rows, _dtype(dt).itemsize)) * rows * _dtype(dt).itemsize
-                    for _, k, dt in groups), default=0)
+        need = max(((k if len(units) > _MANY_UNITS else min(k, _chunk_cols(rows, _dtype(dt).itemsize)))
+                    * rows * _dtype(dt).itemsize for _, k, dt in groups), default=0)
     scratch = _workspace("scratch", need, np.uint8)
     for first, k, dt in groups:
         names = tuple(c.name for c in layout.columns[first : first + k])
         d0 = layout.columns[first].data
         out2d = base[d0.offset : d0.offset + k * d0.nbytes].view(_dtype(dt)).reshape(k, rows)
-        _assemble_group(names, out2d, units, spans, perm, scratch, picks)
+        _assemble_group(names, out2d, units, spans, perm, scratch, ranges)
     for spec in specs:
         dst = out[spec.name]
         if spec.kind == "fixed":
             assert isinstance(dst, np.ndarray)
             if dst.ndim == 1:
                 continue  # written by its group
-            parts = [u[spec.name] for u in units]
-            if picks is not None:
-                parts = [np.take(c, p, axis=0) for c, p in zip(parts, picks)]  # type: ignore[call-overload,arg-type]
+            parts = [u[spec.name] for u in whole]
             if perm is None:
                 np.concatenate(parts, axis=0, out=dst)  # type: ignore[arg-type]
             else:

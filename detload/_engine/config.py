@@ -60,6 +60,16 @@ class WorkerConfig:
     #: How local files are opened: Storage.memory_map's value (False, "auto" or True; thread
     #: workers get False for "auto"), see _read/mapping.should_map.
     memory_map: bool | str = False
+    #: The mixed order with more than one worker: the workers share task windows, block k
+    #: going to worker k mod W (_engine/share.py).
+    share_windows: bool = False
+    #: Process workers sharing windows: the folder of their row-group claims (the windows are
+    #: cache entries: the user's cache, or the pool's scratch one, ``scratch``).
+    share_dir: str | None = None
+    scratch: bool = False
+    #: Thread workers sharing windows: the converted row groups they hand each other
+    #: (share.MemoryShare, never pickled).
+    window_share: Any = None
 
     @property
     def shm_dir(self) -> str | None:

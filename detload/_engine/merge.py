@@ -20,14 +20,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._cache import CacheWarning
+from .._cache import CacheWarning, RowGroupCache
 from .._fdless import descriptor_limit_error, is_out_of_descriptors
 from .._trace import MERGER, Tracer
 from .._types import Column, ColumnSpec
 from ..audit import batch_line, hash_batch
 from ..errors import DetloadError, WorkerError
-from ..plan import MixPlan, Plan
+from ..plan import Block, MixBlock, MixPlan, MixTask, Plan
 from .block import views
+from .config import WorkerConfig
 from .cut import Buffer, make_cutter
 from .messages import POLL, BlockReady, PackedError, StepCut, Task, WorkerFailed, put_until
 from .passes import concerns
@@ -60,18 +61,22 @@ class _Cancelled(Exception):
     pass
 
 
-def make_tasks(plan: Plan, start_step: int, workers: int) -> list[list[Task]]:
+def make_tasks(plan: Plan, start_step: int, workers: int, shared: bool = False) -> list[list[Task]]:
     """Each worker's blocks of ``plan`` from ``start_step`` on, as dealt by `Plan.worker_schedules`
     (block k to worker k mod W, so worker w's j-th block is k = j*W + w); a task lists
-    its block's row ranges (file, row group, first, rows)."""
+    its block's row ranges (file, row group, first, rows). The mixed order: each worker's
+    plan tasks with the blocks it builds of them (``shared``: workers share task windows,
+    block k to worker k mod W; else a task's blocks all go to one worker)."""
     opts = plan.options
     if isinstance(plan, MixPlan):
-        # The mixed order: a worker's task is one plan task, building the blocks listed.
+        schedules = (plan.shared_task_schedules(workers, start_step) if shared
+                     else plan.task_schedules(workers, start_step))
         return [
             [Task(blocks[0][0], t.partition, t.number, t.ranges, t.rows, opts.seed, plan.epoch, opts.shuffle,
-                  blocks=tuple((k, t.bounds[j], t.bounds[j + 1]) for k, j in blocks))
+                  blocks=tuple((k, t.bounds[j], t.bounds[j + 1]) for k, j in blocks),
+                  chunks=tuple((j, tuple(t.block_chunks(j))) for _, j in blocks))
              for t, blocks in tasks]
-            for tasks in plan.task_schedules(workers, start_step)
+            for tasks in schedules
         ]
     grouped = plan.group_bounds is not None
     return [
@@ -80,6 +85,29 @@ def make_tasks(plan: Plan, start_step: int, workers: int) -> list[list[Task]]:
          for j, b in enumerate(blocks)]
         for w, blocks in enumerate(plan.worker_schedules(workers, start_step))
     ]
+
+
+def _window_ends(plan: Plan, schedule: Sequence[Block], cfg: WorkerConfig
+                 ) -> dict[int, tuple[list[tuple[int, int]], list[str]]]:
+    """Per schedule position k that is a task's last block: the task's row groups, and with the
+    pool's scratch cache their entries (which nothing needs once the task's blocks are built)."""
+    last: dict[tuple[int, int], int] = {}
+    tasks: dict[tuple[int, int], MixTask] = {}
+    for k, b in enumerate(schedule):
+        assert isinstance(b, MixBlock)
+        key = (b.partition, b.task.number)
+        last[key] = k
+        tasks[key] = b.task
+    cache = RowGroupCache(cfg.cache, cfg.specs, cfg.null_fill) if cfg.scratch and cfg.cache is not None else None
+    out: dict[int, tuple[list[tuple[int, int]], list[str]]] = {}
+    for key, k in last.items():
+        pieces = [(r[0], r[1]) for r in tasks[key].ranges]
+        entries = ([cache.path(cfg.files[f].cache_key, rg) for f, rg in pieces if cfg.files[f].cache_key]
+                   if cache is not None else [])
+        out[k] = (pieces, entries)
+    if cache is not None:
+        cache.close()
+    return out
 
 
 def ahead_counts(tasks: list[list[Task]], limit: int) -> list[int]:
@@ -125,9 +153,14 @@ class Run:
         self._stop_lock = threading.Lock()
         self._merged = False  # the merger took every block of the pass (ordered merge only)
         self.schedule = plan.schedule_from(start_step)
-        self._tasks = make_tasks(plan, start_step, pool.workers)
+        shared = isinstance(plan, MixPlan) and pool.cfg.share_windows
+        self._tasks = make_tasks(plan, start_step, pool.workers, shared)
         #: The worker that builds each block of the schedule (k mod W, or its task's worker).
-        self._owner = plan.block_workers(pool.workers, start_step)
+        self._owner = (plan.block_workers(pool.workers, start_step, shared)
+                       if isinstance(plan, MixPlan) else plan.block_workers(pool.workers, start_step))
+        #: Shared windows: after the merger took block k, the task whose last block it is lets go
+        #: of its window (_engine/share.py); what is left when the pass stops goes then.
+        self._window_ends = _window_ends(plan, self.schedule, pool.cfg) if shared else {}
         # Tasks each worker already has: submitted ahead, with this pass number, while
         # the previous pass was running (see Loader._build_ahead).
         self._ahead = list(ahead) if ahead is not None else [0] * pool.workers
@@ -170,6 +203,11 @@ class Run:
                     break
             if not merged:
                 self.pool.drain()
+            if self._window_ends:  # a stopped pass: its claims, what its workers shared
+                if self.thread.is_alive():  # a merger that outlived the join: it may still pop
+                    self._window_ends = dict(self._window_ends)
+                left = list(self._window_ends.values())
+                self.pool.release_windows(self.gen, None, [e for _, es in left for e in es])
         finally:
             # An iterator still holding this run must end, not wait forever: also when the
             # above was interrupted (a KeyboardInterrupt in the thread that stops it).
@@ -348,6 +386,9 @@ class Run:
             cols = self._take(owner[k], k)
             buffers[block.partition].append((block.start, cols))
             del cols
+            done = self._window_ends.pop(k, None)
+            if done is not None:
+                self.pool.release_windows(self.gen, *done)
         self._merged = True  # the queues now hold only what is built ahead for the next pass
         if step < plan.steps:
             self._emit_steps(step, plan.steps, owned, buffers)

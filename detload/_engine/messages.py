@@ -160,9 +160,9 @@ class Task:
     """One block to produce: k is its position in the rank's schedule.
 
     Or, for the mixed order (``blocks`` set), one task of the plan: its ``units`` (the window)
-    read once, its ``rows`` permuted together (``number`` is the task's), and ``blocks``
-    built from them, each ``(k, lo, hi)``: block k of the schedule is rows ``[lo, hi)`` of
-    the task's permuted rows.
+    read once (``number`` is the task's), and ``blocks`` built from it, each ``(k, lo, hi)``:
+    block k of the schedule is rows ``[lo, hi)`` of the task's stream, made of the window's
+    rows its ``chunks`` entry names, permuted.
     """
 
     k: int
@@ -177,6 +177,9 @@ class Task:
     groups: tuple[int, ...] = ()
     #: The mixed order: the blocks to build from the task, ``(k, lo, hi)`` (empty: one block, ``k``).
     blocks: tuple[tuple[int, int, int], ...] = ()
+    #: The mixed order, per entry of ``blocks``: the block's index j in its task and its rows
+    #: before the permutation, ``(piece, first row in the piece, rows)`` (`MixTask.block_chunks`).
+    chunks: tuple[tuple[int, tuple[tuple[int, int, int], ...]], ...] = ()
 
     @property
     def block_rows(self) -> int:

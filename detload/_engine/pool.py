@@ -43,11 +43,13 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from .._cache import KeptMappings
 from .._fdless import check_descriptors, descriptor_limit_error, is_out_of_descriptors
 from ..errors import OptionError, WorkerError
+from . import share
 from . import shm as _shm
 from . import spawn as _spawn
 from .config import WorkerConfig
@@ -210,7 +212,8 @@ class WorkerPool:
         self.kept = (KeptMappings(self.cfg.cache.map_budget)
                      if kind == "thread" and self.cfg.cache is not None else None)
         if self.buffers is not None:
-            self.cfg = dataclasses.replace(self.cfg, buffers=self.buffers, kept=self.kept)
+            self.cfg = dataclasses.replace(self.cfg, buffers=self.buffers, kept=self.kept,
+                                           window_share=share.MemoryShare() if self.cfg.share_windows else None)
         self._closed = False
         # The consumer's first wait on a new pool includes its start-up (traced as "startup").
         self.awaiting_first_batch = True
@@ -429,6 +432,14 @@ class WorkerPool:
         return [h.pid for h in self.handles] if self.kind == "process" and not self._closed else []
 
     # -- stopping ----------------------------------------------------------
+    def release_windows(self, gen: int, pieces: list[tuple[int, int]] | None, entries: Sequence[str] = ()) -> None:
+        """Shared windows: forget a task's row groups once its blocks are all built (``pieces``),
+        or every row group of a stopped pass (None); ``entries`` are scratch cache entries."""
+        if self.cfg.window_share is not None:
+            self.cfg.window_share.drop(gen, pieces)
+        elif self.cfg.share_dir is not None:
+            share.remove_claims(self.cfg.share_dir, gen, pieces, entries)
+
     def close(self, timeout: float = 2.0) -> None:
         """Stop the workers (letting them finish the read they are in, for up to ``timeout`` s),
         then release and forget everything. A second Ctrl-C during the wait still gets the
@@ -459,6 +470,9 @@ class WorkerPool:
             if self.kind == "process":
                 self._close_processes(started)
             self.watch.clear()  # every buffer still announced is withdrawn
+            if self.cfg.share_dir is not None:  # claims, and a scratch cache: after the workers
+                share.remove_share_dir(os.path.dirname(self.cfg.share_dir))
+            self.cfg = dataclasses.replace(self.cfg, window_share=None)
             # Forget them all: what still refers to this pool must not keep them alive.
             self.inboxes, self.outboxes, self.handles = [], [], []
             self.segments, self._sender = None, None

@@ -32,8 +32,9 @@ import xxhash
 
 from .._filters.selection import Selection
 from .._read import UnitReader, select_rows
-from .._streams import mix_row_permutation
+from .._streams import mix_block_permutation
 from .._types import UnitColumns
+from . import share
 from . import shm as _shm
 from . import spawn as _spawn
 from .block import Layout, assemble, slice_rows
@@ -450,7 +451,7 @@ def worker_loop(cfg: WorkerConfig, index: int, link: ThreadLink | ProcessLink, p
                 segs.new_pass(max(task.block_rows for task in tasks))
             if tasks and tasks[0].blocks:  # the mixed order: tasks of several blocks each
                 ok, last_wait = _mix_tasks(cfg, reader, steps, tasks, gen, status, segs, link, stale, pid,
-                                           last_wait)
+                                           last_wait, index)
                 if not ok:
                     reader.close()
                     reader = UnitReader(cfg)
@@ -491,60 +492,26 @@ def worker_loop(cfg: WorkerConfig, index: int, link: ThreadLink | ProcessLink, p
 
 
 class _Window:
-    """A mixed-order task's window: its pieces' rows read once, the task's permutation, and for
-    each block it builds, where the block's rows lie (computed once per task, in O(rows))."""
+    """A mixed-order task's window: its pieces' rows, read once, from which its blocks are cut."""
 
-    __slots__ = ("perm", "rank", "sorted_rows", "starts", "units")
+    __slots__ = ("task", "units")
 
     def __init__(self, task: Task, units: list[UnitColumns]) -> None:
+        self.task = task
         self.units = units
-        sizes = np.asarray([r.rows for r in task.units], dtype=np.int64)
-        self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        n = task.rows
-        self.perm: np.ndarray | None = None
-        self.sorted_rows: dict[int, np.ndarray] = {}
-        self.rank = np.zeros(0, dtype=np.int64)
-        if not task.shuffle:
-            return
-        perm = self.perm = mix_row_permutation(task.seed, task.epoch, task.partition, task.number, n)
-        # Each task row's block (-1: a block before a resume point), then the rows of every block
-        # in ascending (stored) order by one stable sort of small ints (a radix sort), and each
-        # row's place among its block's rows: a block is the gather of its rows from the window
-        # in stored order (cache friendly), permuted by those places.
-        owner = np.full(n, -1, dtype=np.int16 if len(task.blocks) < 2**15 else np.int64)
-        for j, (_, lo, hi) in enumerate(task.blocks):
-            owner[perm[lo:hi]] = j
-        order = np.argsort(owner, kind="stable")
-        counts = np.bincount(owner.astype(np.int64) + 1, minlength=len(task.blocks) + 1)
-        firsts = np.concatenate([[0], np.cumsum(counts)])
-        self.rank = np.empty(n, dtype=np.int64)
-        self.rank[order] = np.arange(n, dtype=np.int64) - np.repeat(firsts[:-1], counts)
-        for j, (k, _, _) in enumerate(task.blocks):
-            self.sorted_rows[k] = order[firsts[j + 1] : firsts[j + 2]]
 
-    def block(self, k: int, lo: int, hi: int) -> tuple[list[UnitColumns], list[np.ndarray] | None, np.ndarray | None]:
-        """Block k (rows ``[lo, hi)`` of the permuted task): the window's units it draws from,
-        the rows of each it takes (None: whole slices), and its permutation of them."""
-        starts = self.starts
-        if self.perm is None:  # no shuffle: the task's rows in stored order, sliced
-            a = int(np.searchsorted(starts, lo, side="right")) - 1
-            units: list[UnitColumns] = []
-            for q in range(a, len(self.units)):
-                s0, s1 = int(starts[q]), int(starts[q + 1])
-                if s0 >= hi:
-                    break
-                first, last = max(lo, s0) - s0, min(hi, s1) - s0
-                units.append(_rows_of(self.units[q], first, last - first))
-            return units, None, None
-        rows = self.sorted_rows.pop(k)
-        cuts = np.searchsorted(rows, starts)
-        units, picks = [], []
-        for q in range(len(self.units)):
-            c0, c1 = int(cuts[q]), int(cuts[q + 1])
-            if c0 < c1:
-                units.append(self.units[q])
-                picks.append(rows[c0:c1] - starts[q])
-        return units, picks, self.rank[self.perm[lo:hi]]
+    def block(self, n: int) -> tuple[list[UnitColumns], list[tuple[int, int]], np.ndarray | None]:
+        """Entry ``n`` of the task's blocks: its rows (one chunk of each piece with shuffle, a
+        few slices without) as the window's units and the (first row, rows) it takes of each,
+        and their permutation."""
+        task = self.task
+        j, chunks = task.chunks[n]
+        units = [self.units[q] for q, _, _ in chunks]
+        ranges = [(first, rows) for _, first, rows in chunks]
+        if not task.shuffle:
+            return units, ranges, None
+        rows = sum(r for _, _, r in chunks)
+        return units, ranges, mix_block_permutation(task.seed, task.epoch, task.partition, task.number, j, rows)
 
 
 def _open_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, gen: int, k: int,
@@ -552,25 +519,100 @@ def _open_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task
     """Read a mixed-order task's pieces once each, through the row-group steps (a cache entry's
     checksum verified as it is read: the window serves several blocks)."""
     b = _Build(cfg, reader, task, t, defer=False)
+    units: list[UnitColumns] = []
     for f, rg, first, rows in task.units:
         status.set(gen, k, f, rg)
         _debug_before_read(cfg, task, f, rg)
-        u = _RowGroup(f, rg, first)
-        for step in steps:
-            if u.done:
-                break
-            step(b, u)
-        b.units.append(_rows_of(u.cols, first, rows))
-    return _Window(task, b.units)
+        units.append(_rows_of(_row_group(b, steps, f, rg, first), first, rows))
+    return _Window(task, units)
 
 
-def _mix_block(cfg: WorkerConfig, win: _Window, k: int, lo: int, hi: int,
+def _row_group(b: _Build, steps: Steps, f: int, rg: int, first: int) -> UnitColumns:
+    """A window's row group through the row-group steps (read or mapped, checked, selected,
+    transformed): the same for every piece of it in the pass."""
+    u = _RowGroup(f, rg, first)
+    for step in steps:
+        if u.done:
+            break
+        step(b, u)
+    return u.cols
+
+
+class _StalePass(Exception):
+    """The pass a shared window was being opened for was stopped: its blocks are not wanted."""
+
+
+def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, gen: int, k: int,
+                        status: Status, t: Timings, index: int, stale: Callable[[], bool]) -> _Window:
+    """A task's window shared with the other workers (_engine/share.py): convert the row groups
+    this worker claims, starting at a place of its own so that workers spread over the task,
+    then take the others' as they are published, converting any nobody claimed (or whose
+    claimer gave up) itself. Thread workers hand over the columns; process workers write cache
+    entries and map them."""
+    b = _Build(cfg, reader, task, t, defer=False)
+    mem: share.MemoryShare | None = cfg.window_share
+    share_dir = cfg.share_dir
+    n = len(task.units)
+    got: dict[int, UnitColumns] = {}
+
+    def convert(i: int) -> UnitColumns:
+        f, rg, first, _ = task.units[i]
+        status.set(gen, k, f, rg)
+        _debug_before_read(cfg, task, f, rg)
+        return _row_group(b, steps, f, rg, first)
+
+    start = int((index * 0.6180339887498949) % 1.0 * n)
+    for j in range(n):
+        if stale():  # the pass was stopped: claim (and keep) nothing more for it
+            raise _StalePass
+        i = (start + j) % n
+        f, rg, _, _ = task.units[i]
+        if mem is not None:
+            if not mem.claim(gen, f, rg):
+                continue
+            cols = None
+            try:
+                cols = got[i] = convert(i)
+            finally:
+                mem.publish(gen, f, rg, cols)
+        else:
+            assert share_dir is not None
+            entry = reader.entry_path(f, rg)
+            if entry is None or os.path.exists(entry) or not share.claim(share_dir, gen, f, rg):
+                continue
+            try:
+                got[i] = convert(i)
+            finally:
+                share.finish(share_dir, gen, f, rg)
+    units: list[UnitColumns] = []
+    for i, (f, rg, first, rows) in enumerate(task.units):
+        cols = got.pop(i, None)
+        if cols is None:
+            if stale():
+                raise _StalePass
+            t0 = time.perf_counter()
+            if mem is not None:
+                cols = mem.fetch(gen, f, rg, stale)
+            else:
+                assert share_dir is not None
+                entry = reader.entry_path(f, rg)
+                if entry is not None and not os.path.exists(entry):
+                    share.wait_for(share_dir, gen, f, rg, entry, stale)
+            t.add("window_wait", t0, time.perf_counter())
+            if cols is None:  # a process worker maps the entry here (or converts the row group)
+                cols = convert(i)
+        units.append(_rows_of(cols, first, rows))
+    return _Window(task, units)
+
+
+def _mix_block(cfg: WorkerConfig, win: _Window, n: int, lo: int, hi: int,
                segs: _shm.WorkerSegments | None) -> tuple[Any, Layout]:
-    """Build block k of a window: gather its rows from the window's units, permute them."""
-    units, picks, perm = win.block(k, lo, hi)
+    """Build entry ``n`` of a window's blocks (rows ``[lo, hi)`` of its task's stream): its
+    chunks of the window's units, concatenated and permuted."""
+    units, ranges, perm = win.block(n)
     if segs is None:
         alloc = cfg.buffers.get if cfg.buffers is not None else (lambda n: np.empty(n, dtype=np.uint8))
-        return assemble(cfg.block_specs, units, perm, alloc, picks)
+        return assemble(cfg.block_specs, units, perm, alloc, ranges)
     got: list[_shm.Segment] = []
 
     def alloc_shm(n: int) -> np.ndarray:
@@ -579,7 +621,7 @@ def _mix_block(cfg: WorkerConfig, win: _Window, k: int, lo: int, hi: int,
         return arr
 
     try:
-        buf, layout = assemble(cfg.block_specs, units, perm, alloc_shm, picks)
+        buf, layout = assemble(cfg.block_specs, units, perm, alloc_shm, ranges)
     except BaseException:
         for seg in got:
             segs.unsent(seg)
@@ -590,16 +632,16 @@ def _mix_block(cfg: WorkerConfig, win: _Window, k: int, lo: int, hi: int,
 
 def _mix_tasks(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tasks: Any, gen: int, status: Status,
                segs: _shm.WorkerSegments | None, link: ThreadLink | ProcessLink, stale: Callable[[], bool],
-               pid: int, last_wait: tuple[str, float, float] | None
+               pid: int, last_wait: tuple[str, float, float] | None, index: int = 0
                ) -> tuple[bool, tuple[str, float, float] | None]:
     """Build the blocks of a worker's mixed-order tasks in schedule order (k), each task's
     window read when its first block is due and dropped after its last one. Tasks of different
     partitions may interleave in the schedule: their windows are then held together (at most
     one per partition the rank owns). Returns (whether every block went out, the last wait)."""
-    events = sorted((k, i, lo, hi) for i, task in enumerate(tasks) for k, lo, hi in task.blocks)
+    events = sorted((k, i, n, lo, hi) for i, task in enumerate(tasks) for n, (k, lo, hi) in enumerate(task.blocks))
     left = [len(task.blocks) for task in tasks]
     windows: dict[int, _Window] = {}
-    for k, i, lo, hi in events:
+    for k, i, n, lo, hi in events:
         if stale():
             return False, last_wait
         task = tasks[i]
@@ -610,10 +652,14 @@ def _mix_tasks(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tasks: Any, 
         try:
             win = windows.get(i)
             if win is None:
-                win = windows[i] = _open_window(cfg, reader, steps, task, gen, k, status, t)
+                win = windows[i] = (
+                    _open_shared_window(cfg, reader, steps, task, gen, k, status, t, index, stale)
+                    if cfg.share_windows else _open_window(cfg, reader, steps, task, gen, k, status, t))
             t0 = time.perf_counter()
-            payload, layout = _mix_block(cfg, win, k, lo, hi, segs)
+            payload, layout = _mix_block(cfg, win, n, lo, hi, segs)
             t.add("permute", t0, time.perf_counter())
+        except _StalePass:
+            return False, last_wait
         except BaseException as exc:  # carried back as a value, re-raised by the merger
             _, _, f, rg = status.get()
             unit = (cfg.files[f].path, rg) if f >= 0 else None

@@ -553,7 +553,8 @@ def _fields(node: Mapping[str, Any]) -> set[str]:
 class Filter:
     """A parsed filter in canonical form: frozen, picklable and cheap to copy.
 
-    Build one with `parse_filter`. Equal filters compare equal and share a `digest`.
+    Build one with `parse_filter` (public: ``detload.filters.parse``). Equal filters compare
+    equal and share a `digest`.
     """
 
     __slots__ = ("_text", "_partitions", "_prepared")

@@ -26,6 +26,8 @@ import pyarrow.parquet as pq
 import xxhash
 
 from .._discovery import chunk_bytes, leaf_columns
+from .._read.parquet import open_parquet, read_row_group
+from .._storage import object_uri
 from ..errors import EmptyDatasetError
 from ..plan import Range, Unit
 from .bloom import BloomReader
@@ -142,7 +144,7 @@ def _file_answer(dataset: Any, i: int, flt: Filter, store: Any = None, key: str 
         # a filter that statistics settle opens no file at all.
         pf: pq.ParquetFile | None = None
         if footer is None:
-            pf = pq.ParquetFile(opened.enter_context(fs.open_input_file(f.location)))
+            pf = open_parquet(opened.enter_context(fs.open_input_file(f.location)))
             footer = pf.metadata
         md = footer
         schema = md.schema.to_arrow_schema()
@@ -171,8 +173,9 @@ def _file_answer(dataset: Any, i: int, flt: Filter, store: Any = None, key: str 
                     idx, source = rows, "cache"
                 else:
                     if pf is None:
-                        pf = pq.ParquetFile(opened.enter_context(fs.open_input_file(f.location)), metadata=md)
-                    table = pf.read_row_group(g, columns=stored, use_threads=False)
+                        pf = open_parquet(opened.enter_context(fs.open_input_file(f.location)), metadata=md)
+                    # Checksums verified as the workers do: a damaged page must not pick the rows.
+                    table = read_row_group(pf, g, stored, object_uri(fs, f.location))
                     read += chunk_bytes(md, g, leaves)
                     idx = flt.select(table, pvals)
                     if store is not None:

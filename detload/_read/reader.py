@@ -31,6 +31,7 @@ from .._types import INT96_UNIT, Column, ColumnSpec, Ragged, UnitColumns, column
 from .._xform import TransformRunner
 from ..errors import DataError, DetloadError
 from .mapping import MappedFile, open_mapped, should_map
+from .parquet import checksum_error, open_parquet
 
 __all__ = ["FileRef", "ReadConfig", "ReadSettings", "StageTimes", "UnitReader", "select_rows"]
 
@@ -159,15 +160,12 @@ class UnitReader:
         else:
             f = source = fs.open_input_file(ref.location)
         try:
-            # Pages written with CRCs are checked: garbage in an uncompressed or
-            # zstd page would otherwise decode into wrong values without a word.
-            pf = pq.ParquetFile(source, page_checksum_verification=True, pre_buffer=self._pre_buffer,
-                                coerce_int96_timestamp_unit=INT96_UNIT)
+            # Pages written with CRCs are checked (open_parquet), here as in planning's passes.
+            pf = open_parquet(source, pre_buffer=self._pre_buffer)
             here = ([n for n in _int96_columns(pf.metadata, pf.schema_arrow) if n in self._int96]
                     if self._int96 else [])
             if here:
-                ms = pq.ParquetFile(source, metadata=pf.metadata, page_checksum_verification=True,
-                                    pre_buffer=self._pre_buffer, coerce_int96_timestamp_unit="ms")
+                ms = open_parquet(source, metadata=pf.metadata, pre_buffer=self._pre_buffer, int96_unit="ms")
                 self._int96_ms[i] = (ms, here)
         except BaseException:
             try:
@@ -247,6 +245,13 @@ class UnitReader:
             if not self._still_listed(self.cfg.files[i]):
                 self._drop(i)
 
+    def entry_path(self, file_idx: int, rg: int) -> str | None:
+        """Where the row group's cache entry lies (None: it is not cached by this reader)."""
+        ref = self.cfg.files[file_idx]
+        if self._cache is None or not ref.cache_key or not self._cache.writes_on:
+            return None
+        return self._cache.path(ref.cache_key, rg)
+
     def read(self, file_idx: int, rg: int, t: StageTimes, *, defer: bool = False) -> UnitColumns:
         """One row group's columns. With ``defer``, a cache hit's checksum is verified
         while the block reads it: call `settle` before using the block."""
@@ -305,6 +310,7 @@ class UnitReader:
     def _read_source(self, file_idx: int, rg: int, t: StageTimes) -> tuple[dict[str, Column], int]:
         ref = self.cfg.files[file_idx]
         t0 = time.perf_counter()
+        pf: pq.ParquetFile | None = None
         try:
             pf = self._file(file_idx, rg)
             if file_idx in self._mapped:
@@ -322,6 +328,9 @@ class UnitReader:
                 raise _file_changed(ref, rg, f" (reading it failed: {exc})") from exc
             # Name the object, the row group and the last response (pyarrow's text carries it).
             what = ref.uri or ref.location
+            crc = checksum_error(exc, pf, rg, self._file_cols, what) if pf is not None else None
+            if crc is not None:
+                raise crc from exc
             msg = f"cannot read row group {rg} of {what}{describe_attempts(self.cfg.filesystem)}: {exc}"
             try:
                 err = type(exc)(msg)

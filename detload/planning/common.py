@@ -6,10 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from ..errors import OptionError
 from ..plan import OrderOptions, Range, Unit
 
-__all__ = ["cut_unit", "drop_all_error", "rank_schedule", "step_count"]
+__all__ = ["cut_stream", "cut_unit", "drop_all_error", "rank_schedule", "step_count"]
 
 
 def step_count(part_rows: Sequence[int], m: int, drop_last: bool) -> int:
@@ -46,6 +48,27 @@ def cut_unit(unit: Unit, offsets: Sequence[int]) -> tuple[list[Unit], int]:
         last, first = left.ranges[-1], right.ranges[0]
         shared += (last.file, last.row_group) == (first.file, first.row_group)
     return pieces, shared
+
+
+def cut_stream(units: Sequence[Unit], order: np.ndarray, rows: np.ndarray, cuts: dict[int, list[int]]
+               ) -> tuple[list[Unit], list[int], list[int], np.ndarray, int]:
+    """The stream of ``units`` taken in ``order`` (their rows ``rows[order]``), each unit at
+    stream position i cut before the offsets ``cuts[i]``: the pieces, each piece's source unit
+    and first row in it, the pieces' rows, and the row groups read twice because of the cuts."""
+    order_l = order.tolist()
+    pieces: list[Unit] = [units[j] for j in order_l]
+    sources: list[int] = list(order_l)
+    offsets: list[int] = [0] * len(order_l)
+    piece_rows = rows[order]
+    redundant = 0
+    for i in sorted(cuts, reverse=True):  # back to front: earlier positions stay valid
+        cut, shared = cut_unit(pieces[i], cuts[i])
+        redundant += shared
+        pieces[i : i + 1] = cut
+        sources[i : i + 1] = [sources[i]] * len(cut)
+        offsets[i : i + 1] = [0, *cuts[i]]
+        piece_rows = np.concatenate([piece_rows[:i], [c.rows for c in cut], piece_rows[i + 1 :]])
+    return pieces, sources, offsets, piece_rows, redundant
 
 
 def drop_all_error(options: OrderOptions, total: int, part_rows: Sequence[int]) -> OptionError:

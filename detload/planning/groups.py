@@ -19,11 +19,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from .._cache.derived import DerivedStore
 from .._check import check_int
 from .._filters.selection import Selection
+from .._read.parquet import open_parquet, read_row_group
+from .._storage import object_uri
 from ..errors import DatasetError, OptionError
 from ..plan import Range, Unit
 
@@ -130,8 +131,9 @@ def _file_runs(dataset: Any, i: int, rgs: Sequence[tuple[int, int]], key: str,
             else:
                 if pf is None:
                     handle = dataset.filesystem.open_input_file(f.location)
-                    pf = pq.ParquetFile(handle)
-                col = pf.read_row_group(g, columns=[key], use_threads=False).column(0)
+                    pf = open_parquet(handle)
+                # Checksums verified as the workers do: a damaged page must not shape the groups.
+                col = read_row_group(pf, g, [key], object_uri(dataset.filesystem, f.location)).column(0)
                 if col.null_count:
                     raise DatasetError(f"group_by column {key!r} holds nulls in {f.path} row group {g}: every "
                                        "row needs a group key (fill them, or filter those rows out)")

@@ -1,8 +1,8 @@
 """The mixed order's epoch planner (plan format 3, ``order="mix"``): stratified windows.
 
 Units are spread over partitions one from every P consecutive ones, each partition's pieces
-over tasks one from every T consecutive ones (`spread`), and a task's rows are permuted
-together and cut into blocks of equal size. Pure function, no I/O; docs/determinism.md
+over tasks one from every T consecutive ones (`spread`), and each block of a task takes one
+chunk of every piece of the task (a rotation per piece), its rows then permuted. Pure function, no I/O; docs/determinism.md
 states every step and stream.
 """
 
@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._streams import TAG_MIX_PARTS, TAG_MIX_TASKS, mix_raw
-from ..plan import MixBlock, MixPlan, MixTask, OrderOptions, Unit, UnitList
-from .common import cut_unit as _cut
-from .common import drop_all_error
+from .._streams import TAG_MIX_PARTS, TAG_MIX_TASKS, mix_raw, mix_rotations
+from ..plan import MixBlock, MixPlan, MixTask, OrderOptions, UnitList, mix_block_sizes
+from .common import cut_stream, drop_all_error
 from .common import rank_schedule as _rank_schedule
 from .common import step_count as _steps
 
@@ -64,18 +63,7 @@ def make_mix_plan(units: UnitList, options: OrderOptions, *, epoch: int, rank: i
             c = b - (int(ends[i]) - int(piece_rows[i]))
             if c > 0 and (not cuts.get(i) or cuts[i][-1] != c):
                 cuts.setdefault(i, []).append(c)
-    order_l = order.tolist()
-    pieces: list[Unit] = [units.units[j] for j in order_l]
-    sources: list[int] = list(order_l)
-    offsets: list[int] = [0] * n
-    redundant = 0
-    for i in sorted(cuts, reverse=True):  # back to front: earlier positions stay valid
-        cut, shared = _cut(pieces[i], cuts[i])
-        redundant += shared
-        pieces[i : i + 1] = cut
-        sources[i : i + 1] = [sources[i]] * len(cut)
-        offsets[i : i + 1] = [0, *cuts[i]]
-        piece_rows = np.concatenate([piece_rows[:i], [c.rows for c in cut], piece_rows[i + 1 :]])
+    pieces, sources, offsets, piece_rows, redundant = cut_stream(units.units, order, units.rows, cuts)
     csum = np.concatenate([[0], np.cumsum(piece_rows)])
     part_of = np.searchsorted(np.asarray(bounds), csum[:-1], side="right") - 1
     edges = np.searchsorted(part_of, np.arange(P + 1), side="left").tolist()
@@ -105,11 +93,21 @@ def make_mix_plan(units: UnitList, options: OrderOptions, *, epoch: int, rank: i
                 mine = idx[members[at : at + int(counts[t])]].tolist()
                 at += int(counts[t])
                 r = int(rows_a[mine].sum())
-                # 3. Blocks: M = ceil(rows / S) of rows j*rows//M, none above S, none a remnant.
+                # 3. Blocks: M = ceil(rows / S). With shuffle every piece is cut into M chunks and
+                #    block j takes chunk (j + rotation) mod M of each (MXRW), its rows then
+                #    permuted (MXBK); without, block j is rows j*rows//M.. of the task in order.
                 M = -(-r // S)
-                tb = tuple(j * r // M for j in range(M + 1))
+                if options.shuffle:
+                    words = mix_rotations(options.seed, epoch, p, t, len(mine) + 1, M)
+                    rotations, deal = tuple(int(x) for x in words[:-1]), int(words[-1])
+                    sizes = mix_block_sizes([int(x) for x in rows_a[mine]], M, deal)
+                    tb = tuple(int(x) for x in np.concatenate([[0], np.cumsum(sizes)]))
+                else:
+                    tb = tuple(j * r // M for j in range(M + 1))
+                    rotations, deal = (), 0
                 task = MixTask(p, t, tuple(pieces[i] for i in mine), tuple(sources[i] for i in mine),
-                               tuple(offsets[i] for i in mine), r, pos, tb, pos // m, (pos + r - 1) // m)
+                               tuple(offsets[i] for i in mine), r, pos, tb, pos // m, (pos + r - 1) // m,
+                               rotations, deal)
                 for j in range(M):
                     start, br = pos + tb[j], tb[j + 1] - tb[j]
                     bs.append(MixBlock(p, len(bs), task.units, task.sources, br, start, start // m,

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from .._check import check_int
+from .._read.parquet import open_parquet, read_row_group
+from .._storage import object_uri
 from .._streams import _entropy, _stream_permutation, block_permutation, group_permutation, group_row_order
 from ..errors import OptionError
 from ..plan import Block, Plan, Unit, UnitList
@@ -309,10 +310,10 @@ def _read_values(planned: Planned, name: str, src: _Sources, needed: np.ndarray)
         f = ds.files[i]
         handle = ds.filesystem.open_input_file(f.location)
         try:
-            pf = pq.ParquetFile(handle)
+            pf = open_parquet(handle)
             got: list[pa.Array] = []
             for g, local in by_file[i]:
-                col = pf.read_row_group(g, columns=[name], use_threads=False).column(0)
+                col = read_row_group(pf, g, [name], object_uri(ds.filesystem, f.location)).column(0)
                 picked = selections.get((i, g))
                 rows = picked.indices()[local] if picked is not None else local
                 got.append(_normal(col.take(pa.array(rows))))

@@ -17,8 +17,7 @@ from .._check import check_int
 from .._streams import group_permutation, unit_permutation
 from ..errors import OptionError
 from ..plan import Block, MixPlan, OrderOptions, Plan, Unit, UnitList
-from .common import cut_unit as _cut
-from .common import drop_all_error
+from .common import cut_stream, drop_all_error
 from .common import rank_schedule as _rank_schedule
 from .common import step_count as _steps
 from .mix import make_mix_plan
@@ -145,17 +144,7 @@ def make_plan(
     # The permuted stream's pieces (units, and the pieces of cut units), each with its
     # source unit; at most P - 1 units are cut, the rest is array work (100,000 units:
     # a loop over the pieces took twice as long).
-    order_l = order.tolist()
-    pieces: list[Unit] = [units.units[j] for j in order_l]
-    sources: list[int] = order_l
-    piece_rows = units.rows[order]
-    redundant = 0
-    for i in sorted(cuts, reverse=True):  # back to front: earlier positions stay valid
-        cut, shared = _cut(pieces[i], cuts[i])
-        redundant += shared
-        pieces[i : i + 1] = cut
-        sources[i : i + 1] = [sources[i]] * len(cut)
-        piece_rows = np.concatenate([piece_rows[:i], [c.rows for c in cut], piece_rows[i + 1 :]])
+    pieces, sources, _, piece_rows, redundant = cut_stream(units.units, order, units.rows, cuts)
     csum = np.concatenate([[0], np.cumsum(piece_rows)])
     # A piece lies in the partition its first row lies in (no piece straddles a boundary);
     # side="right" skips empty partitions.
@@ -287,9 +276,9 @@ def block_memory_warning(plan: Plan, bytes_per_row: float,
 def window_memory_warning(plan: Plan, bytes_per_row: float, budget: int = DEFAULT_BLOCK_BUDGET) -> str | None:
     """The mixed order's warning text when a task's window would exceed ``budget`` bytes, else None.
 
-    A worker holds a task's row groups (its window, up to ``mix_window`` of them) while it
-    builds the task's blocks: on the heap without a cache, as memory-mapped entries (page
-    cache) with one. The estimate is the largest task's rows (over every partition, so every
+    The workers hold a task's row groups (its window, up to ``mix_window`` of them) while they
+    build the task's blocks: in memory without a cache (the heap, or /dev/shm for process
+    workers sharing it), as memory-mapped entries (page cache) with one. The estimate is the largest task's rows (over every partition, so every
     rank warns alike) times ``bytes_per_row``.
     """
     if not isinstance(plan, MixPlan):
@@ -304,8 +293,8 @@ def window_memory_warning(plan: Plan, bytes_per_row: float, budget: int = DEFAUL
     return (
         f"a task of the mixed order holds {len(biggest.units)} row groups ({biggest.rows:,} rows, about "
         f"{need / 2**20:,.0f} MiB at {bytes_per_row:,.0f} bytes per row), over the block memory budget of "
-        f"{budget / 2**20:,.0f} MiB: each worker holds one such window of row groups while it builds the "
-        f"task's blocks. Lower mix_window (now {plan.options.mix_window}; fewer row groups are mixed together), "
+        f"{budget / 2**20:,.0f} MiB: the workers hold such a window of row groups (together, or each its own "
+        f"with one worker) while they build the task's blocks. Lower mix_window (now {plan.options.mix_window}; fewer row groups are mixed together), "
         "or pass cache= so that the window is memory-mapped cache entries rather than heap memory, or rewrite "
         f"the data with smaller row groups (the median holds {median:,} rows: "
         "`detload layout SRC DST --row-group-rows N`)."

@@ -27,7 +27,7 @@ from .._discovery import Dataset
 from .._filters.selection import Selection
 from .._read import FileRef, ReadConfig
 from .._storage import object_uri
-from .._types import SCALED, ColumnSpec, type_mapping_version
+from .._types import SCALED, ColumnSpec, split_cast, type_mapping_version
 from .._xform import TransformFailed, TransformPlan
 from ..errors import OptionError, WorkerError
 from ..plan import OrderOptions, Plan, UnitList
@@ -226,6 +226,15 @@ def _check_fill(spec: ColumnSpec, dataset: Dataset, value: Any) -> None:
         t = dataset.schema.field(spec.name).type
     if pa.types.is_dictionary(t):
         t = t.value_type
+    if spec.cast is not None and split_cast(spec.cast)[1] and not pa.types.is_fixed_size_list(t):
+        # A variable-length list takes a fill of any length; the shaped cast would refuse it
+        # at the first null row, so refuse it now (a fixed-size list's own type checks it).
+        width = int(np.prod(spec.inner, dtype=np.int64))
+        n = len(value) if isinstance(value, (list, tuple, np.ndarray)) else None
+        if n != width:
+            what = f"holds {n} value(s)" if n is not None else "is not a list"
+            raise OptionError(f"null_fill[{spec.name!r}] = {value!r} {what}, but cast[{spec.name!r}] = "
+                              f"{spec.cast!r} needs {width} values in every row")
     target = _cast_target(spec, t)
     if fill_value(t, value) is not None and (target is None or fill_value(target, value) is not None):
         return  # fits (the cast too), decided without pa.scalar (which imports pandas: see _arrow.py)

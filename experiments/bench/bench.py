@@ -36,6 +36,8 @@ if str(HERE) not in sys.path:
 
 BATCH = 4096
 W_SET = (1, 2)
+#: The label suffix of the rows that run the windowed order (the others run the default, mixed one).
+WINDOWED = "[windowed]"
 
 # A training script imports torch before it builds its loader. With DETLOAD_BENCH_MAIN_TORCH=1
 # (the driver's default, see --main-imports) the measured process does the same. detload's
@@ -188,13 +190,23 @@ def rss_bound(loader, baseline: int) -> dict:
     rb = sum((c.values.nbytes + c.offsets.nbytes) if isinstance(c, Ragged) else c.nbytes for c in cols.values()) / n
     ragged_values = sum(c.values.shape[0] for c in cols.values() if isinstance(c, Ragged)) / n
     R = int(np.max(loader._unit_rows))
-    S = loader.options.shuffle_window
     W = loader.workers
-    block = S * R * rb
-    scratch = 24 * ragged_values * S * R
-    data = block * (W * (loader.prefetch + PER_WORKER_BLOCKS) + SHARED_BLOCKS) + 5 * BATCH * rb + W * scratch
+    window = 0.0
+    if loader.options.order == "windowed":
+        block_rows = loader.options.shuffle_window * R
+    else:
+        # The mixed order: blocks of about block_rows rows, plus the task windows in flight (one
+        # per owned partition), held once by workers that share them, by each without sharing.
+        plan = loader.plan()
+        block_rows = max(b.rows for b in plan.schedule)
+        biggest = max(t.rows for p in plan.owned_partitions for t in plan.tasks[p])
+        window = biggest * rb * len(plan.owned_partitions) * (1 if W > 1 else W)
+    block = block_rows * rb
+    scratch = 24 * ragged_values * block_rows
+    data = (block * (W * (loader.prefetch + PER_WORKER_BLOCKS) + SHARED_BLOCKS) + 5 * BATCH * rb + W * scratch
+            + window)
     return {"bound_bytes": int(baseline + data), "data_bound_bytes": int(data), "block_bytes": int(block),
-            "row_bytes": rb, "baseline_bytes": baseline}
+            "window_bytes": int(window), "row_bytes": rb, "baseline_bytes": baseline}
 
 
 def run_one(spec: dict) -> dict:
@@ -258,8 +270,11 @@ def run_one(spec: dict) -> dict:
                 state["cache_dir"] = tempfile.mkdtemp(prefix="detload-bench-cache-")
             # Benchmark hooks (never keywords): block delays and the unordered merge.
             with installed(Hooks(debug=debug, unordered=not spec.get("ordered", True))):
+                # The order: the default (mixed) one, or the windowed one at its default window.
+                order = spec.get("order", "mix")
                 ld = Loader(path, batch_size=BATCH, seed=1234, workers=spec["workers"],
-                            pool=Pool(kind=spec["pool"], prefetch=2), shuffle=True, order="windowed", shuffle_window=4,
+                            pool=Pool(kind=spec["pool"], prefetch=2), shuffle=True, order=order,
+                            **({"shuffle_window": 4} if order == "windowed" else {}),
                             manifest=manifest, cache=state.get("cache_dir"),
                             storage=Storage(memory_map=spec.get("memory_map", "auto")))
             t0 = time.perf_counter()
@@ -356,6 +371,9 @@ def specs_for(path: str, epochs: int, petastorm_python: str | None, shape: str) 
     for pool in ("thread", "process"):
         for w in ws:
             out.append((f"detload {pool} W={w}", {"kind": "detload", "pool": pool, "workers": w}))
+            # The windowed order (the default before the mixed one), side by side.
+            out.append((f"detload {pool} W={w} {WINDOWED}", {"kind": "detload", "pool": pool, "workers": w,
+                                                             "order": "windowed"}))
         if pool == "process" and shape == "ctr":
             # The default rows read through memory maps (Storage.memory_map="auto"); this one
             # reads plainly, so the maps' share shows within the run.
@@ -368,9 +386,30 @@ def specs_for(path: str, epochs: int, petastorm_python: str | None, shape: str) 
             # Warm, against Petastorm's warm rows: detload's cache filled by the first epoch.
             out.append((f"detload {pool} W=2, cache (warm)", {"kind": "detload", "pool": pool, "workers": 2,
                                                               "cache": True}))
+            out.append((f"detload {pool} W=2, cache (warm) {WINDOWED}",
+                        {"kind": "detload", "pool": pool, "workers": 2, "cache": True, "order": "windowed"}))
     for _, s in out:
         s.update(path=path, epochs=epochs)
     return out
+
+
+def order_lines(results: dict[str, dict[str, list[dict]]]) -> list[str]:
+    """The mixed (default) order against the windowed one, row by row of the same run: rows/s and
+    peak memory, each a median of per-run ratios (issue targets: rows/s >= 0.9x, memory <= 1x)."""
+    lines = ["### The mixed order (default) vs the windowed order, same run", "",
+             "| shape | rows | rows/s mixed / windowed | peak memory mixed / windowed |", "|---|---|---:|---:|"]
+    for shape, per in results.items():
+        for label, runs in per.items():
+            other = per.get(f"{label} {WINDOWED}")
+            if not label.startswith("detload") or WINDOWED in label or not other:
+                continue
+            pairs = [(x, y) for x, y in zip(runs, other) if _ok(x) and _ok(y)]
+            if not pairs:
+                continue
+            speed = median([steady_rows_per_s(x) / steady_rows_per_s(y) for x, y in pairs])
+            mem = [x["peak_rss"] / y["peak_rss"] for x, y in pairs if x.get("peak_rss") and y.get("peak_rss")]
+            lines.append(f"| {shape} | {label} | {speed:.2f}x | {f'{median(mem):.2f}x' if mem else ''} |")
+    return [*lines, ""]
 
 
 def median(xs: list[float]) -> float:
@@ -628,6 +667,7 @@ def report(results, tax, a, started, load, load_after) -> str:
                              f"{'held in every run' if held else 'EXCEEDED in a run'}{note}; start-up of the pool "
                              f"{r['pool_start_s']:.2f} s")
         lines.append("")
+    lines += order_lines(results)
     if tax:
         lines += ["### Determinism tax", "",
                   f"W=2, random per-block delays of 0-20 ms, {a.tax_epochs} epochs, steady-state rows/s "

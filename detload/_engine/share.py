@@ -1,0 +1,200 @@
+"""Windows shared by workers (the mixed order with more than one worker).
+
+A mixed-order task's blocks all draw from the task's whole window (up to ``mix_window`` row
+groups). With one worker building every block of a task, a small dataset (one task per
+partition) kept one worker busy and the others idle, and each worker held its window on the
+heap. Instead every worker builds the blocks ``k`` with ``k mod W`` its own (as the windowed
+order deals them) and the window lives in row-group cache entries: the user's cache, or a
+scratch cache of the pool's when there is none. Each row group is converted once: the workers
+that need a task's window claim its row groups one by one (an ``O_EXCL`` file per pass and
+row group), convert the ones they claimed into the cache, and map the others' entries when
+they are written. Who builds what never changes the bytes: the plan fixes every block.
+
+Claim files live in ``share_dir``: ``<pass>-<file>-<row group>`` while its claimer converts
+the row group, renamed to ``...done`` after (written to the cache or not: a full cache writes
+nothing, and a waiter then converts the row group itself). A worker never waits on a row
+group nobody claimed, and a wait is bounded (`WAIT_LIMIT`); the merger removes a task's claims
+(and, for the scratch cache, its entries) once it took the task's last block, and a stopped
+pass's claims when it stops.
+
+Thread workers share the converted columns themselves (`MemoryShare`): no cache write, no copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .shm import SHM_DIR
+
+__all__ = ["WAIT_LIMIT", "MemoryShare", "claim", "claim_names", "finish", "make_share_dir", "remove_claims",
+           "remove_share_dir", "share_root", "sweep_share_dirs", "wait_for"]
+
+#: Longest wait for a row group another worker claimed: then this worker converts it too (same
+#: bytes). Only a claimer that stopped without finishing (a cancelled pass) makes it matter.
+WAIT_LIMIT = 30.0
+_PREFIX = "detload-mix-"
+
+
+def claim_names(gen: int, file: int, rg: int) -> tuple[str, str]:
+    """A row group's claim file and its finished form, for pass ``gen``."""
+    name = f"{gen}-{file}-{rg}"
+    return name, name + ".done"
+
+
+def claim(share_dir: str, gen: int, file: int, rg: int) -> bool:
+    """Claim the conversion of a row group for pass ``gen``: True if this worker got it."""
+    path = os.path.join(share_dir, claim_names(gen, file, rg)[0])
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return False
+    except OSError:
+        return True  # no claim possible (the folder is gone): convert it, as without sharing
+    return True
+
+
+def finish(share_dir: str, gen: int, file: int, rg: int) -> None:
+    """Say the claimed row group is done (its entry written, or not writable)."""
+    name, done = claim_names(gen, file, rg)
+    with contextlib.suppress(OSError):
+        os.rename(os.path.join(share_dir, name), os.path.join(share_dir, done))
+
+
+def wait_for(share_dir: str, gen: int, file: int, rg: int, entry: str, stale: Callable[[], bool],
+             limit: float = WAIT_LIMIT) -> bool:
+    """Wait until ``entry`` (the row group's cache entry) exists: True if it does, False if this
+    worker should convert the row group itself (nobody converts it, it was not written, the
+    wait passed ``limit`` or the pass is stale)."""
+    name, done = claim_names(gen, file, rg)
+    claimed, finished = os.path.join(share_dir, name), os.path.join(share_dir, done)
+    deadline = time.monotonic() + limit
+    pause = 0.0005
+    while True:
+        if os.path.exists(entry):
+            return True
+        if os.path.exists(finished) or not os.path.exists(claimed):
+            # Finished without an entry, or never claimed (or claimed and removed with its
+            # task): a last look, since the entry may have landed between the two checks.
+            return os.path.exists(entry)
+        if stale() or time.monotonic() > deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.01)
+
+
+def remove_claims(share_dir: str, gen: int, pieces: Iterable[tuple[int, int]] | None,
+                  entries: Iterable[str] = ()) -> None:
+    """The merger, after a task's last block: its claims (``pieces`` None: every claim of pass
+    ``gen``, which was stopped), and the scratch entries given."""
+    if pieces is None:
+        with contextlib.suppress(OSError):
+            names = [e.name for e in os.scandir(share_dir) if e.name.startswith(f"{gen}-")]
+    else:
+        names = [name for f, rg in pieces for name in claim_names(gen, f, rg)]
+    for name in names:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(share_dir, name))
+    for path in entries:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def make_share_dir() -> str:
+    """A new folder for one pool's claims (and scratch cache), in the temporary directory;
+    leftovers of processes that died without removing theirs are removed first."""
+    sweep_share_dirs()
+    return tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=share_root())
+
+
+def share_root() -> str:
+    """Where share folders go: /dev/shm when it is there (a window is memory either way, and
+    tmpfs writes cost no journal), else the temporary directory."""
+    return SHM_DIR if os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK) else tempfile.gettempdir()
+
+
+def remove_share_dir(base: str) -> None:
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def sweep_share_dirs() -> None:
+    """Remove the share folders of processes that no longer run (a loader killed with SIGKILL)."""
+    tmp = share_root()
+    with contextlib.suppress(OSError):
+        for e in os.scandir(tmp):
+            if not e.name.startswith(_PREFIX):
+                continue
+            pid_text = e.name[len(_PREFIX):].split("-", 1)[0]
+            if not pid_text.isdigit():
+                continue
+            try:
+                os.kill(int(pid_text), 0)
+            except ProcessLookupError:
+                shutil.rmtree(e.path, ignore_errors=True)
+            except OSError:
+                pass
+
+
+class _Item:
+    __slots__ = ("event", "value")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.value: Any = None
+
+
+class MemoryShare:
+    """Thread workers' shared windows: a converted row group is handed to the other threads
+    as it is (no copy), under the same claim protocol as the process workers' files."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: dict[tuple[int, int, int], _Item] = {}
+        self._stopped: set[int] = set()  # passes dropped whole: nothing of theirs is kept again
+
+    def claim(self, gen: int, file: int, rg: int) -> bool:
+        """Claim a row group's conversion for pass ``gen``: True if this worker got it (a
+        stopped pass's worker gets nothing to hand over: it converts for itself)."""
+        with self._lock:
+            if (gen, file, rg) in self._items or gen in self._stopped:
+                return False
+            self._items[(gen, file, rg)] = _Item()
+            return True
+
+    def publish(self, gen: int, file: int, rg: int, cols: Any) -> None:
+        """The claimed row group's columns (None: not converted, a waiter converts it itself)."""
+        item = self._items.get((gen, file, rg))
+        if item is not None:
+            item.value = cols
+            item.event.set()
+
+    def fetch(self, gen: int, file: int, rg: int, stale: Callable[[], bool], limit: float = WAIT_LIMIT) -> Any:
+        """The row group's columns once its claimer published them; None if this worker should
+        convert it itself (nobody claimed it, the claimer failed, the wait passed ``limit`` or
+        the pass is stale)."""
+        item = self._items.get((gen, file, rg))
+        if item is None:
+            return None
+        deadline = time.monotonic() + limit
+        while not item.event.wait(0.05):
+            if stale() or time.monotonic() > deadline:
+                return None
+        return item.value
+
+    def drop(self, gen: int, pieces: Iterable[tuple[int, int]] | None = None) -> None:
+        """Forget a task's row groups (the merger, after its last block), or every row group of
+        pass ``gen`` (``pieces`` None: the pass was stopped)."""
+        with self._lock:
+            if pieces is None:
+                self._stopped.add(gen)
+                for key in [k for k in self._items if k[0] == gen]:
+                    del self._items[key]
+            else:
+                for f, rg in pieces:
+                    self._items.pop((gen, f, rg), None)

@@ -1,0 +1,163 @@
+"""Shared windows of the mixed order (_engine/share.py): the claim protocol's waits end (an
+entry written, a claimer that finished without one, nobody claiming, a stale pass, the limit),
+thread workers hand each other row groups, and nothing a pass shared outlives it or the pool."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from detload import Loader
+from detload._engine import share
+
+MIX = {"order": "mix", "mix_window": 4, "block_rows": 150}
+FILES = {"a.parquet": [300, 200, 250, 120], "c.parquet": [250, 0, 250, 1, 90], "d/e.parquet": [210, 180, 75, 300]}
+
+
+def _never() -> bool:
+    return False
+
+
+def test_a_waiter_gets_the_entry_once_it_is_written(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    d, entry = str(tmp_path), str(tmp_path / "entry")
+    assert share.claim(d, 3, 1, 2) and not share.claim(d, 3, 1, 2)  # one claimer per pass and row group
+    assert share.claim(d, 4, 1, 2)  # another pass claims apart
+
+    def write() -> None:
+        time.sleep(0.05)
+        with open(entry, "wb") as f:
+            f.write(b"x")
+        share.finish(d, 3, 1, 2)
+
+    threading.Thread(target=write).start()
+    assert share.wait_for(d, 3, 1, 2, entry, _never, limit=10.0)
+
+
+def test_a_waiter_converts_itself_when_nothing_will_come(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    d, entry = str(tmp_path), str(tmp_path / "entry")
+    # Nobody claimed it: no wait at all.
+    t0 = time.monotonic()
+    assert not share.wait_for(d, 1, 0, 0, entry, _never, limit=10.0)
+    # Claimed and finished without an entry (a full cache): no wait either.
+    assert share.claim(d, 1, 0, 1)
+    share.finish(d, 1, 0, 1)
+    assert not share.wait_for(d, 1, 0, 1, entry, _never, limit=10.0)
+    assert time.monotonic() - t0 < 5.0
+    # Claimed and never finished: the wait ends at the limit, or at once when the pass is stale.
+    assert share.claim(d, 1, 0, 2)
+    t0 = time.monotonic()
+    assert not share.wait_for(d, 1, 0, 2, entry, _never, limit=0.2)
+    assert 0.15 < time.monotonic() - t0 < 5.0
+    assert not share.wait_for(d, 1, 0, 2, entry, lambda: True, limit=10.0)
+
+
+def test_remove_claims_of_a_task_or_of_a_stopped_pass(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    d = str(tmp_path)
+    for f, rg in [(0, 0), (0, 1), (1, 0)]:
+        assert share.claim(d, 7, f, rg)
+    assert share.claim(d, 8, 0, 0)
+    share.finish(d, 7, 0, 1)
+    entry = tmp_path / "e"
+    entry.write_bytes(b"x")
+    share.remove_claims(d, 7, [(0, 0), (0, 1)], [str(entry)])
+    assert sorted(os.listdir(d)) == ["7-1-0", "8-0-0"]
+    share.remove_claims(d, 7, None)
+    assert os.listdir(d) == ["8-0-0"]
+
+
+def test_memory_share_hands_over_or_says_convert_it() -> None:
+    m = share.MemoryShare()
+    assert m.fetch(1, 0, 0, _never) is None  # nobody claimed it
+    assert m.claim(1, 0, 0) and not m.claim(1, 0, 0)
+    threading.Timer(0.05, m.publish, (1, 0, 0, {"id": np.arange(3)})).start()
+    got = m.fetch(1, 0, 0, _never, limit=10.0)
+    assert got is not None and got["id"].tolist() == [0, 1, 2]
+    assert m.claim(1, 0, 1)
+    m.publish(1, 0, 1, None)  # the claimer failed: the waiter converts it
+    assert m.fetch(1, 0, 1, _never) is None
+    assert m.claim(1, 0, 2)  # never published: the limit, or a stale pass, ends the wait
+    assert m.fetch(1, 0, 2, _never, limit=0.1) is None
+    assert m.fetch(1, 0, 2, lambda: True) is None
+    m.drop(1, [(0, 0)])
+    assert m.claim(1, 0, 0)  # forgotten: claimable again
+    m.drop(1)  # a stopped pass: everything forgotten, and nothing of it kept again
+    assert not m._items and not m.claim(1, 0, 1)
+    assert m.fetch(1, 0, 1, _never) is None
+    assert m.claim(2, 0, 1)  # the next pass claims as usual
+
+
+def test_sweep_removes_share_folders_of_dead_processes() -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    leftover = os.path.join(share.share_root(), f"detload-mix-{dead}-abc")
+    mine = share.make_share_dir()
+    os.makedirs(os.path.join(leftover, "claims"), exist_ok=True)
+    try:
+        share.sweep_share_dirs()
+        assert not os.path.exists(leftover) and os.path.isdir(mine)
+    finally:
+        share.remove_share_dir(mine)
+        share.remove_share_dir(leftover)
+
+
+def _ids(loader: Loader, stop: int | None = None) -> list[np.ndarray]:
+    out = []
+    for i, b in enumerate(loader):
+        if stop is not None and i == stop:
+            break
+        out.append(np.asarray(b["id"]).copy())
+    return out
+
+
+def test_thread_workers_forget_what_a_stopped_or_finished_pass_shared(make_dataset) -> None:  # type: ignore[no-untyped-def]
+    ds = make_dataset(FILES)
+    with Loader(ds.root, batch_size=40, seed=1, workers=3, **MIX) as loader:
+        ref = _ids(loader)
+        _ids(loader, stop=4)  # a break mid-epoch stops the pass
+        assert np.array_equal(np.concatenate(ref), np.concatenate(_ids(loader)))
+        pool = loader._pool
+        assert pool is not None and pool.cfg.share_windows
+        time.sleep(0.2)  # the stopped pass's workers drop the rest of it
+        # What is left is at most the next epoch's first tasks, built ahead.
+        assert all(gen > loader._gen for gen, _, _ in pool.cfg.window_share._items)
+
+
+def _share_dirs() -> set[str]:
+    return set(glob.glob(os.path.join(share.share_root(), f"detload-mix-{os.getpid()}-*")))
+
+
+def test_process_workers_share_through_a_scratch_cache_removed_at_close(make_dataset) -> None:  # type: ignore[no-untyped-def]
+    ds = make_dataset(FILES)
+    before = _share_dirs()
+    with Loader(ds.root, batch_size=40, seed=1, workers=2, pool="process", **MIX) as loader:
+        got = _ids(loader)
+        pool = loader._pool
+        assert pool is not None and pool.cfg.scratch and pool.cfg.share_dir is not None
+        base = os.path.dirname(pool.cfg.share_dir)
+        assert _share_dirs() - before == {base}
+        # A finished pass's tasks let go of their claims and scratch entries.
+        assert not [n for n in os.listdir(pool.cfg.share_dir) if n.startswith(f"{loader._gen}-")]
+        with Loader(ds.root, batch_size=40, seed=1, workers=1, **MIX) as one:
+            assert np.array_equal(np.concatenate(got), np.concatenate(_ids(one)))
+    assert _share_dirs() == before
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_a_user_cache_holds_the_shared_windows(make_dataset, tmp_path, pool) -> None:  # type: ignore[no-untyped-def]
+    from detload import Cache
+
+    ds = make_dataset(FILES)
+    with Loader(ds.root, batch_size=40, seed=1, workers=1, **MIX) as one:
+        ref = np.concatenate(_ids(one))
+    cache = Cache(dir=str(tmp_path / "c"))
+    for _ in range(2):  # cold, then warm
+        with Loader(ds.root, batch_size=40, seed=1, workers=3, pool=pool, cache=cache, **MIX) as loader:
+            assert np.array_equal(ref, np.concatenate(_ids(loader)))
+            assert pool == "thread" or not loader._pool.cfg.scratch
