@@ -168,9 +168,10 @@ def _add_cast(p: Any) -> argparse.Action:
 
 
 def _add_order(g: Any) -> None:
-    g.add_argument("--order", choices=["mix", "windowed"], default="windowed",
-                   help="the batch order: windowed (plan format 2: blocks of --shuffle-window row groups) or mix "
-                        "(plan format 3: every batch draws from the whole partition)")
+    g.add_argument("--order", choices=["mix", "windowed"], default=None,
+                   help="the batch order: mix (plan format 3: every batch draws from the whole partition) or "
+                        "windowed (plan format 2, the default before: blocks of --shuffle-window row groups); "
+                        "default: mix, or windowed with --group-by (the mixed order does not pack groups yet)")
     g.add_argument("--shuffle-window", type=int, default=None,
                    help="with --order windowed: row groups whose rows are mixed together (default: 4)")
     rare(g.add_argument("--mix-window", type=int, default=None,

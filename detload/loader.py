@@ -168,9 +168,11 @@ class Loader:
     - ``columns``: a list of column names (default: all, in schema order); Hive
       partition columns come last.
     - ``shuffle``: permute row groups and the rows of each block (default True).
-    - ``order``: "windowed" (default; plan format 2: blocks of ``shuffle_window`` row groups) or
-      "mix" (plan format 3: each batch draws from a task of up to ``mix_window`` row groups
-      spread over the whole partition); see docs/determinism.md.
+    - ``order``: "mix" (plan format 3: each batch draws from a task of up to ``mix_window`` row
+      groups spread over the whole partition) or "windowed" (plan format 2, the default before:
+      blocks of ``shuffle_window`` row groups); see docs/determinism.md. Not given: "mix",
+      except with ``group_by`` (the mixed order does not pack groups yet): "windowed".
+      The state, the manifest header and ``options.order`` record the order resolved.
     - ``shuffle_window``: with the windowed order, row groups per block, whose rows are permuted
       together (default 4).
     - ``mix_window``: with the mixed order, row groups one task reads once and mixes (default 64).
@@ -261,7 +263,7 @@ class Loader:
         group_columns: Sequence[str] | None = None,
         max_group_items: int | None = None,
         transform: Any = None,
-        order: str = "windowed",
+        order: str | None = None,
         mix_window: int | None = None,
         block_rows: int | None = None,
     ) -> None:
@@ -284,6 +286,8 @@ class Loader:
             self._rank, world = _distributed_defaults(None, None)
         if partitions is None:
             partitions = world
+        if order is None:  # the mixed order does not pack groups yet
+            order = "windowed" if group_by is not None else "mix"
         self._options = OrderOptions(
             seed=seed, batch_size=batch_size, shuffle=shuffle, shuffle_window=shuffle_window,
             drop_last=drop_last, partitions=partitions, world_size=world, order=order, mix_window=mix_window,
@@ -822,10 +826,11 @@ class Loader:
             return (f"the dataset changed (fingerprint {theirs!r} in the state, {mine!r} here): "
                     "files, row groups or schema differ")
         if key == "plan_format" and theirs == PLAN_FORMAT_VERSION and mine == PLAN_FORMAT_MIX:
+            w = state_window(state_order)
             return (f"this state was written with plan format {theirs} (the windowed order) and this loader "
                     f"plans the mixed order (plan format {mine}, order=\"mix\"). To resume it pass "
-                    f"order=\"windowed\" and shuffle_window={state_window(state_order)} as in the state, or "
-                    "start a new run")
+                    f"order=\"windowed\" and shuffle_window={w} as in the state, or "
+                    f"start a new run (on the command line: --order windowed --shuffle-window {w})")
         if key == "plan_format" and theirs == PLAN_FORMAT_MIX and mine == PLAN_FORMAT_VERSION:
             return (f"this state was written with plan format {theirs} (the mixed order, order=\"mix\") and this "
                     f"loader plans the windowed order (plan format {mine}). To resume it pass order=\"mix\" "

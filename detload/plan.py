@@ -40,12 +40,13 @@ class OrderOptions:
     """Every option that decides which rows a step yields (and nothing else).
 
     ``batch_size`` is per rank; the global batch is ``batch_size * world_size``
-    and must divide by ``partitions``. ``order`` picks the order: "windowed" (plan
-    format 2: blocks of ``shuffle_window`` row groups) or "mix" (plan format 3: tasks of up
-    to ``mix_window`` row groups spread over the partition, cut into blocks of at most
-    ``block_rows`` rows; None: 4 x the median unit rows, resolved by the planner).
-    Each order's own options are None until resolved; giving one to the other order
-    is an OptionError.
+    and must divide by ``partitions``. ``order`` picks the order: "mix" (plan format 3:
+    tasks of up to ``mix_window`` row groups spread over the partition, cut into blocks of
+    at most ``block_rows`` rows; None: 4 x the median unit rows, resolved by the planner) or
+    "windowed" (plan format 2: blocks of ``shuffle_window`` row groups). None (not given)
+    resolves to "mix", or to "windowed" with ``group_batches``, which the mixed order does
+    not pack yet. Each order's own options are None until resolved; giving one to the other
+    order is an OptionError.
     """
 
     seed: int
@@ -58,7 +59,8 @@ class OrderOptions:
     #: Batches are filled greedily with whole groups (the units' ``groups``), up to a
     #: micro-batch of items, and shuffling permutes whole groups (docs/packing.md).
     group_batches: bool = False
-    order: str = "windowed"
+    #: None until resolved: "mix", or "windowed" with group_batches (see the class docstring).
+    order: str | None = None
     mix_window: int | None = None
     block_rows: int | None = None
 
@@ -66,15 +68,20 @@ class OrderOptions:
         # check_int returns a plain int: a NumPy integer would break the JSON of the fingerprint.
         set_ = object.__setattr__
         set_(self, "seed", check_int("seed", self.seed, 0, _MAX_SEED, shown="[0, 2**64)"))
+        if self.order is None:
+            set_(self, "order", "windowed" if self.group_batches else "mix")
         if self.order not in ORDERS:
             raise OptionError(f"order must be one of {list(ORDERS)}, got {self.order!r}: \"mix\" mixes every part "
                               "of the epoch (plan format 3), \"windowed\" is plan format 2's order")
         if self.order == "mix":
             if self.shuffle_window is not None:
+                w = self.shuffle_window
                 raise OptionError(
-                    f"shuffle_window={self.shuffle_window!r} is an option of order=\"windowed\"; the mixed order "
-                    "(order=\"mix\") takes mix_window= (row groups mixed together) and "
-                    "block_rows= instead. Pass order=\"windowed\" to use shuffle_window")
+                    f"shuffle_window={w!r} is an option of order=\"windowed\"; the mixed order (order=\"mix\", "
+                    "the default since plan format 3) takes mix_window= (row groups mixed together) and "
+                    "block_rows= instead. For the windowed order (plan format 2, the default before) pass "
+                    f"order=\"windowed\" with shuffle_window={w!r} (on the command line: --order windowed "
+                    f"--shuffle-window {w!r})")
             if self.group_batches:
                 raise OptionError(
                     "group_by= is not available with order=\"mix\": pass order=\"windowed\" "

@@ -74,7 +74,7 @@ def test_every_hash_recomputes_from_the_yielded_arrays(small_dataset, tmp_path, 
     else:
         root = small_dataset.root
     man = tmp_path / "m.jsonl"
-    with Loader(root, batch_size=17, seed=5, workers=2, pool=pool, manifest=str(man), shuffle_window=2) as loader:
+    with Loader(root, batch_size=17, seed=5, workers=2, pool=pool, manifest=str(man)) as loader:
         got = [ref_batch_hash(b) + (len(next(iter(b.values()))), detload.hash_batch(b)) for b in loader]
         steps = len(loader)
     lines = list(read_manifest(man).batches())
@@ -160,10 +160,11 @@ def test_manifest_is_jsonl_with_header_epoch_and_batch_lines(small_dataset, tmp_
     assert (header["workers"], header["pool"], header["rank"], header["world_size"], header["partitions"]) == (
         3, "thread", 0, 1, 1)
     order = header["order"]
-    assert {k: order[k] for k in ("seed", "global_batch_size", "shuffle", "shuffle_window", "drop_last",
+    assert {k: order[k] for k in ("seed", "global_batch_size", "shuffle", "order", "mix_window", "drop_last",
                                   "partitions", "columns")} == {
-        "seed": 8, "global_batch_size": 100, "shuffle": True, "shuffle_window": 4, "drop_last": True,
+        "seed": 8, "global_batch_size": 100, "shuffle": True, "order": "mix", "mix_window": 64, "drop_last": True,
         "partitions": 1, "columns": ["s", "id"]}
+    assert order["block_rows"] == loader.options.block_rows and "shuffle_window" not in order
     assert isinstance(order["dataset"], str) and order["dataset"]
     kinds = [r["type"] for r in rest]
     assert kinds == ["epoch"] + ["batch"] * 12 + ["epoch"] + ["batch"] * 12

@@ -68,7 +68,12 @@ def ds(small_dataset):
         ({"order": "windowed", "shuffle_window": 2.5}, r"shuffle_window must be an int"),
         ({"order": "mix", "shuffle_window": 2}, r"shuffle_window=2 is an option of order=\"windowed\""),
         ({"order": "mix", "mix_window": 0}, r"mix_window must be an int >= 1, got 0"),
-        ({"mix_window": 8}, r"mix_window=8 is an option of order=\"mix\""),
+        ({"order": "windowed", "mix_window": 8}, r"mix_window=8 is an option of order=\"mix\""),
+        # The default order is the mixed one: the windowed order's option alone says how to get it back.
+        ({"shuffle_window": 4}, r"shuffle_window=4 is an option of order=\"windowed\"; the mixed order "
+                                r"\(order=\"mix\", the default since plan format 3\).*For the windowed order "
+                                r"\(plan format 2, the default before\) pass order=\"windowed\" with "
+                                r"shuffle_window=4 \(on the command line: --order windowed --shuffle-window 4\)"),
         ({"order": "iid"}, r"order must be one of \['mix', 'windowed'\], got 'iid'"),
         ({"pool": lambda: detload.Pool(prefetch=0)},
          r"Pool.prefetch must be an int in \[1, 1024\] \(blocks queued per worker\), got 0"),
@@ -132,12 +137,17 @@ def test_plan_errors_come_before_any_worker(ds, no_workers, kw, match):
     loader.close()
 
 
-def test_numpy_integers_are_ints(ds, tmp_path):
+@pytest.mark.parametrize("order", ["mix", "windowed"])
+def test_numpy_integers_are_ints(ds, tmp_path, order):
     """The option checks accept NumPy integers, so the loader must work with them like with ints."""
-    with Loader(ds, batch_size=8, seed=5, manifest=str(tmp_path / "a.jsonl")) as a:
+    plain = {} if order == "mix" else {"order": "windowed"}  # each order's defaults, as ints
+    with Loader(ds, batch_size=8, seed=5, manifest=str(tmp_path / "a.jsonl"), **plain) as a:
         want = [b["id"].copy() for b in a]
-    with Loader(ds, batch_size=np.int64(8), seed=np.uint64(5), order="windowed", shuffle_window=np.int32(4),
-                manifest=str(tmp_path / "b.jsonl")) as b:
+        opts = a.options
+    as_numpy = ({"mix_window": np.int32(opts.mix_window), "block_rows": np.int64(opts.block_rows)}
+                if order == "mix" else {"shuffle_window": np.int32(opts.shuffle_window)})
+    with Loader(ds, batch_size=np.int64(8), seed=np.uint64(5), order=order, manifest=str(tmp_path / "b.jsonl"),
+                **as_numpy) as b:
         assert b.fingerprint == a.fingerprint
         got = [x["id"].copy() for x in b]
     assert len(got) == len(want)

@@ -314,7 +314,7 @@ def test_same_batches_at_any_worker_count_and_pool_with_a_cast(prices, tmp_path)
 
 
 def test_cast_on_the_command_line(prices, tmp_path, capsys):
-    args = [prices, "--batch-size", "16", "--seed", "9", "--shuffle-window", "2"]
+    args = [prices, "--batch-size", "16", "--seed", "9", "--order", "windowed", "--shuffle-window", "2"]
     assert main(["run", *args, "--manifest", str(tmp_path / "bad.jsonl")]) == 2
     assert "--cast price=float64" in capsys.readouterr().err
     cast = ["--cast", "price=float64", "--cast", "n=int8"]

@@ -126,8 +126,13 @@ def test_canonical_file_order_is_utf8_bytes(make_dataset):
     assert [d.path for d in loader.dataset.files] == order
 
 
+#: The default (mixed) order cut fine: 3 tasks of 2 row groups and blocks of at most 100 rows of
+#: small_dataset, so that every worker has blocks to build and batches span blocks.
+SPREAD = dict(mix_window=2, block_rows=100)
+
+
 def test_random_worker_delays_and_slow_consumer_do_not_change_batches(small_dataset, tmp_path, pool, leak_check):
-    kw = dict(batch_size=37, seed=2024, shuffle_window=2)
+    kw = dict(batch_size=37, seed=2024, **SPREAD)
     ref, _ = run_epoch(small_dataset.root, str(tmp_path / "ref.jsonl"), **kw)
     ref_sig = manifest_signature(str(tmp_path / "ref.jsonl"))
     for attempt in range(3):
@@ -175,7 +180,12 @@ def test_epochs_differ_and_repeat(small_dataset, tmp_path, pool, leak_check):
     with Loader(small_dataset.root, batch_size=50, seed=7) as other:
         other.set_epoch(1)
         assert _hashes(other) == e1
-        np.testing.assert_array_equal(np.concatenate(ids1), model_batches_concat(small_dataset, epoch=1))
+        np.testing.assert_array_equal(np.concatenate(ids1), small_dataset.all_ids[other.plan().row_ids()])
+    # The windowed order against its model, which knows nothing of detload.
+    with Loader(small_dataset.root, batch_size=50, seed=7, order="windowed") as windowed:
+        windowed.set_epoch(1)
+        got = [np.array(b["id"]) for b in windowed]
+    np.testing.assert_array_equal(np.concatenate(got), model_batches_concat(small_dataset, epoch=1))
 
 
 def model_batches_concat(info, **kw) -> np.ndarray:
@@ -184,7 +194,7 @@ def model_batches_concat(info, **kw) -> np.ndarray:
 
 @pytest.mark.parametrize("stop_after", [0, 1, 9])
 def test_break_mid_epoch_then_full_epoch_again(small_dataset, tmp_path, pool, stop_after, leak_check):
-    kw = dict(batch_size=64, seed=11, workers=2, pool=pool, shuffle_window=3)
+    kw = dict(batch_size=64, seed=11, workers=2, pool=pool, **SPREAD)
     whole = tmp_path / "whole.jsonl"
     with Loader(small_dataset.root, manifest=str(whole), **kw) as loader:
         ref = _hashes(loader)
@@ -201,21 +211,28 @@ def test_break_mid_epoch_then_full_epoch_again(small_dataset, tmp_path, pool, st
     assert broken.read_bytes() == whole.read_bytes()
 
 
-def test_distributed_ranks_union_is_independent_of_world_size(small_dataset, tmp_path):
+@pytest.mark.parametrize("order", ["mix", "windowed"])
+def test_distributed_ranks_union_is_independent_of_world_size(small_dataset, tmp_path, order):
     """With fixed partitions and global batch, step i's rows are the same set at world size 1 and 2."""
     P, G = 2, 40
+    kw = {"order": "windowed", "shuffle_window": 2} if order == "windowed" else SPREAD
 
     def steps(world: int) -> list[list[np.ndarray]]:
         per_rank = []
         for rank in range(world):
-            with Loader(small_dataset.root, batch_size=G // world, seed=5, partitions=P, distributed=(rank, world), shuffle_window=2, workers=2) as loader:
+            with Loader(small_dataset.root, batch_size=G // world, seed=5, partitions=P, distributed=(rank, world),
+                        workers=2, **kw) as loader:
                 ids = [np.array(b["id"]) for b in loader]
                 assert len(ids) == len(loader)
-            want = model_batches(small_dataset, seed=5, batch_size=G // world, partitions=P,
-                                 world_size=world, rank=rank, shuffle_window=2)
-            assert len(ids) == len(want)
-            for g, w in zip(ids, want):
-                np.testing.assert_array_equal(g, w)
+                plan = loader.plan()
+            if order == "windowed":  # against the model, which knows nothing of detload
+                want = model_batches(small_dataset, seed=5, batch_size=G // world, partitions=P,
+                                     world_size=world, rank=rank, shuffle_window=2)
+                assert len(ids) == len(want)
+                for g, w in zip(ids, want):
+                    np.testing.assert_array_equal(g, w)
+            else:  # the rows the rank's plan lists
+                np.testing.assert_array_equal(np.concatenate(ids), small_dataset.all_ids[plan.row_ids()])
             per_rank.append(ids)
         return [np.concatenate(s) for s in zip(*per_rank)]
 
@@ -236,12 +253,12 @@ def test_source_forms_and_location_do_not_change_batches(small_dataset, tmp_path
     sources = [root, os.path.join(root, "*.parquet"), files, list(reversed(files)), copy]
     results = []
     for src in sources:
-        with Loader(src, batch_size=100, seed=77, shuffle_window=2) as loader:
+        with Loader(src, batch_size=100, seed=77) as loader:
             results.append((loader.dataset.fingerprint, loader.fingerprint, _hashes(loader)))
     assert all(r == results[0] for r in results[1:])
 
 
 def test_sixty_four_workers(small_dataset):
-    kw = dict(batch_size=33, seed=64, shuffle_window=1)
+    kw = dict(batch_size=33, seed=64, mix_window=1, block_rows=50)  # a task per row group: work for many
     with Loader(small_dataset.root, workers=1, **kw) as one, Loader(small_dataset.root, workers=64, **kw) as many:
         assert _hashes(one) == _hashes(many)

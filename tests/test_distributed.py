@@ -21,6 +21,7 @@ import pytest
 from detload import Loader, ManifestError, OptionError
 from detload.cli import main as cli_main
 from detload.loader import _distributed_defaults, compare_ranks
+from detload.plan import MixPlan
 from detload.verify import verify
 
 FULL = os.environ.get("DETLOAD_FULL") == "1"
@@ -81,23 +82,29 @@ def test_drop_last_false_tail_gives_short_or_empty_batches(ds):
     assert sizes[:, -1].max() - sizes[:, -1].min() <= 1
 
 
-def test_each_rank_reads_only_its_partitions(ds, unit_log):
+@pytest.mark.parametrize("order", ["mix", "windowed"])
+def test_each_rank_reads_only_its_partitions(ds, unit_log, order):
     R, P = 2, 4
     seen = []
     for r in range(R):
         unit_log.clear()
-        with Loader(ds, batch_size=32, seed=7, partitions=P, distributed=(r, R)) as loader:
+        with Loader(ds, batch_size=32, seed=7, partitions=P, distributed=(r, R), order=order) as loader:
             plan = loader.plan()
             for _ in loader:
                 pass
             files = [f.path for f in loader.dataset.files]
-        ranges = [r for p in plan.owned_partitions for b in plan.blocks[p] for r in b.ranges]
+        # What the plan says the rank reads: its tasks' ranges (mixed order), its blocks' (windowed).
+        parts = plan.tasks if isinstance(plan, MixPlan) else plan.blocks
+        ranges = [r for p in plan.owned_partitions for b in parts[p] for r in b.ranges]
         mine = {(files[r.file], r.row_group) for r in ranges}
         assert set(unit_log) == mine and len(unit_log) == len(ranges), "reads its own ranges, once each"
         seen.append(mine)
-    # Format 2: a row group cut by the partition boundary between the ranks is read by both
-    # (at most R - 1 = 1 here; at most P - 1 over all partitions); no other is shared.
+    # Partitions balanced by rows (formats 2 and 3): a row group cut by the partition boundary
+    # between the ranks is read by both (at most R - 1 = 1 here; at most P - 1 over all
+    # partitions); no other is shared.
     assert len(seen[0] & seen[1]) <= R - 1 and len(seen[0] | seen[1]) == 14
+    if order == "windowed":
+        return  # the option errors below are the same for both orders
 
 
 def test_one_partition_is_the_single_process_plan(ds):
@@ -137,7 +144,7 @@ def test_bad_distributed_options_are_explained(ds):
 
 
 def test_mismatched_ranks_are_named(ds):
-    loaders = [Loader(ds, batch_size=8, seed=1, distributed=(0, 2)),
+    loaders = [Loader(ds, batch_size=8, seed=1, distributed=(0, 2), order="windowed"),
                Loader(ds, batch_size=8, seed=2, distributed=(1, 2), order="windowed", shuffle_window=2)]
     infos = [x.rank_info() for x in loaders]
     with pytest.raises(OptionError) as err:
@@ -145,6 +152,15 @@ def test_mismatched_ranks_are_named(ds):
     msg = str(err.value)
     assert "seed differs: 1 on ranks [0], 2 on ranks [1]" in msg
     assert "shuffle_window differs: 4 on ranks [0], 2 on ranks [1]" in msg
+    # A rank left at the default (the mixed order) and one given the windowed order: the plan
+    # format and each order's options are named.
+    infos = [Loader(ds, batch_size=8, seed=1, distributed=(0, 2)).rank_info(), infos[1]]
+    with pytest.raises(OptionError) as err:
+        loaders[0].check_ranks(lambda _obj: infos)
+    msg = str(err.value)
+    assert "plan_format differs: 3 on ranks [0], 2 on ranks [1]" in msg
+    assert "shuffle_window differs: null on ranks [0], 2 on ranks [1]" in msg
+    assert 'order differs: "mix" on ranks [0], null on ranks [1]' in msg
     same = [Loader(ds, batch_size=8, seed=1, distributed=(r, 2)) for r in range(2)]
     same[0].check_ranks(lambda _obj: [x.rank_info() for x in same])  # agrees: no error
     with pytest.raises(OptionError, match=r"ranks are \[0, 0\] for 2 processes \(expected 0..1\): pass "

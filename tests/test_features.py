@@ -240,7 +240,7 @@ def test_another_seed_is_another_order(root):
 def test_vocabulary_chained_with_hash_buckets_gives_the_reference_batches_in_every_cell(root, vocab, tmp_path):
     t = F.chain(Transform(X.hashed, name="ctr", version="1"), F.hash_buckets({"s": 4096, "cross": 100}, seed=5),
                 F.vocabulary("id", vocab, oov=-1))
-    check_matrix(root, dict(batch_size=64, seed=3, shuffle_window=2, columns=["id", "f32", "s"], transform=t),
+    check_matrix(root, dict(batch_size=64, seed=3, columns=["id", "f32", "s"], transform=t),
                  str(tmp_path))
 
 

@@ -60,7 +60,14 @@ def test_an_unfiltered_loader_counts_every_row_group_and_its_bytes_per_epoch(roo
     rows = sum(n for *_, n in groups)
     assert [e.epoch for e in reads.epochs] == [0, 1]
     for e in reads.epochs:
-        assert (e.row_groups_read, e.row_groups_cached, e.bytes_read, e.rows_selected) == (len(groups), 0, per_epoch, rows)
+        # Each row group is read from the source once an epoch. Process workers of the mixed
+        # order (the default) share a task's window through a scratch cache in /dev/shm: what a
+        # worker takes from there is counted as served by the cache (at most once a row group
+        # per other worker); thread workers share converted row groups in memory.
+        cached = 0 if kind == "thread" else e.row_groups_cached
+        assert cached <= len(groups)  # two workers: one other worker
+        assert (e.row_groups_read, e.row_groups_cached, e.bytes_read, e.rows_selected) == (
+            len(groups), cached, per_epoch, rows)
     assert reads.bytes_read == 2 * per_epoch and reads.row_groups_read == 2 * len(groups)
     assert reads.row_groups_skipped == 0 and reads.rows_selected == 2 * rows and reads.planning == {}
 

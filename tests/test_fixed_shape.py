@@ -213,7 +213,7 @@ def entries(cache: str) -> list[str]:
 def test_warm_cache_gives_the_cold_bytes_and_the_ragged_form_is_another_entry(data, tmp_path):
     root, _ = data
     cache = str(tmp_path / "c")
-    kw = dict(batch_size=10, seed=3, shuffle_window=2, columns=["id", "emb"])
+    kw = dict(batch_size=10, seed=3, columns=["id", "emb"])
 
     def run(name: str, **more) -> list[str]:
         with Loader(root, manifest=str(tmp_path / name), **kw, **more) as loader:
@@ -349,7 +349,8 @@ def test_a_row_of_another_length_is_a_data_error_naming_file_row_group_and_row(t
 def test_rows_before_the_bad_row_group_are_delivered(tmp_path):
     path = write(tmp_path, pa.array([[1.0, 2.0]] * 4 + [[1.0]] * 4, pa.list_(pa.float64())))
     got = []
-    kw = dict(batch_size=4, seed=0, shuffle=False, shuffle_window=1, cast={"emb": "f8[2]"})
+    # The windowed order: a block per row group, so row group 0's batch comes before row group 1 is read.
+    kw = dict(batch_size=4, seed=0, shuffle=False, order="windowed", shuffle_window=1, cast={"emb": "f8[2]"})
     with pytest.raises(DataError, match=r"row group 1 cannot be delivered as float64\[2\]"), \
             Loader(path, **kw) as loader:
         for b in loader:

@@ -67,8 +67,8 @@ def test_type_mapping_is_2_only_when_an_int96_column_is_loaded(tmp_path):
     with Loader(str(tmp_path / "plain.parquet"), batch_size=2, seed=0) as loader:
         # Everything but INT96 maps as before: the same order dict, keys and all.
         assert loader.order["type_mapping"] == 1
-        assert set(loader.order) == {"seed", "global_batch_size", "shuffle", "shuffle_window", "drop_last",
-                                     "partitions", "columns", "null_fill", "type_mapping", "plan_format",
+        assert set(loader.order) == {"seed", "global_batch_size", "shuffle", "order", "mix_window", "block_rows",
+                                     "drop_last", "partitions", "columns", "null_fill", "type_mapping", "plan_format",
                                      "dataset", "units_digest"}
 
 

@@ -272,7 +272,7 @@ def test_block_assembly_concatenates_and_permutes_rows(units, shuffle, seed):
 
 def test_batches_are_the_same_in_every_cell_of_the_matrix(data, tmp_path):
     root, _ = data
-    check_matrix(root, dict(batch_size=24, seed=9, shuffle_window=2, null_fill=FILL), str(tmp_path))
+    check_matrix(root, dict(batch_size=24, seed=9, null_fill=FILL), str(tmp_path))
 
 
 def ref_digest(name: str, rows: list[list], kind: str) -> str:

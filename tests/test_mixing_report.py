@@ -73,7 +73,7 @@ def _delivered_ids(loader: Loader) -> tuple[np.ndarray, list[int]]:
 @pytest.mark.parametrize("kwargs", [
     {},
     {"shuffle": False},
-    {"shuffle_window": 2, "partitions": 4},
+    {"order": "windowed", "shuffle_window": 2, "partitions": 4},
     {"distributed": Distributed(1, 2), "partitions": 2},
     {"drop_last": True, "batch_size": 48},
     {"filter": [["v", "<", 6]], "partitions": 2},
@@ -100,7 +100,7 @@ def test_epoch_rows_are_the_rows_the_loader_delivers(tmp_path, kwargs):
 
 def test_no_shuffle_puts_one_row_group_in_each_batch(tmp_path):
     root = _days(str(tmp_path / "d"))
-    with Loader(root, batch_size=128, seed=1, shuffle=False) as loader:
+    with Loader(root, batch_size=128, seed=1, shuffle=False, order="windowed") as loader:
         st = loader.plan_stats(mix_column="day")
     n = DAYS * DAY_ROWS
     assert (st["rows"], st["steps"], st["batches_measured"], st["every_batch"]) == (n, 28, 28, True)
@@ -124,7 +124,7 @@ def test_no_shuffle_puts_one_row_group_in_each_batch(tmp_path):
 
 def test_sorted_days_windowed_order_is_far_from_iid(tmp_path):
     root = _days(str(tmp_path / "d"))
-    with Loader(root, batch_size=128, seed=1) as loader:  # shuffle_window=4
+    with Loader(root, batch_size=128, seed=1, order="windowed") as loader:  # shuffle_window=4
         st = loader.plan_stats(mix_column="day")
         again = loader.plan_stats(mix_column="day")
         other = loader.plan_stats(epoch=1, mix_column="day")
@@ -138,7 +138,7 @@ def test_sorted_days_windowed_order_is_far_from_iid(tmp_path):
 
 def test_the_iid_reference_of_a_plan_is_a_permutation_of_its_rows():
     rows = [100, 50, 80, 120, 60, 90]
-    plan = make_plan(rows, OrderOptions(seed=3, batch_size=40), epoch=0)
+    plan = make_plan(rows, OrderOptions(seed=3, batch_size=40, order="windowed"), epoch=0)
     st = mixing_report(plan)
     # 500 rows, 12 full batches of 40 and a short one (left out).
     assert (st["rows"], st["steps"], st["batches_measured"]) == (500, 13, 12)
@@ -152,7 +152,7 @@ def test_the_iid_reference_of_a_plan_is_a_permutation_of_its_rows():
 
 def test_a_long_epoch_is_measured_on_evenly_spaced_batches():
     rows = [64] * 40
-    plan = make_plan(rows, OrderOptions(seed=3, batch_size=16, shuffle=False), epoch=0)
+    plan = make_plan(rows, OrderOptions(seed=3, batch_size=16, shuffle=False, order="windowed"), epoch=0)
     st = mixing_report(plan, max_batches=9)
     assert (st["steps"], st["batches_measured"], st["every_batch"]) == (160, 9, False)
     assert st["row_groups_per_batch"]["median"] == 1 and st["row_groups_per_batch"]["iid_median"] >= 14
@@ -163,7 +163,7 @@ def test_a_long_epoch_is_measured_on_evenly_spaced_batches():
 
 def test_numeric_and_text_columns_are_binned(tmp_path):
     root = _days(str(tmp_path / "d"))
-    with Loader(root, batch_size=128, seed=1) as loader:
+    with Loader(root, batch_size=128, seed=1, order="windowed") as loader:
         x = loader.plan_stats(mix_column="x")["mix_column"]
         ids = loader.plan_stats(mix_column="id")["mix_column"]
         s = loader.plan_stats(mix_column="s")["mix_column"]
@@ -183,7 +183,7 @@ def test_a_filter_selection_and_a_partition_key_column(tmp_path):
     for d in range(4):
         os.makedirs(f"{root}/day={d}")
         pq.write_table(pa.table({"v": np.arange(100) % 10 + d}), f"{root}/day={d}/p.parquet", row_group_size=50)
-    with Loader(root, batch_size=25, seed=2, shuffle=False, filter=[["v", "<", 5]]) as loader:
+    with Loader(root, batch_size=25, seed=2, shuffle=False, order="windowed", filter=[["v", "<", 5]]) as loader:
         st = loader.plan_stats(mix_column="v")
         by_day = loader.plan_stats(mix_column="day")
     mc = st["mix_column"]
@@ -237,7 +237,7 @@ def test_a_transform_that_changes_rows_refuses_a_mix_column(tmp_path):
 
 def test_cli_prints_the_report_and_json(tmp_path, capsys):
     root = _days(str(tmp_path / "d"))
-    args = ["plan", root, "--batch-size", "128", "--seed", "1", "--shuffle-window", "1"]
+    args = ["plan", root, "--batch-size", "128", "--seed", "1", "--order", "windowed", "--shuffle-window", "1"]
     assert cli_main(args) == 0
     assert "mixing" not in capsys.readouterr().out  # only when asked: it computes every block's rows
     assert cli_main([*args, "--mix-column", "day"]) == 0
@@ -279,7 +279,8 @@ def test_a_plan_that_lists_its_rows_is_asked():
             asked.append(1)
             return epoch_rows(base)
 
-    base = make_plan([64, 40, 64, 30, 64, 64, 50], OrderOptions(seed=9, batch_size=16, partitions=2), epoch=2)
+    base = make_plan([64, 40, 64, 30, 64, 64, 50], OrderOptions(seed=9, batch_size=16, partitions=2, order="windowed"),
+                     epoch=2)
     listed = Listed(**{f.name: getattr(base, f.name) for f in dataclasses.fields(Plan)})
     assert np.array_equal(epoch_rows(listed), epoch_rows(base)) and asked
     assert mixing_report(listed) == mixing_report(base)

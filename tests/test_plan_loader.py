@@ -159,8 +159,8 @@ def _as_format_1(header: dict) -> dict:
 def test_verify_between_format_1_and_format_2_says_the_plan_formats_differ(tmp_path, capsys):
     root = _write(str(tmp_path / "ds" / "a.parquet"), [30, 50])
     a, b = str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")
-    for path in (a, b):
-        with Loader(root, batch_size=8, seed=1, manifest=path) as loader:
+    for path in (a, b):  # format 1 is faked from format 2's manifest
+        with Loader(root, batch_size=8, seed=1, order="windowed", manifest=path) as loader:
             for _ in loader:
                 pass
     with open(a) as f:
@@ -178,7 +178,7 @@ def test_verify_between_format_1_and_format_2_says_the_plan_formats_differ(tmp_p
 
 def test_a_format_1_state_is_refused_with_the_reason(tmp_path):
     root = _write(str(tmp_path / "ds" / "a.parquet"), [30, 50])
-    with Loader(root, batch_size=8, seed=1) as loader:
+    with Loader(root, batch_size=8, seed=1, order="windowed") as loader:
         state = loader.state_dict()
         assert state["plan_format"] == 2 and state["fingerprint"] == loader.fingerprint
         with pytest.raises(StateError, match=r"cannot resume: the plan format changed \(1 in the state, 2 here\): "
@@ -212,7 +212,7 @@ def test_resume_at_another_world_size_equals_the_uninterrupted_run(tmp_path):
 
 def test_detload_plan_shows_ranges_rows_per_partition_and_redundant_reads(newcomer, capsys):
     assert cli_main(["plan", newcomer, "--batch-size", "64", "--seed", "3", "--partitions", "8",
-                     "--world-size", "2", "--rank", "0"]) == 0
+                     "--world-size", "2", "--rank", "0", "--order", "windowed"]) == 0
     out = capsys.readouterr().out
     assert "(format 2)" in out and "rows per partition [" + ", ".join(["62,500"] * 8) + "]" in out
     assert "redundant reads: " in out
@@ -220,7 +220,7 @@ def test_detload_plan_shows_ranges_rows_per_partition_and_redundant_reads(newcom
     cut = [line for line in out.splitlines() if "block k=" in line and ":" in line.split("[", 1)[1]]
     assert cut, "a unit cut by a partition boundary is shown as a row range"
     assert cli_main(["plan", newcomer, "--batch-size", "64", "--seed", "3", "--partitions", "8",
-                     "--world-size", "2", "--rank", "0", "--json"]) == 0
+                     "--world-size", "2", "--rank", "0", "--order", "windowed", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["plan_format"] == 2 and d["partition_rows"] == [62_500] * 8 and d["redundant_reads"] >= 1
     assert all(len(r) == 4 for blk in d["blocks"] for u in blk["units"] for r in u["ranges"])

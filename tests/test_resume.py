@@ -232,7 +232,7 @@ def test_resumed_manifest_survives_a_torn_tail_and_refuses_gaps(ds, full, tmp_pa
 
 def _cli_run(ds: str, manifest: str, *extra: str) -> list[str]:
     # Small batches: many steps, so the kill below lands mid-run.
-    return ["run", ds, "--batch-size", "4", "--seed", "11", "--columns", "id,s", "--shuffle-window", "2",
+    return ["run", ds, "--batch-size", "4", "--seed", "11", "--columns", "id,s",
             "--epochs", "2", "--manifest", manifest, *extra]
 
 

@@ -122,15 +122,19 @@ def test_the_column_that_decodes_short_is_named(broken):
         list(loader)
 
 
-def test_no_empty_batches_at_any_batch_size(broken):
+@pytest.mark.parametrize("order", ["mix", "windowed"])
+def test_no_empty_batches_at_any_batch_size(broken, order):
     # With a batch size of 1 the short read used to show as batches with no rows.
     for bs in (1, 2, 3):
-        with Loader(broken, batch_size=bs, seed=0, shuffle=False) as loader:
+        with Loader(broken, batch_size=bs, seed=0, shuffle=False, order=order) as loader:
             sizes = []
             with pytest.raises(DataError, match=_MESSAGE):
                 for b in loader:
                     sizes.append(len(b["id"]))
-        assert sizes and set(sizes) == {bs}
+        assert set(sizes) <= {bs}
+        # The windowed order delivers a's row groups before it reads b's short one; the mixed
+        # order may read the short row group before its first batch (one task holds them all).
+        assert sizes or order == "mix"
 
 
 def _short_entry(loader: Loader, file_idx: int, rg: int, ids: np.ndarray) -> None:

@@ -178,7 +178,8 @@ def test_cache_reads_and_writes_are_traced_stages(data, tmp_path):
 
 def test_worker_start_up_is_its_own_stage(data):
     """Each worker warms pyarrow.compute before its first block, traced as worker_startup."""
-    with Loader(data, batch_size=1000, seed=3, workers=3) as ld:
+    # mix_window=6: three tasks of the 18 row groups, so that every worker gets one.
+    with Loader(data, batch_size=1000, seed=3, workers=3, mix_window=6) as ld:
         list(ld)
         st = ld.stats()
     assert st.stages["worker_startup"].count == 3

@@ -28,6 +28,10 @@ from detload._engine.config import DebugHooks  # noqa: E402
 from detload.torch import RaggedTensor, TorchLoader, to_torch  # noqa: E402
 
 OPTS = dict(batch_size=40, seed=5, columns=["id", "s", "x"])
+#: Blocks of whole row groups (the windowed order), for the tests that fail or stall one row
+#: group's read: batches of the blocks before it are handed over first. The mixed order reads
+#: a task's row groups before its first block, so with this small dataset nothing would come first.
+BLOCKS = dict(OPTS, order="windowed")
 
 
 @pytest.fixture(scope="module")
@@ -507,7 +511,7 @@ def test_copy_batches_hands_over_the_good_batches_before_an_error(ds):
     for group in (1, 4):
         hooks = DebugHooks(fail_unit=bad, fail_exc=OSError("disk on fire"))
         got = 0
-        with TorchLoader(hooked(Loader, ds, debug=hooks, **OPTS), device="cpu", copy_batches=group) as tl, \
+        with TorchLoader(hooked(Loader, ds, debug=hooks, **BLOCKS), device="cpu", copy_batches=group) as tl, \
                 pytest.raises(WorkerError, match="disk on fire"):
             for _ in tl:
                 got += 1
@@ -596,7 +600,7 @@ def test_buffers_go_with_a_handled_error_without_the_cycle_collector(ds, monkeyp
         for group in (1, 4):
             slabs.clear()
             hooks = DebugHooks(fail_unit=("a.parquet", 1), fail_exc=OSError("disk on fire"))
-            with TorchLoader(hooked(Loader, ds, debug=hooks, **OPTS), device="cpu", copy_batches=group) as tl:
+            with TorchLoader(hooked(Loader, ds, debug=hooks, **BLOCKS), device="cpu", copy_batches=group) as tl:
                 tl.pin_memory = True
                 try:
                     for b in tl:
@@ -629,13 +633,13 @@ def test_refused_set_epoch_and_state_leave_the_iteration_running(ds):
 def _feeder_waiting_in_a_stalled_read(ds: str) -> Iterator[tuple[TorchLoader, Iterator[Any]]]:
     """A TorchLoader whose loop took the batches that need only epoch 0's first block, so its
     feeder now waits inside the loader for the second block, whose first read stalls 12 s."""
-    with Loader(ds, **OPTS) as probe:
+    with Loader(ds, **BLOCKS) as probe:
         second = probe.plan(0).schedule[1]
         u = second.sources[0]
         fi, rg = int(probe._unit_files[u]), int(probe._unit_rgs[u])
         rel = probe.dataset.files[fi].path
     hooks = DebugHooks(stall_unit=(rel, rg), stall_seconds=12.0, stall_epoch=0)
-    with TorchLoader(hooked(Loader, ds, debug=hooks, **OPTS), device="cpu") as tl:
+    with TorchLoader(hooked(Loader, ds, debug=hooks, **BLOCKS), device="cpu") as tl:
         it = iter(tl)
         for _ in range(second.first_step):
             next(it)

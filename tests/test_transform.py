@@ -504,7 +504,10 @@ def slow(cols, ctx):
 
 
 def test_transform_is_its_own_stage_and_can_bound_the_loader(root, tmp_path):
-    with Loader(root, batch_size=32, seed=1, columns=["id"], transform=Transform(slow, name="slow")) as ld:
+    # mix_window=2: tasks of two row groups, so that the transform runs during the measured
+    # steps (one task of every row group would run it all before the first batch).
+    with Loader(root, batch_size=32, seed=1, columns=["id"], transform=Transform(slow, name="slow"),
+                mix_window=2) as ld:
         report = detload.starvation_check(ld, lambda b: None, steps=40, warmup=2)
         stats = ld.stats()
         assert stats.stages["transform"].count >= 9 and stats.stages["transform"].where == "worker"

@@ -87,7 +87,7 @@ def detload_one(path: str, pool: str, workers: int, epochs: int) -> dict:
 
     kind: Literal["thread", "process"] = "process" if pool == "process" else "thread"
     ld = Loader(path, batch_size=BATCH, seed=1234, workers=workers, pool=Pool(kind=kind, prefetch=2), shuffle=True,
-                shuffle_window=4)
+                order="windowed", shuffle_window=4)
     ld.set_epoch(0)
     for _ in ld:  # the first epoch: start-up, warm page cache and allocators
         pass

@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         group = int(how_s[5:]) if how_s.startswith("stack") and how_s[5:] else 1
         staged = how_s == "staged"
         ld = Loader(a.data, batch_size=B, seed=0, workers=w, pool=Pool(kind=pool, prefetch=2), columns=cols,
-                    shuffle_window=4)
+                    order="windowed", shuffle_window=4)
         if how_s == "numpy":
             src, stage = ld, staging
         else:

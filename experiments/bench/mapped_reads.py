@@ -43,7 +43,7 @@ def one(path: str, mapped: bool, sample_timed: bool = False) -> dict:
     from detload import Loader, Pool, Storage
 
     ld = Loader(path, batch_size=4096, seed=1234, workers=2, pool=Pool(kind="process", prefetch=2), shuffle=True,
-                shuffle_window=4, storage=Storage(memory_map="auto" if mapped else False))
+                order="windowed", shuffle_window=4, storage=Storage(memory_map="auto" if mapped else False))
     # sample_timed reproduces bench.py's sampling before it left the timed epochs alone: 0.1 s
     # throughout; otherwise the untimed epochs are sampled at the sampler's default period.
     with (RssSampler(period=0.1) if sample_timed else RssSampler()) as sampler:

@@ -185,7 +185,7 @@ def test_windowed_matches_detload_plan() -> None:
             rows = rng.integers(1, 50, size=int(rng.integers(1, 30)))
             w = int(rng.integers(1, 5))
             ours = o.windowed_order(rows, 11, 3, window=w, partitions=P)
-            opts = plan.OrderOptions(seed=11, batch_size=P, partitions=P, shuffle_window=w)
+            opts = plan.OrderOptions(seed=11, batch_size=P, partitions=P, order="windowed", shuffle_window=w)
             ref = plan.make_plan_v2(plan.UnitList.from_rows(rows), opts, epoch=3)
             st = ours.unit_starts
             for p, blocks in enumerate(ref.blocks):

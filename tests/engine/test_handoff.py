@@ -65,7 +65,8 @@ def test_no_segment_left_after(data, how):
 
 
 def test_no_segment_left_after_a_killed_worker(data):
-    ld = Loader(data, batch_size=300, seed=1, workers=2, pool=detload.Pool(kind="process", prefetch=1))
+    # mix_window=4: several tasks, so that the killed worker has work (one task would be one worker's).
+    ld = Loader(data, batch_size=300, seed=1, workers=2, pool=detload.Pool(kind="process", prefetch=1), mix_window=4)
     with pytest.raises(WorkerError, match="killed by signal"):
         for i, _ in enumerate(ld):
             if i == 2:

@@ -20,7 +20,7 @@ from faultkit import pid_alive, shm_segments, wait_until
 from detload import read_manifest
 from detload.cli import main as cli
 
-RUN_ARGS = ["--batch-size", "10", "--seed", "4", "--shuffle-window", "2"]
+RUN_ARGS = ["--batch-size", "10", "--seed", "4", "--mix-window", "2", "--block-rows", "40"]
 
 
 def _batch_lines(path: str) -> int:
@@ -38,7 +38,7 @@ import sys, time
 from detload import Loader
 if __name__ == "__main__":
     root, workers, pool, manifest = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    with Loader(root, batch_size=10, seed=4, order="windowed", shuffle_window=2, workers=workers, pool=pool,
+    with Loader(root, batch_size=10, seed=4, mix_window=2, block_rows=40, workers=workers, pool=pool,
                 manifest=manifest) as loader:
         for epoch in range(2):
             loader.set_epoch(epoch)
