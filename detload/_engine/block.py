@@ -29,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .._columns import _ragged_take, _workspace, slice_rows, take_rows
-from .._types import Column, ColumnSpec, Ragged, RaggedKind
+from .._types import Column, ColumnSpec, Ragged, RaggedKind, UnitColumns
 from .._types import _np_dtype as _dtype
 
 __all__ = ["Layout", "assemble", "slice_rows", "take_rows", "views"]
@@ -368,3 +368,34 @@ def assemble(
             else:
                 _ragged_take(src_r, perm, dst.offsets, dst.values)
     return buf, layout
+
+
+def pack_runs(specs: Sequence[ColumnSpec], cols: UnitColumns) -> UnitColumns:
+    """``cols`` with each run of same-typed fixed 1-D columns (as a block lays them out)
+    copied into one 2-D array, so that `assemble` copies a run per unit in one call.
+
+    A mixed-order block takes a chunk of every row group of its window: without runs that is
+    one copy per column per row group (thousands per block, each taking the GIL), with them
+    one per run. Columns that already come in runs (cache entries) are returned as they are."""
+    if cols.runs or not cols:
+        return cols
+    out = UnitColumns(cols)
+    i = 0
+    while i < len(specs):
+        s = specs[i]
+        j = i + 1
+        if s.kind == "fixed" and not s.inner:
+            while (j < len(specs) and specs[j].kind == "fixed" and not specs[j].inner
+                   and specs[j].dtype == s.dtype):
+                j += 1
+            names = tuple(x.name for x in specs[i:j])
+            first = cols.get(names[0])
+            if j - i > 1 and all(isinstance(cols.get(n), np.ndarray) for n in names) and isinstance(first, np.ndarray):
+                run = np.empty((j - i, len(first)), dtype=first.dtype)
+                for r, n in enumerate(names):
+                    run[r] = cols[n]
+                for r, n in enumerate(names):
+                    out[n] = run[r]
+                    out.runs[n] = (run, r, names)
+        i = j
+    return out

@@ -37,7 +37,7 @@ from .._types import UnitColumns
 from . import share
 from . import shm as _shm
 from . import spawn as _spawn
-from .block import Layout, assemble, slice_rows
+from .block import Layout, assemble, pack_runs, slice_rows
 from .config import WorkerConfig
 from .groups import GroupRows, block_order, build_grouped, check_compact, check_constant, check_key_kept, group_rows
 from .messages import (
@@ -57,6 +57,10 @@ from .passes import EVERY, Passes
 from .spawn import MainSource, SharedInts
 
 __all__ = ["ProcessLink", "ThreadLink", "process_main", "worker_loop"]
+
+#: A link's empty slot for a message taken early (`peek`).
+_NOTHING = object()
+
 
 def _debug_before_read(cfg: WorkerConfig, task: Task, file_idx: int, rg: int) -> None:
     d = cfg.hooks
@@ -300,10 +304,24 @@ class ThreadLink:
     def __init__(self, inbox: queue.Queue[Any], outbox: queue.Queue[Any]) -> None:
         self.inbox = inbox
         self.outbox = outbox
+        self._next: Any = _NOTHING  # a message taken by `peek`, not yet received
 
     def receive(self) -> Tasks | object | None:
-        msg = self.inbox.get()
+        msg, self._next = (self.inbox.get() if self._next is _NOTHING else self._next), _NOTHING
         return STOP if msg is None else msg
+
+    def peek(self) -> Tasks | object | None:
+        """The next message if one is there (kept for `receive`), else None; never waits."""
+        if self._next is _NOTHING:
+            try:
+                self._next = self.inbox.get_nowait()
+            except queue.Empty:
+                return None
+        return STOP if self._next is None else self._next
+
+    def has_room(self) -> bool:
+        """Whether a block sent now would go out without waiting."""
+        return not self.outbox.full()
 
     def send(self, msg: BlockReady | WorkerFailed, stale: Callable[[], bool]) -> bool:
         return put_until(self.outbox, msg, stale)
@@ -346,6 +364,7 @@ class ProcessLink:
         self._taken = 0
         self._shared_sent = sent  # the same count, for the consumer's depth samples
         self.gone = False  # the consumer died or closed the pool: leave
+        self._next: Any = _NOTHING  # a message taken by `peek`, not yet received
 
     def _wait(self, poller: Poller) -> list[Any]:
         ready = poller.wait(POLL)
@@ -375,6 +394,9 @@ class ProcessLink:
         """The next task message; None if none came within `POLL`; `STOP` when it is time to go."""
         if self.gone:
             return STOP
+        if self._next is not _NOTHING:
+            msg, self._next = self._next, _NOTHING
+            return msg
         ready = self._wait(self._for_work)
         if self.gone:
             return STOP
@@ -385,6 +407,24 @@ class ProcessLink:
         except (EOFError, OSError):  # the pool closed its end: it is closing
             self.gone = True
             return STOP
+
+    def peek(self) -> Tasks | object | None:
+        """The next task message if one is there (kept for `receive`), else None; never waits."""
+        if self._next is _NOTHING:
+            try:
+                if self.gone or not self.inbox.poll(0):
+                    return None
+                self._next = self.inbox.recv()
+            except (EOFError, OSError):
+                self.gone = True
+                return None
+        return self._next
+
+    def has_room(self) -> bool:
+        """Whether a block sent now would go out without waiting."""
+        if self._sent - self._taken >= self.prefetch:
+            self._take_credits()
+        return self._sent - self._taken < self.prefetch
 
     def send(self, msg: BlockReady | WorkerFailed, stale: Callable[[], bool]) -> bool:
         if isinstance(msg, WorkerFailed):
@@ -429,6 +469,7 @@ def worker_loop(cfg: WorkerConfig, index: int, link: ThreadLink | ProcessLink, p
     reader = UnitReader(cfg)
     steps = row_group_steps(cfg)
     pid = os.getpid() if cfg.kind == "process" else 0
+    look = _Lookahead(cfg, reader, steps, link, passes, index)
     # A block's wait for room is known only after it was sent: it travels with the
     # worker's next block; so does the start-up, with the first.
     last_wait: tuple[str, float, float] | None = ("worker_startup", t0, time.perf_counter())
@@ -440,6 +481,7 @@ def worker_loop(cfg: WorkerConfig, index: int, link: ThreadLink | ProcessLink, p
             if not isinstance(msg, Tasks):
                 continue
             gen, tasks = msg.gen, msg.tasks
+            look.forget_stale()
 
             def stale(gen: int = gen) -> bool:  # a newer pass (built ahead) is not
                 return passes.is_stale(gen)
@@ -451,10 +493,10 @@ def worker_loop(cfg: WorkerConfig, index: int, link: ThreadLink | ProcessLink, p
                 segs.new_pass(max(task.block_rows for task in tasks))
             if tasks and tasks[0].blocks:  # the mixed order: tasks of several blocks each
                 ok, last_wait = _mix_tasks(cfg, reader, steps, tasks, gen, status, segs, link, stale, pid,
-                                           last_wait, index)
+                                           last_wait, index, look)
                 if not ok:
                     reader.close()
-                    reader = UnitReader(cfg)
+                    reader = look.reader = UnitReader(cfg)
                 tasks = ()
             for task in tasks:
                 if stale():
@@ -470,7 +512,7 @@ def worker_loop(cfg: WorkerConfig, index: int, link: ThreadLink | ProcessLink, p
                     unit = (cfg.files[f].path, rg) if f >= 0 else None
                     link.send(WorkerFailed(gen, task.k, pack_exception(exc), unit), stale)
                     reader.close()
-                    reader = UnitReader(cfg)
+                    reader = look.reader = UnitReader(cfg)
                     break
                 status.set(gen, task.k, -1, -1)
                 if _FORWARDED:  # raised while building this block (or since the last one)
@@ -514,16 +556,124 @@ class _Window:
         return units, ranges, mix_block_permutation(task.seed, task.epoch, task.partition, task.number, j, rows)
 
 
+class _Lookahead:
+    """Row groups of the mixed-order window that opens next, read while the worker would
+    otherwise wait for room in its queue.
+
+    A task's first block needs its whole window, so without this the workers read a window
+    only once they sent the previous task's last blocks, and the consumer waited for all of
+    it: with one task per epoch (a dataset of up to ``mix_window`` row groups) that was a
+    stall of a whole epoch's reads at every epoch's start. Reading ahead moves those reads
+    into the time the workers spent blocked on a full queue. The bytes are the same (a row
+    group's columns are a pure function of the plan); what is read ahead is claimed as a
+    window's row groups are (_engine/share.py), so each is still read once, and it is
+    dropped when its pass goes stale. Off with a transform (it may keep state per pass) and
+    with debug hooks (their faults must hit the read the schedule puts them at). A read
+    that fails is forgotten: the window's own read fails again, at its place in the order.
+    """
+
+    def __init__(self, cfg: WorkerConfig, reader: UnitReader, steps: Steps, link: Any, passes: Passes,
+                 index: int) -> None:
+        self.cfg, self.reader, self.steps, self.link, self.passes = cfg, reader, steps, link, passes
+        self.enabled = cfg.transform is None and cfg.hooks is None
+        self.index = index
+        self.held: dict[tuple[int, int, int], UnitColumns] = {}  # (pass, file, row group): columns
+        self._tried: set[tuple[int, int, int]] = set()  # read ahead, or claimed by another worker
+        self._claimed: dict[int, list[tuple[int, int]]] = {}  # per pass: the claims this worker made
+
+    def take(self, gen: int, f: int, rg: int) -> UnitColumns | None:
+        """The row group's columns if they were read ahead for pass ``gen`` (once)."""
+        if not self.held:
+            return None
+        self.forget_stale()
+        return self.held.pop((gen, f, rg), None)
+
+    def queued(self) -> tuple[int, Task] | None:
+        """The next pass's first window to open, if its tasks are queued (and wanted)."""
+        msg = self.link.peek()
+        if not isinstance(msg, Tasks) or not msg.tasks or not msg.tasks[0].blocks or self.passes.is_stale(msg.gen):
+            return None
+        return msg.gen, min(msg.tasks, key=lambda task: task.blocks[0][0])
+
+    def forget_stale(self) -> None:
+        """Drop what was read ahead for passes no longer wanted, and the claims made for them
+        (a pass built ahead and then cancelled never runs, so no merger releases them)."""
+        stale = self.passes.is_stale
+        for key in [key for key in self.held if stale(key[0])]:
+            del self.held[key]
+        if self._tried:
+            self._tried = {key for key in self._tried if not stale(key[0])}
+        for gen in [gen for gen in self._claimed if stale(gen)]:
+            pieces = self._claimed.pop(gen)
+            if self.cfg.window_share is not None:
+                self.cfg.window_share.drop(gen, pieces)
+            elif self.cfg.share_dir is not None:
+                share.remove_claims(self.cfg.share_dir, gen, pieces)
+
+    def read_one(self, gen: int, task: Task, t: Timings) -> bool:
+        """Read one row group of ``task``'s window ahead; False when none is left to read."""
+        self.forget_stale()
+        cfg = self.cfg
+        n = len(task.units)
+        start = int((self.index * 0.6180339887498949) % 1.0 * n)
+        for j in range(n):
+            f, rg, first, _ = task.units[(start + j) % n]
+            key = (gen, f, rg)
+            if key in self._tried:
+                continue
+            self._tried.add(key)
+            mem: share.MemoryShare | None = cfg.window_share
+            claimed = False
+            if cfg.share_windows:
+                if mem is not None:
+                    if not mem.claim(gen, f, rg):
+                        continue
+                    claimed = True
+                else:
+                    # An entry already there (written for the pass before, same bytes) is
+                    # mapped now: the mapping outlives its removal after that pass's task.
+                    assert cfg.share_dir is not None
+                    entry = self.reader.entry_path(f, rg)
+                    if entry is None:
+                        continue
+                    if not os.path.exists(entry):
+                        if not share.claim(cfg.share_dir, gen, f, rg):
+                            continue
+                        claimed = True
+                if claimed:
+                    self._claimed.setdefault(gen, []).append((f, rg))
+            cols = None
+            try:
+                cols = pack_runs(cfg.block_specs,
+                                 _row_group(_Build(cfg, self.reader, task, t, defer=False), self.steps, f, rg, first))
+            except Exception:  # noqa: BLE001 -- the window's own read raises it, in order
+                cols = None
+            finally:
+                if claimed and mem is not None:
+                    mem.publish(gen, f, rg, cols)
+                elif claimed:
+                    assert cfg.share_dir is not None
+                    share.finish(cfg.share_dir, gen, f, rg)
+            if cols is not None:
+                self.held[key] = cols
+            return True
+        return False
+
+
 def _open_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, gen: int, k: int,
-                 status: Status, t: Timings) -> _Window:
+                 status: Status, t: Timings, look: _Lookahead | None = None) -> _Window:
     """Read a mixed-order task's pieces once each, through the row-group steps (a cache entry's
-    checksum verified as it is read: the window serves several blocks)."""
+    checksum verified as it is read: the window serves several blocks), except those read
+    ahead (`_Lookahead`)."""
     b = _Build(cfg, reader, task, t, defer=False)
     units: list[UnitColumns] = []
     for f, rg, first, rows in task.units:
-        status.set(gen, k, f, rg)
-        _debug_before_read(cfg, task, f, rg)
-        units.append(_rows_of(_row_group(b, steps, f, rg, first), first, rows))
+        cols = look.take(gen, f, rg) if look is not None else None
+        if cols is None:
+            status.set(gen, k, f, rg)
+            _debug_before_read(cfg, task, f, rg)
+            cols = pack_runs(cfg.block_specs, _row_group(b, steps, f, rg, first))
+        units.append(_rows_of(cols, first, rows))
     return _Window(task, units)
 
 
@@ -543,7 +693,8 @@ class _StalePass(Exception):
 
 
 def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, gen: int, k: int,
-                        status: Status, t: Timings, index: int, stale: Callable[[], bool]) -> _Window:
+                        status: Status, t: Timings, index: int, stale: Callable[[], bool],
+                        look: _Lookahead | None = None) -> _Window:
     """A task's window shared with the other workers (_engine/share.py): convert the row groups
     this worker claims, starting at a place of its own so that workers spread over the task,
     then take the others' as they are published, converting any nobody claimed (or whose
@@ -554,18 +705,25 @@ def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tas
     share_dir = cfg.share_dir
     n = len(task.units)
     got: dict[int, UnitColumns] = {}
+    if look is not None:  # row groups this worker read ahead (and claimed then)
+        for i, (f, rg, _, _) in enumerate(task.units):
+            cols = look.take(gen, f, rg)
+            if cols is not None:
+                got[i] = cols
 
     def convert(i: int) -> UnitColumns:
         f, rg, first, _ = task.units[i]
         status.set(gen, k, f, rg)
         _debug_before_read(cfg, task, f, rg)
-        return _row_group(b, steps, f, rg, first)
+        return pack_runs(cfg.block_specs, _row_group(b, steps, f, rg, first))
 
     start = int((index * 0.6180339887498949) % 1.0 * n)
     for j in range(n):
         if stale():  # the pass was stopped: claim (and keep) nothing more for it
             raise _StalePass
         i = (start + j) % n
+        if i in got:
+            continue
         f, rg, _, _ = task.units[i]
         if mem is not None:
             if not mem.claim(gen, f, rg):
@@ -632,8 +790,8 @@ def _mix_block(cfg: WorkerConfig, win: _Window, n: int, lo: int, hi: int,
 
 def _mix_tasks(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tasks: Any, gen: int, status: Status,
                segs: _shm.WorkerSegments | None, link: ThreadLink | ProcessLink, stale: Callable[[], bool],
-               pid: int, last_wait: tuple[str, float, float] | None, index: int = 0
-               ) -> tuple[bool, tuple[str, float, float] | None]:
+               pid: int, last_wait: tuple[str, float, float] | None, index: int = 0,
+               look: _Lookahead | None = None) -> tuple[bool, tuple[str, float, float] | None]:
     """Build the blocks of a worker's mixed-order tasks in schedule order (k), each task's
     window read when its first block is due and dropped after its last one. Tasks of different
     partitions may interleave in the schedule: their windows are then held together (at most
@@ -641,6 +799,7 @@ def _mix_tasks(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tasks: Any, 
     events = sorted((k, i, n, lo, hi) for i, task in enumerate(tasks) for n, (k, lo, hi) in enumerate(task.blocks))
     left = [len(task.blocks) for task in tasks]
     windows: dict[int, _Window] = {}
+    opens = list(dict.fromkeys(i for _, i, _, _, _ in events))  # the order the windows open in
     for k, i, n, lo, hi in events:
         if stale():
             return False, last_wait
@@ -653,8 +812,9 @@ def _mix_tasks(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tasks: Any, 
             win = windows.get(i)
             if win is None:
                 win = windows[i] = (
-                    _open_shared_window(cfg, reader, steps, task, gen, k, status, t, index, stale)
-                    if cfg.share_windows else _open_window(cfg, reader, steps, task, gen, k, status, t))
+                    _open_shared_window(cfg, reader, steps, task, gen, k, status, t, index, stale, look)
+                    if cfg.share_windows else _open_window(cfg, reader, steps, task, gen, k, status, t, look))
+                opens.remove(i)
             t0 = time.perf_counter()
             payload, layout = _mix_block(cfg, win, n, lo, hi, segs)
             t.add("permute", t0, time.perf_counter())
@@ -670,6 +830,12 @@ def _mix_tasks(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tasks: Any, 
             del windows[i]  # the window goes with the task's last block
         del win
         status.set(gen, k, -1, -1)
+        if look is not None and look.enabled:
+            # While the queue is full, read the row groups of the window that opens next
+            # (this pass's next task, or the next pass's first, queued behind this one).
+            nxt = (gen, tasks[opens[0]]) if opens else look.queued()
+            while nxt is not None and not link.has_room() and not stale() and look.read_one(nxt[0], nxt[1], t):
+                pass
         if _FORWARDED:
             t.warnings, _FORWARDED[:] = list(_FORWARDED), []
         t0 = time.perf_counter()

@@ -1,0 +1,120 @@
+"""The mixed order's read-ahead: while a worker's queue is full, it reads the row groups of the
+window that opens next (the next task, or the next epoch's first, queued behind this one), so
+the consumer does not wait for a whole window at each task's start. The batches stay the plan's,
+each row group is still read once per pass, and a pass built ahead and then not taken leaves
+nothing behind.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import numpy as np
+import pytest
+from strategies import check_rows
+
+import detload._read.reader
+from detload import Loader, Pool
+from detload.plan import MixPlan
+
+FILES = {"a.parquet": [300, 200, 250, 120], "c.parquet": [250, 40, 250, 90], "d/e.parquet": [210, 180, 75, 300]}
+# One task per epoch (mix_window >= the row groups): every epoch's start needs a whole window.
+ONE_TASK = {"order": "mix", "mix_window": 64, "block_rows": 100}
+
+
+@pytest.fixture
+def ds(make_dataset):  # type: ignore[no-untyped-def]
+    return make_dataset(FILES)
+
+
+@pytest.fixture
+def decodes(monkeypatch) -> list[tuple[int, int, str, int]]:  # type: ignore[no-untyped-def]
+    """Every (epoch the consumer is in, batches it took of it, file, row group) a thread worker decodes."""
+    log: list[tuple[int, int, str, int]] = []
+    real = detload._read.reader.UnitReader.read
+
+    def read(self, file_idx, rg, t, **kw):  # type: ignore[no-untyped-def]
+        log.append((_Consumer.epoch, _Consumer.batch, self.cfg.files[file_idx].path, rg))
+        return real(self, file_idx, rg, t, **kw)
+
+    monkeypatch.setattr(detload._read.reader.UnitReader, "read", read)
+    return log
+
+
+class _Consumer:
+    epoch = -1
+    batch = 0
+
+
+def _slow_epochs(loader: Loader, epochs: range) -> list[np.ndarray]:
+    out = []
+    for e in epochs:
+        _Consumer.epoch, _Consumer.batch = e, 0
+        loader.set_epoch(e)
+        got = []
+        for b in loader:
+            check_rows(b)
+            got.append(np.asarray(b["id"]).copy())
+            _Consumer.batch = len(got)
+            time.sleep(0.004)  # a training step: the workers' queues fill up
+        out.append(np.concatenate(got))
+    return out
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_next_epochs_window_is_read_during_this_one(ds, decodes, workers) -> None:  # type: ignore[no-untyped-def]
+    with Loader(ds.root, batch_size=50, seed=5, workers=workers, pool=Pool(kind="thread", prefetch=1),
+                **ONE_TASK) as loader:
+        plan = loader.plan()
+        assert isinstance(plan, MixPlan) and len(plan.tasks[0]) == 1
+        runs = _slow_epochs(loader, range(3))
+    n = len(ds.units)
+    batches = len(runs[1]) // 50
+    # From epoch 1 on the next epoch is queued behind the running one (the first pass has
+    # nothing behind it), so epoch 1 reads its own window at its start. Without reading ahead
+    # a worker reads the next window only once it sent its last block of this one: in the
+    # epoch's last few batches. Reading ahead, it reads it while its queue is full, from the
+    # epoch's first batches on.
+    early = [(f, rg) for e, b, f, rg in decodes if e == 1 and b < batches // 2]
+    assert len(early) >= n + n // 4, (len(early), n, batches)
+    # Still one decode per row group per pass: epochs 0-2, and epoch 3's, queued after the
+    # last one and read ahead in part (its blocks are never taken).
+    per_unit = collections.Counter((f, rg) for _, _, f, rg in decodes)
+    assert len(per_unit) == n and set(per_unit.values()) <= {3, 4}, per_unit
+    for e, got in enumerate(runs):
+        with Loader(ds.root, batch_size=50, seed=5, **ONE_TASK) as fresh:
+            fresh.set_epoch(e)
+            assert np.array_equal(got, np.concatenate([np.asarray(b["id"]) for b in fresh]))
+            assert np.array_equal(got, ds.all_ids[fresh.plan().row_ids()])
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_several_tasks_per_epoch_read_ahead_and_match(ds, kind) -> None:  # type: ignore[no-untyped-def]
+    opts = {"order": "mix", "mix_window": 3, "block_rows": 80}
+    with Loader(ds.root, batch_size=40, seed=8, workers=2, pool=Pool(kind=kind, prefetch=1), **opts) as loader:
+        assert len(loader.plan().tasks[0]) > 2
+        runs = _slow_epochs(loader, range(2))
+    for e, got in enumerate(runs):
+        with Loader(ds.root, batch_size=40, seed=8, **opts) as fresh:
+            fresh.set_epoch(e)
+            assert np.array_equal(got, ds.all_ids[fresh.plan().row_ids()])
+
+
+def test_a_pass_read_ahead_and_not_taken_leaves_no_claims(ds) -> None:  # type: ignore[no-untyped-def]
+    # Epoch 0, then epoch 7: the pass built ahead for epoch 1 (and read ahead) is cancelled.
+    with Loader(ds.root, batch_size=50, seed=5, workers=2, pool=Pool(kind="thread", prefetch=1),
+                **ONE_TASK) as loader:
+        first = _slow_epochs(loader, range(2))
+        later = _slow_epochs(loader, range(7, 8))
+        share = loader._pool.cfg.window_share  # type: ignore[union-attr]
+        deadline = time.monotonic() + 5
+        while share._items and time.monotonic() < deadline:  # the workers forget on their next message
+            time.sleep(0.01)
+        left = {gen for gen, _, _ in share._items}
+        assert left <= {loader._pool.passes.oldest, loader._pool.passes.oldest + 1}, left
+    with Loader(ds.root, batch_size=50, seed=5, **ONE_TASK) as fresh:
+        fresh.set_epoch(7)
+        assert np.array_equal(later[0], ds.all_ids[fresh.plan().row_ids()])
+        fresh.set_epoch(1)
+        assert np.array_equal(first[1], ds.all_ids[fresh.plan().row_ids()])
