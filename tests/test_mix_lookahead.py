@@ -63,30 +63,49 @@ def _slow_epochs(loader: Loader, epochs: range) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_the_next_epochs_window_is_read_during_this_one(ds, decodes, workers) -> None:  # type: ignore[no-untyped-def]
+def test_a_window_that_is_the_whole_partition_is_read_once_for_every_epoch(ds, decodes, workers) -> None:  # type: ignore[no-untyped-def]
+    # One task per epoch: the worker keeps its window after the epoch's last block, and the
+    # next epoch's window (the same row groups, cut and permuted anew) takes it as it is.
     with Loader(ds.root, batch_size=50, seed=5, workers=workers, pool=Pool(kind="thread", prefetch=1),
                 **ONE_TASK) as loader:
         plan = loader.plan()
         assert isinstance(plan, MixPlan) and len(plan.tasks[0]) == 1
         runs = _slow_epochs(loader, range(3))
-    n = len(ds.units)
-    batches = len(runs[1]) // 50
-    # From epoch 1 on the next epoch is queued behind the running one (the first pass has
-    # nothing behind it), so epoch 1 reads its own window at its start. Without reading ahead
-    # a worker reads the next window only once it sent its last block of this one: in the
-    # epoch's last few batches. Reading ahead, it reads it while its queue is full, from the
-    # epoch's first batches on.
-    early = [(f, rg) for e, b, f, rg in decodes if e == 1 and b < batches // 2]
-    assert len(early) >= n + n // 4, (len(early), n, batches)
-    # Still one decode per row group per pass: epochs 0-2, and epoch 3's, queued after the
-    # last one and read ahead in part (its blocks are never taken).
     per_unit = collections.Counter((f, rg) for _, _, f, rg in decodes)
-    assert len(per_unit) == n and set(per_unit.values()) <= {3, 4}, per_unit
+    assert len(per_unit) == len(ds.units) and set(per_unit.values()) == {1}, per_unit
+    assert {e for e, _, _, _ in decodes} == {0}
     for e, got in enumerate(runs):
         with Loader(ds.root, batch_size=50, seed=5, **ONE_TASK) as fresh:
             fresh.set_epoch(e)
             assert np.array_equal(got, np.concatenate([np.asarray(b["id"]) for b in fresh]))
             assert np.array_equal(got, ds.all_ids[fresh.plan().row_ids()])
+    assert not np.array_equal(runs[0], runs[1])
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_next_window_is_read_while_the_queue_is_full(ds, decodes, workers) -> None:  # type: ignore[no-untyped-def]
+    # Several tasks per epoch. Without reading ahead a worker reads a task's window only once
+    # it sent the previous task's last block: a few batches before the task's first one.
+    # Reading ahead, it reads it while its queue is full, from the previous task's start on.
+    opts = {"order": "mix", "mix_window": 3, "block_rows": 60}
+    with Loader(ds.root, batch_size=30, seed=8, workers=workers, pool=Pool(kind="thread", prefetch=1),
+                **opts) as loader:
+        plan = loader.plan()
+        assert isinstance(plan, MixPlan) and len(plan.tasks[0]) >= 4
+        (got,) = _slow_epochs(loader, range(1))
+    assert np.array_equal(got, ds.all_ids[plan.row_ids()])
+    task_of = {}
+    for task in plan.tasks[0]:
+        for src in task.sources:
+            task_of[ds.units[src][:2]] = task
+    early = 0
+    for _, batch, path, rg in decodes:
+        (task,) = [t for (rel, r), t in task_of.items() if r == rg and path.endswith(rel)]
+        first_batch = task.start // 30
+        early += task.number > 0 and batch <= first_batch - 8
+    assert early >= 2, early
+    per_unit = collections.Counter((f, rg) for _, _, f, rg in decodes)
+    assert len(per_unit) == len(ds.units) and set(per_unit.values()) == {1}
 
 
 @pytest.mark.parametrize("kind", ["thread", "process"])

@@ -254,6 +254,14 @@ def _rows_of(cols: UnitColumns, first: int, rows: int) -> UnitColumns:
     return out
 
 
+def _packed(cfg: WorkerConfig, cols: UnitColumns) -> UnitColumns:
+    """A mixed-order window's freshly read row group, its same-typed columns packed into runs
+    for thread workers sharing windows (`pack_runs`): there the many small copies of a block
+    contend for the GIL with the other workers, the merger and the consumer; measured on CTR
+    data, packing cost more than it saved for one thread worker and for process workers."""
+    return pack_runs(cfg.block_specs, cols) if cfg.kind == "thread" and cfg.share_windows else cols
+
+
 def _assemble(cfg: WorkerConfig, task: Task, segs: _shm.WorkerSegments | None,
               units: list[UnitColumns], parts: list[GroupRows] | None = None) -> tuple[Any, Layout]:
     perm = block_order(task)  # whole groups when the task has groups (group_by)
@@ -536,11 +544,12 @@ def worker_loop(cfg: WorkerConfig, index: int, link: ThreadLink | ProcessLink, p
 class _Window:
     """A mixed-order task's window: its pieces' rows, read once, from which its blocks are cut."""
 
-    __slots__ = ("task", "units")
+    __slots__ = ("raw", "task", "units")
 
-    def __init__(self, task: Task, units: list[UnitColumns]) -> None:
+    def __init__(self, task: Task, units: list[UnitColumns], raw: list[UnitColumns]) -> None:
         self.task = task
         self.units = units
+        self.raw = raw  # each piece's whole row group, as read (what the next pass may reuse)
 
     def block(self, n: int) -> tuple[list[UnitColumns], list[tuple[int, int]], np.ndarray | None]:
         """Entry ``n`` of the task's blocks: its rows (one chunk of each piece with shuffle, a
@@ -578,15 +587,40 @@ class _Lookahead:
         self.enabled = cfg.transform is None and cfg.hooks is None
         self.index = index
         self.held: dict[tuple[int, int, int], UnitColumns] = {}  # (pass, file, row group): columns
+        #: The last window's row groups when it was the worker's only one in its pass: (file, row group).
+        self.kept: dict[tuple[int, int], UnitColumns] = {}
+        #: The row groups of the window being cut that will be kept after it: not read ahead.
+        self.keeping: frozenset[tuple[int, int]] = frozenset()
         self._tried: set[tuple[int, int, int]] = set()  # read ahead, or claimed by another worker
         self._claimed: dict[int, list[tuple[int, int]]] = {}  # per pass: the claims this worker made
 
     def take(self, gen: int, f: int, rg: int) -> UnitColumns | None:
-        """The row group's columns if they were read ahead for pass ``gen`` (once)."""
-        if not self.held:
-            return None
+        """The row group's columns if they were read ahead for pass ``gen`` (once), or kept
+        from the window before."""
+        cols = self.kept.get((f, rg))
+        if cols is not None or not self.held:
+            return cols
         self.forget_stale()
         return self.held.pop((gen, f, rg), None)
+
+    def keep(self, win: _Window) -> None:
+        """Keep a finished window's row groups: the worker's only window of its pass (one task,
+        as a dataset of up to ``mix_window`` row groups has) comes back as the next pass's
+        window when the partitions do not change, and is then not read again. Its memory was
+        held for the whole pass anyway; what the next window does not take is dropped when it
+        opens (`opened`)."""
+        if self.enabled:
+            self.kept = {(f, rg): cols for (f, rg, _, _), cols in zip(win.task.units, win.raw)}
+        self.keeping = frozenset()
+
+    def will_keep(self, tasks: Any) -> None:
+        """A pass's tasks start: the only one's row groups will be kept, so not read ahead."""
+        self.keeping = frozenset((f, rg) for f, rg, _, _ in tasks[0].units) if self.enabled and len(tasks) == 1 \
+            else frozenset()
+
+    def opened(self) -> None:
+        """A window opened: what it did not take of the one kept is not wanted."""
+        self.kept = {}
 
     def queued(self) -> tuple[int, Task] | None:
         """The next pass's first window to open, if its tasks are queued (and wanted)."""
@@ -619,7 +653,7 @@ class _Lookahead:
         for j in range(n):
             f, rg, first, _ = task.units[(start + j) % n]
             key = (gen, f, rg)
-            if key in self._tried:
+            if key in self._tried or (f, rg) in self.kept or (f, rg) in self.keeping:
                 continue
             self._tried.add(key)
             mem: share.MemoryShare | None = cfg.window_share
@@ -644,8 +678,7 @@ class _Lookahead:
                     self._claimed.setdefault(gen, []).append((f, rg))
             cols = None
             try:
-                cols = pack_runs(cfg.block_specs,
-                                 _row_group(_Build(cfg, self.reader, task, t, defer=False), self.steps, f, rg, first))
+                cols = _packed(cfg, _row_group(_Build(cfg, self.reader, task, t, defer=False), self.steps, f, rg, first))
             except Exception:  # noqa: BLE001 -- the window's own read raises it, in order
                 cols = None
             finally:
@@ -667,14 +700,18 @@ def _open_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task
     ahead (`_Lookahead`)."""
     b = _Build(cfg, reader, task, t, defer=False)
     units: list[UnitColumns] = []
+    raw: list[UnitColumns] = []
     for f, rg, first, rows in task.units:
         cols = look.take(gen, f, rg) if look is not None else None
         if cols is None:
             status.set(gen, k, f, rg)
             _debug_before_read(cfg, task, f, rg)
-            cols = pack_runs(cfg.block_specs, _row_group(b, steps, f, rg, first))
+            cols = _packed(cfg, _row_group(b, steps, f, rg, first))
+        raw.append(cols)
         units.append(_rows_of(cols, first, rows))
-    return _Window(task, units)
+    if look is not None:
+        look.opened()
+    return _Window(task, units, raw)
 
 
 def _row_group(b: _Build, steps: Steps, f: int, rg: int, first: int) -> UnitColumns:
@@ -715,7 +752,7 @@ def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tas
         f, rg, first, _ = task.units[i]
         status.set(gen, k, f, rg)
         _debug_before_read(cfg, task, f, rg)
-        return pack_runs(cfg.block_specs, _row_group(b, steps, f, rg, first))
+        return _packed(cfg, _row_group(b, steps, f, rg, first))
 
     start = int((index * 0.6180339887498949) % 1.0 * n)
     for j in range(n):
@@ -743,6 +780,7 @@ def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tas
             finally:
                 share.finish(share_dir, gen, f, rg)
     units: list[UnitColumns] = []
+    raw: list[UnitColumns] = []
     for i, (f, rg, first, rows) in enumerate(task.units):
         cols = got.pop(i, None)
         if cols is None:
@@ -759,8 +797,11 @@ def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tas
             t.add("window_wait", t0, time.perf_counter())
             if cols is None:  # a process worker maps the entry here (or converts the row group)
                 cols = convert(i)
+        raw.append(cols)
         units.append(_rows_of(cols, first, rows))
-    return _Window(task, units)
+    if look is not None:
+        look.opened()
+    return _Window(task, units, raw)
 
 
 def _mix_block(cfg: WorkerConfig, win: _Window, n: int, lo: int, hi: int,
@@ -800,6 +841,8 @@ def _mix_tasks(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tasks: Any, 
     left = [len(task.blocks) for task in tasks]
     windows: dict[int, _Window] = {}
     opens = list(dict.fromkeys(i for _, i, _, _, _ in events))  # the order the windows open in
+    if look is not None:
+        look.will_keep(tasks)
     for k, i, n, lo, hi in events:
         if stale():
             return False, last_wait
@@ -828,6 +871,8 @@ def _mix_tasks(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tasks: Any, 
         left[i] -= 1
         if not left[i]:
             del windows[i]  # the window goes with the task's last block
+            if look is not None and len(tasks) == 1:
+                look.keep(win)  # unless the next pass's window is the same row groups
         del win
         status.set(gen, k, -1, -1)
         if look is not None and look.enabled:
