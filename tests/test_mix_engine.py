@@ -67,11 +67,13 @@ def source_log(monkeypatch) -> list[tuple[str, int]]:  # type: ignore[no-untyped
 
 
 @pytest.mark.parametrize("workers", [2, 3])
-def test_each_row_group_is_decoded_once_per_epoch(ds, source_log, workers) -> None:  # type: ignore[no-untyped-def]
-    # Several workers build blocks of one task (k mod W) and share its window through the cache:
-    # still one decode per row group.
-    with Loader(ds.root, batch_size=64, seed=2, workers=workers, **MIX) as loader:
+@pytest.mark.parametrize("window", [4, 64])
+def test_each_row_group_is_decoded_once_per_epoch(ds, source_log, workers, window) -> None:  # type: ignore[no-untyped-def]
+    # mix_window 4: three tasks, each built whole by one worker. 64: one task, whose blocks
+    # (k mod W) several workers build, sharing its window: still one decode per row group.
+    with Loader(ds.root, batch_size=64, seed=2, workers=workers, **(MIX | {"mix_window": window})) as loader:
         _ids(loader)
+        assert loader._pool is not None and loader._pool.cfg.share_windows is (window == 64)
     counts = collections.Counter(source_log)
     assert len(counts) == len(ds.units) and set(counts.values()) == {1}
 

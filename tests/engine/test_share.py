@@ -17,7 +17,8 @@ import pytest
 from detload import Loader
 from detload._engine import share
 
-MIX = {"order": "mix", "mix_window": 4, "block_rows": 150}
+# One task per epoch: fewer tasks than workers, so the workers share its window.
+MIX = {"order": "mix", "mix_window": 64, "block_rows": 150}
 FILES = {"a.parquet": [300, 200, 250, 120], "c.parquet": [250, 0, 250, 1, 90], "d/e.parquet": [210, 180, 75, 300]}
 
 
@@ -127,6 +128,22 @@ def test_thread_workers_forget_what_a_stopped_or_finished_pass_shared(make_datas
         time.sleep(0.2)  # the stopped pass's workers drop the rest of it
         # What is left is at most the next epoch's first tasks, built ahead.
         assert all(gen > loader._gen for gen, _, _ in pool.cfg.window_share._items)
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_workers_share_only_when_a_partition_has_fewer_tasks_than_workers(make_dataset, kind) -> None:  # type: ignore[no-untyped-def]
+    # 12 row groups: mix_window 4 makes 3 tasks an epoch, 8 makes 2, 64 makes 1. With at least
+    # as many tasks as workers each worker builds whole tasks of its own; the batches are the
+    # plan's either way.
+    ds = make_dataset(FILES)
+    for window, workers, shared in ((64, 2, True), (4, 2, False), (4, 3, False), (8, 3, True)):
+        with Loader(ds.root, batch_size=40, seed=1, workers=workers, pool=kind, order="mix", mix_window=window,
+                    block_rows=150) as loader:
+            assert len(loader.plan().tasks[0]) == {64: 1, 8: 2, 4: 3}[window]
+            got = np.concatenate(_ids(loader))
+            pool = loader._pool
+            assert pool is not None and pool.cfg.share_windows is shared, (window, workers)
+            assert np.array_equal(got, ds.all_ids[loader.plan().row_ids()])
 
 
 def _share_dirs() -> set[str]:
