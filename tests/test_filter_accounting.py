@@ -47,10 +47,12 @@ def _groups(root: str) -> list[tuple[str, int, int]]:
 
 
 @pytest.mark.parametrize("kind", ["thread", "process"])
-def test_an_unfiltered_loader_counts_every_row_group_and_its_bytes_per_epoch(root, kind):
+@pytest.mark.parametrize("window", [64, 2])
+def test_an_unfiltered_loader_counts_every_row_group_and_its_bytes_per_epoch(root, kind, window):
     cols = ["id", "f32"]
     groups = _groups(root)
-    with Loader(root, columns=cols, batch_size=64, seed=1, workers=2, pool=kind) as ld:
+    with Loader(root, columns=cols, batch_size=64, seed=1, workers=2, pool=kind, mix_window=window) as ld:
+        tasks = len(ld.plan().tasks[0])
         for e in (0, 1):
             ld.set_epoch(e)
             for _ in ld:
@@ -59,16 +61,21 @@ def test_an_unfiltered_loader_counts_every_row_group_and_its_bytes_per_epoch(roo
     per_epoch = _chunk_bytes(root, cols, [(r, g) for r, g, _ in groups])
     rows = sum(n for *_, n in groups)
     assert [e.epoch for e in reads.epochs] == [0, 1]
+    # mix_window 64: one task an epoch, whose window the workers keep for the next epoch,
+    # which then reads nothing. 2: several tasks, every row group read once an epoch.
+    assert (tasks == 1) is (window == 64)
+    epochs_reading = 1 if tasks == 1 else 2
     for e in reads.epochs:
-        # Each row group is read from the source once an epoch. Process workers of the mixed
-        # order (the default) share a task's window through a scratch cache in /dev/shm: what a
-        # worker takes from there is counted as served by the cache (at most once a row group
-        # per other worker); thread workers share converted row groups in memory.
-        cached = 0 if kind == "thread" else e.row_groups_cached
+        # Process workers that share a task's window (fewer tasks than workers) do so through
+        # a scratch cache in /dev/shm: what a worker takes from there is counted as served by
+        # the cache (at most once a row group per other worker); thread workers share
+        # converted row groups in memory.
+        cached = 0 if kind == "thread" or tasks > 1 else e.row_groups_cached
         assert cached <= len(groups)  # two workers: one other worker
+        reading = e.epoch < epochs_reading
         assert (e.row_groups_read, e.row_groups_cached, e.bytes_read, e.rows_selected) == (
-            len(groups), cached, per_epoch, rows)
-    assert reads.bytes_read == 2 * per_epoch and reads.row_groups_read == 2 * len(groups)
+            len(groups) if reading else 0, cached if reading else 0, per_epoch if reading else 0, rows)
+    assert reads.bytes_read == epochs_reading * per_epoch and reads.row_groups_read == epochs_reading * len(groups)
     assert reads.row_groups_skipped == 0 and reads.rows_selected == 2 * rows and reads.planning == {}
 
 

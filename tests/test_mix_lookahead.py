@@ -137,3 +137,21 @@ def test_a_pass_read_ahead_and_not_taken_leaves_no_claims(ds) -> None:  # type: 
         assert np.array_equal(later[0], ds.all_ids[fresh.plan().row_ids()])
         fresh.set_epoch(1)
         assert np.array_equal(first[1], ds.all_ids[fresh.plan().row_ids()])
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_process_workers_keep_a_one_task_window_and_match_fresh_epochs(ds, tmp_path, cache) -> None:  # type: ignore[no-untyped-def]
+    # Process workers share the one task's window (through the scratch cache or the user's
+    # cache), keep it after the epoch's last block, and cut the next epochs from it.
+    kw = {"cache": str(tmp_path / "c")} if cache else {}
+    with Loader(ds.root, batch_size=50, seed=6, workers=2, pool=Pool(kind="process", prefetch=1), **ONE_TASK,
+                **kw) as loader:
+        runs = _slow_epochs(loader, range(3))
+        per_epoch = [(e.epoch, e.row_groups_read + e.row_groups_cached) for e in loader.stats().reads.epochs]
+    # Epoch 0 reads every row group (once from the source, the other worker's share mapped
+    # from the cache); epochs 1 and 2 take the kept window and read nothing.
+    assert per_epoch[0][1] >= len(ds.units) and [n for _, n in per_epoch[1:]] == [0, 0], per_epoch
+    for e, got in enumerate(runs):
+        with Loader(ds.root, batch_size=50, seed=6, **ONE_TASK) as fresh:
+            fresh.set_epoch(e)
+            assert np.array_equal(got, ds.all_ids[fresh.plan().row_ids()])

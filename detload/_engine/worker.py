@@ -566,8 +566,9 @@ class _Window:
 
 
 class _Lookahead:
-    """Row groups of the mixed-order window that opens next, read while the worker would
-    otherwise wait for room in its queue.
+    """Row groups of the mixed-order window that opens next: kept from the window before when
+    it is the same row groups (`keep`), else read while the worker would otherwise wait for
+    room in its queue.
 
     A task's first block needs its whole window, so without this the workers read a window
     only once they sent the previous task's last blocks, and the consumer waited for all of

@@ -251,7 +251,7 @@ def block_memory_warning(plan: Plan, bytes_per_row: float,
     biggest = max((b for part in plan.blocks for b in part), key=lambda b: b.rows, default=None)
     if biggest is None:
         return None
-    need = 2 * biggest.rows * bytes_per_row
+    need = biggest.rows * bytes_per_row
     if need <= budget:
         return None
     window = plan.options.shuffle_window
