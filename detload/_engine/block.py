@@ -260,6 +260,57 @@ def _run_part(unit: Mapping[str, Column], names: tuple[str, ...], j0: int, j1: i
     return run[i : i + n]  # type: ignore[no-any-return]
 
 
+#: A mixed-order block's group of columns is copied from its many units in chunks of columns
+#: this large (L2-sized on the machines measured), then permuted column by column.
+_MANY_CHUNK_BYTES = 1 << 20
+
+
+def _assemble_many(
+    names: tuple[str, ...],
+    out2d: np.ndarray,
+    units: Sequence[Mapping[str, Column]],
+    spans: list[tuple[int, int]],
+    perm: np.ndarray,
+    scratch: np.ndarray,
+    ranges: Sequence[tuple[int, int]] | None,
+) -> None:
+    """`_assemble_group` for many units (a mixed-order block: a chunk of each of up to
+    mix_window row groups): each unit's run of the group is looked up once, not once per
+    chunk; a chunk of columns (about `_MANY_CHUNK_BYTES`) is copied from every unit, one call
+    per unit when its columns lie in one run, then permuted one column at a time while it is
+    still in cache. Copying the whole group first and permuting it after read it back from
+    further away; A/B on CTR-shaped blocks of 62 units: 8.7 -> 6.3 ms a block."""
+    k, rows = out2d.shape
+    step = max(1, _MANY_CHUNK_BYTES // max(1, rows * out2d.itemsize))
+    for u in units:
+        _verify_upto(u, names[-1])
+    whole = [_run_part(u, names, 0, k) for u in units]
+    firsts = [a for a, _ in ranges] if ranges is not None else [0] * len(units)
+    for j0 in range(0, k, step):
+        j1 = min(k, j0 + step)
+        dst = scratch[: (j1 - j0) * rows * out2d.itemsize].view(out2d.dtype).reshape(j1 - j0, rows)
+        for q, (lo, hi) in enumerate(spans):
+            if hi == lo:
+                continue
+            a = firsts[q]
+            w = whole[q]
+            if w is None:
+                w = _run_part(units[q], names, j0, j1)
+                if w is None:
+                    u = units[q]
+                    for j in range(j0, j1):
+                        col = u[names[j]]
+                        assert isinstance(col, np.ndarray)
+                        dst[j - j0, lo:hi] = col[a : a + hi - lo]
+                    continue
+                dst[:, lo:hi] = w[:, a : a + hi - lo]
+            else:
+                dst[:, lo:hi] = w[j0:j1, a : a + hi - lo]
+        for c in range(j1 - j0):
+            # Every index is in range (a permutation): "wrap" changes nothing but speed.
+            np.take(dst[c], perm, out=out2d[j0 + c], mode="wrap")
+
+
 def _assemble_group(
     names: tuple[str, ...],
     out2d: np.ndarray,
@@ -272,7 +323,10 @@ def _assemble_group(
     """Columns ``names`` of the units (rows ``first..first + n`` of each with ``ranges``),
     concatenated and permuted, into the rows of ``out2d``."""
     k, rows = out2d.shape
-    step = k if perm is None or len(units) > _MANY_UNITS else _chunk_cols(rows, out2d.itemsize)
+    if perm is not None and len(units) > _MANY_UNITS:
+        _assemble_many(names, out2d, units, spans, perm, scratch, ranges)
+        return
+    step = k if perm is None else _chunk_cols(rows, out2d.itemsize)
     # A pending cache checksum covers the whole group now, in one call per unit rather
     # than one per chunk: each call releases and retakes the GIL, and the group (a few
     # MB per block) is still in L3 when the chunks copy it.
@@ -294,13 +348,7 @@ def _assemble_group(
                     dst[j - j0, lo:hi] = col[a : a + hi - lo] if ranges is not None else col
         if perm is not None:
             # Every index is in range (a permutation): "wrap" changes nothing but speed.
-            # Many units (a mixed-order block: one chunk of each of up to mix_window row
-            # groups): the whole group was copied at once, one call per unit; it is
-            # permuted in cache-sized runs of columns.
-            sub = _chunk_cols(rows, out2d.itemsize) if step > 1 and step == k else j1 - j0
-            for c0 in range(0, j1 - j0, sub):
-                c1 = min(j1 - j0, c0 + sub)
-                np.take(dst[c0:c1], perm, axis=1, out=out2d[j0 + c0 : j0 + c1], mode="wrap")
+            np.take(dst, perm, axis=1, out=out2d[j0:j1], mode="wrap")
 
 
 def assemble(
@@ -340,8 +388,13 @@ def assemble(
     out = views(base, layout)
     need = 0
     if perm is not None and rows:
-        need = max(((k if len(units) > _MANY_UNITS else min(k, _chunk_cols(rows, _dtype(dt).itemsize)))
-                    * rows * _dtype(dt).itemsize for _, k, dt in groups), default=0)
+        def cols_at_once(k: int, itemsize: int) -> int:
+            if len(units) > _MANY_UNITS:
+                return min(k, max(1, _MANY_CHUNK_BYTES // (rows * itemsize)))
+            return min(k, _chunk_cols(rows, itemsize))
+
+        need = max((cols_at_once(k, _dtype(dt).itemsize) * rows * _dtype(dt).itemsize for _, k, dt in groups),
+                   default=0)
     scratch = _workspace("scratch", need, np.uint8)
     for first, k, dt in groups:
         names = tuple(c.name for c in layout.columns[first : first + k])

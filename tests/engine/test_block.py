@@ -151,3 +151,39 @@ def test_packed_runs_assemble_the_same_block(block, seed):
     plain = assemble(specs, units, perm, lambda n: np.zeros(n, dtype=np.uint8), ranges)
     got = assemble(specs, packed, perm, lambda n: np.zeros(n, dtype=np.uint8), ranges)
     assert plain[1] == got[1] and np.array_equal(plain[0], got[0])
+
+
+@settings(max_examples=150, deadline=None)
+@given(blocks(), st.sampled_from([1 << 20, 64]), st.integers(0, 2**32 - 1))
+def test_the_many_units_path_equals_column_by_column(block, chunk, seed):
+    # A mixed-order block has a unit per row group of its window (more than _MANY_UNITS):
+    # its own path copies a chunk of columns from every unit, then permutes it. Forced here
+    # for any unit count, with and without ranges, chunks of one column or of many.
+    specs, units, perm = block
+    rng = np.random.default_rng(seed)
+    use_ranges = perm is not None and bool(rng.integers(0, 2))
+    ranges = None
+    if use_ranges:
+        ranges = []
+        for u in units:
+            n = len(u[specs[0].name])
+            a = int(rng.integers(0, n + 1))
+            ranges.append((a, int(rng.integers(0, n - a + 1))))
+        perm = rng.permutation(sum(r for _, r in ranges)).astype(np.int64)
+    old = _block._MANY_UNITS, _block._MANY_CHUNK_BYTES
+    _block._MANY_UNITS, _block._MANY_CHUNK_BYTES = 0, chunk
+    try:
+        buf, layout = assemble(specs, units, perm, lambda n: np.zeros(n, dtype=np.uint8), ranges)
+    finally:
+        _block._MANY_UNITS, _block._MANY_CHUNK_BYTES = old
+    got = views(buf, layout)
+    cut = units if ranges is None else [
+        {s.name: _block.slice_rows(u[s.name], a, a + n) for s in specs}
+        for u, (a, n) in zip(units, ranges)]
+    want = _reference(specs, cut, perm)
+    for s in specs:
+        if s.kind == "ragged":
+            g = got[s.name]
+            assert [_plain(g[i]) for i in range(len(g))] == [_plain(x) for x in want[s.name]]
+        else:
+            assert np.array_equal(got[s.name], want[s.name])
