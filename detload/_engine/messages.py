@@ -211,21 +211,6 @@ class Timings:
     # the merger raises them again in the consumer's process (see _forward_warnings).
     warnings: list[tuple[str, str]] = field(default_factory=list)
 
-    def merge(self, other: Timings) -> None:
-        """Take in ``other``'s work (a mixed-order row group read ahead for this block's
-        window): its spans keep their times, its counts join this block's."""
-        self.read += other.read
-        self.convert += other.convert
-        self.permute += other.permute
-        self.queue_wait += other.queue_wait
-        self.units += other.units
-        for k, v in other.extra.items():
-            self.extra[k] = self.extra.get(k, 0.0) + v
-        self.source_reads += other.source_reads
-        self.source_bytes += other.source_bytes
-        self.spans.extend(other.spans)
-        self.warnings.extend(other.warnings)
-
     def add(self, stage: str, t0: float, t1: float) -> None:
         self.spans.append((stage, t0, t1))
         d = t1 - t0

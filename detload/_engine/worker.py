@@ -58,10 +58,6 @@ from .spawn import MainSource, SharedInts
 
 __all__ = ["ProcessLink", "ThreadLink", "process_main", "worker_loop"]
 
-#: A link's empty slot for a message taken early (`peek`).
-_NOTHING = object()
-
-
 def _debug_before_read(cfg: WorkerConfig, task: Task, file_idx: int, rg: int) -> None:
     d = cfg.hooks
     if d is None:
@@ -312,24 +308,10 @@ class ThreadLink:
     def __init__(self, inbox: queue.Queue[Any], outbox: queue.Queue[Any]) -> None:
         self.inbox = inbox
         self.outbox = outbox
-        self._next: Any = _NOTHING  # a message taken by `peek`, not yet received
 
     def receive(self) -> Tasks | object | None:
-        msg, self._next = (self.inbox.get() if self._next is _NOTHING else self._next), _NOTHING
+        msg = self.inbox.get()
         return STOP if msg is None else msg
-
-    def peek(self) -> Tasks | object | None:
-        """The next message if one is there (kept for `receive`), else None; never waits."""
-        if self._next is _NOTHING:
-            try:
-                self._next = self.inbox.get_nowait()
-            except queue.Empty:
-                return None
-        return STOP if self._next is None else self._next
-
-    def has_room(self) -> bool:
-        """Whether a block sent now would go out without waiting."""
-        return not self.outbox.full()
 
     def send(self, msg: BlockReady | WorkerFailed, stale: Callable[[], bool]) -> bool:
         return put_until(self.outbox, msg, stale)
@@ -372,7 +354,6 @@ class ProcessLink:
         self._taken = 0
         self._shared_sent = sent  # the same count, for the consumer's depth samples
         self.gone = False  # the consumer died or closed the pool: leave
-        self._next: Any = _NOTHING  # a message taken by `peek`, not yet received
 
     def _wait(self, poller: Poller) -> list[Any]:
         ready = poller.wait(POLL)
@@ -402,9 +383,6 @@ class ProcessLink:
         """The next task message; None if none came within `POLL`; `STOP` when it is time to go."""
         if self.gone:
             return STOP
-        if self._next is not _NOTHING:
-            msg, self._next = self._next, _NOTHING
-            return msg
         ready = self._wait(self._for_work)
         if self.gone:
             return STOP
@@ -415,24 +393,6 @@ class ProcessLink:
         except (EOFError, OSError):  # the pool closed its end: it is closing
             self.gone = True
             return STOP
-
-    def peek(self) -> Tasks | object | None:
-        """The next task message if one is there (kept for `receive`), else None; never waits."""
-        if self._next is _NOTHING:
-            try:
-                if self.gone or not self.inbox.poll(0):
-                    return None
-                self._next = self.inbox.recv()
-            except (EOFError, OSError):
-                self.gone = True
-                return None
-        return self._next
-
-    def has_room(self) -> bool:
-        """Whether a block sent now would go out without waiting."""
-        if self._sent - self._taken >= self.prefetch:
-            self._take_credits()
-        return self._sent - self._taken < self.prefetch
 
     def send(self, msg: BlockReady | WorkerFailed, stale: Callable[[], bool]) -> bool:
         if isinstance(msg, WorkerFailed):
@@ -477,7 +437,7 @@ def worker_loop(cfg: WorkerConfig, index: int, link: ThreadLink | ProcessLink, p
     reader = UnitReader(cfg)
     steps = row_group_steps(cfg)
     pid = os.getpid() if cfg.kind == "process" else 0
-    look = _Lookahead(cfg, reader, steps, link, passes, index)
+    kept = _Kept(cfg)
     # A block's wait for room is known only after it was sent: it travels with the
     # worker's next block; so does the start-up, with the first.
     last_wait: tuple[str, float, float] | None = ("worker_startup", t0, time.perf_counter())
@@ -489,7 +449,6 @@ def worker_loop(cfg: WorkerConfig, index: int, link: ThreadLink | ProcessLink, p
             if not isinstance(msg, Tasks):
                 continue
             gen, tasks = msg.gen, msg.tasks
-            look.forget_stale()
 
             def stale(gen: int = gen) -> bool:  # a newer pass (built ahead) is not
                 return passes.is_stale(gen)
@@ -501,10 +460,10 @@ def worker_loop(cfg: WorkerConfig, index: int, link: ThreadLink | ProcessLink, p
                 segs.new_pass(max(task.block_rows for task in tasks))
             if tasks and tasks[0].blocks:  # the mixed order: tasks of several blocks each
                 ok, last_wait = _mix_tasks(cfg, reader, steps, tasks, gen, status, segs, link, stale, pid,
-                                           last_wait, index, look)
+                                           last_wait, index, kept)
                 if not ok:
                     reader.close()
-                    reader = look.reader = UnitReader(cfg)
+                    reader = UnitReader(cfg)
                 tasks = ()
             for task in tasks:
                 if stale():
@@ -520,7 +479,7 @@ def worker_loop(cfg: WorkerConfig, index: int, link: ThreadLink | ProcessLink, p
                     unit = (cfg.files[f].path, rg) if f >= 0 else None
                     link.send(WorkerFailed(gen, task.k, pack_exception(exc), unit), stale)
                     reader.close()
-                    reader = look.reader = UnitReader(cfg)
+                    reader = UnitReader(cfg)
                     break
                 status.set(gen, task.k, -1, -1)
                 if _FORWARDED:  # raised while building this block (or since the last one)
@@ -565,163 +524,54 @@ class _Window:
         return units, ranges, mix_block_permutation(task.seed, task.epoch, task.partition, task.number, j, rows)
 
 
-class _Lookahead:
-    """Row groups of the mixed-order window that opens next: kept from the window before when
-    it is the same row groups (`keep`), else read while the worker would otherwise wait for
-    room in its queue.
+class _Kept:
+    """A worker's last window, kept for the next pass when it was the worker's only one.
 
-    A task's first block needs its whole window, so without this the workers read a window
-    only once they sent the previous task's last blocks, and the consumer waited for all of
-    it: with one task per epoch (a dataset of up to ``mix_window`` row groups) that was a
-    stall of a whole epoch's reads at every epoch's start. Reading ahead moves those reads
-    into the time the workers spent blocked on a full queue. The bytes are the same (a row
-    group's columns are a pure function of the plan); what is read ahead is claimed as a
-    window's row groups are (_engine/share.py), so each is still read once, and it is
-    dropped when its pass goes stale. Off with a transform (it may keep state per pass) and
-    with debug hooks (their faults must hit the read the schedule puts them at). A read
-    that fails is forgotten: the window's own read fails again, at its place in the order.
-    """
+    With one task per partition (a dataset of up to ``mix_window`` row groups per partition
+    and rank) the next pass's window is the same row groups, cut and permuted anew: the worker
+    keeps the finished window (its memory was held for the whole pass anyway) and the next
+    window takes it instead of reading it again, so such a dataset is read once per loader.
+    The bytes are the same (a row group's columns are a pure function of the plan). What the
+    next window does not take is dropped when it opens. Off with a transform (it may keep
+    state per pass) and with the engine's fault-injection hooks (their faults must hit the
+    read the schedule puts them at)."""
 
-    def __init__(self, cfg: WorkerConfig, reader: UnitReader, steps: Steps, link: Any, passes: Passes,
-                 index: int) -> None:
-        self.cfg, self.reader, self.steps, self.link, self.passes = cfg, reader, steps, link, passes
+    def __init__(self, cfg: WorkerConfig) -> None:
         self.enabled = cfg.transform is None and cfg.hooks is None
-        self.index = index
-        #: (pass, file, row group): the columns read ahead, and the timings of reading them
-        #: (they count with the block whose window takes them: per-epoch reads stay per epoch).
-        self.held: dict[tuple[int, int, int], tuple[UnitColumns, Timings]] = {}
-        #: The last window's row groups when it was the worker's only one in its pass: (file, row group).
-        self.kept: dict[tuple[int, int], UnitColumns] = {}
-        #: The row groups of the window being cut that will be kept after it: not read ahead.
-        self.keeping: frozenset[tuple[int, int]] = frozenset()
-        self._tried: set[tuple[int, int, int]] = set()  # read ahead, or claimed by another worker
-        self._claimed: dict[int, list[tuple[int, int]]] = {}  # per pass: the claims this worker made
+        self.cols: dict[tuple[int, int], UnitColumns] = {}  # (file, row group): columns
 
-    def take(self, gen: int, f: int, rg: int, t: Timings) -> UnitColumns | None:
-        """The row group's columns if they were read ahead for pass ``gen`` (once; their
-        reading counts in ``t``), or kept from the window before."""
-        cols = self.kept.get((f, rg))
-        if cols is not None or not self.held:
-            return cols
-        self.forget_stale()
-        got = self.held.pop((gen, f, rg), None)
-        if got is None:
-            return None
-        t.merge(got[1])
-        return got[0]
+    def take(self, f: int, rg: int) -> UnitColumns | None:
+        """The row group's columns if the window before held them."""
+        return self.cols.get((f, rg))
 
     def keep(self, win: _Window) -> None:
-        """Keep a finished window's row groups: the worker's only window of its pass (one task,
-        as a dataset of up to ``mix_window`` row groups has) comes back as the next pass's
-        window when the partitions do not change, and is then not read again. Its memory was
-        held for the whole pass anyway; what the next window does not take is dropped when it
-        opens (`opened`)."""
+        """Keep a finished window's row groups (the worker's only window of its pass)."""
         if self.enabled:
-            self.kept = {(f, rg): cols for (f, rg, _, _), cols in zip(win.task.units, win.raw)}
-        self.keeping = frozenset()
-
-    def will_keep(self, tasks: Any) -> None:
-        """A pass's tasks start: the only one's row groups will be kept, so not read ahead."""
-        self.keeping = frozenset((f, rg) for f, rg, _, _ in tasks[0].units) if self.enabled and len(tasks) == 1 \
-            else frozenset()
+            self.cols = {(f, rg): cols for (f, rg, _, _), cols in zip(win.task.units, win.raw)}
 
     def opened(self) -> None:
         """A window opened: what it did not take of the one kept is not wanted."""
-        self.kept = {}
-
-    def queued(self) -> tuple[int, Task] | None:
-        """The next pass's first window to open, if its tasks are queued (and wanted)."""
-        msg = self.link.peek()
-        if not isinstance(msg, Tasks) or not msg.tasks or not msg.tasks[0].blocks or self.passes.is_stale(msg.gen):
-            return None
-        return msg.gen, min(msg.tasks, key=lambda task: task.blocks[0][0])
-
-    def forget_stale(self) -> None:
-        """Drop what was read ahead for passes no longer wanted, and the claims made for them
-        (a pass built ahead and then cancelled never runs, so no merger releases them)."""
-        stale = self.passes.is_stale
-        for key in [key for key in self.held if stale(key[0])]:
-            del self.held[key]
-        if self._tried:
-            self._tried = {key for key in self._tried if not stale(key[0])}
-        for gen in [gen for gen in self._claimed if stale(gen)]:
-            pieces = self._claimed.pop(gen)
-            if self.cfg.window_share is not None:
-                self.cfg.window_share.drop(gen, pieces)
-            elif self.cfg.share_dir is not None:
-                share.remove_claims(self.cfg.share_dir, gen, pieces)
-
-    def read_one(self, gen: int, task: Task, t: Timings) -> bool:
-        """Read one row group of ``task``'s window ahead; False when none is left to read."""
-        self.forget_stale()
-        cfg = self.cfg
-        n = len(task.units)
-        start = int((self.index * 0.6180339887498949) % 1.0 * n)
-        for j in range(n):
-            f, rg, first, _ = task.units[(start + j) % n]
-            key = (gen, f, rg)
-            if key in self._tried or (f, rg) in self.kept or (f, rg) in self.keeping:
-                continue
-            self._tried.add(key)
-            mem: share.MemoryShare | None = cfg.window_share
-            claimed = False
-            if cfg.share_windows:
-                if mem is not None:
-                    if not mem.claim(gen, f, rg):
-                        continue
-                    claimed = True
-                else:
-                    # An entry already there (written for the pass before, same bytes) is
-                    # mapped now: the mapping outlives its removal after that pass's task.
-                    assert cfg.share_dir is not None
-                    entry = self.reader.entry_path(f, rg)
-                    if entry is None:
-                        continue
-                    if not os.path.exists(entry):
-                        if not share.claim(cfg.share_dir, gen, f, rg):
-                            continue
-                        claimed = True
-                if claimed:
-                    self._claimed.setdefault(gen, []).append((f, rg))
-            cols = None
-            mine = Timings(pid=t.pid)
-            try:
-                cols = _packed(cfg, _row_group(_Build(cfg, self.reader, task, mine, defer=False), self.steps, f, rg,
-                                               first))
-            except Exception:  # noqa: BLE001 -- the window's own read raises it, in order
-                cols = None
-            finally:
-                if claimed and mem is not None:
-                    mem.publish(gen, f, rg, cols)
-                elif claimed:
-                    assert cfg.share_dir is not None
-                    share.finish(cfg.share_dir, gen, f, rg)
-            if cols is not None:
-                if claimed and mem is None:
-                    cols = _as_entry(cfg, self.reader, self.steps, task, cols, f, rg, first, self.reader.entry_path(f, rg))
-                self.held[key] = (cols, mine)
-            return True
-        return False
+        self.cols = {}
 
 
 def _open_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, gen: int, k: int,
-                 status: Status, t: Timings, look: _Lookahead | None = None) -> _Window:
+                 status: Status, t: Timings, kept: _Kept | None = None) -> _Window:
     """Read a mixed-order task's pieces once each, through the row-group steps (a cache entry's
-    checksum verified as it is read: the window serves several blocks), except those read
-    ahead (`_Lookahead`)."""
+    checksum verified as it is read: the window serves several blocks), except those the
+    window before holds (`_Kept`)."""
     b = _Build(cfg, reader, task, t, defer=False)
     units: list[UnitColumns] = []
     raw: list[UnitColumns] = []
     for f, rg, first, rows in task.units:
-        cols = look.take(gen, f, rg, t) if look is not None else None
+        cols = kept.take(f, rg) if kept is not None else None
         if cols is None:
             status.set(gen, k, f, rg)
             _debug_before_read(cfg, task, f, rg)
             cols = _packed(cfg, _row_group(b, steps, f, rg, first))
         raw.append(cols)
         units.append(_rows_of(cols, first, rows))
-    if look is not None:
-        look.opened()
+    if kept is not None:
+        kept.opened()
     return _Window(task, units, raw)
 
 
@@ -767,7 +617,7 @@ class _StalePass(Exception):
 
 def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, gen: int, k: int,
                         status: Status, t: Timings, index: int, stale: Callable[[], bool],
-                        look: _Lookahead | None = None) -> _Window:
+                        kept: _Kept | None = None) -> _Window:
     """A task's window shared with the other workers (_engine/share.py): convert the row groups
     this worker claims, starting at a place of its own so that workers spread over the task,
     then take the others' as they are published, converting any nobody claimed (or whose
@@ -778,9 +628,9 @@ def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tas
     share_dir = cfg.share_dir
     n = len(task.units)
     got: dict[int, UnitColumns] = {}
-    if look is not None:  # row groups this worker read ahead (and claimed then)
+    if kept is not None:  # row groups the window before held: nothing to claim
         for i, (f, rg, _, _) in enumerate(task.units):
-            cols = look.take(gen, f, rg, t)
+            cols = kept.take(f, rg)
             if cols is not None:
                 got[i] = cols
 
@@ -836,8 +686,8 @@ def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tas
                 cols = convert(i)
         raw.append(cols)
         units.append(_rows_of(cols, first, rows))
-    if look is not None:
-        look.opened()
+    if kept is not None:
+        kept.opened()
     return _Window(task, units, raw)
 
 
@@ -869,7 +719,7 @@ def _mix_block(cfg: WorkerConfig, win: _Window, n: int, lo: int, hi: int,
 def _mix_tasks(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tasks: Any, gen: int, status: Status,
                segs: _shm.WorkerSegments | None, link: ThreadLink | ProcessLink, stale: Callable[[], bool],
                pid: int, last_wait: tuple[str, float, float] | None, index: int = 0,
-               look: _Lookahead | None = None) -> tuple[bool, tuple[str, float, float] | None]:
+               kept: _Kept | None = None) -> tuple[bool, tuple[str, float, float] | None]:
     """Build the blocks of a worker's mixed-order tasks in schedule order (k), each task's
     window read when its first block is due and dropped after its last one. Tasks of different
     partitions may interleave in the schedule: their windows are then held together (at most
@@ -877,9 +727,6 @@ def _mix_tasks(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tasks: Any, 
     events = sorted((k, i, n, lo, hi) for i, task in enumerate(tasks) for n, (k, lo, hi) in enumerate(task.blocks))
     left = [len(task.blocks) for task in tasks]
     windows: dict[int, _Window] = {}
-    opens = list(dict.fromkeys(i for _, i, _, _, _ in events))  # the order the windows open in
-    if look is not None:
-        look.will_keep(tasks)
     for k, i, n, lo, hi in events:
         if stale():
             return False, last_wait
@@ -892,9 +739,8 @@ def _mix_tasks(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tasks: Any, 
             win = windows.get(i)
             if win is None:
                 win = windows[i] = (
-                    _open_shared_window(cfg, reader, steps, task, gen, k, status, t, index, stale, look)
-                    if cfg.share_windows else _open_window(cfg, reader, steps, task, gen, k, status, t, look))
-                opens.remove(i)
+                    _open_shared_window(cfg, reader, steps, task, gen, k, status, t, index, stale, kept)
+                    if cfg.share_windows else _open_window(cfg, reader, steps, task, gen, k, status, t, kept))
                 _release_decode_buffers(t)  # now that the reads' intermediate columns are gone
             t0 = time.perf_counter()
             payload, layout = _mix_block(cfg, win, n, lo, hi, segs)
@@ -909,16 +755,10 @@ def _mix_tasks(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tasks: Any, 
         left[i] -= 1
         if not left[i]:
             del windows[i]  # the window goes with the task's last block
-            if look is not None and len(tasks) == 1:
-                look.keep(win)  # unless the next pass's window is the same row groups
+            if kept is not None and len(tasks) == 1:
+                kept.keep(win)  # for the next pass, whose window may be the same row groups
         del win
         status.set(gen, k, -1, -1)
-        if look is not None and look.enabled:
-            # While the queue is full, read the row groups of the window that opens next
-            # (this pass's next task, or the next pass's first, queued behind this one).
-            nxt = (gen, tasks[opens[0]]) if opens else look.queued()
-            while nxt is not None and not link.has_room() and not stale() and look.read_one(nxt[0], nxt[1], t):
-                pass
         if _FORWARDED:
             t.warnings, _FORWARDED[:] = list(_FORWARDED), []
         t0 = time.perf_counter()

@@ -277,25 +277,23 @@ def window_memory_warning(plan: Plan, bytes_per_row: float, budget: int = DEFAUL
     """The mixed order's warning text when a task's window would exceed ``budget`` bytes, else None.
 
     The workers hold a task's row groups (its window, up to ``mix_window`` of them) while they
-    build the task's blocks, and read the next task's window ahead meanwhile: up to two windows
-    in memory without a cache (the heap, or /dev/shm for process workers sharing them), as
-    memory-mapped entries (page cache) with one. The estimate is twice the largest task's rows
-    (over every partition, so every rank warns alike) times ``bytes_per_row``.
+    build the task's blocks: in memory without a cache (the heap, or /dev/shm for process
+    workers sharing it), as memory-mapped entries (page cache) with one. The estimate is the largest task's rows (over every partition, so every
+    rank warns alike) times ``bytes_per_row``.
     """
     if not isinstance(plan, MixPlan):
         return None
     biggest = max((t for part in plan.tasks for t in part), key=lambda t: t.rows, default=None)
     if biggest is None:
         return None
-    need = 2 * biggest.rows * bytes_per_row
+    need = biggest.rows * bytes_per_row
     if need <= budget:
         return None
     median = int(np.median(plan.unit_rows))
     return (
         f"a task of the mixed order holds {len(biggest.units)} row groups ({biggest.rows:,} rows, about "
-        f"{need / 2 / 2**20:,.0f} MiB at {bytes_per_row:,.0f} bytes per row); with the next task's window, read "
-        f"ahead, that is {need / 2**20:,.0f} MiB, over the block memory budget of "
-        f"{budget / 2**20:,.0f} MiB: the workers hold such windows of row groups (together, or each its own "
+        f"{need / 2**20:,.0f} MiB at {bytes_per_row:,.0f} bytes per row), over the block memory budget of "
+        f"{budget / 2**20:,.0f} MiB: the workers hold such a window of row groups (together, or each its own "
         f"with one worker) while they build the task's blocks. Lower mix_window (now {plan.options.mix_window}; fewer row groups are mixed together), "
         "or pass cache= so that the window is memory-mapped cache entries rather than heap memory, or rewrite "
         f"the data with smaller row groups (the median holds {median:,} rows: "

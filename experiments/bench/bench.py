@@ -178,9 +178,8 @@ def rss_bound(loader, baseline: int) -> dict:
     order: shuffle_window x the largest row group's rows) x bytes per row once converted
     (measured on the first row group: values plus offsets); ragged_scratch is the permutation's
     index arrays and temporaries for variable-length columns (24 bytes per value of a block,
-    measured); window_bytes (the mixed order) = two of the largest task's windows per owned
-    partition (the one cut into blocks and the next one, read ahead), held once by workers that
-    share them, by each without sharing."""
+    measured); window_bytes (the mixed order) = the largest task's window per owned partition,
+    held once by workers that share it, by each without sharing."""
     import numpy as np
 
     from detload._engine.config import WorkerConfig
@@ -203,13 +202,12 @@ def rss_bound(loader, baseline: int) -> dict:
     if loader.options.order == "windowed":
         block_rows = loader.options.shuffle_window * R
     else:
-        # The mixed order: blocks of about block_rows rows, plus the task windows in flight (two
-        # per owned partition: the next one is read ahead), held once by workers that share
-        # them, by each without sharing.
+        # The mixed order: blocks of about block_rows rows, plus the task windows in flight (one
+        # per owned partition), held once by workers that share them, by each without sharing.
         plan = loader.plan()
         block_rows = max(b.rows for b in plan.schedule)
         biggest = max(t.rows for p in plan.owned_partitions for t in plan.tasks[p])
-        window = 2 * biggest * rb * len(plan.owned_partitions) * (1 if W > 1 else W)
+        window = biggest * rb * len(plan.owned_partitions) * (1 if W > 1 else W)
     block = block_rows * rb
     scratch = 24 * ragged_values * block_rows
     data = (block * (W * (loader.prefetch + PER_WORKER_BLOCKS) + SHARED_BLOCKS) + 5 * BATCH * rb + W * scratch

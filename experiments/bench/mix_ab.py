@@ -1,0 +1,81 @@
+"""One detload loader on bench.py's CTR data: rows/s over the epochs after the first two, and
+peak PSS (this process and its worker processes, sampled every 20 batches of the first two
+epochs and of one more after the timed ones: a sample walks every page table, too slow for
+the timed epochs, as bench.py's RssSampler notes). For A/B runs of
+two trees, alternately, as the mixed-order engine changes were measured (docs/benchmarks.md):
+
+    PYTHONPATH=TREE_A python experiments/bench/mix_ab.py --pool process --workers 2
+    PYTHONPATH=TREE_B python experiments/bench/mix_ab.py --pool process --workers 2
+
+The data is bench.py's (`datagen.make_ctr`, 1M rows in 16,384-row row groups), made if missing.
+Nothing here imports torch, so the peak is lower than bench.py's rows (which do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def pss_mib(proc) -> int:  # type: ignore[no-untyped-def]
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += p.memory_full_info().pss
+        except Exception:  # noqa: BLE001 -- a worker gone between listing and reading
+            pass
+    return total >> 20
+
+
+def main(argv: list[str] | None = None) -> int:
+    import datagen
+    import psutil
+
+    from detload import Loader, Pool
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=str(HERE / "data" / "ctr"))
+    ap.add_argument("--pool", choices=["thread", "process"], default="thread")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--order", choices=["mix", "windowed"], default="mix")
+    ap.add_argument("--mix-window", type=int, default=None)
+    ap.add_argument("--epochs", type=int, default=5, help="epochs in all; the first two are not timed")
+    ap.add_argument("--table", action="store_true", help="print loader.stats() of the timed epochs")
+    a = ap.parse_args(argv)
+    path = str(datagen.make_ctr(a.data, rows=1_000_000))
+    kw = {"shuffle_window": 4} if a.order == "windowed" else (
+        {"mix_window": a.mix_window} if a.mix_window else {})
+    proc = psutil.Process()
+    peak = 0
+    with Loader(path, batch_size=4096, seed=1234, workers=a.workers, pool=Pool(kind=a.pool, prefetch=2),
+                order=a.order, **kw) as ld:
+        rows = 0
+        t0 = time.perf_counter()
+        mark = None
+        dt = 0.0
+        for e in range(a.epochs + 1):
+            if e == 2:
+                mark, rows, t0 = ld.stats_mark(), 0, time.perf_counter()
+            if e == a.epochs:
+                dt = time.perf_counter() - t0
+            sampled = e < 2 or e == a.epochs
+            ld.set_epoch(e)
+            for i, b in enumerate(ld):
+                if 2 <= e < a.epochs:
+                    rows += len(b["id"])
+                if sampled and i % 20 == 0:
+                    peak = max(peak, pss_mib(proc))
+        print(f"{a.pool} W={a.workers} {a.order}{f' mix_window={a.mix_window}' if a.mix_window else ''}: "
+              f"{rows / dt:,.0f} rows/s over epochs 2..{a.epochs - 1}, peak PSS {peak} MiB")
+        if a.table:
+            print(ld.stats(since=mark).table())  # the timed epochs and the sampled one after them
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
