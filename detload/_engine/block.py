@@ -279,7 +279,8 @@ def _assemble_many(
     chunk; a chunk of columns (about `_MANY_CHUNK_BYTES`) is copied from every unit, one call
     per unit when its columns lie in one run, then permuted one column at a time while it is
     still in cache. Copying the whole group first and permuting it after read it back from
-    further away; A/B on CTR-shaped blocks of 62 units: 8.7 -> 6.3 ms a block."""
+    further away: experiments/bench/mix_gather.py, CTR-shaped blocks of 62 units of separate
+    arrays, 7.8-8.3 -> 7.4-7.5 ms a block (units in runs: unchanged, 5.8-6.2 ms)."""
     k, rows = out2d.shape
     step = max(1, _MANY_CHUNK_BYTES // max(1, rows * out2d.itemsize))
     for u in units:
