@@ -629,6 +629,9 @@ def _cmd_bench(a: argparse.Namespace) -> int:
                          f"({size_text(done.bytes_read)} of column chunks)")
             if a.cache_dir:
                 what += f", {done.row_groups_cached if done else 0:,} of its row groups from the cache"
+            if (epoch and rows and loader.options.order == "mix" and done is not None
+                    and not done.row_groups_read and not done.row_groups_cached):
+                what += " (the mixed order's window, kept from the epoch before)"
             print(f"epoch {epoch}: {rows:,} rows in {dt:.2f} s, {_rate(rows, dt)} rows/s{what}", flush=True)
         st = loader.stats()
         if a.json:

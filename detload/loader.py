@@ -176,6 +176,8 @@ class Loader:
     - ``shuffle_window``: with the windowed order, row groups per block, whose rows are permuted
       together (default 4).
     - ``mix_window``: with the mixed order, row groups one task reads once and mixes (default 64).
+      A partition of at most that many row groups is one task, whose window the workers keep
+      from epoch to epoch: it is read once per loader and stays in memory between epochs.
     - ``block_rows``: with the mixed order, rows per block at most (default 4 x the median row group).
     - ``drop_last``: make every step full and drop the tail (default False).
     - ``null_fill``: ``{column: value}`` replacing nulls before conversion.
