@@ -227,11 +227,19 @@ _CHUNK_BYTES = 1 << 18
 #: Above this many units, a group of columns is copied from each unit in one call (a
 #: per-unit call per cache-sized chunk of columns cost more in calls than it saved).
 _MANY_UNITS = 8
+#: A mixed-order block's group of columns is copied from its many units in chunks of columns
+#: this large (L2-sized on the machines measured), then permuted column by column.
+_MANY_CHUNK_BYTES = 1 << 20
 
 
 def _chunk_cols(rows: int, itemsize: int) -> int:
     """Columns of ``rows`` values of ``itemsize`` bytes permuted together (at least one)."""
     return max(1, _CHUNK_BYTES // max(1, rows * itemsize))
+
+
+def _many_chunk_cols(rows: int, itemsize: int) -> int:
+    """`_chunk_cols` for many units (`_assemble_many`): columns copied from every unit at once."""
+    return max(1, _MANY_CHUNK_BYTES // max(1, rows * itemsize))
 
 
 def _verify_upto(unit: Mapping[str, Column], name: str) -> None:
@@ -260,9 +268,14 @@ def _run_part(unit: Mapping[str, Column], names: tuple[str, ...], j0: int, j1: i
     return run[i : i + n]  # type: ignore[no-any-return]
 
 
-#: A mixed-order block's group of columns is copied from its many units in chunks of columns
-#: this large (L2-sized on the machines measured), then permuted column by column.
-_MANY_CHUNK_BYTES = 1 << 20
+def _copy_columns(dst: np.ndarray, unit: Mapping[str, Column], names: tuple[str, ...], j0: int, j1: int,
+                  lo: int, hi: int, first: int | None) -> None:
+    """Columns ``names[j0:j1]`` of a unit without a run for them, one at a time, into rows
+    ``[lo, hi)`` of ``dst`` (the unit's rows from ``first`` on; None: all of them)."""
+    for j in range(j0, j1):
+        col = unit[names[j]]
+        assert isinstance(col, np.ndarray)
+        dst[j - j0, lo:hi] = col if first is None else col[first : first + hi - lo]
 
 
 def _assemble_many(
@@ -282,7 +295,7 @@ def _assemble_many(
     further away: experiments/bench/mix_gather.py, CTR-shaped blocks of 62 units of separate
     arrays, 7.8-8.3 -> 7.4-7.5 ms a block (units in runs: unchanged, 5.8-6.2 ms)."""
     k, rows = out2d.shape
-    step = max(1, _MANY_CHUNK_BYTES // max(1, rows * out2d.itemsize))
+    step = _many_chunk_cols(rows, out2d.itemsize)
     for u in units:
         _verify_upto(u, names[-1])
     whole = [_run_part(u, names, 0, k) for u in units]
@@ -298,11 +311,7 @@ def _assemble_many(
             if w is None:
                 w = _run_part(units[q], names, j0, j1)
                 if w is None:
-                    u = units[q]
-                    for j in range(j0, j1):
-                        col = u[names[j]]
-                        assert isinstance(col, np.ndarray)
-                        dst[j - j0, lo:hi] = col[a : a + hi - lo]
+                    _copy_columns(dst, units[q], names, j0, j1, lo, hi, a)
                     continue
                 dst[:, lo:hi] = w[:, a : a + hi - lo]
             else:
@@ -343,10 +352,7 @@ def _assemble_group(
             if part is not None:
                 dst[:, lo:hi] = part[:, a : a + hi - lo] if ranges is not None else part
             else:
-                for j in range(j0, j1):
-                    col = u[names[j]]
-                    assert isinstance(col, np.ndarray)
-                    dst[j - j0, lo:hi] = col[a : a + hi - lo] if ranges is not None else col
+                _copy_columns(dst, u, names, j0, j1, lo, hi, a if ranges is not None else None)
         if perm is not None:
             # Every index is in range (a permutation): "wrap" changes nothing but speed.
             np.take(dst, perm, axis=1, out=out2d[j0:j1], mode="wrap")
@@ -389,13 +395,9 @@ def assemble(
     out = views(base, layout)
     need = 0
     if perm is not None and rows:
-        def cols_at_once(k: int, itemsize: int) -> int:
-            if len(units) > _MANY_UNITS:
-                return min(k, max(1, _MANY_CHUNK_BYTES // (rows * itemsize)))
-            return min(k, _chunk_cols(rows, itemsize))
-
-        need = max((cols_at_once(k, _dtype(dt).itemsize) * rows * _dtype(dt).itemsize for _, k, dt in groups),
-                   default=0)
+        cols_at_once = _many_chunk_cols if len(units) > _MANY_UNITS else _chunk_cols
+        need = max((min(k, cols_at_once(rows, _dtype(dt).itemsize)) * rows * _dtype(dt).itemsize
+                    for _, k, dt in groups), default=0)
     scratch = _workspace("scratch", need, np.uint8)
     for first, k, dt in groups:
         names = tuple(c.name for c in layout.columns[first : first + k])
@@ -425,7 +427,7 @@ def assemble(
 
 
 def pack_runs(specs: Sequence[ColumnSpec], cols: UnitColumns) -> UnitColumns:
-    """``cols`` with each run of same-typed fixed 1-D columns (as a block lays them out)
+    """``cols`` with each run of same-typed fixed 1-D columns (a block layout's groups, `_groups`)
     copied into one 2-D array, so that `assemble` copies a run per unit in one call.
 
     A mixed-order block takes a chunk of every row group of its window: without runs that is
@@ -433,23 +435,21 @@ def pack_runs(specs: Sequence[ColumnSpec], cols: UnitColumns) -> UnitColumns:
     one per run. Columns that already come in runs (cache entries) are returned as they are."""
     if cols.runs or not cols:
         return cols
+    # The groups of a one-row block: which columns a block lays out back to back does not
+    # depend on its rows (nor on its ragged columns' value counts, given here as none).
+    layout, groups = _plan(specs, 1, {s.name: (0, 0) if s.item_kind is not None else (0,)
+                                      for s in specs if s.kind != "fixed"})
     out = UnitColumns(cols)
-    i = 0
-    while i < len(specs):
-        s = specs[i]
-        j = i + 1
-        if s.kind == "fixed" and not s.inner:
-            while (j < len(specs) and specs[j].kind == "fixed" and not specs[j].inner
-                   and specs[j].dtype == s.dtype):
-                j += 1
-            names = tuple(x.name for x in specs[i:j])
-            first = cols.get(names[0])
-            if j - i > 1 and all(isinstance(cols.get(n), np.ndarray) for n in names) and isinstance(first, np.ndarray):
-                run = np.empty((j - i, len(first)), dtype=first.dtype)
-                for r, n in enumerate(names):
-                    run[r] = cols[n]
-                for r, n in enumerate(names):
-                    out[n] = run[r]
-                    out.runs[n] = (run, r, names)
-        i = j
+    for first, k, _ in groups:
+        names = tuple(c.name for c in layout.columns[first : first + k])
+        arrays = [cols.get(n) for n in names]
+        if k < 2 or not all(isinstance(a, np.ndarray) and a.ndim == 1 for a in arrays):
+            continue
+        a0 = arrays[0]
+        assert isinstance(a0, np.ndarray)
+        run = np.empty((k, len(a0)), dtype=a0.dtype)
+        for r, n in enumerate(names):
+            run[r] = cols[n]
+            out[n] = run[r]
+            out.runs[n] = (run, r, names)
     return out

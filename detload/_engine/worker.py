@@ -601,14 +601,15 @@ def _as_entry(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, c
     """A row group a process worker converted for a shared window, as the cache entry it wrote:
     the other workers map that entry, and holding the converted columns too kept the row
     group in memory twice (its heap copy, and the entry's pages). Not counted as a cache read
-    (the row group was read from the source once); the converted columns if no entry is there."""
+    (the row group was read from the source once); the converted columns if no entry is there
+    or mapping it fails (the columns are right either way: this only saves memory)."""
     if entry is None or not os.path.exists(entry):
         return cols
     try:
         mapped = _row_group(_Build(cfg, reader, task, Timings(), defer=False), steps, f, rg, first)
-    except Exception:  # noqa: BLE001 -- the entry went away (removed with its task): keep the columns
+    except Exception:  # noqa: BLE001 -- keep the columns converted; the window needs nothing more
         return cols
-    return mapped if mapped.runs else cols
+    return mapped if mapped.runs else cols  # no runs: not the entry (it went), read again
 
 
 class _StalePass(Exception):

@@ -89,6 +89,18 @@ def _plain(row):
     return row.tobytes() if isinstance(row, np.ndarray) else row
 
 
+def _check_block(buf, layout, specs, want):
+    """The block's columns are ``want``'s (`_reference`), with the specs' dtypes."""
+    got = views(buf, layout)
+    for s in specs:
+        if s.kind == "ragged":
+            g = got[s.name]
+            assert [_plain(g[i]) for i in range(len(g))] == [_plain(x) for x in want[s.name]]
+        else:
+            assert got[s.name].dtype == np.dtype(s.dtype)
+            assert np.array_equal(got[s.name], want[s.name])
+
+
 @settings(max_examples=150, deadline=None)
 @given(blocks(), st.sampled_from([1 << 20, 64]))
 def test_assemble_equals_column_by_column(block, chunk):
@@ -99,15 +111,7 @@ def test_assemble_equals_column_by_column(block, chunk):
         buf, layout = assemble(specs, units, perm, lambda n: np.zeros(n, dtype=np.uint8))
     finally:
         _block._CHUNK_BYTES = old
-    got = views(buf, layout)
-    want = _reference(specs, units, perm)
-    for s in specs:
-        if s.kind == "ragged":
-            g = got[s.name]
-            assert [_plain(g[i]) for i in range(len(g))] == [_plain(x) for x in want[s.name]]
-        else:
-            assert got[s.name].dtype == np.dtype(s.dtype)
-            assert np.array_equal(got[s.name], want[s.name])
+    _check_block(buf, layout, specs, _reference(specs, units, perm))
 
 
 def test_same_typed_columns_lie_back_to_back():
@@ -176,14 +180,7 @@ def test_the_many_units_path_equals_column_by_column(block, chunk, seed):
         buf, layout = assemble(specs, units, perm, lambda n: np.zeros(n, dtype=np.uint8), ranges)
     finally:
         _block._MANY_UNITS, _block._MANY_CHUNK_BYTES = old
-    got = views(buf, layout)
     cut = units if ranges is None else [
         {s.name: _block.slice_rows(u[s.name], a, a + n) for s in specs}
         for u, (a, n) in zip(units, ranges)]
-    want = _reference(specs, cut, perm)
-    for s in specs:
-        if s.kind == "ragged":
-            g = got[s.name]
-            assert [_plain(g[i]) for i in range(len(g))] == [_plain(x) for x in want[s.name]]
-        else:
-            assert np.array_equal(got[s.name], want[s.name])
+    _check_block(buf, layout, specs, _reference(specs, cut, perm))
