@@ -134,13 +134,16 @@ class UnitColumns(dict[str, Column]):
     releases and retakes the GIL). Plain dicts work too, column by column.
     """
 
-    __slots__ = ("check", "runs")
+    __slots__ = ("at", "check", "runs")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.runs: dict[str, tuple[np.ndarray, int, tuple[str, ...]]] = {}
         #: A cache entry's checksum still to verify (_cache.PendingCheck), or None.
         self.check: Any = None
+        #: A piece of a mixed-order window held in a `_engine.block.WindowPack`: (the pack, the
+        #: pack row where this unit's row 0 lies), or None.
+        self.at: Any = None
 
 
 @dataclass(frozen=True)

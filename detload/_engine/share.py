@@ -159,6 +159,16 @@ class MemoryShare:
         self._lock = threading.Lock()
         self._items: dict[tuple[int, int, int], _Item] = {}
         self._stopped: set[int] = set()  # passes dropped whole: nothing of theirs is kept again
+        # Window packs (_engine/block.py) by (pass, the task's pieces): one for all workers.
+        self._packs: dict[tuple[int, Any], Any] = {}
+
+    def pack(self, gen: int, pieces: Any, make: Callable[[], Any]) -> Any:
+        """The window pack of pass ``gen``'s task of ``pieces``: the first worker to ask makes it."""
+        with self._lock:
+            got = self._packs.get((gen, pieces))
+            if got is None:
+                got = self._packs[(gen, pieces)] = make()
+            return got
 
     def claim(self, gen: int, file: int, rg: int) -> bool:
         """Claim a row group's conversion for pass ``gen``: True if this worker got it (a
@@ -197,6 +207,11 @@ class MemoryShare:
                 self._stopped.add(gen)
                 for key in [k for k in self._items if k[0] == gen]:
                     del self._items[key]
+                for pk in [k for k in self._packs if k[0] == gen]:
+                    del self._packs[pk]
             else:
                 for f, rg in pieces:
                     self._items.pop((gen, f, rg), None)
+                done = set(pieces)
+                for pk in [k for k in self._packs if k[0] == gen and {(f, rg) for f, rg, _, _ in k[1]} <= done]:
+                    del self._packs[pk]

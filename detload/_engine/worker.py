@@ -37,7 +37,7 @@ from .._types import UnitColumns
 from . import share
 from . import shm as _shm
 from . import spawn as _spawn
-from .block import Layout, assemble, pack_runs, slice_rows
+from .block import Layout, WindowPack, assemble, slice_rows
 from .config import WorkerConfig
 from .groups import GroupRows, block_order, build_grouped, check_compact, check_constant, check_key_kept, group_rows
 from .messages import (
@@ -250,12 +250,22 @@ def _rows_of(cols: UnitColumns, first: int, rows: int) -> UnitColumns:
     return out
 
 
-def _packed(cfg: WorkerConfig, cols: UnitColumns) -> UnitColumns:
-    """A mixed-order window's freshly read row group, its same-typed columns packed into runs
-    for thread workers sharing windows (`pack_runs`): there the many small copies of a block
-    contend for the GIL with the other workers, the merger and the consumer; measured on CTR
-    data, packing cost more than it saved for one thread worker and for process workers."""
-    return pack_runs(cfg.block_specs, cols) if cfg.kind == "thread" and cfg.share_windows else cols
+def _length(cols: UnitColumns) -> int:
+    return len(next(iter(cols.values()))) if cols else 0
+
+
+def _piece(pack: WindowPack | None, q: int, cols: UnitColumns, first: int, rows: int
+           ) -> tuple[UnitColumns | None, UnitColumns]:
+    """Piece ``q`` of a window, rows ``[first, first + rows)`` of a row group's ``cols``: (what
+    the next pass may take of the row group (`_Kept`), or None; the piece). With a pack the
+    piece is copied into it; what is kept is then the piece when it is the whole row group (no
+    second copy), else the row group as read (never another pack's views: they hold all of it)."""
+    if pack is None:
+        return cols, _rows_of(cols, first, rows)
+    piece = pack.put(q, cols, first, rows)
+    if first == 0 and rows == _length(cols):
+        return piece, piece
+    return (cols if cols.at is None else None), piece
 
 
 def _assemble(cfg: WorkerConfig, task: Task, segs: _shm.WorkerSegments | None,
@@ -503,12 +513,14 @@ def worker_loop(cfg: WorkerConfig, index: int, link: ThreadLink | ProcessLink, p
 class _Window:
     """A mixed-order task's window: its pieces' rows, read once, from which its blocks are cut."""
 
-    __slots__ = ("raw", "task", "units")
+    __slots__ = ("pack", "raw", "task", "units")
 
-    def __init__(self, task: Task, units: list[UnitColumns], raw: list[UnitColumns]) -> None:
+    def __init__(self, task: Task, units: list[UnitColumns], raw: list[UnitColumns | None],
+                 pack: WindowPack | None) -> None:
         self.task = task
         self.units = units
-        self.raw = raw  # each piece's whole row group, as read (what the next pass may reuse)
+        self.raw = raw  # each piece's whole row group, as read (what the next pass may reuse), or None
+        self.pack = pack
 
     def block(self, n: int) -> tuple[list[UnitColumns], list[tuple[int, int]], np.ndarray | None]:
         """Entry ``n`` of the task's blocks: its rows (one chunk of each piece with shuffle, a
@@ -539,19 +551,36 @@ class _Kept:
     def __init__(self, cfg: WorkerConfig) -> None:
         self.enabled = cfg.transform is None and cfg.hooks is None
         self.cols: dict[tuple[int, int], UnitColumns] = {}  # (file, row group): columns
+        self.pieces: tuple[Any, ...] = ()  # the kept window's pieces, and its pack
+        self.pack: WindowPack | None = None
 
     def take(self, f: int, rg: int) -> UnitColumns | None:
         """The row group's columns if the window before held them."""
         return self.cols.get((f, rg))
 
+    def pack_for(self, task: Task) -> WindowPack | None:
+        """The kept window's pack if the task's pieces are the same (their rows lie there)."""
+        return self.pack if self.pack is not None and task.units == self.pieces else None
+
     def keep(self, win: _Window) -> None:
         """Keep a finished window's row groups (the worker's only window of its pass)."""
         if self.enabled:
-            self.cols = {(f, rg): cols for (f, rg, _, _), cols in zip(win.task.units, win.raw)}
+            self.cols = {(f, rg): cols for (f, rg, _, _), cols in zip(win.task.units, win.raw) if cols is not None}
+            self.pieces, self.pack = win.task.units, win.pack
 
     def opened(self) -> None:
         """A window opened: what it did not take of the one kept is not wanted."""
-        self.cols = {}
+        self.cols, self.pieces, self.pack = {}, (), None
+
+
+def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> WindowPack | None:
+    """The pack a window holds its pieces in (`WindowPack`): for a shuffled task, except in
+    process workers sharing windows (they map the cache entries the others wrote: a pack would
+    copy each into every worker). The kept window's pack when the pieces are the same."""
+    if not task.shuffle or (cfg.kind == "process" and cfg.share_windows):
+        return None
+    old = kept.pack_for(task) if kept is not None else None
+    return old if old is not None else WindowPack(cfg.block_specs, [rows for _, _, _, rows in task.units])
 
 
 def _open_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, gen: int, k: int,
@@ -560,19 +589,22 @@ def _open_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task
     checksum verified as it is read: the window serves several blocks), except those the
     window before holds (`_Kept`)."""
     b = _Build(cfg, reader, task, t, defer=False)
+    pack = _new_pack(cfg, task, kept)
     units: list[UnitColumns] = []
-    raw: list[UnitColumns] = []
-    for f, rg, first, rows in task.units:
+    raw: list[UnitColumns | None] = []
+    for q, (f, rg, first, rows) in enumerate(task.units):
         cols = kept.take(f, rg) if kept is not None else None
         if cols is None:
             status.set(gen, k, f, rg)
             _debug_before_read(cfg, task, f, rg)
-            cols = _packed(cfg, _row_group(b, steps, f, rg, first))
-        raw.append(cols)
-        units.append(_rows_of(cols, first, rows))
+            cols = _row_group(b, steps, f, rg, first)
+        keep, piece = _piece(pack, q, cols, first, rows)
+        raw.append(keep)
+        units.append(piece)
+        del cols
     if kept is not None:
         kept.opened()
-    return _Window(task, units, raw)
+    return _Window(task, units, raw, pack)
 
 
 def _row_group(b: _Build, steps: Steps, f: int, rg: int, first: int) -> UnitColumns:
@@ -628,18 +660,33 @@ def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tas
     mem: share.MemoryShare | None = cfg.window_share
     share_dir = cfg.share_dir
     n = len(task.units)
-    got: dict[int, UnitColumns] = {}
+    pack = mem.pack(gen, task.units, lambda: _new_pack(cfg, task, kept)) if mem is not None else None
+    Pair = tuple[UnitColumns | None, UnitColumns]  # (what the next pass may take, the piece): `_piece`
+    got: dict[int, Pair] = {}
     if kept is not None:  # row groups the window before held: nothing to claim
-        for i, (f, rg, _, _) in enumerate(task.units):
+        for i, (f, rg, first, rows) in enumerate(task.units):
             cols = kept.take(f, rg)
             if cols is not None:
-                got[i] = cols
+                got[i] = _piece(pack, i, cols, first, rows)
 
-    def convert(i: int) -> UnitColumns:
-        f, rg, first, _ = task.units[i]
+    def convert(i: int) -> Pair:
+        f, rg, first, rows = task.units[i]
         status.set(gen, k, f, rg)
         _debug_before_read(cfg, task, f, rg)
-        return _packed(cfg, _row_group(b, steps, f, rg, first))
+        return _piece(pack, i, _row_group(b, steps, f, rg, first), first, rows)
+
+    def published(i: int, pair: Pair | None) -> Pair | None:
+        """What another thread published for this piece, as a piece of this window: its
+        row group may be a piece of another task's window too (cut by a partition boundary)."""
+        if pair is None:
+            return None
+        keep, piece = pair
+        if pack is None:
+            assert keep is not None
+            return keep, _rows_of(keep, task.units[i][2], task.units[i][3])
+        if piece.at is not None and piece.at[0] is pack:
+            return pair
+        return _piece(pack, i, keep, task.units[i][2], task.units[i][3]) if keep is not None else None
 
     start = int((index * 0.6180339887498949) % 1.0 * n)
     for j in range(n):
@@ -648,48 +695,49 @@ def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tas
         i = (start + j) % n
         if i in got:
             continue
-        f, rg, _, _ = task.units[i]
+        f, rg, first, rows = task.units[i]
         if mem is not None:
             if not mem.claim(gen, f, rg):
                 continue
-            cols = None
+            pair: Pair | None = None
             try:
-                cols = got[i] = convert(i)
+                pair = got[i] = convert(i)
             finally:
-                mem.publish(gen, f, rg, cols)
+                mem.publish(gen, f, rg, pair)
         else:
             assert share_dir is not None
             entry = reader.entry_path(f, rg)
             if entry is None or os.path.exists(entry) or not share.claim(share_dir, gen, f, rg):
                 continue
             try:
-                got[i] = convert(i)
+                cols = convert(i)[0]
             finally:
                 share.finish(share_dir, gen, f, rg)
-            got[i] = _as_entry(cfg, reader, steps, task, got[i], f, rg, task.units[i][2], entry)
+            assert cols is not None  # no pack here: the row group as read
+            got[i] = _piece(None, i, _as_entry(cfg, reader, steps, task, cols, f, rg, first, entry), first, rows)
     units: list[UnitColumns] = []
-    raw: list[UnitColumns] = []
-    for i, (f, rg, first, rows) in enumerate(task.units):
-        cols = got.pop(i, None)
-        if cols is None:
+    raw: list[UnitColumns | None] = []
+    for i, (f, rg, _, _) in enumerate(task.units):
+        pair = got.pop(i, None)
+        if pair is None:
             if stale():
                 raise _StalePass
             t0 = time.perf_counter()
             if mem is not None:
-                cols = mem.fetch(gen, f, rg, stale)
+                pair = published(i, mem.fetch(gen, f, rg, stale))
             else:
                 assert share_dir is not None
                 entry = reader.entry_path(f, rg)
                 if entry is not None and not os.path.exists(entry):
                     share.wait_for(share_dir, gen, f, rg, entry, stale)
             t.add("window_wait", t0, time.perf_counter())
-            if cols is None:  # a process worker maps the entry here (or converts the row group)
-                cols = convert(i)
-        raw.append(cols)
-        units.append(_rows_of(cols, first, rows))
+            if pair is None:  # a process worker maps the entry here (or converts the row group)
+                pair = convert(i)
+        raw.append(pair[0])
+        units.append(pair[1])
     if kept is not None:
         kept.opened()
-    return _Window(task, units, raw)
+    return _Window(task, units, raw, pack)
 
 
 def _mix_block(cfg: WorkerConfig, win: _Window, n: int, lo: int, hi: int,

@@ -1,8 +1,10 @@
 """What cutting one block costs, `assemble` alone: a mixed-order block (one chunk of each of 62
 row groups of 16,384 rows, CTR's columns: id, label, 32 float32, 8 int64) against a windowed
-block (4 whole row groups), both about 65,536 rows, permuted. Units with their same-typed
-columns in runs (packed, as cache entries and thread workers sharing a window hold them) and
-as separate arrays (as a fresh read gives them). Medians of 5 repeats of 16 blocks, ms a block.
+block (4 whole row groups), both about 65,536 rows, permuted. The mixed block's units as pieces
+of one window pack (`WindowPack`, as a worker's window holds them), and as separate arrays (as
+process workers sharing a window map them). Medians of 5 repeats of 16 blocks, ms a block; each
+repeat first evicts the caches (a 64 MiB pass), as a window's columns are read long before.
+With 2 threads each builds the 16 blocks at once (thread workers): ms a block = wall / 32.
 
     PYTHONPATH=. python experiments/bench/mix_gather.py
 """
@@ -10,6 +12,7 @@ as separate arrays (as a fresh read gives them). Medians of 5 repeats of 16 bloc
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 
 import numpy as np
@@ -31,33 +34,42 @@ def _unit(rng: np.random.Generator) -> UnitColumns:
 def main() -> int:
     rng = np.random.default_rng(0)
     plain = [_unit(rng) for _ in range(62)]
-    packed = [B.pack_runs(SPECS, u) for u in plain]
+    pack = B.WindowPack(SPECS, [ROWS] * len(plain))
+    packed = [pack.put(q, u, 0, ROWS) for q, u in enumerate(plain)]
     four = plain[:4]
-    buf = np.empty(64 << 20, np.uint8)
+    bufs = [np.empty(64 << 20, np.uint8) for _ in range(2)]
     blocks = 16
+    mixed_perms = [rng.permutation(len(plain) * (ROWS // blocks)) for _ in range(blocks)]
+    windowed_perms = [rng.permutation(4 * ROWS) for _ in range(blocks)]
 
-    def timed(fn) -> float:  # type: ignore[no-untyped-def]
+    def timed(fn, threads: int) -> float:  # type: ignore[no-untyped-def]
+        """ms a block: ``threads`` threads each building the 16 blocks (wall time / blocks built)."""
         reps = []
         for _ in range(5):
+            int(np.ones(64 << 20, np.uint8).sum())  # out of the caches
+            pool = [threading.Thread(target=lambda w=w: [fn(j, w) for j in range(blocks)]) for w in range(threads)]
             t0 = time.perf_counter()
-            for j in range(blocks):
-                fn(j)
-            reps.append((time.perf_counter() - t0) / blocks)
+            for th in pool:
+                th.start()
+            for th in pool:
+                th.join()
+            reps.append((time.perf_counter() - t0) / (blocks * threads))
         return statistics.median(reps) * 1e3
 
     def mixed(units):  # type: ignore[no-untyped-def]
-        def one(j: int) -> None:
+        def one(j: int, w: int) -> None:
             ranges = [(j * ROWS // blocks, (j + 1) * ROWS // blocks - j * ROWS // blocks) for _ in units]
-            perm = rng.permutation(sum(n for _, n in ranges))
-            B.assemble(SPECS, units, perm, lambda n: buf[:n], ranges)
+            B.assemble(SPECS, units, mixed_perms[j], lambda n: bufs[w][:n], ranges)
         return one
 
-    def windowed(j: int) -> None:
-        B.assemble(SPECS, four, rng.permutation(4 * ROWS), lambda n: buf[:n])
+    def windowed(j: int, w: int) -> None:
+        B.assemble(SPECS, four, windowed_perms[j], lambda n: bufs[w][:n])
 
-    print(f"mixed block, 62 units in runs:      {timed(mixed(packed)):.2f} ms")
-    print(f"mixed block, 62 units of arrays:    {timed(mixed(plain)):.2f} ms")
-    print(f"windowed block, 4 units of arrays:  {timed(windowed):.2f} ms")
+    print("ms a block                          1 thread  2 threads")
+    for name, fn in [("mixed block, 62 pieces of a pack", mixed(packed)),
+                     ("mixed block, 62 units of arrays", mixed(plain)),
+                     ("windowed block, 4 units of arrays", windowed)]:
+        print(f"{name:<36}{timed(fn, 1):>6.2f}  {timed(fn, 2):>9.2f}")
     return 0
 
 

@@ -124,37 +124,66 @@ def test_same_typed_columns_lie_back_to_back():
     assert _block._groups(layout) == ((0, 3, "<f4"), (3, 1, "<i8"))
 
 
-@settings(max_examples=100, deadline=None)
-@given(blocks(), st.integers(0, 2**32 - 1))
-def test_packed_runs_assemble_the_same_block(block, seed):
-    # A mixed-order window packs each row group's same-typed columns into runs (pack_runs): the
-    # block its chunks make, with ranges and a permutation, is byte for byte the plain one.
-    specs, units, _ = block
-    rng = np.random.default_rng(seed)
-    ranges = []
+def _cuts(rng, units, specs):
+    """A random (first row, rows) of each unit."""
+    out = []
     for u in units:
         n = len(u[specs[0].name])
         a = int(rng.integers(0, n + 1))
-        ranges.append((a, int(rng.integers(0, n - a + 1))))
-    rows = sum(r for _, r in ranges)
-    perm = rng.permutation(rows).astype(np.int64)
-    packed = [_block.pack_runs(specs, u if isinstance(u, UnitColumns) else UnitColumns(u)) for u in units]
-    for u, p in zip(units, packed):
-        assert set(u) == set(p)
+        out.append((a, int(rng.integers(0, n - a + 1))))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(blocks(), st.integers(0, 2**32 - 1))
+def test_a_window_pack_assembles_the_same_block(block, seed):
+    # A mixed-order window holds its pieces (a range of each row group) in one WindowPack; a
+    # block takes a range of each piece, in any order of pieces, and gathers them from the
+    # pack: byte for byte the block the same rows give as plain units.
+    specs, units, _ = block
+    rng = np.random.default_rng(seed)
+    pieces = _cuts(rng, units, specs)
+    pack = _block.WindowPack(specs, [n for _, n in pieces])
+    held = [pack.put(q, u if isinstance(u, UnitColumns) else UnitColumns(u), a, n)
+            for q, (u, (a, n)) in enumerate(zip(units, pieces))]
+    for q, (u, p, (a, n)) in enumerate(zip(units, held, pieces)):
+        assert p.at[0] is pack and p.at[1] == pack.starts[q]
         for s in specs:
+            want = _block.slice_rows(u[s.name], a, a + n)
             if s.kind == "fixed":
-                assert np.array_equal(u[s.name], p[s.name]) and p[s.name].dtype == u[s.name].dtype
-            else:
-                assert p[s.name] is u[s.name]  # ragged columns stay as they are
-        if getattr(u, "runs", None):
-            assert p is u  # a cache entry's runs are kept, not copied again
-        else:
-            for name, (run, i, names) in p.runs.items():
-                assert names[i] == name and run.ndim == 2 and len(names) > 1
-                assert run.shape[1] == 0 or np.shares_memory(run, p[name])
-    plain = assemble(specs, units, perm, lambda n: np.zeros(n, dtype=np.uint8), ranges)
-    got = assemble(specs, packed, perm, lambda n: np.zeros(n, dtype=np.uint8), ranges)
-    assert plain[1] == got[1] and np.array_equal(plain[0], got[0])
+                assert np.array_equal(p[s.name], want) and p[s.name].dtype == want.dtype
+            if s.kind == "fixed" and not s.inner:
+                assert np.shares_memory(pack.columns[s.name][0], p[s.name]) or n == 0
+    order = [int(q) for q in rng.permutation(len(units))]
+    units_b = [held[q] for q in order]
+    ranges = _cuts(rng, units_b, specs)
+    perm = rng.permutation(sum(n for _, n in ranges)).astype(np.int64)
+    plain = [{s.name: _block.slice_rows(units[q][s.name], pieces[q][0], pieces[q][0] + pieces[q][1])
+              for s in specs} for q in order]
+    buf, layout = assemble(specs, units_b, perm, lambda n: np.zeros(n, dtype=np.uint8), ranges)
+    cut = [{s.name: _block.slice_rows(u[s.name], a, a + n) for s in specs} for u, (a, n) in zip(plain, ranges)]
+    _check_block(buf, layout, specs, _reference(specs, cut, perm))
+
+
+def test_a_piece_already_in_the_pack_is_not_copied_again():
+    # A window kept from the pass before lends its pack to the next window with the same
+    # pieces: putting a piece that lies there already writes nothing; a piece of another
+    # pack is copied.
+    specs = [ColumnSpec(n, "float", "fixed", "<f4") for n in "ab"] + [ColumnSpec("c", "int64", "fixed", "<i8")]
+    rng = np.random.default_rng(1)
+    rg = UnitColumns({"a": rng.random(10).astype(np.float32), "b": rng.random(10).astype(np.float32),
+                      "c": rng.integers(0, 9, 10)})
+    pack = _block.WindowPack(specs, [10, 4])
+    whole = pack.put(0, rg, 0, 10)
+    part = pack.put(1, rg, 3, 4)
+    assert np.array_equal(part["c"], rg["c"][3:7])
+    pack.arrays[("a", "b")][0, 0] = -1.0  # marks the pack's own bytes
+    again = pack.put(0, whole, 0, 10)
+    assert again["a"][0] == -1.0 and again.at[0] is pack and again.at[1] == 0
+    other = _block.WindowPack(specs, [3])
+    moved = other.put(0, whole, 2, 3)
+    assert moved.at[0] is other and np.array_equal(moved["b"], rg["b"][2:5])
+    assert not np.shares_memory(moved["b"], whole["b"])
 
 
 @settings(max_examples=150, deadline=None)
