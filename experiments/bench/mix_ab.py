@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -46,12 +48,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mix-window", type=int, default=None)
     ap.add_argument("--epochs", type=int, default=5, help="epochs in all; the first two are not timed")
     ap.add_argument("--table", action="store_true", help="print loader.stats() of the timed epochs")
+    ap.add_argument("--cache", action="store_true",
+                    help="read through a cache (a fresh one: the first two epochs fill it, the timed ones are warm)")
     a = ap.parse_args(argv)
     path = str(datagen.make_ctr(a.data, rows=1_000_000))
-    kw = {"shuffle_window": 4} if a.order == "windowed" else (
+    kw: dict[str, Any] = {"shuffle_window": 4} if a.order == "windowed" else (
         {"mix_window": a.mix_window} if a.mix_window else {})
     proc = psutil.Process()
     peak = 0
+    tmp = tempfile.TemporaryDirectory(prefix="mix_ab_cache_") if a.cache else None
+    if tmp is not None:
+        kw["cache"] = tmp.name
     with Loader(path, batch_size=4096, seed=1234, workers=a.workers, pool=Pool(kind=a.pool, prefetch=2),
                 order=a.order, **kw) as ld:
         rows = 0
@@ -70,10 +77,13 @@ def main(argv: list[str] | None = None) -> int:
                     rows += len(b["id"])
                 if sampled and i % 20 == 0:
                     peak = max(peak, pss_mib(proc))
-        print(f"{a.pool} W={a.workers} {a.order}{f' mix_window={a.mix_window}' if a.mix_window else ''}: "
+        print(f"{a.pool} W={a.workers} {a.order}{f' mix_window={a.mix_window}' if a.mix_window else ''}"
+              f"{' cache' if a.cache else ''}: "
               f"{rows / dt:,.0f} rows/s over epochs 2..{a.epochs - 1}, peak PSS {peak} MiB")
         if a.table:
             print(ld.stats(since=mark).table())  # the timed epochs and the sampled one after them
+    if tmp is not None:
+        tmp.cleanup()
     return 0
 
 
