@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from strategies import check_rows
 
+import detload._engine.block
 import detload._read.reader
 from detload import Loader, Pool
 from detload.plan import MixPlan
@@ -121,3 +122,43 @@ def test_several_tasks_read_every_row_group_every_epoch(ds, decodes) -> None:  #
     # epoch 1 ran (a worker keeps nothing: it has two tasks a pass).
     per_unit = collections.Counter((f, rg) for _, _, f, rg in decodes)
     assert len(per_unit) == len(ds.units) and set(per_unit.values()) <= {2, 3}, per_unit
+
+
+def test_a_kept_window_is_packed_once_and_its_pack_taken_as_it_is(ds, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # One thread worker, one task an epoch: epoch 0's window holds the row groups as read;
+    # epoch 1's (the same pieces) puts them in one pack, which epochs 2 and 3 take unchanged.
+    made = []
+    real = detload._engine.block.WindowPack.__init__
+
+    def init(self, *a, **kw):  # type: ignore[no-untyped-def]
+        made.append(_Consumer.epoch)
+        real(self, *a, **kw)
+
+    monkeypatch.setattr(detload._engine.block.WindowPack, "__init__", init)
+    with Loader(ds.root, batch_size=50, seed=5, workers=1, pool=Pool(kind="thread", prefetch=1),
+                **ONE_TASK) as loader:
+        runs = _slow_epochs(loader, range(4))
+    assert made and set(made) <= {0, 1} and len(made) == 1, made  # built ahead in epoch 0, or at 1
+    for e, got in enumerate(runs):
+        with Loader(ds.root, batch_size=50, seed=5, **ONE_TASK) as fresh:
+            fresh.set_epoch(e)
+            assert np.array_equal(got, ds.all_ids[fresh.plan().row_ids()])
+
+
+@pytest.mark.parametrize("partitions", [2, 5])
+def test_thread_workers_sharing_windows_cut_by_partitions_match_fresh_epochs(ds, partitions) -> None:  # type: ignore[no-untyped-def]
+    # One task a partition, two thread workers: they share each window's pack. A row group cut
+    # by a partition boundary is a piece of two windows (two packs): the second takes it from
+    # the row group the first converted.
+    opts = {**ONE_TASK, "partitions": partitions}
+    with Loader(ds.root, batch_size=50, seed=9, workers=2, pool=Pool(kind="thread", prefetch=1), **opts) as loader:
+        plan = loader.plan()
+        assert isinstance(plan, MixPlan) and all(len(ts) == 1 for ts in plan.tasks)
+        cut = collections.Counter((r.file, r.row_group) for ts in plan.tasks for t in ts for u in t.units
+                                  for r in u.ranges)
+        assert max(cut.values()) == 2  # some row group lies in two partitions' windows
+        runs = _slow_epochs(loader, range(3))
+    for e, got in enumerate(runs):
+        with Loader(ds.root, batch_size=50, seed=9, **opts) as fresh:
+            fresh.set_epoch(e)
+            assert np.array_equal(got, ds.all_ids[fresh.plan().row_ids()])

@@ -163,8 +163,11 @@ class MemoryShare:
         self._packs: dict[tuple[int, Any], Any] = {}
 
     def pack(self, gen: int, pieces: Any, make: Callable[[], Any]) -> Any:
-        """The window pack of pass ``gen``'s task of ``pieces``: the first worker to ask makes it."""
+        """The window pack of pass ``gen``'s task of ``pieces``: the first worker to ask makes it
+        (a stopped pass's worker gets one of its own, kept nowhere)."""
         with self._lock:
+            if gen in self._stopped:
+                return make()
             got = self._packs.get((gen, pieces))
             if got is None:
                 got = self._packs[(gen, pieces)] = make()
