@@ -370,7 +370,8 @@ def assemble(
     ``allocate(nbytes)`` returns a writable uint8 array of that size (heap or
     shared memory). ``ranges``: for each unit, the rows ``(first, n)`` of it the block takes
     (a mixed-order block takes one chunk of each row group of its task's window), else all.
-    Returns the buffer and its layout.
+    Units that are all pieces of one `WindowPack` have each group of columns gathered from the
+    pack in one call. Returns the buffer and its layout.
     """
     # The rows each unit gives, as views: what ragged and multi-dimensional columns copy.
     whole: Sequence[Mapping[str, Column]] = units

@@ -153,7 +153,8 @@ class _Item:
 
 class MemoryShare:
     """Thread workers' shared windows: a converted row group is handed to the other threads
-    as it is (no copy), under the same claim protocol as the process workers' files."""
+    as it is (no copy), under the same claim protocol as the process workers' files; with the
+    window's pack (`pack`), which the claimer copied it into, and the others take it from."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

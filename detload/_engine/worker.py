@@ -511,7 +511,8 @@ def worker_loop(cfg: WorkerConfig, index: int, link: ThreadLink | ProcessLink, p
 
 
 class _Window:
-    """A mixed-order task's window: its pieces' rows, read once, from which its blocks are cut."""
+    """A mixed-order task's window: its pieces' rows, read once, from which its blocks are cut;
+    held in one `WindowPack` where `_new_pack` gives one."""
 
     __slots__ = ("pack", "raw", "task", "units")
 
