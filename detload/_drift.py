@@ -168,6 +168,17 @@ class ColumnDrift:
             "types that do not promote."
         )
 
+    def lacked_error(self, use: str, why: str, instead: str) -> SchemaMismatchError:
+        """The error for a use of a column's stored values (a filter, a group key, the mixing
+        report) where some files lack the column: the value a fill delivers is not stored.
+        ``use`` names it ("the filter reads column"), ``instead`` begins the fix ("Filter on")."""
+        n = len(self.missing)
+        return SchemaMismatchError(
+            f"{use} {self.name!r}, which {n} file{'s lack' if n != 1 else ' lacks'}, e.g. {self.missing[0]} "
+            f"({self.types[0][2]} has it): {why}. {instead} a column every file holds, or rewrite the "
+            "files that lack it"
+        )
+
     def missing_error(self) -> SchemaMismatchError:
         """The error for a column some files lack, loaded without a fill."""
         t, _, has = self.types[0]

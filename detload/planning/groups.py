@@ -25,7 +25,7 @@ from .._check import check_int
 from .._filters.selection import Selection
 from .._read.parquet import open_parquet, read_row_group
 from .._storage import object_uri
-from ..errors import DatasetError, OptionError, SchemaMismatchError
+from ..errors import DatasetError, OptionError
 from ..plan import Range, Unit
 
 __all__ = ["GroupStats", "GroupedUnits", "group_units", "runs_of"]
@@ -338,10 +338,7 @@ def check_group_options(dataset: Any, names: Sequence[str], group_by: Any, group
         raise OptionError(f"group_by={group_by!r} is not a column of the dataset (its columns: {known})")
     drift = dataset.drift(group_by)
     if drift is not None and drift.missing:
-        raise SchemaMismatchError(
-            f"group_by={group_by!r} is a column {len(drift.missing)} file(s) lack, e.g. {drift.missing[0]} "
-            f"({drift.types[0][2]} has it): every row needs a stored group key. Group by a column every "
-            "file holds, or rewrite the files that lack it")
+        raise drift.lacked_error("group_by names column", "every row needs a stored group key", "Group by")
     typ = dataset.column_type(group_by)
     if pa.types.is_nested(typ):
         raise OptionError(f"group_by={group_by!r} is a {typ} column: the key must be a scalar column "

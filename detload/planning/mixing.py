@@ -20,7 +20,7 @@ from .._drift import same_form
 from .._read.parquet import open_parquet, read_row_group
 from .._storage import object_uri
 from .._streams import _entropy, _stream_permutation, block_permutation, group_permutation, group_row_order
-from ..errors import OptionError, SchemaMismatchError
+from ..errors import OptionError
 from ..plan import Block, Plan, Unit, UnitList
 
 if TYPE_CHECKING:
@@ -258,10 +258,7 @@ def _check_column(planned: Planned | None, name: str) -> None:
     if d is not None and d.promoted is None:
         raise d.refusal()
     if d is not None and d.missing:
-        n = len(d.missing)
-        raise SchemaMismatchError(
-            f"mix column {name!r} is missing from {n} file{'s' if n != 1 else ''}, e.g. {d.missing[0]} "
-            f"({d.types[0][2]} has it): the mixing report reads stored values; choose a column every file holds")
+        raise d.lacked_error("mix_column names column", "the mixing report reads stored values", "Measure")
     if name not in ds.partition_keys:
         t = ds.column_type(name)
         if pa.types.is_nested(t) or (pa.types.is_dictionary(t) and pa.types.is_nested(t.value_type)):

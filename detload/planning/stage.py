@@ -29,7 +29,7 @@ from .._read import FileRef, ReadConfig
 from .._storage import object_uri
 from .._types import SCALED, ColumnSpec, split_cast, type_mapping_version
 from .._xform import TransformFailed, TransformPlan
-from ..errors import OptionError, SchemaMismatchError, WorkerError
+from ..errors import OptionError, WorkerError
 from ..plan import OrderOptions, Plan, UnitList
 from ..transform import Transform
 from .order import check_partitions, make_plan
@@ -272,10 +272,7 @@ def _check_filter_columns(dataset: Dataset, stored: Sequence[str]) -> None:
     for name in stored:
         d = dataset.drift(name)
         if d is not None and d.missing:
-            raise SchemaMismatchError(
-                f"the filter reads column {name!r}, which {len(d.missing)} file(s) lack, e.g. {d.missing[0]} "
-                f"({d.types[0][2]} has it). A filter compares stored values only: filter on a column every "
-                "file holds, or rewrite the files that lack it")
+            raise d.lacked_error("the filter reads column", "a filter compares stored values only", "Filter on")
 
 
 def _cast_target(spec: ColumnSpec, t: Any) -> Any:
