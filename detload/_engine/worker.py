@@ -234,10 +234,15 @@ def _build(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, gen:
     return payload, layout, intact
 
 
+def _length(cols: UnitColumns) -> int:
+    """A row group's rows, from its columns."""
+    return len(next(iter(cols.values()))) if cols else 0
+
+
 def _rows_of(cols: UnitColumns, first: int, rows: int) -> UnitColumns:
     """Rows ``[first, first + rows)`` of a row group's columns: the columns themselves
     when the range is the whole row group (the common case), else views."""
-    n = len(next(iter(cols.values()))) if cols else rows
+    n = _length(cols) if cols else rows
     if first == 0 and rows == n:
         return cols
     if first + rows > n:
@@ -250,8 +255,6 @@ def _rows_of(cols: UnitColumns, first: int, rows: int) -> UnitColumns:
     return out
 
 
-def _length(cols: UnitColumns) -> int:
-    return len(next(iter(cols.values()))) if cols else 0
 
 
 def _piece(pack: WindowPack | None, q: int, cols: UnitColumns, first: int, rows: int
@@ -546,9 +549,9 @@ class _Kept:
     window takes it instead of reading it again, so such a dataset is read once per loader.
     The bytes are the same (a row group's columns are a pure function of the plan). What the
     next window does not take is dropped when it opens. A next window of the same pieces puts
-    them in one pack (`_new_pack`) once, and the windows after take that pack as it is. Off with a transform (it may keep
-    state per pass) and with the engine's fault-injection hooks (their faults must hit the
-    read the schedule puts them at)."""
+    them in one pack (`_new_pack`) once, and the windows after take that pack as it is. Off
+    with a transform (it may keep state per pass) and with the engine's fault-injection hooks
+    (their faults must hit the read the schedule puts them at)."""
 
     def __init__(self, cfg: WorkerConfig) -> None:
         self.enabled = cfg.transform is None and cfg.hooks is None
@@ -584,9 +587,10 @@ def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> WindowPack |
     each into every worker."""
     if not task.shuffle or (cfg.kind == "process" and cfg.share_windows):
         return None
-    if kept is not None and kept.enabled and task.units == kept.pieces:
-        return kept.pack if kept.pack is not None else WindowPack(cfg.block_specs, [r for *_, r in task.units])
-    return WindowPack(cfg.block_specs, [r for *_, r in task.units]) if cfg.share_windows else None
+    kept_same = kept is not None and kept.enabled and task.units == kept.pieces
+    if kept_same and kept is not None and kept.pack is not None:
+        return kept.pack
+    return WindowPack(cfg.block_specs, [r for *_, r in task.units]) if kept_same or cfg.share_windows else None
 
 
 def _open_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, gen: int, k: int,
