@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import mmap
+import signal
 import sys
 import time
 import weakref
@@ -31,6 +32,34 @@ def test_a_ctrl_c_inside_a_finalizer_reaches_the_loop():
         deadline = time.monotonic() + 5  # the re-raised interrupt comes within moments
         while time.monotonic() < deadline:
             time.sleep(0.001)
+
+
+class _Stop(KeyboardInterrupt):
+    """Like detload run's SIGTERM exception: a KeyboardInterrupt of its own kind."""
+
+
+def _stopped() -> None:
+    raise _Stop
+
+
+@pytest.mark.parametrize("kind", [KeyboardInterrupt, _Stop])
+def test_a_ctrl_c_inside_a_finalizer_reaches_the_loop_when_the_handler_ignores_signals(kind):
+    """`detload run`'s handler ignores both signals before it raises (the first one decides):
+    re-raising by simulating SIGINT must not depend on that handler. The same exception comes
+    out and the ignoring handler is back afterwards."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        thing = _Thing()
+        finalize(thing, _interrupted if kind is KeyboardInterrupt else _stopped)
+        with pytest.raises(kind) as info:
+            del thing
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                time.sleep(0.001)
+        assert type(info.value) is kind
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_finalizer_that_runs_cleanly_raises_nothing():
