@@ -30,7 +30,7 @@ from ..plan import Block, MixBlock, MixPlan, MixTask, Plan
 from .block import views
 from .config import WorkerConfig
 from .cut import Buffer, make_cutter
-from .messages import POLL, BlockReady, PackedError, StepCut, Task, WorkerFailed, put_until
+from .messages import POLL, BlockReady, Channel, PackedError, StepCut, Task, WorkerFailed, put_until
 from .passes import concerns
 from .pool import WorkerPool
 from .watch import Watch
@@ -148,7 +148,7 @@ class Run:
         self.watch = Watch(pool, gen, stall_timeout)
         self.ordered = ordered
         self.hash_batches = hash_batches
-        self.ready: queue.Queue[Any] = queue.Queue(maxsize=ready_depth)
+        self.ready: Channel[Any] = Channel(maxsize=ready_depth)
         self._cancel = threading.Event()
         self._stop_lock = threading.Lock()
         self._merged = False  # the merger took every block of the pass (ordered merge only)

@@ -1,27 +1,29 @@
 """Messages between the pool and its workers, and the one way of waiting on a bounded queue.
 
 Consumer to worker: `Tasks`. Worker to merger: `BlockReady` or `WorkerFailed`.
-Merger to consumer: lists of `StepCut` on the run's ready queue. They travel through ``queue.Queue`` objects to thread workers and through pipes
-to process workers (see pool.py and worker.py; the merger's within the process),
-always as these named types,
-never as tuples read by position.
+Merger to consumer: lists of `StepCut` on the run's ready queue. They travel through
+`Channel` objects to thread workers and through pipes to process workers (see pool.py and
+worker.py; the merger's within the process), always as these named types, never as tuples
+read by position.
 """
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import queue
 import select
 import struct
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, TypeVar
 
 if TYPE_CHECKING:
     from ..plan import Range
 
-__all__ = ["CREDIT", "POLL", "STOP", "BlockReady", "PackedError", "Poller", "StepCut", "Task", "Tasks", "Timings",
+__all__ = ["CREDIT", "POLL", "STOP", "BlockReady", "Channel", "PackedError", "Poller", "StepCut", "Task", "Tasks", "Timings",
            "WorkerFailed", "pack_exception", "put_until"]
 
 #: Seconds between the checks of every wait that must notice something else meanwhile
@@ -117,7 +119,81 @@ def pack_exception(exc: BaseException) -> PackedError:
     return PackedError(type(exc).__qualname__, str(exc), tb, data)
 
 
-def put_until(q: queue.Queue[Any], item: Any, give_up: Callable[[], bool]) -> bool:
+T = TypeVar("T")
+
+
+class Channel(Generic[T]):
+    """A FIFO between threads, bounded when ``maxsize`` > 0, that a KeyboardInterrupt cannot wedge.
+
+    ``queue.Queue`` guards its deque with a `threading.Condition`, whose ``__enter__`` is Python
+    code: a Ctrl-C that lands in the main thread right after the lock was taken, before the
+    ``with`` block is entered, leaves the lock taken for good, and every later put or get (the
+    merger's, then the clean-up's) waits forever. `detload run` hung so on a group-wide SIGINT
+    (tests/test_lifecycle.py caught it in CI). Here the items are in a C-level
+    `queue.SimpleQueue`, which holds no lock between two bytecodes; the bound is its length,
+    checked by the putter, and a full queue's putter waits on a second SimpleQueue the getter
+    rings once it took an item. An interrupt at any point loses at most a ring, which costs
+    the putter one `POLL`, never a place in the queue.
+
+    The bound holds for one putter at a time (every Channel of detload has one, plus the
+    final message of a stopped run); the subset of ``queue.Queue``'s interface detload uses,
+    with the same exceptions.
+    """
+
+    __slots__ = ("_bell", "_items", "_waiting", "maxsize")
+
+    def __init__(self, maxsize: int = 0) -> None:
+        self.maxsize = maxsize
+        self._items: queue.SimpleQueue[T] = queue.SimpleQueue()
+        self._bell: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._waiting = False  # a putter waits for room: the getter rings
+
+    def put(self, item: T, block: bool = True, timeout: float | None = None) -> None:
+        if self.maxsize > 0 and self._items.qsize() >= self.maxsize:
+            if not block:
+                raise queue.Full
+            self._wait_for_room(timeout)
+        self._items.put(item)
+
+    def _wait_for_room(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._waiting = True
+        try:
+            # Set before this check: a get after it rings, one before it made the room seen here.
+            while self._items.qsize() >= self.maxsize:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise queue.Full
+                with contextlib.suppress(queue.Empty):  # in slices: a lost ring costs one
+                    self._bell.get(True, POLL if left is None else min(left, POLL))
+        finally:
+            self._waiting = False
+            while True:  # rings of gets that were not needed: none left for the next wait
+                try:
+                    self._bell.get_nowait()
+                except queue.Empty:
+                    break
+
+    def put_nowait(self, item: T) -> None:
+        self.put(item, False)
+
+    def get(self, block: bool = True, timeout: float | None = None) -> T:
+        item = self._items.get(block, timeout)
+        if self._waiting:
+            self._bell.put(None)
+        return item
+
+    def get_nowait(self) -> T:
+        return self.get(False)
+
+    def qsize(self) -> int:
+        return self._items.qsize()
+
+    def empty(self) -> bool:
+        return self._items.empty()
+
+
+def put_until(q: Channel[Any], item: Any, give_up: Callable[[], bool]) -> bool:
     """Put ``item`` on the bounded queue ``q``, waiting for room, unless ``give_up()`` is true
     (checked first, then every `POLL` seconds while the queue is full). True if it was put.
 

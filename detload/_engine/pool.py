@@ -6,7 +6,7 @@ _engine/passes.py) holds the oldest one still wanted, so a task or block of an
 older one is stale and dropped, while a newer one (the next epoch's first
 blocks, built ahead) is kept.
 
-Thread workers get `Tasks` on a ``queue.Queue`` and put their blocks on a
+Thread workers get `Tasks` on a `Channel` (messages.py) and put their blocks on a
 bounded one. Process workers (started by _engine/spawn.py: forkserver, never fork)
 talk through plain pipes, without ``multiprocessing.Queue``: no semaphores
 (nothing a SIGKILLed process group could leave in /dev/shm, no resource-tracker
@@ -55,7 +55,7 @@ from . import spawn as _spawn
 from .config import WorkerConfig
 from .heap import BlockBuffers
 from .memory import BufferWatch, install_ctrl_c_hook
-from .messages import CREDIT, BlockReady, Poller, Task, Tasks, WorkerFailed
+from .messages import CREDIT, BlockReady, Channel, Poller, Task, Tasks, WorkerFailed
 from .passes import Passes
 from .worker import Status, ThreadLink, process_main, worker_loop
 
@@ -230,8 +230,10 @@ class WorkerPool:
         self.passes = Passes()
         if kind == "thread":
             for i in range(workers):
-                inbox: queue.Queue[Any] = queue.Queue()
-                outbox: queue.Queue[Any] = queue.Queue(maxsize=prefetch)
+                # Channels, not queue.Queue: the consumer's thread puts tasks and drains
+                # blocks, and a Ctrl-C there must not leave a lock taken (messages.py).
+                inbox: Channel[Any] = Channel()
+                outbox: Channel[Any] = Channel(maxsize=prefetch)
                 st = Status()
                 t = threading.Thread(
                     target=worker_loop, args=(self.cfg, i, ThreadLink(inbox, outbox), self.passes, st),

@@ -20,7 +20,6 @@ import multiprocessing as mp
 import os
 import pickle
 import platform
-import queue
 import time
 import warnings
 from collections.abc import Callable
@@ -45,6 +44,7 @@ from .messages import (
     POLL,
     STOP,
     BlockReady,
+    Channel,
     Poller,
     Task,
     Tasks,
@@ -318,7 +318,7 @@ class ThreadLink:
     """A thread worker's ends: tasks come on ``inbox`` (None: stop), blocks go on ``outbox``,
     whose bound (``prefetch``) holds the worker back."""
 
-    def __init__(self, inbox: queue.Queue[Any], outbox: queue.Queue[Any]) -> None:
+    def __init__(self, inbox: Channel[Any], outbox: Channel[Any]) -> None:
         self.inbox = inbox
         self.outbox = outbox
 

@@ -18,7 +18,7 @@ import torch
 import torch.utils.data
 
 from .. import _hooks
-from .._engine.messages import POLL, put_until
+from .._engine.messages import POLL, Channel, put_until
 from .._hooks import Hooks
 from .._torch_dataloader import refuse_auto_batching
 from .._trace import StatsMark
@@ -176,7 +176,7 @@ class TorchLoader:
         self._latest: object | None = None
         self._stop: threading.Event | None = None
         self._thread: threading.Thread | None = None
-        self._queue: queue.Queue[Message] | None = None
+        self._queue: Channel[Message] | None = None
 
     def _register_block_memory(self) -> HostRegistry | None:
         """With ``device="cuda"`` and process workers: register every shared-memory segment the
@@ -292,7 +292,7 @@ class TorchLoader:
         if not self._threaded:
             yield from self._direct(it, handoff)
             return
-        q: queue.Queue[Message] = queue.Queue(maxsize=self.prefetch)
+        q: Channel[Message] = Channel(maxsize=self.prefetch)
         stop = threading.Event()
         th = threading.Thread(target=self._feed, args=(it, q, stop, handoff), name="detload-torch-feeder",
                               daemon=True)
@@ -333,7 +333,7 @@ class TorchLoader:
             if close is not None:
                 close()
 
-    def _feed(self, it: Iterator[dict[str, Column]], q: queue.Queue[Message], stop: threading.Event,
+    def _feed(self, it: Iterator[dict[str, Column]], q: Channel[Message], stop: threading.Event,
               handoff: Handoff) -> None:
         """Background thread: take `handoff.per_copy` batches at a time, convert them (pin, start
         the device copy), and queue a `Ready` for each, ``prefetch`` ahead; then `End`, or
@@ -388,7 +388,7 @@ class TorchLoader:
             if close is not None:
                 close()  # stops the loader's run: workers drop the rest, shared memory is freed
 
-    def _consume(self, q: queue.Queue[Message], stop: threading.Event, th: threading.Thread,
+    def _consume(self, q: Channel[Message], stop: threading.Event, th: threading.Thread,
                  handoff: Handoff) -> Iterator[TorchBatch]:
         try:
             if self._stop is stop:
@@ -419,7 +419,7 @@ class TorchLoader:
         finally:
             self._halt(stop, th, q)
 
-    def _halt(self, stop: threading.Event, th: threading.Thread, q: queue.Queue[Message] | None) -> None:
+    def _halt(self, stop: threading.Event, th: threading.Thread, q: Channel[Message] | None) -> None:
         stop.set()
         try:
             if self._thread is th and th.ident is not None:
@@ -429,7 +429,7 @@ class TorchLoader:
         finally:
             self._join(th, q)
 
-    def _join(self, th: threading.Thread, q: queue.Queue[Message] | None) -> None:
+    def _join(self, th: threading.Thread, q: Channel[Message] | None) -> None:
         if th is not threading.current_thread() and th.ident is not None:
             th.join(timeout=30.0)
         if q is not None:
@@ -535,7 +535,7 @@ def _check_unpack(unpack: Any, loader: Loader, dev: torch.device | None) -> Unpa
     return unpack  # type: ignore[no-any-return]
 
 
-def _put(q: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
+def _put(q: Channel[Any], item: Any, stop: threading.Event) -> bool:
     return put_until(q, item, stop.is_set)
 
 
