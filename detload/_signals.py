@@ -5,9 +5,12 @@ before the command reports. Shared by detload.cli and the layout commands (detlo
 
 from __future__ import annotations
 
+import _thread
 import contextlib
+import queue
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,10 +22,38 @@ class Terminated(KeyboardInterrupt):
     clean-up runs (every ``with Loader`` closes); main() then exits 143 instead of 130."""
 
 
-def _interrupt(signum: int, frame: Any) -> None:
+# Source files whose code holds locks in Python: an exception raised there right after a lock
+# was taken, before its `with` block was entered (Condition.__enter__, Event.set, Thread.start),
+# leaves it taken for good, and the clean-up that follows then waits forever on it.
+_HOLDS_LOCKS = frozenset({threading.__file__, queue.__file__})
+#: How many times, a millisecond apart, the exception is put off while the main thread is
+#: in such code: such moments last microseconds; a longer wait there (a join) is interrupted
+#: after this anyway.
+_PUT_OFF = 50
+
+
+def _in_lock_code(frame: Any) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename in _HOLDS_LOCKS:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _interrupt(signum: int, frame: Any, tries: int = 0) -> None:
+    if tries < _PUT_OFF and _in_lock_code(frame):
+        # Delivered again from another thread a moment later, once this handler has returned.
+        signal.signal(signum, lambda s, f: _interrupt(s, f, tries + 1))
+        _thread.start_new_thread(_again, (signum,))
+        return
     # The first signal decides: a second one must not cut short the clean-up it starts.
     hold_signals()
     raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+
+
+def _again(signum: int) -> None:
+    time.sleep(0.001)
+    _thread.interrupt_main(signal.Signals(signum))
 
 
 @contextlib.contextmanager
