@@ -119,6 +119,10 @@ class ManifestWriter:
             self._f = open(self.path, "wb")  # noqa: SIM115
             self._offsets = {}
             self._write_raw(json.dumps({"type": "header", **header}, sort_keys=True))
+        # The greatest (epoch, step) written: a run's every epoch start asks for a cut, and
+        # nearly always there is nothing after it to cut; without this, each start scanned
+        # every line written so far (quadratic over a long run's many epochs).
+        self._top: tuple[int, int] | None = max(self._offsets, default=None)
 
     def _write_raw(self, line: str) -> None:
         self._f.write(line.encode("utf-8") + b"\n")
@@ -126,6 +130,8 @@ class ManifestWriter:
 
     def cut_to(self, epoch: int, step: int) -> None:
         """Drop the lines of (epoch, step) and everything after them."""
+        if self._top is None or self._top < (epoch, step):
+            return
         pos = None
         for (e, s), off in self._offsets.items():
             if (e, s) >= (epoch, step) and (pos is None or off < pos):
@@ -135,6 +141,7 @@ class ManifestWriter:
             self._f.truncate(pos)
             self._f.seek(pos)
             self._offsets = {k: v for k, v in self._offsets.items() if v < pos}
+        self._top = max(self._offsets, default=None)
 
     def start_epoch(self, epoch: int, steps: int, dropped_rows: int, plan_fingerprint: str, start_step: int) -> None:
         if self._continued and start_step > 0 and (epoch, start_step - 1) not in self._offsets:
@@ -148,6 +155,7 @@ class ManifestWriter:
         self.cut_to(epoch, start_step if start_step > 0 else -1)
         if start_step == 0 or (epoch, -1) not in self._offsets:
             self._offsets[(epoch, -1)] = self._f.tell()
+            self._top = max(self._top or (epoch, -1), (epoch, -1))
             self._write_raw(json.dumps({
                 "type": "epoch", "epoch": epoch, "steps": steps,
                 "dropped_rows": dropped_rows, "plan": plan_fingerprint,
@@ -155,6 +163,7 @@ class ManifestWriter:
 
     def write_batch(self, epoch: int, step: int, line: str) -> None:
         self._offsets[(epoch, step)] = self._f.tell()
+        self._top = max(self._top or (epoch, step), (epoch, step))
         self._write_raw(line)
 
     def close(self) -> None:

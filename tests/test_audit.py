@@ -18,6 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import detload
 from detload import Loader, ManifestError, Ragged, read_manifest
@@ -305,3 +307,47 @@ def test_python_dash_m_runs_the_command_line(small_dataset, tmp_path):
     assert same.returncode == 0 and same.stdout.startswith("identical"), same.stdout + same.stderr
     bad = subprocess.run([sys.executable, "-m", "detload", "verify", str(m)], capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and "usage: detload" in bad.stderr
+
+
+# -- ManifestWriter: what is kept when epochs restart --------------------------------
+
+_ops = st.lists(st.one_of(
+    st.tuples(st.just("epoch"), st.integers(0, 3), st.integers(0, 4)),   # epoch, start step
+    st.tuples(st.just("batch"), st.integers(0, 4)),                      # step (of the last epoch started)
+), max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=_ops, resume_at=st.integers(0, 40))
+def test_manifest_writer_keeps_exactly_the_lines_before_each_cut(tmp_path_factory, ops, resume_at):
+    """Against a model: a list of (key, line) where starting (epoch, step) drops the first line
+    whose key is at or after it and everything written after that line. Reopening the file
+    with resume=True part-way must not change what the rest of the operations leave."""
+    from detload.audit import ManifestWriter
+
+    path = tmp_path_factory.mktemp("mw") / "m.jsonl"
+    model: list[tuple[tuple[int, int], str]] = []
+    writer = ManifestWriter(path, {"v": 1})
+    epoch = 0
+    for i, op in enumerate(ops):
+        if i == resume_at:
+            writer.close()
+            writer = ManifestWriter(path, {"v": 1}, resume=True)
+        if op[0] == "epoch":
+            epoch, start = op[1], op[2]
+            at = (epoch, start if start > 0 else -1)
+            cut = next((j for j, (k, _) in enumerate(model) if k >= at), len(model))
+            if start > 0 and (epoch, start - 1) not in {k for k, _ in model[:cut]}:
+                continue  # a gap: refused (tested elsewhere); not part of this model
+            del model[cut:]
+            writer.start_epoch(epoch, 5, 0, "fp", start)
+            if start == 0 or (epoch, -1) not in {k for k, _ in model}:
+                model.append(((epoch, -1), json.dumps({"type": "epoch", "epoch": epoch, "steps": 5,
+                                                       "dropped_rows": 0, "plan": "fp"}, sort_keys=True)))
+        else:
+            line = json.dumps({"type": "batch", "epoch": epoch, "step": op[1], "i": i})
+            writer.write_batch(epoch, op[1], line)
+            model.append(((epoch, op[1]), line))
+    writer.close()
+    lines = path.read_text().splitlines()
+    assert lines[1:] == [line for _, line in model]
