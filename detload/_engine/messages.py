@@ -192,6 +192,9 @@ class Channel(Generic[T]):
     def empty(self) -> bool:
         return self._items.empty()
 
+    def full(self) -> bool:
+        return 0 < self.maxsize <= self._items.qsize()
+
 
 def put_until(q: Channel[Any], item: Any, give_up: Callable[[], bool]) -> bool:
     """Put ``item`` on the bounded queue ``q``, waiting for room, unless ``give_up()`` is true
