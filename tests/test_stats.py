@@ -306,3 +306,19 @@ def test_bench_trace_keeps_the_whole_run(data, tmp_path):
     from detload._trace import MAX_EVENTS
 
     assert len(spans) > MAX_EVENTS
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_each_row_group_counts_once_as_read_or_cached_when_process_workers_share_windows(data, tmp_path, workers):
+    """Shared windows: one worker converts a row group into the cache (or the pool's scratch
+    cache), the others map its entry; a warm run's workers all map entries already there.
+    Either way each row group of the epoch is one read or one cache hit, not one per worker."""
+    units = 18  # 3 files x 6 row groups
+    seen = []
+    for cache in (None, tmp_path / "c", tmp_path / "c"):  # scratch; cold cache; warm cache
+        with Loader(data, batch_size=256, seed=3, workers=workers, pool="process", cache=cache) as ld:
+            for _ in ld:
+                pass
+            r = ld.stats().reads
+            seen.append((r.row_groups_read, r.row_groups_cached))
+    assert seen == [(units, 0), (units, 0), (0, units)]

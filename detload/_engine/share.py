@@ -35,7 +35,7 @@ from typing import Any
 
 from .shm import SHM_DIR
 
-__all__ = ["WAIT_LIMIT", "MemoryShare", "claim", "claim_names", "finish", "make_share_dir", "remove_claims",
+__all__ = ["WAIT_LIMIT", "MemoryShare", "claim", "claim_names", "finish", "finished", "make_share_dir", "remove_claims",
            "remove_share_dir", "share_root", "sweep_share_dirs", "wait_for"]
 
 #: Longest wait for a row group another worker claimed: then this worker converts it too (same
@@ -67,6 +67,11 @@ def finish(share_dir: str, gen: int, file: int, rg: int) -> None:
     name, done = claim_names(gen, file, rg)
     with contextlib.suppress(OSError):
         os.rename(os.path.join(share_dir, name), os.path.join(share_dir, done))
+
+
+def finished(share_dir: str, gen: int, file: int, rg: int) -> bool:
+    """Whether a worker converted the row group in pass ``gen`` (its claim is finished)."""
+    return os.path.exists(os.path.join(share_dir, claim_names(gen, file, rg)[1]))
 
 
 def wait_for(share_dir: str, gen: int, file: int, rg: int, entry: str, stale: Callable[[], bool],

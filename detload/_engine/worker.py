@@ -708,6 +708,10 @@ def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tas
             return pair
         return _piece(pack, i, keep, task.units[i][2], task.units[i][3]) if keep is not None else None
 
+    # Process workers: pieces whose cache entry another worker of this pass writes. Mapping it
+    # is not a cache hit in the read counts (Stats.reads): the row group was read from the
+    # source once, by that worker; nor is any map of the pool's scratch cache (no cache= given).
+    written_here: set[int] = set(range(n)) if cfg.scratch else set()
     start = int((index * 0.6180339887498949) % 1.0 * n)
     for j in range(n):
         if stale():  # the pass was stopped: claim (and keep) nothing more for it
@@ -727,7 +731,16 @@ def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tas
         else:
             assert share_dir is not None
             entry = reader.entry_path(f, rg)
-            if entry is None or os.path.exists(entry) or not share.claim(share_dir, gen, f, rg):
+            if entry is None:
+                continue
+            if os.path.exists(entry):
+                # Already there: nothing to convert, but one worker counts it as the pass's hit.
+                # A claim says which; a finished claim, that a worker wrote it in this pass.
+                if cfg.scratch or not share.claim(share_dir, gen, f, rg) or share.finished(share_dir, gen, f, rg):
+                    written_here.add(i)
+                continue
+            if not share.claim(share_dir, gen, f, rg):
+                written_here.add(i)
                 continue
             try:
                 cols = convert(i)[0]
@@ -752,7 +765,13 @@ def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tas
                     share.wait_for(share_dir, gen, f, rg, entry, stale)
             t.add("window_wait", t0, time.perf_counter())
             if pair is None:  # a process worker maps the entry here (or converts the row group)
+                hits = t.extra.get("cache_hits")
                 pair = convert(i)
+                if i in written_here:
+                    if hits is None:
+                        t.extra.pop("cache_hits", None)
+                    else:
+                        t.extra["cache_hits"] = hits
         raw.append(pair[0])
         units.append(pair[1])
     if kept is not None:
