@@ -11,10 +11,10 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["Terminated", "hold_signals", "interruptible"]
+__all__ = ["Terminated", "deliver", "hold_signals", "interruptible"]
 
 
 class Terminated(KeyboardInterrupt):
@@ -40,20 +40,40 @@ def _in_lock_code(frame: Any) -> bool:
     return False
 
 
-def _interrupt(signum: int, frame: Any, tries: int = 0) -> None:
-    if tries < _PUT_OFF and _in_lock_code(frame):
-        # Delivered again from another thread a moment later, once this handler has returned.
-        signal.signal(signum, lambda s, f: _interrupt(s, f, tries + 1))
-        _thread.start_new_thread(_again, (signum,))
+def deliver(signum: int, fire: Callable[[], None], frame: Any = None, tries: int = 0) -> None:
+    """Call ``fire`` (which raises) in the main thread as a handler of ``signum``, but not while
+    the main thread runs code that holds a lock in Python: then a one-shot handler is put in
+    place and the signal sent to the main thread again a moment later (up to `_PUT_OFF` times).
+    ``frame`` None: not in a handler now (a finalizer's dropped interrupt): always later.
+
+    Sent as a real signal to the main thread (``pthread_kill``), not ``interrupt_main``,
+    which only marks it pending: a main thread blocked in a C-level wait (a queue's get
+    without timeout) would not run the handler until the wait ended.
+    """
+    if frame is not None and (tries >= _PUT_OFF or not _in_lock_code(frame)):
+        fire()
         return
-    # The first signal decides: a second one must not cut short the clean-up it starts.
-    hold_signals()
-    raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+    signal.signal(signum, lambda s, f: deliver(s, fire, f, tries + 1))
+    _thread.start_new_thread(_send, (signum,))
 
 
-def _again(signum: int) -> None:
-    time.sleep(0.001)
+def _send(signum: int) -> None:
+    time.sleep(0.001)  # after the handler (or finalizer) that arranged this has returned
+    main = threading.main_thread().ident
+    if hasattr(signal, "pthread_kill") and main is not None:
+        with contextlib.suppress(OSError):  # the process is exiting
+            signal.pthread_kill(main, signum)
+        return
     _thread.interrupt_main(signal.Signals(signum))
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    def fire() -> None:
+        # The first signal decides: a second one must not cut short the clean-up it starts.
+        hold_signals()
+        raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+
+    deliver(signum, fire, frame)
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@ would leave the lock taken and the clean-up after it waiting forever."""
 
 from __future__ import annotations
 
+import queue
 import signal
 import sys
 import threading
@@ -63,3 +64,19 @@ def test_interruptible_puts_the_handlers_back():
     with interruptible():
         assert signal.getsignal(signal.SIGINT) is not before[0]
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_a_put_off_signal_wakes_a_main_thread_blocked_in_a_c_level_wait():
+    """`detload run` waits for its next batch in SimpleQueue.get without a timeout: the signal
+    sent again must interrupt that wait (a real signal to the main thread), not just be marked
+    pending until the wait ends (interrupt_main)."""
+    frame, done = _frame_in_lock_code()
+    try:
+        with interruptible():
+            signal.getsignal(signal.SIGINT)(signal.SIGINT, frame)
+            t0 = time.monotonic()
+            with pytest.raises(KeyboardInterrupt):
+                queue.SimpleQueue().get(timeout=10)
+            assert time.monotonic() - t0 < 5
+    finally:
+        done.set()

@@ -10,7 +10,6 @@ for that it must hear of each buffer when it appears and before it goes away.
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import signal
 import sys
@@ -20,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._fdless import address_of
+from .._signals import deliver
 
 __all__ = ["BufferWatch", "address_of", "finalize", "install_ctrl_c_hook"]
 
@@ -47,25 +47,21 @@ class finalize(weakref.finalize):
 def _redeliver(unraisable: Any, previous: Callable[[Any], Any]) -> None:
     exc = unraisable.exc_value
     if isinstance(exc, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
-        # The SIGINT handler may no longer raise anything: `detload run`'s handler ignores
-        # both signals before it raises (the first one decides), so a plain interrupt_main()
-        # would do nothing and the run would go on with Ctrl-C ignored. A one-shot handler
-        # raises the same exception (KeyboardInterrupt, or the command's SIGTERM subclass)
-        # and puts the handler that was there back first.
+        # The SIGINT handler in place may no longer raise anything: `detload run`'s handler
+        # ignores both signals before it raises (the first one decides), so re-raising through
+        # it would do nothing and the run would go on with Ctrl-C ignored. A one-shot handler
+        # raises the same exception (KeyboardInterrupt, or the command's SIGTERM subclass),
+        # outside lock code, and puts the handler that was there back first.
         handler = signal.getsignal(signal.SIGINT)
         kind = type(exc)
 
-        def again(signum: int, frame: Any) -> None:
-            if handler is not None:  # None: not set from Python; nothing to put back
-                with contextlib.suppress(OSError, ValueError):
-                    signal.signal(signal.SIGINT, handler)
+        def fire() -> None:
+            with contextlib.suppress(OSError, ValueError):  # None: not set from Python
+                signal.signal(signal.SIGINT, handler if handler is not None else signal.default_int_handler)
             raise kind
 
-        signal.signal(signal.SIGINT, again)
-        # Not interrupt_main() here: it would fire at once, still inside the finalizer.
-        # A thread of its own needs the GIL first, which this thread gives up only after
-        # the finalizer has returned.
-        _thread.start_new_thread(_thread.interrupt_main, ())
+        # Not at once: this runs inside the finalizer, which would drop it again.
+        deliver(signal.SIGINT, fire)
         return
     previous(unraisable)
 

@@ -736,8 +736,14 @@ def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tas
             if os.path.exists(entry):
                 # Already there: nothing to convert, but one worker counts it as the pass's hit.
                 # A claim says which; a finished claim, that a worker wrote it in this pass.
-                if cfg.scratch or not share.claim(share_dir, gen, f, rg) or share.finished(share_dir, gen, f, rg):
+                if cfg.scratch or not share.claim(share_dir, gen, f, rg):
                     written_here.add(i)
+                else:
+                    if share.finished(share_dir, gen, f, rg):
+                        written_here.add(i)
+                    # Finished at once: an entry that goes meanwhile (found damaged) must not
+                    # leave the others waiting on a claim nobody converts.
+                    share.finish(share_dir, gen, f, rg)
                 continue
             if not share.claim(share_dir, gen, f, rg):
                 written_here.add(i)
