@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from ._check import check_no_nul
-from ._drift import ColumnDrift, column_drift
+from ._drift import ColumnDrift, column_drift, zone_mix
 from ._storage import describe_attempts, display_uri, object_uri, path_on, s3_from_uri
 from ._types import INT96_UNIT, ColumnSpec, column_spec
 from .errors import (
@@ -37,6 +37,7 @@ from .errors import (
     OptionError,
     SkippedFilesWarning,
     SourceError,
+    TimeZoneWarning,
     UnfinishedLayoutWarning,
 )
 
@@ -229,6 +230,7 @@ class Dataset:
         if unknown_cast:
             raise OptionError(f"cast names {unknown_cast}, which are not among the loaded columns {wanted}")
         drifts = self.check_drift([c for c in wanted if c not in self.partition_keys], filled)
+        self.warn_zone_mix([c for c in wanted if c not in self.partition_keys])
         ptypes = dict(self.partition_types)
         out = []
         for name in wanted:
@@ -254,6 +256,20 @@ class Dataset:
                 spec, promote=d.promoted,
                 drift=tuple(str(t) for t, _, _ in d.types) if d.retyped else (), missing=bool(d.missing)))
         return out
+
+    def warn_zone_mix(self, names: Sequence[str]) -> None:
+        """A `TimeZoneWarning` for each of ``names`` that is a timestamp with a time zone in some
+        files and none in others (`_drift.zone_mix`). Not for a column some file stores as
+        INT96: Spark's legacy timestamps are UTC instants, as zoned ones are."""
+        groups = self._schema_groups
+        if len(groups) < 2:
+            return
+        for name in names:
+            if name in self.int96:
+                continue
+            text = zone_mix(name, groups)
+            if text is not None:
+                warnings.warn(text, TimeZoneWarning, stacklevel=2)
 
     def check_drift(self, names: Sequence[str], filled: Collection[str] = ()) -> dict[str, ColumnDrift]:
         """The drift of each of ``names`` that files disagree on (ignoring nullability), promoted

@@ -17,7 +17,7 @@ import pyarrow as pa
 from ._types import column_spec
 from .errors import DetloadError, SchemaMismatchError
 
-__all__ = ["ColumnDrift", "column_drift", "promote", "same_form"]
+__all__ = ["ColumnDrift", "column_drift", "promote", "same_form", "zone_mix"]
 
 
 def _form(t: pa.DataType) -> str:
@@ -211,3 +211,48 @@ def column_drift(name: str, groups: Sequence[tuple[pa.Schema, Sequence[str]]]) -
     if not missing and all(same_form(types[0][0], t) for t, _, _ in types[1:]):
         return None
     return ColumnDrift(name, types, tuple(missing), promote([t for t, _, _ in types]))
+
+
+def _zone(t: pa.DataType) -> str | None:
+    """The time zone of a timestamp type (or of a list's or a dictionary's timestamps), "" for
+    a timestamp without one, None for any other type."""
+    t = _value(t)
+    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        t = t.value_type
+    return (t.tz or "") if pa.types.is_timestamp(t) else None
+
+
+def zone_mix(name: str, groups: Sequence[tuple[pa.Schema, Sequence[str]]]) -> str | None:
+    """A warning text when column ``name`` is a timestamp with a time zone in some files and
+    without one in others (``groups`` as for `column_drift`), else None.
+
+    Both read as the same dtype (docs/types.md): a zoned file's values are the UTC instants
+    Arrow stores, a zone-less file's are the values as written. They agree only if the
+    zone-less files hold UTC times; local wall-clock times are then off by the zone's offset
+    in a way no value shows. Zones that differ between zoned files are not warned about:
+    every zoned value is a UTC instant."""
+    zoned: tuple[str, str] | None = None
+    naive: str | None = None
+    for schema, paths in groups:
+        i = schema.get_field_index(name)
+        if i < 0 or not paths:
+            continue
+        zone = _zone(schema.field(i).type)
+        if zone is None:
+            continue
+        if zone and zoned is None:
+            zoned = (zone, paths[0])
+        elif not zone and naive is None:
+            naive = paths[0]
+    if zoned is None or naive is None:
+        return None
+    zone, with_zone = zoned
+    return (
+        f"column {name!r} has time zone {zone} in {with_zone} but no time zone in {naive}: detload delivers "
+        f"both as datetime64 without a zone, {with_zone}'s values as UTC instants and {naive}'s as written, "
+        "which agree only if the files without a zone hold UTC times (a local time is off by the zone's "
+        "offset). Rewrite the files without a zone with one (pyarrow.compute.assume_timezone for local "
+        f"times, Table.cast to timestamp[unit, tz=UTC] for UTC ones), or leave {name!r} out with "
+        "columns=[...]. Once checked, silence it with "
+        "warnings.filterwarnings('ignore', category=detload.TimeZoneWarning)."
+    )

@@ -24,6 +24,7 @@ Warnings (loading goes on; each names what to change to silence it)::
     ├── BlockMemoryWarning       the largest block is over the block memory budget
     ├── CacheWarning             the cache could not be used as asked (corrupt entry, disk full)
     ├── SkippedFilesWarning      a dataset folder holds files that are not Parquet
+    ├── TimeZoneWarning          a timestamp column has a time zone in some files and none in others
     └── UnfinishedLayoutWarning  a folder holds the marker of a `detload layout` run that never finished
 
 A path that does not exist raises the built-in ``FileNotFoundError``.
@@ -50,6 +51,7 @@ __all__ = [
     "SkippedFilesWarning",
     "SourceError",
     "StateError",
+    "TimeZoneWarning",
     "UnfinishedLayoutWarning",
     "UnsupportedTypeError",
     "WorkerError",
@@ -153,6 +155,12 @@ class CacheWarning(UserWarning):
 
 class SkippedFilesWarning(UserWarning):
     """A dataset folder holds files that are neither Parquet nor a known side file; they were skipped."""
+
+
+class TimeZoneWarning(UserWarning):
+    """A loaded timestamp column has a time zone in some files and none in others: both are
+    delivered as stored (UTC instants, and wall-clock values), which agree only if the
+    zone-less files hold UTC times."""
 
 
 class UnfinishedLayoutWarning(UserWarning):

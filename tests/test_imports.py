@@ -23,7 +23,7 @@ PUBLIC = [
     "BlockMemoryWarning", "Cache", "CacheWarning", "ColumnSpec", "DataError", "DatasetError", "DetloadError",
     "Distributed", "EmptyDatasetError", "Loader", "ManifestError", "OptionError", "OrderOptions", "Packed", "Plan",
     "Pool", "Ragged", "SchemaMismatchError", "SharedMemoryError", "SkippedFilesWarning", "SourceError", "StateError",
-    "Stats", "Storage", "Transform", "TransformContext", "UnitList", "UnsupportedTypeError", "WorkerError",
+    "Stats", "Storage", "TimeZoneWarning", "Transform", "TransformContext", "UnitList", "UnsupportedTypeError", "WorkerError",
     "WorkerStalledError", "__version__", "hash_batch", "make_plan", "read_manifest", "starvation_check",
 ]
 #: The layout tool is a submodule of its own, and every exception and warning is defined in errors.py.

@@ -6,6 +6,8 @@ Values are compared with pyarrow's own reading of each file cast to the promoted
 
 from __future__ import annotations
 
+import datetime as dt
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -453,3 +455,66 @@ def test_the_mixing_report_refuses_a_column_some_files_lack_or_a_refused_drift(t
             loader.plan_stats(mix_column="tag")
         with pytest.raises(SchemaMismatchError, match=r"'u' is uint64 in a\.parquet but int64 in b\.parquet"):
             loader.plan_stats(mix_column="u")
+
+
+# -- time zones: one dtype, two meanings ------------------------------------------------------
+
+def _ts_files(tmp_path, zone_a, zone_b, unit="us"):
+    """Two files whose column ``ts`` holds the same stored integers, typed with ``zone_a`` and ``zone_b``."""
+    for i, zone in enumerate((zone_a, zone_b)):
+        t = pa.table({"id": pa.array([2 * i, 2 * i + 1], pa.int64()),
+                      "ts": pa.array([1_700_000_000_000_000, 1_700_000_003_600_000], pa.timestamp(unit, tz=zone))})
+        pq.write_table(t, tmp_path / f"part-{i}.parquet")
+    return str(tmp_path)
+
+
+def test_a_timestamp_with_a_zone_in_one_file_and_none_in_another_warns_naming_both(tmp_path):
+    src = _ts_files(tmp_path, "Europe/Paris", None)
+    with pytest.warns(detload.TimeZoneWarning) as seen, Loader(src, batch_size=4, seed=0, shuffle=False) as ld:
+        batch = next(iter(ld))
+    assert len(seen) == 1
+    text = str(seen[0].message)
+    assert "'ts' has time zone Europe/Paris in" in text and "part-0.parquet" in text
+    assert "no time zone in" in text and "part-1.parquet" in text
+    assert "assume_timezone" in text and "columns=[...]" in text and "TimeZoneWarning" in text
+    # Delivered as stored, both: the warning is all that tells the two kinds apart.
+    assert batch["ts"].dtype == np.dtype("<M8[us]")
+    assert batch["ts"][0] == batch["ts"][2] and batch["ts"][1] == batch["ts"][3]
+
+
+@pytest.mark.parametrize(("zone_a", "zone_b"), [("UTC", "Europe/Paris"), (None, None), ("UTC", "UTC")])
+def test_zones_that_agree_on_instants_do_not_warn(tmp_path, zone_a, zone_b, recwarn):
+    src = _ts_files(tmp_path, zone_a, zone_b)
+    with Loader(src, batch_size=4, seed=0, shuffle=False) as ld:
+        next(iter(ld))
+    assert not [w for w in recwarn if issubclass(w.category, detload.TimeZoneWarning)]
+
+
+def test_no_warning_when_the_mixed_column_is_not_loaded(tmp_path, recwarn):
+    src = _ts_files(tmp_path, "UTC", None)
+    with Loader(src, batch_size=4, seed=0, shuffle=False, columns=["id"]) as ld:
+        next(iter(ld))
+    assert not [w for w in recwarn if issubclass(w.category, detload.TimeZoneWarning)]
+
+
+def test_a_list_of_timestamps_with_and_without_a_zone_warns_too(tmp_path):
+    for i, zone in enumerate(("UTC", None)):
+        t = pa.table({"ts": pa.array([[1, 2], [3]], pa.list_(pa.timestamp("ms", tz=zone)))})
+        pq.write_table(t, tmp_path / f"part-{i}.parquet")
+    from detload._discovery import discover
+
+    ds = discover(str(tmp_path))
+    with pytest.warns(detload.TimeZoneWarning, match="'ts' has time zone UTC"):
+        ds.warn_zone_mix(["ts"])
+
+
+def test_spark_int96_beside_zoned_timestamps_does_not_warn(tmp_path, recwarn):
+    # INT96 (Spark's legacy timestamps) are UTC instants, as a zoned column's values are.
+    pq.write_table(pa.table({"ts": pa.array([dt.datetime(2024, 1, 1)], pa.timestamp("us"))}),
+                   tmp_path / "a.parquet", use_deprecated_int96_timestamps=True)
+    pq.write_table(pa.table({"ts": pa.array([dt.datetime(2024, 1, 2)], pa.timestamp("us", tz="UTC"))}),
+                   tmp_path / "b.parquet")
+    with Loader(str(tmp_path), batch_size=2, seed=0, shuffle=False) as ld:
+        got = next(iter(ld))["ts"]
+    assert list(got) == [np.datetime64("2024-01-01T00:00:00", "us"), np.datetime64("2024-01-02T00:00:00", "us")]
+    assert not [w for w in recwarn if issubclass(w.category, detload.TimeZoneWarning)]
