@@ -154,17 +154,22 @@ class ManifestWriter:
             )
         self.cut_to(epoch, start_step if start_step > 0 else -1)
         if start_step == 0 or (epoch, -1) not in self._offsets:
-            self._offsets[(epoch, -1)] = self._f.tell()
-            self._top = max(self._top or (epoch, -1), (epoch, -1))
+            self._note(epoch, -1)
             self._write_raw(json.dumps({
                 "type": "epoch", "epoch": epoch, "steps": steps,
                 "dropped_rows": dropped_rows, "plan": plan_fingerprint,
             }, sort_keys=True))
 
     def write_batch(self, epoch: int, step: int, line: str) -> None:
-        self._offsets[(epoch, step)] = self._f.tell()
-        self._top = max(self._top or (epoch, step), (epoch, step))
+        self._note(epoch, step)
         self._write_raw(line)
+
+    def _note(self, epoch: int, step: int) -> None:
+        """Record that the line of (epoch, step) starts here, the next to be written."""
+        key = (epoch, step)
+        self._offsets[key] = self._f.tell()
+        if self._top is None or self._top < key:
+            self._top = key
 
     def close(self) -> None:
         if not self._f.closed:
