@@ -14,6 +14,8 @@ import json
 import os
 import posixpath
 import re
+import sys
+import types
 import urllib.parse
 import warnings
 from collections.abc import Collection, Mapping, Sequence
@@ -119,6 +121,9 @@ class Dataset:
     #: Columns stored as Parquet INT96 in some file (Spark's legacy timestamps): their
     #: schema type is timestamp[us], the unit they are read at (_types.INT96_UNIT).
     int96: frozenset[str] = frozenset()
+    #: Per file (as ``files``): its columns stored as INT96, which its schema types as
+    #: timestamp[us] without a zone although the values are UTC instants.
+    file_int96: tuple[tuple[str, ...], ...] = field(default=(), repr=False, compare=False)
     #: Files in a listed folder that are not Parquet (a stray CSV), relative to ``root``;
     #: side files (_SUCCESS, *.crc, _metadata, hidden files) are not counted.
     skipped: tuple[str, ...] = field(default=(), compare=False)
@@ -259,17 +264,16 @@ class Dataset:
 
     def warn_zone_mix(self, names: Sequence[str]) -> None:
         """A `TimeZoneWarning` for each of ``names`` that is a timestamp with a time zone in some
-        files and none in others (`_drift.zone_mix`). Not for a column some file stores as
-        INT96: Spark's legacy timestamps are UTC instants, as zoned ones are."""
+        files and none in others (`_drift.zone_mix`). A file storing the column as INT96 counts
+        as neither: its values are UTC instants from Spark, local times from Impala or Hive."""
         groups = self._schema_groups
-        if len(groups) < 2:
+        if len(groups) < 2 and not self.int96:
             return
         for name in names:
-            if name in self.int96:
-                continue
-            text = zone_mix(name, groups)
+            int96 = frozenset(f.path for f, cols in zip(self.files, self.file_int96) if name in cols)
+            text = zone_mix(name, groups, int96)
             if text is not None:
-                warnings.warn(text, TimeZoneWarning, stacklevel=2)
+                warnings.warn(text, TimeZoneWarning, stacklevel=_caller_level())
 
     def check_drift(self, names: Sequence[str], filled: Collection[str] = ()) -> dict[str, ColumnDrift]:
         """The drift of each of ``names`` that files disagree on (ignoring nullability), promoted
@@ -286,6 +290,18 @@ class Dataset:
                 raise d.missing_error()
             out[name] = d
         return out
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` that makes a warning issued by the caller point at the first frame
+    outside detload (the user's ``Loader(...)`` line), however deep in planning it is raised,
+    so that the user's warning filters and Python's once-per-place rule see their own code."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    level = 1
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _reference(files: Sequence[FileInfo]) -> int:
@@ -620,6 +636,7 @@ def discover(
     files: list[FileInfo] = []
     schemas: list[pa.Schema] = []
     int96: set[str] = set()
+    file_int96: list[tuple[str, ...]] = []
     if footers is not None:
         footers.extend(m.metadata for m in metas)
     for (rel, loc, size, mt), foot in zip(rels, metas):
@@ -628,6 +645,7 @@ def discover(
         schemas.append(schemas[0] if schemas and s.equals(schemas[0]) else s)
         rg = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
         files.append(FileInfo(rel, loc, size, mt, rg, _partition_values(rel), foot.etag))
+        file_int96.append(foot.int96)
         if sum(rg):
             int96.update(foot.int96)
     # The first file with rows defines the schema (an empty file's may be all null types).
@@ -648,7 +666,7 @@ def discover(
     rel_skipped = tuple(sorted((posixpath.relpath(p, root) if root else p for p in skipped),
                                key=lambda r: r.encode("utf-8")))
     return Dataset(root, tuple(files), schema, ptypes, fs, fp, tuple(schemas), int96=frozenset(int96),
-                   skipped=rel_skipped)
+                   file_int96=tuple(file_int96), skipped=rel_skipped)
 
 
 def _plain(schema: pa.Schema) -> pa.Schema:

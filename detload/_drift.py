@@ -8,7 +8,7 @@ files, their types and the fix.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -222,9 +222,12 @@ def _zone(t: pa.DataType) -> str | None:
     return (t.tz or "") if pa.types.is_timestamp(t) else None
 
 
-def zone_mix(name: str, groups: Sequence[tuple[pa.Schema, Sequence[str]]]) -> str | None:
+def zone_mix(name: str, groups: Sequence[tuple[pa.Schema, Sequence[str]]],
+             int96: Collection[str] = ()) -> str | None:
     """A warning text when column ``name`` is a timestamp with a time zone in some files and
-    without one in others (``groups`` as for `column_drift`), else None.
+    without one in others (``groups`` as for `column_drift`), else None. The files of
+    ``int96`` store it as Parquet INT96, typed without a zone; they count as neither: Spark
+    writes UTC instants there, Impala and Hive local times, and nothing in the file says which.
 
     Both read as the same dtype (docs/types.md): a zoned file's values are the UTC instants
     Arrow stores, a zone-less file's are the values as written. They agree only if the
@@ -240,10 +243,10 @@ def zone_mix(name: str, groups: Sequence[tuple[pa.Schema, Sequence[str]]]) -> st
         zone = _zone(schema.field(i).type)
         if zone is None:
             continue
-        if zone and zoned is None:
-            zoned = (zone, paths[0])
-        elif not zone and naive is None:
-            naive = paths[0]
+        if zone:
+            zoned = zoned or (zone, paths[0])
+            continue
+        naive = naive or next((p for p in paths if p not in int96), None)
     if zoned is None or naive is None:
         return None
     zone, with_zone = zoned

@@ -7,6 +7,7 @@ Values are compared with pyarrow's own reading of each file cast to the promoted
 from __future__ import annotations
 
 import datetime as dt
+import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -506,6 +507,45 @@ def test_a_list_of_timestamps_with_and_without_a_zone_warns_too(tmp_path):
     ds = discover(str(tmp_path))
     with pytest.warns(detload.TimeZoneWarning, match="'ts' has time zone UTC"):
         ds.warn_zone_mix(["ts"])
+
+
+@pytest.mark.parametrize("third", [None, "UTC"])
+def test_int96_files_count_as_neither_zoned_nor_zone_less(tmp_path, third, recwarn):
+    # INT96 holds UTC instants from Spark, local times from Impala: nothing to compare it with.
+    # Beside it, a zoned and a zone-less file still make a mix.
+    pq.write_table(pa.table({"ts": pa.array([dt.datetime(2024, 1, 1)], pa.timestamp("us"))}),
+                   tmp_path / "a.parquet", use_deprecated_int96_timestamps=True)
+    pq.write_table(pa.table({"ts": pa.array([dt.datetime(2024, 1, 2)], pa.timestamp("us"))}), tmp_path / "b.parquet")
+    if third is None:
+        Loader(str(tmp_path), batch_size=2, seed=0, shuffle=False)
+        assert not [w for w in recwarn if issubclass(w.category, detload.TimeZoneWarning)]
+        return
+    pq.write_table(pa.table({"ts": pa.array([dt.datetime(2024, 1, 3)], pa.timestamp("us", tz=third))}),
+                   tmp_path / "c.parquet")
+    with pytest.warns(detload.TimeZoneWarning,
+                      match=r"'ts' has time zone UTC in c\.parquet but no time zone in b\.parquet"):
+        Loader(str(tmp_path), batch_size=2, seed=0, shuffle=False)
+
+
+def test_the_warning_points_at_the_users_line_and_a_missing_column_is_not_zone_less(tmp_path):
+    _ts_files(tmp_path, "UTC", None)
+    pq.write_table(pa.table({"id": pa.array([9], pa.int64())}), tmp_path / "part-2.parquet")  # no ts at all
+    with pytest.warns(detload.TimeZoneWarning) as seen:
+        Loader(str(tmp_path), batch_size=2, seed=0, shuffle=False, null_fill={"ts": 0})
+    assert seen[0].filename == __file__
+    assert "no time zone in part-1.parquet" in str(seen[0].message)
+    # Without the zone-less file, the file lacking the column makes no mix.
+    (tmp_path / "part-1.parquet").unlink()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", detload.TimeZoneWarning)
+        Loader(str(tmp_path), batch_size=2, seed=0, shuffle=False, null_fill={"ts": 0})
+
+
+def test_inspect_warns_about_the_mix_too(tmp_path, capsys):
+    src = _ts_files(tmp_path, "Asia/Tokyo", None)
+    assert main(["inspect", src]) == 0
+    err = capsys.readouterr().err
+    assert "warning: column 'ts' has time zone Asia/Tokyo in part-0.parquet but no time zone in part-1.parquet" in err
 
 
 def test_spark_int96_beside_zoned_timestamps_does_not_warn(tmp_path, recwarn):
