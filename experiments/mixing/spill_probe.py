@@ -1,5 +1,5 @@
 """Where a mixed-order window could live so that the process holds no more than its blocks:
-a probe of three placements of one window, outside the loader (NumPy only, no detload import).
+a probe of four placements of one window, outside the loader (NumPy only, no detload import).
 
 The mixed order's peak memory is its window (up to ``mix_window`` converted row groups, held
 while the task's blocks are cut) on top of the blocks in flight; the windowed order holds
