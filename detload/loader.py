@@ -446,7 +446,7 @@ class Loader:
         if self.options.order != "mix" or self.workers < 2:
             return False
         plan = self.plan()
-        if isinstance(plan, MixPlan) and all(len(plan.tasks[p]) >= self.workers for p in plan.owned_partitions):
+        if isinstance(plan, MixPlan) and not plan.shares_windows(self.workers):
             return False
         return kind == "thread" or (any(not s.partition for s in self.specs) and self._xform is None)
 

@@ -642,12 +642,23 @@ class MixPlan(Plan):
         parts = [streams[p][slice(*self.micro_range(p, i))] for i in range(self.steps) for p in owned]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
-    def to_dict(self, workers: int = 1) -> dict[str, object]:
+    def shares_windows(self, workers: int) -> bool:
+        """Whether ``workers`` workers share task windows (each block to worker k mod W) rather
+        than each building whole tasks: when some owned partition has fewer tasks than workers.
+        Thread workers do so; process workers only through a row-group cache of file columns
+        without a transform (`Loader._shares_windows`)."""
+        return workers > 1 and any(len(self.tasks[p]) < workers for p in self.owned_partitions)
+
+    def to_dict(self, workers: int = 1, shared: bool | None = None) -> dict[str, object]:
         """A JSON-able description (what ``detload plan`` prints): the tasks, each with its
-        pieces, block bounds, rotations and steps, and the blocks with the worker that builds
-        each (with more than one worker, k mod W: the workers share task windows)."""
-        shared = workers > 1
+        pieces, block bounds, rotations and steps (and, when the workers do not share
+        windows, the worker that builds it), and the blocks with the worker that builds each.
+        ``shared``: whether the workers share task windows; None: as thread workers would
+        (`shares_windows`)."""
+        shared = self.shares_windows(workers) if shared is None else shared
         owners = self.block_workers(workers, shared=shared)
+        task_worker = {} if shared else {(t.partition, t.number): w for w, ts in enumerate(self.task_schedules(workers))
+                                         for t, _ in ts}
         return {
             **self._header(),
             "unit_order": self.unit_order.tolist(),
@@ -660,6 +671,8 @@ class MixPlan(Plan):
                     "block_bounds": list(t.bounds),
                     **({"rotations": list(t.rotations), "deal": t.deal} if t.rotations else {}),
                     "steps": [t.first_step, t.last_step],
+                    **({"worker": task_worker[(t.partition, t.number)]}
+                       if (t.partition, t.number) in task_worker else {}),
                 }
                 for p in self.owned_partitions for t in self.tasks[p]
             ],

@@ -156,6 +156,27 @@ def test_schedule_and_workers_deal_whole_tasks() -> None:
     assert all(plan.schedule_from(s)[k].last_step >= s for w in per for _, bl in w for k, _ in bl)
 
 
+def test_to_dict_names_the_worker_the_engine_uses() -> None:
+    # 4 tasks: up to 4 workers each build whole tasks (the dict says which, per task and
+    # block); 5 workers share the windows (block k to worker k mod 5, no worker per task).
+    plan = make_plan([10] * 12, mix(batch_size=4, mix_window=3, block_rows=10), epoch=0)
+    assert isinstance(plan, MixPlan) and len(plan.tasks[0]) == 4
+    for W in (1, 2, 4):
+        d = plan.to_dict(W)
+        assert not plan.shares_windows(W)
+        assert [b["worker"] for b in d["blocks"]] == plan.block_workers(W)  # type: ignore[index]
+        assert [b["worker"] for b in d["blocks"]] == [b.task.number % W for b in plan.schedule]  # type: ignore[attr-defined,index]
+        by_task = {t["number"]: t["worker"] for t in d["tasks"]}  # type: ignore[attr-defined,index]
+        assert all(b["worker"] == by_task[b["task"]] for b in d["blocks"])  # type: ignore[index]
+    d = plan.to_dict(5)
+    assert plan.shares_windows(5)
+    assert [b["worker"] for b in d["blocks"]] == [k % 5 for k in range(len(plan.schedule))]  # type: ignore[index]
+    assert all("worker" not in t for t in d["tasks"])  # type: ignore[attr-defined]
+    # A process pool that does not share (no cache of file columns) is described with shared=False.
+    d = plan.to_dict(5, shared=False)
+    assert [b["worker"] for b in d["blocks"]] == [b.task.number % 5 for b in plan.schedule]  # type: ignore[attr-defined,index]
+
+
 def test_options_and_their_errors() -> None:
     opts = OrderOptions(seed=1, batch_size=8, order="mix")
     assert opts.mix_window == 64 and opts.block_rows is None and opts.shuffle_window is None
