@@ -600,6 +600,8 @@ def _open_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task
     window before holds (`_Kept`)."""
     b = _Build(cfg, reader, task, t, defer=False)
     pack = _new_pack(cfg, task, kept)
+    # Only a new pack is filled (a kept window's own pack already holds the rows): each row
+    # group's columns are then dropped as soon as they are copied (`_copied_into_pack`).
     filling = pack is not None and (kept is None or pack is not kept.pack)
     units: list[UnitColumns] = []
     raw: list[UnitColumns | None] = []
