@@ -1,5 +1,5 @@
 """Where a mixed-order window could live so that the process holds no more than its blocks:
-a probe of four placements of one window, outside the loader (NumPy only, no detload import).
+a probe of five placements of one window, outside the loader (NumPy only, no detload import).
 
 The mixed order's peak memory is its window (up to ``mix_window`` converted row groups, held
 while the task's blocks are cut) on top of the blocks in flight; the windowed order holds
@@ -18,6 +18,11 @@ them (block j takes chunk (j + o_q) mod 16 of every piece q, then permutes its r
   and lays them out column-major (a transpose).
 - ``pread-cols``: the same file column-major (as the pack): one ``preadv`` per piece and
   column, then the pack's gather.
+- ``chunked``: the file laid out by chunk: each piece's chunk of a group is one run of bytes,
+  its columns back to back, so one ``preadv`` per piece and group scatters it into the
+  column-major staging array (one buffer per column), then the pack's gather. The chunks'
+  cuts are the task's (the same every epoch for a window kept from one pass to the next);
+  which block takes which chunk is not, and does not matter to the layout.
 
 Reported per placement (each in its own process): the time to fill the window, the median
 time of a block, and the peak PSS over the process's PSS before the window (sampled after each
@@ -101,6 +106,14 @@ def run(placement: str, where: str, repeats: int) -> dict[str, float]:
             os.close(fd)
             maps.append(m)
             arr = np.frombuffer(m, dtype=dt).reshape(k, n)
+        elif placement == "chunked":
+            fd = _file(nbytes, where)
+            fds.append(fd)
+            arr = np.empty(0, dtype=dt)
+            cuts = [q * ROWS // BLOCKS for q in range(BLOCKS + 1)]
+            for p in range(PIECES):
+                for a, b in zip(cuts, cuts[1:]):
+                    os.pwritev(fd, [src[c, a:b].data.cast("B") for c in range(k)], (p * ROWS + a) * k * dt.itemsize)
         elif placement == "pread-cols":
             fd = _file(nbytes, where)
             fds.append(fd)
@@ -115,7 +128,7 @@ def run(placement: str, where: str, repeats: int) -> dict[str, float]:
             rowmajor = np.ascontiguousarray(src.T)
             for p in range(PIECES):
                 os.pwrite(fd, rowmajor.data.cast("B"), p * ROWS * k * dt.itemsize)
-        if placement not in ("pread", "pread-cols"):
+        if placement not in ("pread", "pread-cols", "chunked"):
             for p in range(PIECES):
                 arr[:, p * ROWS : (p + 1) * ROWS] = src
         arrays.append(arr)
@@ -139,6 +152,16 @@ def run(placement: str, where: str, repeats: int) -> dict[str, float]:
                         at += r
                     out = np.empty((k, rows), dtype=dt)
                     out[:] = np.take(stage, perm, axis=0).T
+                    outs.append(out)
+            elif placement == "chunked":
+                for (dt, k), fd in zip(GROUPS, fds):
+                    stage = np.empty((k, rows), dtype=dt)
+                    at = 0
+                    for first, r in chunks:
+                        os.preadv(fd, [stage[c, at : at + r].data.cast("B") for c in range(k)], first * k * dt.itemsize)
+                        at += r
+                    out = np.empty((k, rows), dtype=dt)
+                    np.take(stage, perm, axis=1, out=out, mode="wrap")
                     outs.append(out)
             elif placement == "pread-cols":
                 for (dt, k), fd in zip(GROUPS, fds):
@@ -182,7 +205,7 @@ def main() -> None:
         return
     print("| placement | window MiB | fill ms | block ms (median) | peak PSS over start, MiB |")
     print("|---|---:|---:|---:|---:|")
-    for placement in ("heap", "mapped", "pread", "pread-cols"):
+    for placement in ("heap", "mapped", "pread", "pread-cols", "chunked"):
         out = subprocess.run(
             [sys.executable, __file__, "--one", placement, "--dir", a.dir, "--repeats", str(a.repeats)],
             check=True,
