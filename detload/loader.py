@@ -365,6 +365,9 @@ class Loader:
         self._epoch = 0
         self._plans: dict[int, Plan] = {}
         self._memory_checked = False
+        #: The block-memory warnings given (by kind), and whether a real block checked the estimate.
+        self._memory_warned: set[str] = set()
+        self._block_measured = False
         self._resume_step = 0
         self._position = 0  # batches of the current epoch already yielded
         self._gen = 0
@@ -479,17 +482,37 @@ class Loader:
             per += _ragged_bytes_per_row(self.dataset, ragged)
         return per
 
-    def _warn_block_memory(self, plan: Plan) -> None:
-        """Warn once per loader when the largest block would exceed the block memory budget."""
+    def _warn_block_memory(self, plan: Plan, row_bytes: float | None = None, why: str = "",
+                           stacklevel: int = 4) -> None:
+        """Warn once per loader (and kind: blocks, the mixed order's window) when the largest
+        block or window would exceed the block memory budget at ``row_bytes`` per row (the
+        estimate when None)."""
         if self._block_memory is None:
             return
+        per = self._row_bytes if row_bytes is None else row_bytes
         # A mixed-order task's window is memory without a cache (heap, or shared by the workers
         # on the heap or in /dev/shm); with one it is mapped entries of the cache's disk.
-        window = window_memory_warning(plan, self._row_bytes, self._block_memory) if self.cache is None else None
-        for text in (block_memory_warning(plan, self._row_bytes, self._block_memory), window):
-            if text is not None:
-                warnings.warn(BlockMemoryWarning(text + " Pass Pool(block_memory=None) to silence this."),
-                              stacklevel=4)
+        window = window_memory_warning(plan, per, self._block_memory) if self.cache is None else None
+        for kind, text in (("block", block_memory_warning(plan, per, self._block_memory)), ("window", window)):
+            if text is not None and kind not in self._memory_warned:
+                self._memory_warned.add(kind)
+                warnings.warn(BlockMemoryWarning(text + why + " Pass Pool(block_memory=None) to silence this."),
+                              stacklevel=stacklevel)
+
+    def _check_first_block(self, plan: Plan, nbytes: int, rows: int) -> None:
+        """The first block the merger takes, against the estimate the warnings were decided by
+        (`_bytes_per_row`): string columns are estimated from their Parquet bytes, which a
+        dictionary of few values stores in a fraction of what they decode to. Where the block
+        holds more than 1.5x the estimate per row, the warnings are decided again at the
+        measured size. Once per loader, on the merger's thread; not from a block of under 1,024
+        rows, whose columns' alignment padding would weigh on its bytes per row."""
+        self._block_measured = True
+        if rows < 1024 or nbytes <= 1.5 * self._row_bytes * rows:
+            return
+        per = nbytes / rows
+        self._warn_block_memory(plan, per, why=(
+            f" (Measured on the first block: {per:,.0f} bytes per row, against {self._row_bytes:,.0f} estimated "
+            "from the Parquet metadata before reading.)"), stacklevel=2)
 
     @property
     def epoch(self) -> int:
@@ -640,7 +663,9 @@ class Loader:
                       # Hashes exist for the manifest; without one they would be work for nothing.
                       hash_batches=writer is not None, ordered=self._ordered,
                       tracer=self._tracer, ahead=counts,
-                      group_columns=self.group_columns if self.group_by is not None else None)
+                      group_columns=self.group_columns if self.group_by is not None else None,
+                      first_block=(self._check_first_block
+                                   if self._block_memory is not None and not self._block_measured else None))
             self._run = run
             self._tracer.run_started(self.workers, self.pool_kind)
             if writer is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -138,6 +139,46 @@ def test_block_memory_is_a_pool_option_with_a_size():
     assert Pool(block_memory="2GB").block_memory_bytes == 2 * 10**9
     with pytest.raises(OptionError, match=r"Pool.block_memory 'lots' is not a size"):
         Pool(block_memory="lots")
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_a_block_bigger_than_estimated_warns_at_its_measured_size(tmp_path, pool):
+    # Ten distinct 300-byte strings in a dictionary: Parquet stores about a byte a row, the
+    # block holds 308. The estimate (8 id + 8 offset + ~1) keeps the planning quiet at a 1 MB
+    # budget; the first block (4 x 5,000 rows, about 6 MB) does not.
+    words = [chr(65 + i % 10) * 300 for i in range(20_000)]
+    root = _write(str(tmp_path / "ds" / "a.parquet"), [5_000] * 4, s=words)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        loader = Loader(root, batch_size=1000, seed=0, order="windowed", pool=Pool(kind=pool, block_memory="1MB"),
+                        workers=1)
+        loader.plan(0)
+        assert loader._row_bytes < 30
+        assert not [w for w in seen if issubclass(w.category, BlockMemoryWarning)]
+        for _ in range(2):  # two epochs: one warning
+            for _ in loader:
+                pass
+        loader.close()
+    got = [str(w.message) for w in seen if issubclass(w.category, BlockMemoryWarning)]
+    assert len(got) == 1, got
+    assert re.search(r"the largest block holds 20,000 rows, about 6 MiB at 31\d bytes per row, over the block "
+                     r"memory budget of 1 MiB.*\(Measured on the first block: 31\d bytes per row, against \d+ "
+                     r"estimated from the Parquet metadata before reading\.\) Pass Pool\(block_memory=None\)", got[0])
+
+
+def test_a_block_as_estimated_gives_no_second_warning(tmp_path):
+    root = _write(str(tmp_path / "ds" / "a.parquet"), [5_000] * 4, x=np.zeros(20_000, np.float32))
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with Loader(root, batch_size=1000, seed=0, order="windowed", pool=Pool(block_memory="100kB")) as loader:
+            for _ in loader:
+                pass
+    got = [str(w.message) for w in seen if issubclass(w.category, BlockMemoryWarning)]
+    assert len(got) == 1 and "Measured" not in got[0], got  # the planning's, at 12 bytes a row
 
 
 def test_variable_length_columns_are_estimated_from_the_parquet_metadata(tmp_path):

@@ -16,7 +16,7 @@ import time
 import traceback
 import warnings
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,8 +136,12 @@ class Run:
     def __init__(self, pool: WorkerPool, plan: Plan, specs: Sequence[ColumnSpec], *, gen: int,
                  start_step: int, stall_timeout: float | None, ready_depth: int = 1, ordered: bool = True,
                  hash_batches: bool = True, tracer: Tracer | None = None,
-                 ahead: Sequence[int] | None = None, group_columns: Sequence[str] | None = None) -> None:
+                 ahead: Sequence[int] | None = None, group_columns: Sequence[str] | None = None,
+                 first_block: Callable[[Plan, int, int], None] | None = None) -> None:
         self.pool = pool
+        #: Called once, on the merger's thread, with the plan and the first block's bytes and
+        #: rows (the loader checks its block-memory estimate against a real block).
+        self._first_block = first_block
         self.plan = plan
         self.specs = list(specs)
         #: How steps are cut: flat, or packed when the loader groups (group_columns set).
@@ -306,6 +310,9 @@ class Run:
         for category, message in timings.warnings:
             # A process worker's warning, raised again here so that the user's filters see it.
             warnings.warn(message, _WARNING_CLASSES.get(category, UserWarning), stacklevel=2)
+        if self._first_block is not None:
+            check, self._first_block = self._first_block, None
+            check(self.plan, layout.nbytes, layout.rows)
         self._sample_depths(t1)
         return views(buf, layout)
 
