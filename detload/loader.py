@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -664,7 +665,7 @@ class Loader:
                       hash_batches=writer is not None, ordered=self._ordered,
                       tracer=self._tracer, ahead=counts,
                       group_columns=self.group_columns if self.group_by is not None else None,
-                      first_block=(self._check_first_block
+                      first_block=(_weak_call(self, Loader._check_first_block)
                                    if self._block_memory is not None and not self._block_measured else None))
             self._run = run
             self._tracer.run_started(self.workers, self.pool_kind)
@@ -971,6 +972,20 @@ class _Ahead:
     gen: int
     key: tuple[int, str]
     counts: list[int]
+
+
+def _weak_call(obj: Any, method: Callable[..., None]) -> Callable[..., None]:
+    """``method`` of ``obj`` through a weak reference: what the loader hands its run must not
+    keep the loader alive (a dropped loader closes its pool when its count reaches zero,
+    without waiting for the cyclic garbage collector)."""
+    ref = weakref.ref(obj)
+
+    def call(*args: Any) -> None:
+        target = ref()
+        if target is not None:
+            method(target, *args)
+
+    return call
 
 
 def _ragged_bytes_per_row(dataset: Dataset, names: Sequence[str]) -> float:
