@@ -122,7 +122,7 @@ class Dataset:
     #: schema type is timestamp[us], the unit they are read at (_types.INT96_UNIT).
     int96: frozenset[str] = frozenset()
     #: Per file (as ``files``): its columns stored as INT96, which its schema types as
-    #: timestamp[us] without a zone although the values are UTC instants.
+    #: timestamp[us] without a zone whatever the writer meant (UTC or local times).
     file_int96: tuple[tuple[str, ...], ...] = field(default=(), repr=False, compare=False)
     #: Files in a listed folder that are not Parquet (a stray CSV), relative to ``root``;
     #: side files (_SUCCESS, *.crc, _metadata, hidden files) are not counted.
@@ -267,10 +267,11 @@ class Dataset:
         files and none in others (`_drift.zone_mix`). A file storing the column as INT96 counts
         as neither: its values are UTC instants from Spark, local times from Impala or Hive."""
         groups = self._schema_groups
-        if len(groups) < 2 and not self.int96:
+        if len(groups) < 2:  # every file types every column alike: no mix
             return
         for name in names:
-            int96 = frozenset(f.path for f, cols in zip(self.files, self.file_int96) if name in cols)
+            int96 = (frozenset(f.path for f, cols in zip(self.files, self.file_int96) if name in cols)
+                     if name in self.int96 else frozenset())
             text = zone_mix(name, groups, int96)
             if text is not None:
                 warnings.warn(text, TimeZoneWarning, stacklevel=_caller_level())

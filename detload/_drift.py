@@ -217,7 +217,7 @@ def _zone(t: pa.DataType) -> str | None:
     """The time zone of a timestamp type (or of a list's or a dictionary's timestamps), "" for
     a timestamp without one, None for any other type."""
     t = _value(t)
-    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+    while _var_list(t) or pa.types.is_fixed_size_list(t):
         t = t.value_type
     return (t.tz or "") if pa.types.is_timestamp(t) else None
 

@@ -657,8 +657,9 @@ class MixPlan(Plan):
         (`shares_windows`)."""
         shared = self.shares_windows(workers) if shared is None else shared
         owners = self.block_workers(workers, shared=shared)
-        task_worker = {} if shared else {(t.partition, t.number): w for w, ts in enumerate(self.task_schedules(workers))
-                                         for t, _ in ts}
+        # Without shared windows a task's blocks all go to one worker: the task's.
+        task_worker = {} if shared else {(b.partition, b.task.number): w  # type: ignore[attr-defined]
+                                         for b, w in zip(self.schedule, owners)}
         return {
             **self._header(),
             "unit_order": self.unit_order.tolist(),
