@@ -361,6 +361,9 @@ def _parser() -> argparse.ArgumentParser:
     _common_loader_args(p, s)
     s["run"].add_argument("--epoch", type=_epoch_number, default=0, help="the epoch to plan")
     s["workers"].add_argument("--workers", type=_workers, default=1, help="worker count or 'auto', for the schedules")
+    s["workers"].add_argument("--pool", choices=["thread", "process"], default="thread",
+                              help="what the workers are, for the schedules: under the mixed order it decides "
+                                   "whether they share task windows")
     s["run"].add_argument("--json", action="store_true", help="print the plan as JSON")
     s["run"].add_argument("--mixing", action="store_true",
                           help="also measure how well the epoch's batches mix, beside an i.i.d. shuffle of the "
@@ -757,18 +760,21 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     import warnings
 
     from ._discovery import SkippedFilesWarning
-    from .loader import Loader, resolve_workers
+    from .loader import Loader
+    from .plan import MixPlan
 
     # A Loader plans exactly as a run would (same fingerprint); it starts no worker.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SkippedFilesWarning)  # `detload inspect` lists them
-        loader = Loader(a.source, **_loader_kwargs(a), **_filter_kwargs(a), **_group_kwargs(a))
+        loader = Loader(a.source, **_loader_kwargs(a), **_filter_kwargs(a), **_group_kwargs(a),
+                        workers=a.workers, **_groups(pool=a.pool))
     ds = loader.dataset
     opts = loader.options
     files, rgs, _rows = ds.units()
     plan = loader.plan(a.epoch)
-    workers = resolve_workers(a.workers)
-    d: dict[str, Any] = plan.to_dict(workers)
+    # The schedules the engine would use: whether workers share windows follows the pool too.
+    d: dict[str, Any] = (plan.to_dict(loader.workers, shared=loader._shares_windows(loader.pool_kind))
+                         if isinstance(plan, MixPlan) else plan.to_dict(loader.workers))
     names = [f"{ds.files[f].path}#{g}" for f, g in zip(files, rgs)]
     d["unit_names"] = names
     if loader.filter is not None:
@@ -832,7 +838,7 @@ def _cmd_plan(a: argparse.Namespace) -> int:
         units = ", ".join(show_unit(u["ranges"]) for u in blk["units"])
         print(f"  block k={blk['k']:<4} partition {blk['partition']} #{blk['number']:<3} worker {blk['worker']:<3} "
               f"rows {blk['rows']:<7,} steps {blk['steps'][0]}-{blk['steps'][1]}  [{units}]")
-    for w, sched in enumerate(plan.worker_schedules(workers)):
+    for w, sched in enumerate(plan.worker_schedules(loader.workers)):
         print(f"  worker {w}: blocks " + " ".join(f"p{b.partition}#{b.number}" for b in sched))
     return 0
 

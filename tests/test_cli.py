@@ -314,6 +314,31 @@ def test_row_counts_have_thousands_separators(data, tmp_path, capsys):
     assert code == 0 and "epoch 0: 2,400 rows in" in out and "24 batches, 2,400 rows" in out
 
 
+def test_plan_schedules_follow_the_pool(tmp_path, capsys):
+    # One task, two workers: threads share its window (blocks dealt k mod 2); process workers
+    # share windows only through a cache of file columns, so loading only a partition column
+    # (nothing cached) gives the one task to one worker, as the engine does.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for day in (1, 2):
+        (tmp_path / f"day={day}").mkdir()
+        pq.write_table(pa.table({"x": list(range(40))}), tmp_path / f"day={day}" / "a.parquet", row_group_size=20)
+    base = ["plan", str(tmp_path), "--batch-size", "10", "--seed", "1", "--block-rows", "20", "--workers", "2",
+            "--json"]
+
+    def workers(*more: str) -> tuple[list[object], list[object]]:
+        code, out, err = _run([*base, *more], capsys)
+        assert code == 0, err
+        d = json.loads(out)
+        return [t.get("worker") for t in d["tasks"]], [b["worker"] for b in d["blocks"]]
+
+    assert workers("--columns", "day") == ([None], [0, 1, 0, 1])
+    assert workers("--columns", "day", "--pool", "thread") == ([None], [0, 1, 0, 1])
+    assert workers("--columns", "day", "--pool", "process") == ([0], [0, 0, 0, 0])
+    assert workers("--pool", "process") == ([None], [0, 1, 0, 1])
+
+
 # -- skipped files ----------------------------------------------------------------------------
 
 def test_inspect_lists_skipped_files_and_run_warns_once(tmp_path, capsys):
