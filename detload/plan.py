@@ -17,8 +17,8 @@ import xxhash
 from ._check import check_int
 from .errors import EmptyDatasetError, OptionError
 
-__all__ = ["PLAN_FORMAT_MIX", "PLAN_FORMAT_VERSION", "Block", "MixBlock", "MixPlan", "MixTask", "OrderOptions",
-           "Plan", "Range", "Unit", "UnitList"]
+__all__ = ["MIX_MIN_RUN", "MIX_RUNS", "PLAN_FORMAT_MIX", "PLAN_FORMAT_VERSION", "Block", "MixBlock", "MixPlan",
+           "MixTask", "OrderOptions", "Plan", "Range", "Unit", "UnitList"]
 
 #: Bumped whenever the same inputs would yield a different order. Format 1 (whole row
 #: groups dealt round-robin to partitions) is gone; 2 is the windowed order (``order="windowed"``).
@@ -448,6 +448,22 @@ class Plan:
 # -- plan format 3: the mixed order (order="mix") ---------------------------------------
 
 
+#: A mixed-order block's rows of a piece are spread over the piece in at most this many runs
+#: (`MixTask.block_chunks`), each of at least `MIX_MIN_RUN` rows: enough runs that a batch's
+#: rows of one row group come from all over it; runs long enough (64 B of float32) that
+#: copying them costs about what one slice does.
+MIX_RUNS = 16
+MIX_MIN_RUN = 16
+
+
+def chunk_rows(first: int, rows: int, run: int, period: int) -> np.ndarray:
+    """The rows of a piece that a `MixTask.block_chunks` entry names, in order."""
+    if run == rows:
+        return np.arange(first, first + rows, dtype=np.int64)
+    starts = first + period * np.arange(rows // run, dtype=np.int64)
+    return (starts[:, None] + np.arange(run, dtype=np.int64)).ravel()
+
+
 def mix_block_sizes(piece_rows: Sequence[int], blocks: int, deal: int) -> np.ndarray:
     """The rows of each of the ``blocks`` blocks of a task whose pieces hold ``piece_rows``
     rows (see `MixTask.block_chunks`): every block takes ``r // blocks`` rows of each piece
@@ -486,12 +502,21 @@ class MixTask:
     rotations: tuple[int, ...] = ()
     deal: int = 0
 
-    def block_chunks(self, j: int) -> list[tuple[int, int, int]]:
-        """Block j's rows before its permutation: (piece, first row in the piece, rows), in
-        piece order. With shuffle, one chunk of every piece: piece q of r rows is cut into
-        ``blocks`` chunks of ``r // blocks`` rows, plus one for the ``r % blocks`` blocks its
-        extra rows are dealt to (cyclically, the pieces in order, from block ``deal``), and
-        block j takes its chunk ``(j + rotations[q]) mod blocks``. Without, the slices it spans."""
+    def block_chunks(self, j: int) -> list[tuple[int, int, int, int, int]]:
+        """Block j's rows before its permutation, in piece order, as ``(piece, first row in the
+        piece, rows, run, period)``: the rows are ``rows // run`` runs of ``run`` rows, from
+        ``first``, ``period`` apart (one run: ``run == rows``, the slice ``[first, first + rows)``).
+
+        With shuffle, piece q of r rows gives every block ``r // blocks`` rows, and its
+        ``r % blocks`` extra rows to as many blocks (dealt cyclically, the pieces in order,
+        from block ``deal``); block j takes the piece's chunk ``c = (j + rotations[q]) mod
+        blocks``. Where a chunk would hold at least 2 x `MIX_MIN_RUN` rows it is spread over
+        the piece: its first R x L x blocks rows (R = min(`MIX_RUNS`, base // MIX_MIN_RUN)
+        runs of L = base // R rows) are cut into periods of L x blocks rows, and chunk c is run
+        c of every period; the rows after them are cut into contiguous chunks as a short
+        piece is. So a block draws from everywhere in every piece, not from one run of stored
+        rows (on data sorted by a key, a run is a narrow slice of it). Without shuffle, the
+        slices the block spans."""
         if self.rotations:
             M = self.blocks
             out = []
@@ -499,14 +524,20 @@ class MixTask:
             for q, (u, o) in enumerate(zip(self.units, self.rotations)):
                 base, x = divmod(u.rows, M)
                 c = (j + o) % M
+                runs = min(MIX_RUNS, base // MIX_MIN_RUN)
+                tail, b2 = 0, base  # where the contiguous chunks start, and their base rows
+                if runs > 1:
+                    run = base // runs
+                    out.append((q, c * run, runs * run, run, run * M))
+                    tail, b2 = runs * run * M, base - runs * run
                 a = (dealt + o) % M  # the chunk index of the piece's first extra row
                 dealt += x
                 # Extras among chunk indices [0, c): the cyclic run [a, a + x) cut at c.
                 before = max(0, min(c - a, x)) + (max(0, min(c, a + x - M)) if a + x > M else 0)
                 extra = 1 if (c - a) % M < x else 0
-                n = base + extra
+                n = b2 + extra
                 if n:
-                    out.append((q, c * base + before, n))
+                    out.append((q, tail + c * b2 + before, n, n, n))
             return out
         lo, hi = self.bounds[j], self.bounds[j + 1]
         out, s0 = [], 0
@@ -514,7 +545,7 @@ class MixTask:
             s1 = s0 + u.rows
             if s1 > lo and s0 < hi:
                 a, b = max(lo, s0), min(hi, s1)
-                out.append((q, a - s0, b - a))
+                out.append((q, a - s0, b - a, b - a, b - a))
             s0 = s1
         return out
 
@@ -626,7 +657,7 @@ class MixPlan(Plan):
         for t in self.tasks[partition]:
             base = [int(starts[s]) + o for s, o in zip(t.sources, t.offsets)]
             for j in range(t.blocks):
-                parts = [np.arange(first, first + n, dtype=np.int64) + base[q] for q, first, n in t.block_chunks(j)]
+                parts = [chunk_rows(first, n, run, period) + base[q] for q, first, n, run, period in t.block_chunks(j)]
                 ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
                 if self.options.shuffle:
                     ids = ids[mix_block_permutation(self.options.seed, self.epoch, t.partition, t.number, j,

@@ -11,7 +11,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from detload.errors import OptionError
-from detload.plan import PLAN_FORMAT_MIX, MixPlan, OrderOptions, Range, Unit, UnitList
+from detload.plan import (
+    MIX_MIN_RUN,
+    MIX_RUNS,
+    PLAN_FORMAT_MIX,
+    MixPlan,
+    OrderOptions,
+    Range,
+    Unit,
+    UnitList,
+    chunk_rows,
+)
 from detload.planning import make_plan
 from detload.planning.mix import spread
 from detload.planning.order import order_fingerprint, window_memory_warning
@@ -28,15 +38,51 @@ def test_known_answer_of_the_worked_example() -> None:
     tasks = plan.tasks[0]
     assert [t.sources for t in tasks] == [(2, 3), (1, 5), (0, 4)]
     assert [np.diff(t.bounds).tolist() for t in tasks] == [[4, 4], [3, 4], [3, 3, 3]]
-    # Each block one chunk of each piece: (piece, first row, rows) before its permutation.
-    assert [[t.block_chunks(j) for j in range(t.blocks)] for t in tasks] == [
+    # Each block one chunk of each piece: (piece, first row, rows, run, period) before its
+    # permutation; chunks this short are one run each.
+    assert [[[c[:3] for c in t.block_chunks(j) if c[3] == c[2]] for j in range(t.blocks)] for t in tasks] == [
         [[(0, 0, 3), (1, 1, 1)], [(0, 3, 3), (1, 0, 1)]],
         [[(0, 2, 1), (1, 2, 2)], [(0, 0, 2), (1, 0, 2)]],
         [[(0, 0, 2), (1, 0, 1)], [(0, 2, 2), (1, 1, 1)], [(0, 4, 1), (1, 2, 2)]]]
+    assert all(c[3] == c[2] for t in tasks for j in range(t.blocks) for c in t.block_chunks(j))
     assert plan.row_ids().tolist() == [15, 9, 8, 10, 14, 13, 11, 12, 23, 22, 7, 6, 20, 5, 21,
                                        0, 1, 16, 17, 3, 2, 18, 19, 4]
     assert [b.rows for b in plan.schedule] == [4, 4, 3, 4, 3, 3, 3]
     assert plan.steps == 24 and plan.dropped_rows == 0
+
+
+def test_a_chunk_of_a_long_piece_is_runs_spread_over_it() -> None:
+    # Two blocks; piece 0 gives each 100 rows: 6 runs of 16 rows (MIX_RUNS, MIX_MIN_RUN), one
+    # every 32 rows, the block's rotated chunk of each period, then 4 contiguous rows of the
+    # 8 after the periods. Piece 1 (50 rows a block): 3 runs of 16, then 2 rows.
+    plan = make_plan([200, 100], mix(batch_size=1, mix_window=2, block_rows=150, seed=3), epoch=0)
+    (t,) = plan.tasks[0]
+    assert t.rotations == (1, 0) and t.deal == 1 and t.bounds == (0, 150, 300)
+    assert [t.block_chunks(j) for j in range(2)] == [
+        [(0, 16, 96, 16, 32), (0, 196, 4, 4, 4), (1, 0, 48, 16, 32), (1, 96, 2, 2, 2)],
+        [(0, 0, 96, 16, 32), (0, 192, 4, 4, 4), (1, 16, 48, 16, 32), (1, 98, 2, 2, 2)]]
+    assert chunk_rows(16, 96, 16, 32).tolist() == [r for s in range(16, 192, 32) for r in range(s, s + 16)]
+    # Block 0's rows of piece 0 span the piece (rows 16..199), not a run of 100 stored rows.
+    first = np.concatenate([chunk_rows(*c[1:]) for c in t.block_chunks(0) if c[0] == 0])
+    assert first.min() == 16 and first.max() == 199 and len(first) == 100
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.integers(1, 3000), min_size=1, max_size=12), blocks=st.integers(1, 40),
+       seed=st.integers(0, 2**32 - 1), window=st.integers(1, 12))
+def test_the_chunks_of_a_task_take_every_row_of_it_once(rows, blocks, seed, window) -> None:  # type: ignore[no-untyped-def]
+    block_rows = max(1, -(-sum(rows) // blocks))
+    plan = make_plan(rows, mix(batch_size=1, mix_window=window, block_rows=block_rows, seed=seed), epoch=1)
+    for t in plan.tasks[0]:
+        seen = [np.zeros(u.rows, dtype=np.int64) for u in t.units]
+        for j in range(t.blocks):
+            chunks = t.block_chunks(j)
+            assert sum(c[2] for c in chunks) == t.bounds[j + 1] - t.bounds[j]
+            for q, first, n, run, period in chunks:
+                assert n % run == 0 and (run == n or (first < period and period % run == 0 and run >= MIX_MIN_RUN))
+                assert n // run <= MIX_RUNS or run == n
+                np.add.at(seen[q], chunk_rows(first, n, run, period), 1)
+        assert all((s == 1).all() for s in seen)
 
 
 def test_spread_takes_one_of_every_stratum_per_group() -> None:

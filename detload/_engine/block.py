@@ -31,6 +31,7 @@ import numpy as np
 from .._columns import _ragged_take, _workspace, slice_rows, take_rows
 from .._types import Column, ColumnSpec, Ragged, RaggedKind, UnitColumns
 from .._types import _np_dtype as _dtype
+from ..plan import chunk_rows
 
 __all__ = ["Layout", "WindowPack", "assemble", "slice_rows", "take_rows", "views"]
 
@@ -242,6 +243,44 @@ def _many_chunk_cols(rows: int, itemsize: int) -> int:
     return max(1, _MANY_CHUNK_BYTES // max(1, rows * itemsize))
 
 
+#: The rows a block takes of one unit (`MixTask.block_chunks` less the piece): ``(first,
+#: rows, run, period)``, ``rows // run`` runs of ``run`` rows ``period`` apart from ``first``;
+#: one run (``run == rows``) is the slice ``[first, first + rows)``.
+Rows = tuple[int, int, int, int]
+
+
+def _runs2d(src: np.ndarray, rng: Rows) -> np.ndarray:
+    """The rows ``rng`` of a ``(columns, rows)`` array: a ``(columns, rows)`` view for one run,
+    else a ``(columns, runs, run)`` view (the runs' grid starts at a multiple of ``period``,
+    as `MixTask.block_chunks` cuts it), so that the runs copy in one call."""
+    first, n, run, period = rng
+    if run == n:
+        return src[:, first : first + n]
+    runs, s0 = n // run, first - first % period
+    return src[:, s0 : s0 + runs * period].reshape(src.shape[0], runs, period // run, run)[
+        :, :, (first - s0) // run, :]
+
+
+def _put2d(dst: np.ndarray, lo: int, hi: int, src: np.ndarray, rng: Rows | None) -> None:
+    """Rows ``rng`` of ``src`` (all of them: None) into columns ``[lo, hi)`` of ``dst``'s rows."""
+    if rng is None:
+        dst[:, lo:hi] = src
+        return
+    part = _runs2d(src, rng)
+    if part.ndim == 2:
+        dst[:, lo:hi] = part
+    else:
+        dst[:, lo:hi].reshape(dst.shape[0], part.shape[1], part.shape[2])[...] = part
+
+
+def _unit_rows(col: Column, rng: Rows) -> Column:
+    """Rows ``rng`` of a column: a view for one run, else a new column of the runs."""
+    first, n, run, period = rng
+    if run == n:
+        return slice_rows(col, first, first + n)
+    return take_rows(col, chunk_rows(first, n, run, period))
+
+
 def _verify_upto(unit: Mapping[str, Column], name: str) -> None:
     """A cache entry with a pending checksum hashes its bytes up to column ``name`` now,
     just before they are copied (see _cache.PendingCheck). The caller finishes it,
@@ -269,13 +308,13 @@ def _run_part(unit: Mapping[str, Column], names: tuple[str, ...], j0: int, j1: i
 
 
 def _copy_columns(dst: np.ndarray, unit: Mapping[str, Column], names: tuple[str, ...], j0: int, j1: int,
-                  lo: int, hi: int, first: int | None) -> None:
+                  lo: int, hi: int, rng: Rows | None) -> None:
     """Columns ``names[j0:j1]`` of a unit without a run for them, one at a time, into rows
-    ``[lo, hi)`` of ``dst`` (the unit's rows from ``first`` on; None: all of them)."""
+    ``[lo, hi)`` of ``dst`` (the unit's rows ``rng``; None: all of them)."""
     for j in range(j0, j1):
         col = unit[names[j]]
         assert isinstance(col, np.ndarray)
-        dst[j - j0, lo:hi] = col if first is None else col[first : first + hi - lo]
+        _put2d(dst[j - j0 : j - j0 + 1], lo, hi, col[None, :], rng)
 
 
 def _assemble_many(
@@ -285,7 +324,7 @@ def _assemble_many(
     spans: list[tuple[int, int]],
     perm: np.ndarray,
     scratch: np.ndarray,
-    ranges: Sequence[tuple[int, int]] | None,
+    ranges: Sequence[Rows] | None,
 ) -> None:
     """`_assemble_group` for many units (a mixed-order block: a chunk of each of up to
     mix_window row groups): each unit's run of the group is looked up once, not once per
@@ -299,23 +338,27 @@ def _assemble_many(
     for u in units:
         _verify_upto(u, names[-1])
     whole = [_run_part(u, names, 0, k) for u in units]
-    firsts = [a for a, _ in ranges] if ranges is not None else [0] * len(units)
+    # Each unit's rows of its whole run, as a view, once: a chunk of columns slices it.
+    taken = [None if w is None else _runs2d(w, ranges[q]) if ranges is not None else w
+             for q, w in enumerate(whole)]
     for j0 in range(0, k, step):
         j1 = min(k, j0 + step)
         dst = scratch[: (j1 - j0) * rows * out2d.itemsize].view(out2d.dtype).reshape(j1 - j0, rows)
         for q, (lo, hi) in enumerate(spans):
             if hi == lo:
                 continue
-            a = firsts[q]
-            w = whole[q]
-            if w is None:
+            rng = ranges[q] if ranges is not None else None
+            t = taken[q]
+            if t is None:
                 w = _run_part(units[q], names, j0, j1)
                 if w is None:
-                    _copy_columns(dst, units[q], names, j0, j1, lo, hi, a)
+                    _copy_columns(dst, units[q], names, j0, j1, lo, hi, rng)
                     continue
-                dst[:, lo:hi] = w[:, a : a + hi - lo]
+                _put2d(dst, lo, hi, w, rng)
+            elif t.ndim == 2:
+                dst[:, lo:hi] = t[j0:j1]
             else:
-                dst[:, lo:hi] = w[j0:j1, a : a + hi - lo]
+                dst[:, lo:hi].reshape(j1 - j0, t.shape[1], t.shape[2])[...] = t[j0:j1]
         for c in range(j1 - j0):
             # Every index is in range (a permutation): "wrap" changes nothing but speed.
             np.take(dst[c], perm, out=out2d[j0 + c], mode="wrap")
@@ -328,10 +371,10 @@ def _assemble_group(
     spans: list[tuple[int, int]],
     perm: np.ndarray | None,
     scratch: np.ndarray,
-    ranges: Sequence[tuple[int, int]] | None = None,
+    ranges: Sequence[Rows] | None = None,
 ) -> None:
-    """Columns ``names`` of the units (rows ``first..first + n`` of each with ``ranges``),
-    concatenated and permuted, into the rows of ``out2d``."""
+    """Columns ``names`` of the units (their rows ``ranges``, else all), concatenated and
+    permuted, into the rows of ``out2d``."""
     k, rows = out2d.shape
     if perm is not None and len(units) > _MANY_UNITS:
         _assemble_many(names, out2d, units, spans, perm, scratch, ranges)
@@ -347,12 +390,12 @@ def _assemble_group(
         dst = out2d[j0:j1] if perm is None else scratch[: (j1 - j0) * rows * out2d.itemsize].view(
             out2d.dtype).reshape(j1 - j0, rows)
         for q, (u, (lo, hi)) in enumerate(zip(units, spans)):
-            a = ranges[q][0] if ranges is not None else 0
+            rng = ranges[q] if ranges is not None else None
             part = _run_part(u, names, j0, j1)
             if part is not None:
-                dst[:, lo:hi] = part[:, a : a + hi - lo] if ranges is not None else part
+                _put2d(dst, lo, hi, part, rng)
             else:
-                _copy_columns(dst, u, names, j0, j1, lo, hi, a if ranges is not None else None)
+                _copy_columns(dst, u, names, j0, j1, lo, hi, rng)
         if perm is not None:
             # Every index is in range (a permutation): "wrap" changes nothing but speed.
             np.take(dst, perm, axis=1, out=out2d[j0:j1], mode="wrap")
@@ -363,23 +406,24 @@ def assemble(
     units: Sequence[Mapping[str, Column]],
     perm: np.ndarray | None,
     allocate: Callable[[int], np.ndarray],
-    ranges: Sequence[tuple[int, int]] | None = None,
+    ranges: Sequence[Rows] | None = None,
 ) -> tuple[np.ndarray, Layout]:
     """Write the block (units concatenated, rows in ``perm`` order) into a new buffer.
 
     ``allocate(nbytes)`` returns a writable uint8 array of that size (heap or
-    shared memory). ``ranges``: for each unit, the rows ``(first, n)`` of it the block takes
-    (a mixed-order block takes one chunk of each row group of its task's window), else all.
+    shared memory). ``ranges``: for each unit, the rows of it the block takes (`Rows`: a
+    mixed-order block takes a chunk of each row group of its task's window, in runs spread
+    over it), else all. A unit may be named more than once, for rows of its own.
     Units that are all pieces of one `WindowPack` have each group of columns gathered from the
     pack in one call. Returns the buffer and its layout.
     """
     # The rows each unit gives, as views: what ragged and multi-dimensional columns copy.
     whole: Sequence[Mapping[str, Column]] = units
     if ranges is not None:
-        lengths = [n for _, n in ranges]
+        lengths = [n for _, n, _, _ in ranges]
         if any(s.kind != "fixed" or s.inner for s in specs):
-            whole = [{s.name: slice_rows(u[s.name], a, a + n) for s in specs if s.kind != "fixed" or s.inner}
-                     for u, (a, n) in zip(units, ranges)]
+            whole = [{s.name: _unit_rows(u[s.name], rng) for s in specs if s.kind != "fixed" or s.inner}
+                     for u, rng in zip(units, ranges)]
     else:
         lengths = [len(next(iter(u.values()))) for u in units] if specs else [0 for _ in units]
     rows = sum(lengths)
@@ -478,7 +522,7 @@ class WindowPack:
                 if part is not None:
                     arr[:, s : s + rows] = part[:, first : first + rows]
                 else:
-                    _copy_columns(arr[:, s : s + rows], cols, names, 0, len(names), 0, rows, first)
+                    _copy_columns(arr[:, s : s + rows], cols, names, 0, len(names), 0, rows, (first, rows, rows, rows))
         out = UnitColumns()
         for name, col in cols.items():
             hit = self.columns.get(name)
@@ -505,8 +549,11 @@ def _pack_of(units: Sequence[Mapping[str, Column]]) -> WindowPack | None:
 
 
 def _pack_index(units: Sequence[Mapping[str, Column]], spans: list[tuple[int, int]],
-                ranges: Sequence[tuple[int, int]] | None, perm: np.ndarray) -> np.ndarray:
+                ranges: Sequence[Rows] | None, perm: np.ndarray) -> np.ndarray:
     """The pack row of each of a block's rows, in ``perm`` order."""
+    if ranges is not None and any(run != n for _, n, run, _ in ranges):
+        rows = np.concatenate([chunk_rows(*rng) + u.at[1] for u, rng in zip(units, ranges)])  # type: ignore[attr-defined]
+        return rows[perm]  # type: ignore[no-any-return]
     lengths = np.fromiter((hi - lo for lo, hi in spans), dtype=np.int64, count=len(spans))
     shift = np.fromiter(((u.at[1] + (ranges[q][0] if ranges is not None else 0) - spans[q][0])  # type: ignore[attr-defined]
                          for q, u in enumerate(units)), dtype=np.int64, count=len(units))

@@ -257,8 +257,9 @@ class Task:
     #: The mixed order: the blocks to build from the task, ``(k, lo, hi)`` (empty: one block, ``k``).
     blocks: tuple[tuple[int, int, int], ...] = ()
     #: The mixed order, per entry of ``blocks``: the block's index j in its task and its rows
-    #: before the permutation, ``(piece, first row in the piece, rows)`` (`MixTask.block_chunks`).
-    chunks: tuple[tuple[int, tuple[tuple[int, int, int], ...]], ...] = ()
+    #: before the permutation, ``(piece, first row in the piece, rows, run, period)``
+    #: (`MixTask.block_chunks`).
+    chunks: tuple[tuple[int, tuple[tuple[int, int, int, int, int], ...]], ...] = ()
 
     @property
     def block_rows(self) -> int:

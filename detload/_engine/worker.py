@@ -36,7 +36,7 @@ from .._types import UnitColumns
 from . import share
 from . import shm as _shm
 from . import spawn as _spawn
-from .block import Layout, WindowPack, assemble, slice_rows
+from .block import Layout, Rows, WindowPack, assemble, slice_rows
 from .config import WorkerConfig
 from .groups import GroupRows, block_order, build_grouped, check_compact, check_constant, check_key_kept, group_rows
 from .messages import (
@@ -526,17 +526,17 @@ class _Window:
         self.raw = raw  # each piece's whole row group, as read (what the next pass may reuse), or None
         self.pack = pack
 
-    def block(self, n: int) -> tuple[list[UnitColumns], list[tuple[int, int]], np.ndarray | None]:
-        """Entry ``n`` of the task's blocks: its rows (one chunk of each piece with shuffle, a
-        few slices without) as the window's units and the (first row, rows) it takes of each,
+    def block(self, n: int) -> tuple[list[UnitColumns], list[Rows], np.ndarray | None]:
+        """Entry ``n`` of the task's blocks: its rows (a chunk of each piece with shuffle, a
+        few slices without) as the window's units and the rows it takes of each (`Rows`),
         and their permutation."""
         task = self.task
         j, chunks = task.chunks[n]
-        units = [self.units[q] for q, _, _ in chunks]
-        ranges = [(first, rows) for _, first, rows in chunks]
+        units = [self.units[q] for q, *_ in chunks]
+        ranges = [(first, rows, run, period) for _, first, rows, run, period in chunks]
         if not task.shuffle:
             return units, ranges, None
-        rows = sum(r for _, _, r in chunks)
+        rows = sum(r for _, _, r, _, _ in chunks)
         return units, ranges, mix_block_permutation(task.seed, task.epoch, task.partition, task.number, j, rows)
 
 
