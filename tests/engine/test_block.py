@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from detload._engine import block as _block
 from detload._engine.block import assemble, views
 from detload._types import ColumnSpec, Ragged, UnitColumns
+from detload.plan import chunk_rows
 
 _FIXED = ["<f4", "<i8", "|i1", "<f8", "<u2", "|b1"]
 
@@ -134,6 +135,30 @@ def _cuts(rng, units, specs):
     return out
 
 
+def _picks(rng, units, specs):
+    """Random rows of each unit as a mixed-order block takes them (`Rows`): a slice, or
+    runs of L rows one period of L x M rows apart (`MixTask.block_chunks`)."""
+    out = []
+    for u in units:
+        n = len(u[specs[0].name])
+        if n >= 2 and rng.integers(0, 2):
+            run = int(rng.integers(1, n // 2 + 1))
+            period = run * int(rng.integers(1, n // run + 1))
+            runs = int(rng.integers(1, n // period + 1))
+            first = run * int(rng.integers(0, period // run))
+            out.append((first, runs * run, run, period))
+        else:
+            a = int(rng.integers(0, n + 1))
+            m = int(rng.integers(0, n - a + 1))
+            out.append((a, m, m, m))
+    return out
+
+
+def _taken(units, specs, ranges):
+    """The reference: each unit's rows ``ranges``, gathered row by row."""
+    return [{s.name: _block.take_rows(u[s.name], chunk_rows(*r)) for s in specs} for u, r in zip(units, ranges)]
+
+
 @settings(max_examples=150, deadline=None)
 @given(blocks(), st.integers(0, 2**32 - 1))
 def test_a_window_pack_assembles_the_same_block(block, seed):
@@ -156,13 +181,12 @@ def test_a_window_pack_assembles_the_same_block(block, seed):
                 assert np.shares_memory(pack.columns[s.name][0], p[s.name]) or n == 0
     order = [int(q) for q in rng.permutation(len(units))]
     units_b = [held[q] for q in order]
-    ranges = _cuts(rng, units_b, specs)
-    perm = rng.permutation(sum(n for _, n in ranges)).astype(np.int64)
+    ranges = _picks(rng, units_b, specs)
+    perm = rng.permutation(sum(r[1] for r in ranges)).astype(np.int64)
     plain = [{s.name: _block.slice_rows(units[q][s.name], pieces[q][0], pieces[q][0] + pieces[q][1])
               for s in specs} for q in order]
     buf, layout = assemble(specs, units_b, perm, lambda n: np.zeros(n, dtype=np.uint8), ranges)
-    cut = [{s.name: _block.slice_rows(u[s.name], a, a + n) for s in specs} for u, (a, n) in zip(plain, ranges)]
-    _check_block(buf, layout, specs, _reference(specs, cut, perm))
+    _check_block(buf, layout, specs, _reference(specs, _taken(plain, specs, ranges), perm))
 
 
 def test_a_piece_already_in_the_pack_is_not_copied_again():
@@ -197,19 +221,13 @@ def test_the_many_units_path_equals_column_by_column(block, chunk, seed):
     use_ranges = perm is not None and bool(rng.integers(0, 2))
     ranges = None
     if use_ranges:
-        ranges = []
-        for u in units:
-            n = len(u[specs[0].name])
-            a = int(rng.integers(0, n + 1))
-            ranges.append((a, int(rng.integers(0, n - a + 1))))
-        perm = rng.permutation(sum(r for _, r in ranges)).astype(np.int64)
+        ranges = _picks(rng, units, specs)
+        perm = rng.permutation(sum(r[1] for r in ranges)).astype(np.int64)
     old = _block._MANY_UNITS, _block._MANY_CHUNK_BYTES
     _block._MANY_UNITS, _block._MANY_CHUNK_BYTES = 0, chunk
     try:
         buf, layout = assemble(specs, units, perm, lambda n: np.zeros(n, dtype=np.uint8), ranges)
     finally:
         _block._MANY_UNITS, _block._MANY_CHUNK_BYTES = old
-    cut = units if ranges is None else [
-        {s.name: _block.slice_rows(u[s.name], a, a + n) for s in specs}
-        for u, (a, n) in zip(units, ranges)]
+    cut = units if ranges is None else _taken(units, specs, ranges)
     _check_block(buf, layout, specs, _reference(specs, cut, perm))
