@@ -2,7 +2,8 @@
 
 Units are spread over partitions one from every P consecutive ones, each partition's pieces
 over tasks one from every T consecutive ones (`spread`), and each block of a task takes one
-chunk of every piece of the task (a rotation per piece), its rows then permuted. Pure function, no I/O; docs/determinism.md
+chunk of every piece of the task (a rotation per piece; a chunk is runs spread over the piece,
+`MixTask.block_chunks`), its rows then permuted. Pure function, no I/O; docs/determinism.md
 states every step and stream.
 """
 
