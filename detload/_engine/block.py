@@ -278,7 +278,28 @@ def _unit_rows(col: Column, rng: Rows) -> Column:
     first, n, run, period = rng
     if run == n:
         return slice_rows(col, first, first + n)
+    if isinstance(col, Ragged):
+        starts = first + period * np.arange(n // run, dtype=np.int64)
+        return _ragged_runs(col, starts, starts + run)
     return take_rows(col, chunk_rows(first, n, run, period))
+
+
+def _ragged_runs(col: Ragged, starts: np.ndarray, stops: np.ndarray) -> Ragged:
+    """Rows ``[starts[i], stops[i])`` of ``col`` for every i, in order, as one new Ragged:
+    each run's values are one slice (a per-row or per-byte gather costs far more on text)."""
+    counts = stops - starts
+    total = int(counts.sum())
+    # Each row's index: its run's start, plus its place in the run.
+    idx = np.repeat(starts - (np.cumsum(counts) - counts), counts) + np.arange(total, dtype=np.int64)
+    offsets = np.zeros(total + 1, dtype=np.int64)
+    np.cumsum(col.offsets[idx + 1] - col.offsets[idx], out=offsets[1:])
+    vstarts, vstops = col.offsets[starts], col.offsets[stops]
+    values: np.ndarray | Ragged
+    if isinstance(col.values, Ragged):  # a list of strings: the runs' strings, as runs of that column
+        values = _ragged_runs(col.values, vstarts, vstops)
+    else:
+        values = np.concatenate([col.values[a:b] for a, b in zip(vstarts.tolist(), vstops.tolist())])
+    return Ragged(values, offsets, col.kind)
 
 
 def _verify_upto(unit: Mapping[str, Column], name: str) -> None:
