@@ -17,7 +17,7 @@ _FIXED = ["<f4", "<i8", "|i1", "<f8", "<u2", "|b1"]
 @st.composite
 def blocks(draw):
     """Column specs, units (plain or with strided runs, as cache entries give), and a permutation or None."""
-    kinds = draw(st.lists(st.sampled_from(_FIXED + ["2d", "list", "utf8"]), min_size=1, max_size=9))
+    kinds = draw(st.lists(st.sampled_from(_FIXED + ["2d", "list", "utf8", "liststr"]), min_size=1, max_size=9))
     specs = []
     for i, k in enumerate(kinds):
         if k == "2d":
@@ -26,6 +26,8 @@ def blocks(draw):
             specs.append(ColumnSpec(f"c{i}", "list<float>", "ragged", "<f4", ragged_kind="list"))
         elif k == "utf8":
             specs.append(ColumnSpec(f"c{i}", "string", "ragged", "|u1", ragged_kind="utf8"))
+        elif k == "liststr":
+            specs.append(ColumnSpec(f"c{i}", "list<string>", "ragged", "|u1", ragged_kind="list", item_kind="utf8"))
         else:
             specs.append(ColumnSpec(f"c{i}", k, "fixed", k))
     lengths = draw(st.lists(st.integers(0, 40), min_size=1, max_size=4))
@@ -37,7 +39,13 @@ def blocks(draw):
         u = UnitColumns() if strided else {}
         runs: list[list[ColumnSpec]] = []
         for s in specs:
-            if s.kind == "ragged":
+            if s.item_kind is not None:  # a list of strings: rows over strings over bytes
+                offs = np.concatenate([[0], np.cumsum(rng.integers(0, 4, n))]).astype(np.int64)
+                soffs = np.concatenate([[0], np.cumsum(rng.integers(0, 5, int(offs[-1])))]).astype(np.int64)
+                chars = rng.integers(97, 123, int(soffs[-1])).astype(np.uint8)
+                u[s.name] = Ragged(Ragged(chars, soffs, "utf8"), offs, "list")
+                runs.append([])
+            elif s.kind == "ragged":
                 lens = rng.integers(0, 4, n)
                 offs = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
                 vals = rng.integers(97, 123, int(offs[-1])).astype(np.uint8) if s.ragged_kind == "utf8" \
