@@ -456,12 +456,16 @@ MIX_RUNS = 16
 MIX_MIN_RUN = 16
 
 
+def run_starts(first: int, rows: int, run: int, period: int) -> np.ndarray:
+    """The first row of each run of a `MixTask.block_chunks` entry."""
+    return first + period * np.arange(rows // run, dtype=np.int64)
+
+
 def chunk_rows(first: int, rows: int, run: int, period: int) -> np.ndarray:
     """The rows of a piece that a `MixTask.block_chunks` entry names, in order."""
     if run == rows:
         return np.arange(first, first + rows, dtype=np.int64)
-    starts = first + period * np.arange(rows // run, dtype=np.int64)
-    return (starts[:, None] + np.arange(run, dtype=np.int64)).ravel()
+    return (run_starts(first, rows, run, period)[:, None] + np.arange(run, dtype=np.int64)).ravel()
 
 
 def mix_block_sizes(piece_rows: Sequence[int], blocks: int, deal: int) -> np.ndarray:

@@ -31,7 +31,7 @@ import numpy as np
 from .._columns import _ragged_take, _workspace, slice_rows, take_rows
 from .._types import Column, ColumnSpec, Ragged, RaggedKind, UnitColumns
 from .._types import _np_dtype as _dtype
-from ..plan import chunk_rows
+from ..plan import chunk_rows, run_starts
 
 __all__ = ["Layout", "WindowPack", "assemble", "slice_rows", "take_rows", "views"]
 
@@ -261,16 +261,18 @@ def _runs2d(src: np.ndarray, rng: Rows) -> np.ndarray:
         :, :, (first - s0) // run, :]
 
 
-def _put2d(dst: np.ndarray, lo: int, hi: int, src: np.ndarray, rng: Rows | None) -> None:
-    """Rows ``rng`` of ``src`` (all of them: None) into columns ``[lo, hi)`` of ``dst``'s rows."""
-    if rng is None:
-        dst[:, lo:hi] = src
-        return
-    part = _runs2d(src, rng)
+def _put_rows(dst: np.ndarray, lo: int, hi: int, part: np.ndarray) -> None:
+    """A unit's rows as `_runs2d` cuts them (2-D, or 3-D for runs) into columns ``[lo, hi)``
+    of ``dst``'s rows."""
     if part.ndim == 2:
         dst[:, lo:hi] = part
     else:
         dst[:, lo:hi].reshape(dst.shape[0], part.shape[1], part.shape[2])[...] = part
+
+
+def _put2d(dst: np.ndarray, lo: int, hi: int, src: np.ndarray, rng: Rows | None) -> None:
+    """Rows ``rng`` of ``src`` (all of them: None) into columns ``[lo, hi)`` of ``dst``'s rows."""
+    _put_rows(dst, lo, hi, src if rng is None else _runs2d(src, rng))
 
 
 def _unit_rows(col: Column, rng: Rows) -> Column:
@@ -279,7 +281,7 @@ def _unit_rows(col: Column, rng: Rows) -> Column:
     if run == n:
         return slice_rows(col, first, first + n)
     if isinstance(col, Ragged):
-        starts = first + period * np.arange(n // run, dtype=np.int64)
+        starts = run_starts(first, n, run, period)
         return _ragged_runs(col, starts, starts + run)
     return take_rows(col, chunk_rows(first, n, run, period))
 
@@ -376,10 +378,8 @@ def _assemble_many(
                     _copy_columns(dst, units[q], names, j0, j1, lo, hi, rng)
                     continue
                 _put2d(dst, lo, hi, w, rng)
-            elif t.ndim == 2:
-                dst[:, lo:hi] = t[j0:j1]
             else:
-                dst[:, lo:hi].reshape(j1 - j0, t.shape[1], t.shape[2])[...] = t[j0:j1]
+                _put_rows(dst, lo, hi, t[j0:j1])
         for c in range(j1 - j0):
             # Every index is in range (a permutation): "wrap" changes nothing but speed.
             np.take(dst[c], perm, out=out2d[j0 + c], mode="wrap")
