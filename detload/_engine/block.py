@@ -33,7 +33,7 @@ from .._types import Column, ColumnSpec, Ragged, RaggedKind, UnitColumns
 from .._types import _np_dtype as _dtype
 from ..plan import chunk_rows, run_starts
 
-__all__ = ["Layout", "WindowPack", "assemble", "slice_rows", "take_rows", "views"]
+__all__ = ["Layout", "WindowPack", "assemble", "piece_orders", "slice_rows", "stored_order", "take_rows", "views"]
 
 _ALIGN = 64
 
@@ -465,7 +465,12 @@ def assemble(
         need = max((min(k, cols_at_once(rows, _dtype(dt).itemsize)) * rows * _dtype(dt).itemsize
                     for _, k, dt in groups), default=0)
     pack = _pack_of(units) if perm is not None and rows else None
-    index = _pack_index(units, spans, ranges, perm) if pack is not None and perm is not None else None
+    # The fixed 1-D columns (the groups) of pieces of a pack lie there in the piece's order.
+    granges = ranges
+    if ranges is not None:
+        granges = [packed_rows(u.at[2], rng) if getattr(u, "at", None) is not None else rng  # type: ignore[attr-defined]
+                   for u, rng in zip(units, ranges)]
+    index = _pack_index(units, spans, granges, perm) if pack is not None and perm is not None else None
     scratch = _workspace("scratch", need, np.uint8)
     for first, k, dt in groups:
         names = tuple(c.name for c in layout.columns[first : first + k])
@@ -477,7 +482,7 @@ def assemble(
             # index is in range (a permutation of the units' rows): "wrap" changes nothing but speed.
             np.take(held, index, axis=1, out=out2d, mode="wrap")
         else:
-            _assemble_group(names, out2d, units, spans, perm, scratch, ranges)
+            _assemble_group(names, out2d, units, spans, perm, scratch, granges)
     for spec in specs:
         dst = out[spec.name]
         if spec.kind == "fixed":
@@ -500,19 +505,100 @@ def assemble(
     return buf, layout
 
 
+#: How a piece lies in a `WindowPack` (`WindowPack.orders`): None, in stored order; or
+#: ``(runs, run, blocks)``, "block-ordered": its first ``runs x run x blocks`` rows, which
+#: `MixTask.block_chunks` cuts into periods of ``run x blocks`` rows (block chunk c: run c of
+#: every period), are held chunk by chunk, so each block's runs of it lie back to back; the
+#: rows after them (cut into contiguous chunks) are in stored order.
+Order = tuple[int, int, int] | None
+
+
+def piece_orders(chunks: Sequence[tuple[int, tuple[tuple[int, int, int, int, int], ...]]],
+                 pieces: int) -> list[Order]:
+    """Each piece's block order (`Order`), read off a task's block chunks (``(j, entries)``,
+    entries ``(piece, first, rows, run, period)``): a piece cut into runs in one block is cut
+    the same way in every block of its task."""
+    orders: list[Order] = [None] * pieces
+    for _, entries in chunks[:1]:
+        for q, _, n, run, period in entries:
+            if run != n:
+                orders[q] = (n // run, run, period // run)
+    return orders
+
+
+def packed_rows(order: Order, rng: Rows) -> Rows:
+    """Where the rows ``rng`` of a piece lie in a pack holding it in ``order``: a block's
+    runs of a block-ordered piece are one slice there."""
+    first, n, run, period = rng
+    if order is None or run == n:
+        return rng
+    runs, length, blocks = order
+    if (n, run, period) != (runs * length, length, length * blocks) or first % length or first >= period:
+        raise AssertionError(f"rows {rng} are not a block chunk of a piece in order {order}")
+    return (first // length * n, n, n, n)
+
+
+def _to_order(dst: np.ndarray, src: np.ndarray, order: Order) -> None:
+    """``src``, a ``(columns, rows)`` array of a piece's rows in stored order, into ``dst`` (the
+    same shape) in ``order``: one strided copy of the runs, and the rows after them."""
+    if order is None:
+        dst[...] = src
+        return
+    runs, run, blocks = order
+    k, m = dst.shape[0], runs * run * blocks
+    dst[:, :m].reshape(k, blocks, runs, run)[...] = src[:, :m].reshape(k, runs, blocks, run).transpose(0, 2, 1, 3)
+    dst[:, m:] = src[:, m:]
+
+
+def _from_order(src: np.ndarray, order: Order) -> np.ndarray:
+    """A ``(columns, rows)`` array held in ``order``, as a new array in stored order."""
+    if order is None:
+        return src
+    runs, run, blocks = order
+    k, m = src.shape[0], runs * run * blocks
+    out = np.empty(src.shape, dtype=src.dtype)
+    out[:, :m].reshape(k, runs, blocks, run)[...] = src[:, :m].reshape(k, blocks, runs, run).transpose(0, 2, 1, 3)
+    out[:, m:] = src[:, m:]
+    return out
+
+
+def stored_order(cols: UnitColumns) -> UnitColumns:
+    """A row group's columns in stored order: ``cols`` itself, unless it is a block-ordered
+    piece of a pack (then a copy of its packed columns, views of the others)."""
+    at = cols.at
+    if at is None or at[2] is None:
+        return cols
+    out = UnitColumns(cols)
+    done: dict[int, np.ndarray] = {}
+    for name, (run, i, names) in cols.runs.items():
+        key = id(run)
+        if key not in done:
+            done[key] = _from_order(run, at[2])
+        out[name] = done[key][i]
+        out.runs[name] = (done[key], i, names)
+    out.check = cols.check
+    return out
+
+
 class WindowPack:
     """A mixed-order window's fixed 1-D columns, every piece's rows back to back in one 2-D
-    array per run of same-typed columns (a block layout's group, `_groups`).
+    array per run of same-typed columns (a block layout's group, `_groups`), each piece in
+    its block order (`Order`, given as ``orders``; default: stored order).
 
     A mixed-order block takes a chunk of every piece of its window (up to ``mix_window``).
     From separate arrays that is a copy per piece and group of columns, each call taking the
     GIL: with two threads at once, a block of 62 pieces took 2.4x a windowed block of 4 row
     groups (experiments/bench/mix_gather.py: 6.1 against 2.6 ms). From a pack, `assemble`
-    gathers a group's rows from all pieces in one call: 2.6 ms."""
+    gathers a group's rows from all pieces in one call: 2.6 ms. A chunk is runs spread over
+    its piece (`MixTask.block_chunks`); held in stored order, a block's gather touched every
+    page of the window and took 1.8x as long as from one slice a piece (mix_gather.py: 10.6
+    against 5.8 ms), so the pack holds each piece block-ordered, its rows copied once in that
+    order as it is filled."""
 
-    __slots__ = ("arrays", "columns", "starts")
+    __slots__ = ("arrays", "columns", "orders", "starts")
 
-    def __init__(self, specs: Sequence[ColumnSpec], piece_rows: Sequence[int]) -> None:
+    def __init__(self, specs: Sequence[ColumnSpec], piece_rows: Sequence[int],
+                 orders: Sequence[Order] | None = None) -> None:
         # The groups of a one-row block: which columns a block lays out back to back does not
         # depend on its rows (nor on its ragged columns' value counts, given here as none).
         layout, groups = _plan(specs, 1, {s.name: (0, 0) if s.item_kind is not None else (0,)
@@ -520,6 +606,9 @@ class WindowPack:
         self.starts = [0]
         for n in piece_rows:
             self.starts.append(self.starts[-1] + n)
+        self.orders: tuple[Order, ...] = tuple(orders) if orders is not None else (None,) * len(piece_rows)
+        if len(self.orders) != len(piece_rows):
+            raise AssertionError(f"{len(self.orders)} piece orders for {len(piece_rows)} pieces")
         self.arrays: dict[tuple[str, ...], np.ndarray] = {}
         #: column name: (its group's array, its row there, the group's names)
         self.columns: dict[str, tuple[np.ndarray, int, tuple[str, ...]]] = {}
@@ -531,19 +620,25 @@ class WindowPack:
 
     def put(self, q: int, cols: UnitColumns, first: int, rows: int) -> UnitColumns:
         """Piece ``q``: rows ``[first, first + rows)`` of a row group's ``cols``, copied into the
-        pack (unless they already lie there: a window kept from the pass before). Returns the
-        piece, its packed columns as views of the pack, the others as views of ``cols``."""
+        pack in the piece's order (unless they already lie there: a window kept from the pass
+        before). Returns the piece, its packed columns as views of the pack, the others as
+        views of ``cols``."""
         s = self.starts[q]
         if rows != self.starts[q + 1] - s:
             raise AssertionError(f"piece {q} has {rows} rows, the pack planned {self.starts[q + 1] - s}")
+        order = self.orders[q]
         at = cols.at
         if at is None or at[0] is not self or at[1] + first != s:
+            cols = stored_order(cols)
             for names, arr in self.arrays.items():
                 part = _run_part(cols, names, 0, len(names))
                 if part is not None:
-                    arr[:, s : s + rows] = part[:, first : first + rows]
+                    _to_order(arr[:, s : s + rows], part[:, first : first + rows], order)
                 else:
-                    _copy_columns(arr[:, s : s + rows], cols, names, 0, len(names), 0, rows, (first, rows, rows, rows))
+                    for j, name in enumerate(names):
+                        col = cols[name]
+                        assert isinstance(col, np.ndarray)
+                        _to_order(arr[j : j + 1, s : s + rows], col[None, first : first + rows], order)
         out = UnitColumns()
         for name, col in cols.items():
             hit = self.columns.get(name)
@@ -554,7 +649,7 @@ class WindowPack:
                 run = arr[:, s : s + rows]
                 out[name] = run[r]
                 out.runs[name] = (run, r, names)
-        out.at = (self, s)
+        out.at = (self, s, order)
         return out
 
 
@@ -571,7 +666,8 @@ def _pack_of(units: Sequence[Mapping[str, Column]]) -> WindowPack | None:
 
 def _pack_index(units: Sequence[Mapping[str, Column]], spans: list[tuple[int, int]],
                 ranges: Sequence[Rows] | None, perm: np.ndarray) -> np.ndarray:
-    """The pack row of each of a block's rows, in ``perm`` order."""
+    """The pack row of each of a block's rows, in ``perm`` order (``ranges``: where each
+    unit's rows lie in its piece as packed, `packed_rows`)."""
     if ranges is not None and any(run != n for _, n, run, _ in ranges):
         rows = np.concatenate([chunk_rows(*rng) + u.at[1] for u, rng in zip(units, ranges)])  # type: ignore[attr-defined]
         return rows[perm]  # type: ignore[no-any-return]

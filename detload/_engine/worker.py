@@ -36,7 +36,7 @@ from .._types import UnitColumns
 from . import share
 from . import shm as _shm
 from . import spawn as _spawn
-from .block import Layout, Rows, WindowPack, assemble, slice_rows
+from .block import Layout, Rows, WindowPack, assemble, piece_orders, slice_rows, stored_order
 from .config import WorkerConfig
 from .groups import GroupRows, block_order, build_grouped, check_compact, check_constant, check_key_kept, group_rows
 from .messages import (
@@ -264,6 +264,7 @@ def _piece(pack: WindowPack | None, q: int, cols: UnitColumns, first: int, rows:
     piece is copied into it; what is kept is then the piece when it is the whole row group (no
     second copy), else the row group as read (never another pack's views: they hold all of it)."""
     if pack is None:
+        cols = stored_order(cols)
         return cols, _rows_of(cols, first, rows)
     piece = pack.put(q, cols, first, rows)
     if first == 0 and rows == _length(cols):
@@ -575,31 +576,36 @@ class _Kept:
         self.cols, self.pieces, self.pack = {}, (), None
 
 
-def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> WindowPack | None:
-    """The pack a shuffled task's window holds its pieces in (`WindowPack`), or None.
+def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None, alone: bool = False) -> WindowPack | None:
+    """The pack a shuffled task's window holds its pieces in (`WindowPack`), each piece in its
+    block order (`piece_orders`), or None.
 
-    A pack costs a copy of the window, which the blocks' gathers from it repay only where the
-    window's many small copies waited for the GIL (thread workers sharing it) or where the
-    window is read once for many passes (`_Kept`: the same pieces as the window before, whose
-    pack, if it had one, is taken as it is). Measured on CTR data, one window per task and
-    pass (mix_window=16): a pack made every pass was 5-20% slower, thread and process workers.
-    Process workers sharing a window map the cache entries the others wrote: a pack would copy
-    each into every worker."""
+    A pack costs a copy of the window, which the blocks' gathers repay where the window's many
+    small copies waited for the GIL (thread workers sharing it) or where the window is read
+    once for many passes: the worker's only task (``alone``), which `_Kept` keeps for the next
+    pass, whose window of the same pieces and orders takes the pack as it is. Measured on CTR
+    data, one window per task and pass (mix_window=16): a pack made every pass was 5-20%
+    slower, thread and process workers, and 25-30% slower block-ordered (its gathers are
+    cheaper, its copy dearer). Process workers sharing a window map the cache entries the
+    others wrote: a pack would copy the whole window into every worker."""
     if not task.shuffle or (cfg.kind == "process" and cfg.share_windows):
         return None
+    orders = piece_orders(task.chunks, len(task.units))
     kept_same = kept is not None and kept.enabled and task.units == kept.pieces
-    if kept_same and kept is not None and kept.pack is not None:
+    if kept_same and kept is not None and kept.pack is not None and kept.pack.orders == tuple(orders):
         return kept.pack
-    return WindowPack(cfg.block_specs, [r for *_, r in task.units]) if kept_same or cfg.share_windows else None
+    if kept_same or cfg.share_windows or (alone and kept is not None and kept.enabled):
+        return WindowPack(cfg.block_specs, [r for *_, r in task.units], orders)
+    return None
 
 
 def _open_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, gen: int, k: int,
-                 status: Status, t: Timings, kept: _Kept | None = None) -> _Window:
+                 status: Status, t: Timings, kept: _Kept | None = None, alone: bool = False) -> _Window:
     """Read a mixed-order task's pieces once each, through the row-group steps (a cache entry's
     checksum verified as it is read: the window serves several blocks), except those the
-    window before holds (`_Kept`)."""
+    window before holds (`_Kept`). ``alone``: the worker's only task of the pass."""
     b = _Build(cfg, reader, task, t, defer=False)
-    pack = _new_pack(cfg, task, kept)
+    pack = _new_pack(cfg, task, kept, alone)
     # Only a new pack is filled (a kept window's own pack already holds the rows): each row
     # group's columns are then dropped as soon as they are copied (`_copied_into_pack`).
     filling = pack is not None and (kept is None or pack is not kept.pack)
@@ -709,6 +715,7 @@ def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tas
         keep, piece = pair
         if pack is None:
             assert keep is not None
+            keep = stored_order(keep)
             return keep, _rows_of(keep, task.units[i][2], task.units[i][3])
         if piece.at is not None and piece.at[0] is pack:
             return pair
@@ -840,7 +847,7 @@ def _mix_tasks(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tasks: Any, 
             if win is None:
                 win = windows[i] = (
                     _open_shared_window(cfg, reader, steps, task, gen, k, status, t, index, stale, kept)
-                    if cfg.share_windows else _open_window(cfg, reader, steps, task, gen, k, status, t, kept))
+                    if cfg.share_windows else _open_window(cfg, reader, steps, task, gen, k, status, t, kept, len(tasks) == 1))
                 _release_decode_buffers(t)  # now that the reads' intermediate columns are gone
             t0 = time.perf_counter()
             payload, layout = _mix_block(cfg, win, n, lo, hi, segs)

@@ -1,7 +1,8 @@
 """What cutting one block costs, `assemble` alone: a mixed-order block (one chunk of each of 62
 row groups of 16,384 rows, CTR's columns: id, label, 32 float32, 8 int64) against a windowed
 block (4 whole row groups), both about 65,536 rows, permuted. The mixed block's units as pieces
-of one window pack (`WindowPack`, as a worker's window holds them), and as separate arrays (as
+of one window pack (`WindowPack`: each piece block-ordered, as a worker's window holds them
+since the chunks became runs; and in stored order, as before), and as separate arrays (as
 process workers sharing a window map them); its chunks as the plan cuts them (16 runs of 64
 rows spread over each row group, `MixTask.block_chunks`) and, for comparison, as one run of
 1,024 stored rows each (how the order cut them before). Medians of 5 repeats of 16 blocks, ms a
@@ -51,6 +52,8 @@ def main() -> int:
     assert task.blocks == blocks
     # Each block's rows of each piece, in piece order (the plan's pieces are the 62 units).
     planned = [[(a, n, run, period) for _, a, n, run, period in task.block_chunks(j)] for j in range(blocks)]
+    ordered = B.WindowPack(SPECS, [ROWS] * len(plain), B.piece_orders(((0, tuple(task.block_chunks(0))),), len(plain)))
+    block_ordered = [ordered.put(q, u, 0, ROWS) for q, u in enumerate(plain)]
     base = ROWS // blocks
     one_run = [[(((j + q) % blocks) * base, base, base, base) for q in range(len(plain))] for j in range(blocks)]
     windowed_perms = [rng.permutation(4 * ROWS) for _ in range(blocks)]
@@ -77,13 +80,14 @@ def main() -> int:
     def windowed(j: int, w: int) -> None:
         B.assemble(SPECS, four, windowed_perms[j], lambda n: bufs[w][:n])
 
-    print("ms a block                          1 thread  2 threads")
-    for name, fn in [("mixed block, 62 pieces of a pack", mixed(packed, planned)),
+    print("ms a block                            1 thread  2 threads")
+    for name, fn in [("mixed block, 62 pieces block-ordered", mixed(block_ordered, planned)),
+                     ("mixed block, 62 pieces of a pack", mixed(packed, planned)),
                      ("  the same, one run a piece", mixed(packed, one_run)),
                      ("mixed block, 62 units of arrays", mixed(plain, planned)),
                      ("  the same, one run a piece", mixed(plain, one_run)),
                      ("windowed block, 4 units of arrays", windowed)]:
-        print(f"{name:<36}{timed(fn, 1):>6.2f}  {timed(fn, 2):>9.2f}")
+        print(f"{name:<38}{timed(fn, 1):>6.2f}  {timed(fn, 2):>9.2f}")
     return 0
 
 

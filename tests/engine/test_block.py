@@ -197,6 +197,87 @@ def test_a_window_pack_assembles_the_same_block(block, seed):
     _check_block(buf, layout, specs, _reference(specs, _taken(plain, specs, ranges), perm))
 
 
+def _order(rng, n):
+    """A block order for a piece of ``n`` rows (`_block.Order`): None, or (runs, run, blocks)
+    with runs x run x blocks <= n, as `MixTask.block_chunks` cuts a piece (runs > 1)."""
+    if n < 4 or not rng.integers(0, 4):
+        return None
+    run = int(rng.integers(1, n // 2 + 1))
+    runs = int(rng.integers(2, n // run + 1))
+    blocks = int(rng.integers(1, n // (runs * run) + 1))
+    return (runs, run, blocks)
+
+
+def _block_picks(rng, orders, sizes):
+    """Each piece's rows of one block, as `MixTask.block_chunks` names them: run c of every
+    period of a block-ordered piece, else a slice of its rows after the runs."""
+    out = []
+    for order, n in zip(orders, sizes):
+        if order is not None and rng.integers(0, 3):
+            runs, run, blocks = order
+            out.append((run * int(rng.integers(0, blocks)), runs * run, run, run * blocks))
+        else:
+            lo = 0 if order is None else order[0] * order[1] * order[2]
+            a = int(rng.integers(lo, n + 1))
+            m = int(rng.integers(0, n - a + 1))
+            out.append((a, m, m, m))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(blocks(), st.integers(0, 2**32 - 1))
+def test_a_block_ordered_pack_assembles_the_same_block(block, seed):
+    # A window pack holds each piece in its block order: a block's runs of a piece lie in
+    # one slice there. Blocks gathered from it, in any order of pieces, are byte for byte
+    # those the same rows give as plain units; a piece moved from it into a pack of other
+    # orders (a window kept from the pass before, or a row group two windows share) keeps
+    # its rows, and so does a piece taken out of it in stored order.
+    specs, units, _ = block
+    rng = np.random.default_rng(seed)
+    pieces = _cuts(rng, units, specs)
+    orders = [_order(rng, n) for _, n in pieces]
+    pack = _block.WindowPack(specs, [n for _, n in pieces], orders)
+    held = [pack.put(q, u if isinstance(u, UnitColumns) else UnitColumns(u), a, n)
+            for q, (u, (a, n)) in enumerate(zip(units, pieces))]
+    plain = [{s.name: _block.slice_rows(u[s.name], a, a + n) for s in specs} for u, (a, n) in zip(units, pieces)]
+    order = [int(q) for q in rng.permutation(len(units))]
+    ranges = _block_picks(rng, [orders[q] for q in order], [pieces[q][1] for q in order])
+    perm = rng.permutation(sum(r[1] for r in ranges)).astype(np.int64)
+    buf, layout = assemble(specs, [held[q] for q in order], perm, lambda n: np.zeros(n, dtype=np.uint8), ranges)
+    _check_block(buf, layout, specs, _reference(specs, _taken([plain[q] for q in order], specs, ranges), perm))
+    other = _block.WindowPack(specs, [n for _, n in pieces], [_order(rng, n) for _, n in pieces])
+    for q, (p, (_, n)) in enumerate(zip(held, pieces)):
+        back = _block.stored_order(p)
+        for moved in (back, _block.stored_order(other.put(q, p, 0, n))):
+            for s in specs:
+                if s.kind == "fixed":
+                    assert np.array_equal(moved[s.name], plain[q][s.name])
+        for s in specs:
+            if s.kind == "fixed" and not s.inner:
+                # a copy where the piece is held in another order, the piece itself where not
+                assert np.shares_memory(back[s.name], p[s.name]) == (orders[q] is None and n > 0)
+    ranges = _block_picks(rng, other.orders, [n for _, n in pieces])
+    moved_all = [other.put(q, p, 0, n) for q, (p, (_, n)) in enumerate(zip(held, pieces))]
+    perm = rng.permutation(sum(r[1] for r in ranges)).astype(np.int64)
+    buf, layout = assemble(specs, moved_all, perm, lambda n: np.zeros(n, dtype=np.uint8), ranges)
+    _check_block(buf, layout, specs, _reference(specs, _taken(plain, specs, ranges), perm))
+
+
+def test_a_chunk_that_is_not_of_the_pieces_order_is_refused():
+    # packed_rows maps a block chunk of a block-ordered piece to its slice; rows cut another
+    # way would be gathered from the wrong place, so they are an error, not a silent mix-up.
+    assert _block.packed_rows((4, 3, 5), (6, 12, 3, 15)) == (24, 12, 12, 12)
+    assert _block.packed_rows((4, 3, 5), (60, 7, 7, 7)) == (60, 7, 7, 7)
+    assert _block.packed_rows(None, (6, 12, 3, 15)) == (6, 12, 3, 15)
+    for bad in [(6, 12, 3, 12), (7, 12, 3, 15), (15, 12, 3, 15), (6, 9, 3, 15)]:
+        try:
+            _block.packed_rows((4, 3, 5), bad)
+        except AssertionError as exc:
+            assert "not a block chunk" in str(exc)
+        else:
+            raise AssertionError(f"{bad} was taken")
+
+
 def test_a_piece_already_in_the_pack_is_not_copied_again():
     # A window kept from the pass before lends its pack to the next window with the same
     # pieces: putting a piece that lies there already writes nothing; a piece of another
