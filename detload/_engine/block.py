@@ -438,6 +438,10 @@ def assemble(
     Units that are all pieces of one `WindowPack` have each group of columns gathered from the
     pack in one call. Returns the buffer and its layout.
     """
+    if ranges is not None:
+        # A piece of a window pack holds its rows in the piece's block order: where they lie there.
+        ranges = [packed_rows(u.at[2], rng) if getattr(u, "at", None) is not None else rng  # type: ignore[attr-defined]
+                  for u, rng in zip(units, ranges)]
     # The rows each unit gives, as views: what ragged and multi-dimensional columns copy.
     whole: Sequence[Mapping[str, Column]] = units
     if ranges is not None:
@@ -465,12 +469,7 @@ def assemble(
         need = max((min(k, cols_at_once(rows, _dtype(dt).itemsize)) * rows * _dtype(dt).itemsize
                     for _, k, dt in groups), default=0)
     pack = _pack_of(units) if perm is not None and rows else None
-    # The fixed 1-D columns (the groups) of pieces of a pack lie there in the piece's order.
-    granges = ranges
-    if ranges is not None:
-        granges = [packed_rows(u.at[2], rng) if getattr(u, "at", None) is not None else rng  # type: ignore[attr-defined]
-                   for u, rng in zip(units, ranges)]
-    index = _pack_index(units, spans, granges, perm) if pack is not None and perm is not None else None
+    index = _pack_index(units, spans, ranges, perm) if pack is not None and perm is not None else None
     scratch = _workspace("scratch", need, np.uint8)
     for first, k, dt in groups:
         names = tuple(c.name for c in layout.columns[first : first + k])
@@ -482,7 +481,7 @@ def assemble(
             # index is in range (a permutation of the units' rows): "wrap" changes nothing but speed.
             np.take(held, index, axis=1, out=out2d, mode="wrap")
         else:
-            _assemble_group(names, out2d, units, spans, perm, scratch, granges)
+            _assemble_group(names, out2d, units, spans, perm, scratch, ranges)
     for spec in specs:
         dst = out[spec.name]
         if spec.kind == "fixed":
@@ -562,20 +561,53 @@ def _from_order(src: np.ndarray, order: Order) -> np.ndarray:
     return out
 
 
+def _order_runs(rows: int, order: tuple[int, int, int], back: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The runs ``(starts, stops)`` that put a piece of ``rows`` rows in ``order`` (``back``:
+    one held in ``order`` back in stored order), in the order they are taken."""
+    runs, run, blocks = order
+    m = runs * run * blocks
+    if back:  # stored period p, chunk c lies at c x runs x run + p x run
+        starts = (np.arange(blocks, dtype=np.int64) * (runs * run))[None, :] + (np.arange(runs, dtype=np.int64) * run)[:, None]
+    else:  # chunk c, stored period p lies at p x run x blocks + c x run
+        starts = (np.arange(runs, dtype=np.int64) * (run * blocks))[None, :] + (np.arange(blocks, dtype=np.int64) * run)[:, None]
+    starts = starts.ravel()
+    stops = starts + run
+    if rows > m:
+        starts, stops = np.append(starts, m), np.append(stops, rows)
+    return starts, stops
+
+
+def _reorder(col: Column, order: Order, back: bool = False) -> Column:
+    """A column of a piece (not of a pack's groups: a ragged or multi-dimensional one) put in
+    ``order``, or back in stored order, as a new column; itself without an order."""
+    if order is None:
+        return col
+    n = len(col.offsets) - 1 if isinstance(col, Ragged) else col.shape[0]
+    starts, stops = _order_runs(n, order, back)
+    if isinstance(col, Ragged):
+        return _ragged_runs(col, starts, stops)
+    return col[np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in zip(starts.tolist(), stops.tolist())])
+               if len(starts) else np.zeros(0, dtype=np.int64)]
+
+
 def stored_order(cols: UnitColumns) -> UnitColumns:
     """A row group's columns in stored order: ``cols`` itself, unless it is a block-ordered
-    piece of a pack (then a copy of its packed columns, views of the others)."""
+    piece of a pack (then a copy of its columns in stored order)."""
     at = cols.at
     if at is None or at[2] is None:
         return cols
-    out = UnitColumns(cols)
+    out = UnitColumns()
     done: dict[int, np.ndarray] = {}
-    for name, (run, i, names) in cols.runs.items():
-        key = id(run)
-        if key not in done:
-            done[key] = _from_order(run, at[2])
-        out[name] = done[key][i]
-        out.runs[name] = (done[key], i, names)
+    for name, col in cols.items():
+        hit = cols.runs.get(name)
+        if hit is None:
+            out[name] = _reorder(col, at[2], back=True)
+            continue
+        run, i, names = hit
+        if id(run) not in done:
+            done[id(run)] = _from_order(run, at[2])
+        out[name] = done[id(run)][i]
+        out.runs[name] = (done[id(run)], i, names)
     out.check = cols.check
     return out
 
@@ -583,7 +615,8 @@ def stored_order(cols: UnitColumns) -> UnitColumns:
 class WindowPack:
     """A mixed-order window's fixed 1-D columns, every piece's rows back to back in one 2-D
     array per run of same-typed columns (a block layout's group, `_groups`), each piece in
-    its block order (`Order`, given as ``orders``; default: stored order).
+    its block order (`Order`, given as ``orders``; default: stored order). A piece's other
+    columns (ragged, multi-dimensional) are held in its block order too, as copies.
 
     A mixed-order block takes a chunk of every piece of its window (up to ``mix_window``).
     From separate arrays that is a copy per piece and group of columns, each call taking the
@@ -628,7 +661,8 @@ class WindowPack:
             raise AssertionError(f"piece {q} has {rows} rows, the pack planned {self.starts[q + 1] - s}")
         order = self.orders[q]
         at = cols.at
-        if at is None or at[0] is not self or at[1] + first != s:
+        here = at is not None and at[0] is self and at[1] + first == s
+        if not here:
             cols = stored_order(cols)
             for names, arr in self.arrays.items():
                 part = _run_part(cols, names, 0, len(names))
@@ -643,7 +677,8 @@ class WindowPack:
         for name, col in cols.items():
             hit = self.columns.get(name)
             if hit is None:
-                out[name] = slice_rows(col, first, first + rows)
+                rows_of = slice_rows(col, first, first + rows)
+                out[name] = rows_of if here else _reorder(rows_of, order)
             else:
                 arr, r, names = hit
                 run = arr[:, s : s + rows]
