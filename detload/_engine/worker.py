@@ -594,8 +594,8 @@ def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None, alone: bool = F
     once for many passes: the worker's only task (``alone``), which `_Kept` keeps for the next
     pass, whose window of the same pieces and orders takes the pack as it is. Measured on CTR
     data, one window per task and pass (mix_window=16): a pack made every pass was 5-20%
-    slower, thread and process workers, and 25-30% slower block-ordered (its gathers are
-    cheaper, its copy dearer). Process workers sharing a window map the cache entries the
+    slower, thread and process workers, and block-ordered 35% (thread) and 14-19% (process)
+    slower (its gathers are cheaper, its copy dearer). Process workers sharing a window map the cache entries the
     others wrote: a pack would copy the whole window into every worker."""
     if not task.shuffle or (cfg.kind == "process" and cfg.share_windows):
         return None
