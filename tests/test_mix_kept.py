@@ -145,6 +145,31 @@ def test_a_kept_window_is_packed_once_and_its_pack_taken_as_it_is(ds, monkeypatc
             assert np.array_equal(got, ds.all_ids[fresh.plan().row_ids()])
 
 
+@pytest.mark.parametrize("mix_window", [6, 3])
+def test_a_window_that_does_not_repeat_is_not_packed(ds, monkeypatch, mix_window) -> None:  # type: ignore[no-untyped-def]
+    # Two or four tasks an epoch, two thread workers with whole tasks: a task's pieces are
+    # dealt anew every epoch, so a window is read for one pass, and a pack (a copy of it) would
+    # not be repaid, also where a worker's pass comes in two messages (built ahead: its first
+    # task alone in one).
+    made = []
+    real = detload._engine.block.WindowPack.__init__
+
+    def init(self, *a, **kw):  # type: ignore[no-untyped-def]
+        made.append(_Consumer.epoch)
+        real(self, *a, **kw)
+
+    monkeypatch.setattr(detload._engine.block.WindowPack, "__init__", init)
+    opts = {"order": "mix", "mix_window": mix_window, "block_rows": 100}
+    with Loader(ds.root, batch_size=50, seed=5, workers=2, pool=Pool(kind="thread", prefetch=1), **opts) as loader:
+        assert len(loader.plan().tasks[0]) >= 2
+        runs = _slow_epochs(loader, range(4))
+    assert made == [], made
+    for e, got in enumerate(runs):
+        with Loader(ds.root, batch_size=50, seed=5, **opts) as fresh:
+            fresh.set_epoch(e)
+            assert np.array_equal(got, ds.all_ids[fresh.plan().row_ids()])
+
+
 @pytest.mark.parametrize("partitions", [2, 5])
 def test_thread_workers_sharing_windows_cut_by_partitions_match_fresh_epochs(ds, partitions) -> None:  # type: ignore[no-untyped-def]
     # One task a partition, two thread workers: they share each window's pack. A row group cut

@@ -71,10 +71,13 @@ def make_tasks(plan: Plan, start_step: int, workers: int, shared: bool = False) 
     if isinstance(plan, MixPlan):
         schedules = (plan.shared_task_schedules(workers, start_step) if shared
                      else plan.task_schedules(workers, start_step))
+        # Shuffled partitions are dealt anew every epoch (partition 0 of one is not of the next).
+        fixed = opts.partitions == 1 or not opts.shuffle
         return [
             [Task(blocks[0][0], t.partition, t.number, t.ranges, t.rows, opts.seed, plan.epoch, opts.shuffle,
                   blocks=tuple((k, t.bounds[j], t.bounds[j + 1]) for k, j in blocks),
-                  chunks=tuple((j, tuple(t.block_chunks(j))) for _, j in blocks))
+                  chunks=tuple((j, tuple(t.block_chunks(j))) for _, j in blocks),
+                  repeats=fixed and len(plan.tasks[t.partition]) == 1)
              for t, blocks in tasks]
             for tasks in schedules
         ]

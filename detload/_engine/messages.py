@@ -260,6 +260,10 @@ class Task:
     #: before the permutation, ``(piece, first row in the piece, rows, run, period)``
     #: (`MixTask.block_chunks`).
     chunks: tuple[tuple[int, tuple[tuple[int, int, int, int, int], ...]], ...] = ()
+    #: The mixed order: the next pass's task of this partition is this window again (its
+    #: partition's only task, and a partition of the same units every epoch), so a worker
+    #: that builds it alone keeps the window for the next pass and packs it once.
+    repeats: bool = False
 
     @property
     def block_rows(self) -> int:

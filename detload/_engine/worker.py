@@ -591,8 +591,11 @@ def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None, alone: bool = F
 
     A pack costs a copy of the window, which the blocks' gathers repay where the window's many
     small copies waited for the GIL (thread workers sharing it) or where the window is read
-    once for many passes: the worker's only task (``alone``), which `_Kept` keeps for the next
-    pass, whose window of the same pieces and orders takes the pack as it is. Measured on CTR
+    once for many passes: a task that repeats every pass (`Task.repeats`) built by one worker
+    as its only task of the pass (``alone``), which `_Kept` keeps for the next pass, whose
+    window of the same pieces and orders takes the pack as it is. (Not the only task of a
+    message alone: a pass built ahead comes in two messages, and a partition of several tasks
+    deals other pieces to a task every epoch.) Measured on CTR
     data, one window per task and pass (mix_window=16): a pack made every pass was 5-20%
     slower, thread and process workers, and block-ordered 35% (thread) and 14-19% (process)
     slower (its gathers are cheaper, its copy dearer). Process workers sharing a window map the cache entries the
@@ -603,7 +606,7 @@ def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None, alone: bool = F
     kept_same = kept is not None and kept.enabled and task.units == kept.pieces
     if kept_same and kept is not None and kept.pack is not None and kept.pack.orders == tuple(orders):
         return kept.pack
-    if kept_same or cfg.share_windows or (alone and kept is not None and kept.enabled):
+    if kept_same or cfg.share_windows or (alone and task.repeats and kept is not None and kept.enabled):
         return WindowPack(cfg.block_specs, [r for *_, r in task.units], orders)
     return None
 
