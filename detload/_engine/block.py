@@ -14,6 +14,10 @@ chunk is permuted with one ``take`` along axis 1. Every NumPy call releases
 and retakes the GIL; per column that was ~5 calls, and the waits for the GIL
 between them were the largest idle time of two thread workers.
 
+A mixed-order window read for many blocks holds its pieces in a `WindowPack`, each piece
+block-ordered (`Order`): a block's rows of a piece, runs spread over its row group, lie in
+one slice there, and a group of columns is gathered from all pieces in one ``take``.
+
 The output of a block lives in one flat byte buffer (heap memory for thread
 workers, a shared-memory segment for process workers). `Layout` describes where
 each column lies in it, so the consumer side can rebuild zero-copy views.

@@ -593,13 +593,13 @@ def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None, alone: bool = F
     small copies waited for the GIL (thread workers sharing it) or where the window is read
     once for many passes: a task that repeats every pass (`Task.repeats`) built by one worker
     as its only task of the pass (``alone``), which `_Kept` keeps for the next pass, whose
-    window of the same pieces and orders takes the pack as it is. (Not the only task of a
-    message alone: a pass built ahead comes in two messages, and a partition of several tasks
-    deals other pieces to a task every epoch.) Measured on CTR
-    data, one window per task and pass (mix_window=16): a pack made every pass was 5-20%
-    slower, thread and process workers, and block-ordered 35% (thread) and 14-19% (process)
-    slower (its gathers are cheaper, its copy dearer). Process workers sharing a window map the cache entries the
-    others wrote: a pack would copy the whole window into every worker."""
+    window of the same pieces and orders takes the pack as it is. (Not wherever a message
+    holds one task: a pass built ahead comes in two messages, and a partition of several
+    tasks deals other pieces to a task every epoch.) Measured on CTR data, one window per task
+    and pass (mix_window=16): a pack made every pass was 5-20% slower in stored order, thread
+    and process workers, and 35% (thread) and 14-19% (process) slower block-ordered: its
+    gathers are cheaper, its copy dearer. Process workers sharing a window map the cache
+    entries the others wrote: a pack would copy the whole window into every worker."""
     if not task.shuffle or (cfg.kind == "process" and cfg.share_windows):
         return None
     orders = piece_orders(task.chunks, len(task.units))
