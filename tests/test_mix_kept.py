@@ -43,6 +43,20 @@ def decodes(monkeypatch) -> list[tuple[int, int, str, int]]:  # type: ignore[no-
     return log
 
 
+@pytest.fixture
+def packs_made(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
+    """The epoch the consumer is in at each `WindowPack` a worker makes."""
+    made: list[int] = []
+    real = detload._engine.block.WindowPack.__init__
+
+    def init(self, *a, **kw):  # type: ignore[no-untyped-def]
+        made.append(_Consumer.epoch)
+        real(self, *a, **kw)
+
+    monkeypatch.setattr(detload._engine.block.WindowPack, "__init__", init)
+    return made
+
+
 class _Consumer:
     epoch = -1
     batch = 0
@@ -124,21 +138,13 @@ def test_several_tasks_read_every_row_group_every_epoch(ds, decodes) -> None:  #
     assert len(per_unit) == len(ds.units) and set(per_unit.values()) <= {2, 3}, per_unit
 
 
-def test_a_kept_window_is_packed_once_and_its_pack_taken_as_it_is(ds, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_kept_window_is_packed_once_and_its_pack_taken_as_it_is(ds, packs_made) -> None:  # type: ignore[no-untyped-def]
     # One thread worker, one task an epoch: epoch 0's window (the worker's only task, kept
     # for the next pass) puts its pieces in one pack, which epochs 1 to 3 take unchanged.
-    made = []
-    real = detload._engine.block.WindowPack.__init__
-
-    def init(self, *a, **kw):  # type: ignore[no-untyped-def]
-        made.append(_Consumer.epoch)
-        real(self, *a, **kw)
-
-    monkeypatch.setattr(detload._engine.block.WindowPack, "__init__", init)
     with Loader(ds.root, batch_size=50, seed=5, workers=1, pool=Pool(kind="thread", prefetch=1),
                 **ONE_TASK) as loader:
         runs = _slow_epochs(loader, range(4))
-    assert made == [0], made
+    assert packs_made == [0], packs_made
     for e, got in enumerate(runs):
         with Loader(ds.root, batch_size=50, seed=5, **ONE_TASK) as fresh:
             fresh.set_epoch(e)
@@ -146,24 +152,16 @@ def test_a_kept_window_is_packed_once_and_its_pack_taken_as_it_is(ds, monkeypatc
 
 
 @pytest.mark.parametrize("mix_window", [6, 3])
-def test_a_window_that_does_not_repeat_is_not_packed(ds, monkeypatch, mix_window) -> None:  # type: ignore[no-untyped-def]
+def test_a_window_that_does_not_repeat_is_not_packed(ds, packs_made, mix_window) -> None:  # type: ignore[no-untyped-def]
     # Two or four tasks an epoch, two thread workers with whole tasks: a task's pieces are
     # dealt anew every epoch, so a window is read for one pass, and a pack (a copy of it) would
     # not be repaid, also where a worker's pass comes in two messages (built ahead: its first
     # task alone in one).
-    made = []
-    real = detload._engine.block.WindowPack.__init__
-
-    def init(self, *a, **kw):  # type: ignore[no-untyped-def]
-        made.append(_Consumer.epoch)
-        real(self, *a, **kw)
-
-    monkeypatch.setattr(detload._engine.block.WindowPack, "__init__", init)
     opts = {"order": "mix", "mix_window": mix_window, "block_rows": 100}
     with Loader(ds.root, batch_size=50, seed=5, workers=2, pool=Pool(kind="thread", prefetch=1), **opts) as loader:
         assert len(loader.plan().tasks[0]) >= 2
         runs = _slow_epochs(loader, range(4))
-    assert made == [], made
+    assert packs_made == [], packs_made
     for e, got in enumerate(runs):
         with Loader(ds.root, batch_size=50, seed=5, **opts) as fresh:
             fresh.set_epoch(e)

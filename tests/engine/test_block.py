@@ -167,6 +167,13 @@ def _taken(units, specs, ranges):
     return [{s.name: _block.take_rows(u[s.name], chunk_rows(*r)) for s in specs} for u, r in zip(units, ranges)]
 
 
+def _packed(specs, units, pieces, orders):
+    """A window pack of each unit's rows ``pieces`` (first, rows), in ``orders``, and its pieces."""
+    pack = _block.WindowPack(specs, [n for _, n in pieces], orders)
+    return pack, [pack.put(q, u if isinstance(u, UnitColumns) else UnitColumns(u), a, n)
+                  for q, (u, (a, n)) in enumerate(zip(units, pieces))]
+
+
 @settings(max_examples=150, deadline=None)
 @given(blocks(), st.integers(0, 2**32 - 1))
 def test_a_window_pack_assembles_the_same_block(block, seed):
@@ -176,9 +183,7 @@ def test_a_window_pack_assembles_the_same_block(block, seed):
     specs, units, _ = block
     rng = np.random.default_rng(seed)
     pieces = _cuts(rng, units, specs)
-    pack = _block.WindowPack(specs, [n for _, n in pieces])
-    held = [pack.put(q, u if isinstance(u, UnitColumns) else UnitColumns(u), a, n)
-            for q, (u, (a, n)) in enumerate(zip(units, pieces))]
+    pack, held = _packed(specs, units, pieces, None)
     for q, (u, p, (a, n)) in enumerate(zip(units, held, pieces)):
         assert p.at[0] is pack and p.at[1] == pack.starts[q]
         for s in specs:
@@ -237,9 +242,7 @@ def test_a_block_ordered_pack_assembles_the_same_block(block, seed):
     rng = np.random.default_rng(seed)
     pieces = _cuts(rng, units, specs)
     orders = [_order(rng, n) for _, n in pieces]
-    pack = _block.WindowPack(specs, [n for _, n in pieces], orders)
-    held = [pack.put(q, u if isinstance(u, UnitColumns) else UnitColumns(u), a, n)
-            for q, (u, (a, n)) in enumerate(zip(units, pieces))]
+    pack, held = _packed(specs, units, pieces, orders)
     plain = [{s.name: _block.slice_rows(u[s.name], a, a + n) for s in specs} for u, (a, n) in zip(units, pieces)]
     order = [int(q) for q in rng.permutation(len(units))]
     ranges = _block_picks(rng, [orders[q] for q in order], [pieces[q][1] for q in order])
