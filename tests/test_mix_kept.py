@@ -168,6 +168,28 @@ def test_a_window_that_does_not_repeat_is_not_packed(ds, packs_made, mix_window)
             assert np.array_equal(got, ds.all_ids[fresh.plan().row_ids()])
 
 
+@pytest.mark.parametrize(("workers", "kind"), [(1, "thread"), (2, "thread"), (2, "process")])
+def test_block_ordered_windows_give_the_plans_rows(make_dataset, packs_made, workers, kind) -> None:  # type: ignore[no-untyped-def]
+    # Row groups large enough that a block's chunk of each is runs spread over it: the one
+    # task's window is packed block-ordered once (one thread worker: kept for the next passes;
+    # two: shared, then kept) and every epoch's batches are the plan's rows, every column
+    # right (check_rows: the string and list columns are held block-ordered too). Process
+    # workers share the window as mapped entries, in stored order.
+    ds = make_dataset({"r.parquet": [1200, 900], "s/t.parquet": [1000, 1100]})
+    opts = {"order": "mix", "block_rows": 400}
+    with Loader(ds.root, batch_size=64, seed=2, workers=workers, pool=Pool(kind=kind, prefetch=1), **opts) as loader:
+        plan = loader.plan()
+        assert isinstance(plan, MixPlan)
+        (task,) = plan.tasks[0]
+        assert {q for q, _, n, run, _ in task.block_chunks(0) if run < n} == set(range(4))  # every piece in runs
+        runs = _slow_epochs(loader, range(3))
+    assert packs_made == ([0] if kind == "thread" else []), packs_made
+    for e, got in enumerate(runs):
+        with Loader(ds.root, batch_size=64, seed=2, **opts) as fresh:
+            fresh.set_epoch(e)
+            assert np.array_equal(got, ds.all_ids[fresh.plan().row_ids()])
+
+
 @pytest.mark.parametrize("partitions", [2, 5])
 def test_thread_workers_sharing_windows_cut_by_partitions_match_fresh_epochs(ds, partitions) -> None:  # type: ignore[no-untyped-def]
     # One task a partition, two thread workers: they share each window's pack. A row group cut
