@@ -541,15 +541,17 @@ def packed_rows(order: Order, rng: Rows) -> Rows:
     return (first // length * n, n, n, n)
 
 
-def _to_order(dst: np.ndarray, src: np.ndarray, order: Order) -> None:
-    """``src``, a ``(columns, rows)`` array of a piece's rows in stored order, into ``dst`` (the
-    same shape) in ``order``: one strided copy of the runs, and the rows after them."""
+def _to_order(dst: np.ndarray, src: np.ndarray, order: Order, back: bool = False) -> None:
+    """``src``, a ``(columns, rows, ...)`` array of a piece's rows in stored order, into ``dst``
+    (the same shape) in ``order`` (``back``: from ``order`` into stored order): one strided
+    copy of the runs, and the rows after them."""
     if order is None:
         dst[...] = src
         return
     runs, run, blocks = order
-    k, m = dst.shape[0], runs * run * blocks
-    dst[:, :m].reshape(k, blocks, runs, run)[...] = src[:, :m].reshape(k, runs, blocks, run).transpose(0, 2, 1, 3)
+    k, m, inner = dst.shape[0], runs * run * blocks, dst.shape[2:]
+    a, b = (blocks, runs) if back else (runs, blocks)  # src's periods by chunks, or chunks by periods
+    dst[:, :m].reshape(k, b, a, run, *inner)[...] = src[:, :m].reshape(k, a, b, run, *inner).swapaxes(1, 2)
     dst[:, m:] = src[:, m:]
 
 
@@ -557,11 +559,8 @@ def _from_order(src: np.ndarray, order: Order) -> np.ndarray:
     """A ``(columns, rows)`` array held in ``order``, as a new array in stored order."""
     if order is None:
         return src
-    runs, run, blocks = order
-    k, m = src.shape[0], runs * run * blocks
     out = np.empty(src.shape, dtype=src.dtype)
-    out[:, :m].reshape(k, runs, blocks, run)[...] = src[:, :m].reshape(k, blocks, runs, run).transpose(0, 2, 1, 3)
-    out[:, m:] = src[:, m:]
+    _to_order(out, src, order, back=True)
     return out
 
 
@@ -586,12 +585,11 @@ def _reorder(col: Column, order: Order, back: bool = False) -> Column:
     ``order``, or back in stored order, as a new column; itself without an order."""
     if order is None:
         return col
-    n = len(col.offsets) - 1 if isinstance(col, Ragged) else col.shape[0]
-    starts, stops = _order_runs(n, order, back)
     if isinstance(col, Ragged):
-        return _ragged_runs(col, starts, stops)
-    return col[np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in zip(starts.tolist(), stops.tolist())])
-               if len(starts) else np.zeros(0, dtype=np.int64)]
+        return _ragged_runs(col, *_order_runs(len(col.offsets) - 1, order, back))
+    out = np.empty(col.shape, dtype=col.dtype)
+    _to_order(out[None], col[None], order, back)
+    return out
 
 
 def stored_order(cols: UnitColumns) -> UnitColumns:

@@ -261,8 +261,8 @@ class Task:
     #: (`MixTask.block_chunks`).
     chunks: tuple[tuple[int, tuple[tuple[int, int, int, int, int], ...]], ...] = ()
     #: The mixed order: the next pass's task of this partition is this window again (its
-    #: partition's only task, and a partition of the same units every epoch), so a worker
-    #: that builds it alone keeps the window for the next pass and packs it once.
+    #: partition's only task, and a single partition or none shuffled: the pass's only task),
+    #: so the worker that builds it keeps the window for the next pass and packs it once.
     repeats: bool = False
 
     @property

@@ -585,17 +585,17 @@ class _Kept:
         self.cols, self.pieces, self.pack = {}, (), None
 
 
-def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None, alone: bool = False) -> WindowPack | None:
+def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> WindowPack | None:
     """The pack a shuffled task's window holds its pieces in (`WindowPack`), each piece in its
     block order (`piece_orders`), or None.
 
     A pack costs a copy of the window, which the blocks' gathers repay where the window's many
     small copies waited for the GIL (thread workers sharing it) or where the window is read
-    once for many passes: a task that repeats every pass (`Task.repeats`) built by one worker
-    as its only task of the pass (``alone``), which `_Kept` keeps for the next pass, whose
-    window of the same pieces and orders takes the pack as it is. (Not wherever a message
-    holds one task: a pass built ahead comes in two messages, and a partition of several
-    tasks deals other pieces to a task every epoch.) Measured on CTR data, one window per task
+    once for many passes: a task that repeats every pass (`Task.repeats`: the only task of
+    the pass, so one worker builds it whole unless the workers share it), which `_Kept` keeps
+    for the next pass, whose window of the same pieces and orders takes the pack as it is.
+    (Not wherever a message holds one task: a pass built ahead comes in two messages, and a
+    partition of several tasks deals other pieces to a task every epoch.) Measured on CTR data, one window per task
     and pass (mix_window=16): a pack made every pass was 5-20% slower in stored order, thread
     and process workers, and 35% (thread) and 14-19% (process) slower block-ordered: its
     gathers are cheaper, its copy dearer. Process workers sharing a window map the cache
@@ -606,18 +606,18 @@ def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None, alone: bool = F
     kept_same = kept is not None and kept.enabled and task.units == kept.pieces
     if kept_same and kept is not None and kept.pack is not None and kept.pack.orders == tuple(orders):
         return kept.pack
-    if kept_same or cfg.share_windows or (alone and task.repeats and kept is not None and kept.enabled):
+    if kept_same or cfg.share_windows or (task.repeats and kept is not None and kept.enabled):
         return WindowPack(cfg.block_specs, [r for *_, r in task.units], orders)
     return None
 
 
 def _open_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, gen: int, k: int,
-                 status: Status, t: Timings, kept: _Kept | None = None, alone: bool = False) -> _Window:
+                 status: Status, t: Timings, kept: _Kept | None = None) -> _Window:
     """Read a mixed-order task's pieces once each, through the row-group steps (a cache entry's
     checksum verified as it is read: the window serves several blocks), except those the
-    window before holds (`_Kept`). ``alone``: the worker's only task of the pass."""
+    window before holds (`_Kept`)."""
     b = _Build(cfg, reader, task, t, defer=False, settle=False)
-    pack = _new_pack(cfg, task, kept, alone)
+    pack = _new_pack(cfg, task, kept)
     # Only a new pack is filled (a kept window's own pack already holds the rows): each row
     # group's columns are then dropped as soon as they are copied; those the window before
     # kept are handed back to the system then (`_copied_into_pack`), while the memory of a
@@ -861,7 +861,7 @@ def _mix_tasks(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tasks: Any, 
             if win is None:
                 win = windows[i] = (
                     _open_shared_window(cfg, reader, steps, task, gen, k, status, t, index, stale, kept)
-                    if cfg.share_windows else _open_window(cfg, reader, steps, task, gen, k, status, t, kept, len(tasks) == 1))
+                    if cfg.share_windows else _open_window(cfg, reader, steps, task, gen, k, status, t, kept))
                 _release_decode_buffers(t)  # now that the reads' intermediate columns are gone
             t0 = time.perf_counter()
             payload, layout = _mix_block(cfg, win, n, lo, hi, segs)
