@@ -176,7 +176,8 @@ class Loader:
       The state, the manifest header and ``options.order`` record the order resolved.
     - ``shuffle_window``: with the windowed order, row groups per block, whose rows are permuted
       together (default 4).
-    - ``mix_window``: with the mixed order, row groups one task reads once and mixes (default 64).
+    - ``mix_window``: with the mixed order, row groups one task reads once and mixes (default 64,
+      or more row groups of under 16,384 rows: about 2**20 rows; resolved at planning).
       A partition of at most that many row groups is one task, whose window the workers keep
       from epoch to epoch: it is read once per loader and stays in memory between epochs.
     - ``block_rows``: with the mixed order, rows per block at most (default 4 x the median row group).
@@ -888,6 +889,12 @@ class Loader:
         if key == "global_batch_size":
             what += (f" (batch_size {self.options.batch_size} x world size {self.options.world_size}; "
                      "batch_size is per rank, so at another world size scale it to keep the global batch)")
+        elif key in ("mix_window", "block_rows"):
+            w, r = state_order.get("mix_window"), state_order.get("block_rows")
+            what += (f". To resume the state pass mix_window={w} and block_rows={r} as it records them "
+                     f"(on the command line: --mix-window {w} --block-rows {r}); not given, both follow the "
+                     "row groups' rows (docs/determinism.md, plan format 3), and states written before "
+                     "they did record mix_window=64 and blocks of 4 row groups")
         elif key == "partitions" and self.options.partitions == self.options.world_size:
             what += " (partitions defaults to the world size: pass partitions= explicitly to change world size)"
         return what

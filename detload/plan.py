@@ -30,7 +30,11 @@ PLAN_FORMAT_MIX = 3
 ORDERS = ("mix", "windowed")
 #: Defaults of the orders' own options (None in `OrderOptions` until resolved).
 DEFAULT_SHUFFLE_WINDOW = 4
+#: The mixed order's default window: at least this many row groups...
 DEFAULT_MIX_WINDOW = 64
+#: ... and at least this many rows (row groups of under 16,384 rows: more of them), so that
+#: small row groups are not mixed in small windows (docs/mixing-design.md, "Small row groups").
+DEFAULT_WINDOW_ROWS = 1 << 20
 
 _MAX_SEED = 2**64 - 1
 
@@ -42,7 +46,8 @@ class OrderOptions:
     ``batch_size`` is per rank; the global batch is ``batch_size * world_size``
     and must divide by ``partitions``. ``order`` picks the order: "mix" (plan format 3:
     tasks of up to ``mix_window`` row groups spread over the partition, cut into blocks of
-    at most ``block_rows`` rows; None: 4 x the median unit rows, resolved by the planner) or
+    at most ``block_rows`` rows; None: resolved by the planner from the units' rows,
+    `default_mix_window` and `default_block_rows`) or
     "windowed" (plan format 2: blocks of ``shuffle_window`` row groups). None (not given)
     resolves to "mix", or to "windowed" with ``group_batches``, which the mixed order does
     not pack yet. Each order's own options are None until resolved; giving one to the other
@@ -86,9 +91,8 @@ class OrderOptions:
                 raise OptionError(
                     "group_by= is not available with order=\"mix\": pass order=\"windowed\" "
                     "(and shuffle_window=N) to load whole groups")
-            if self.mix_window is None:
-                set_(self, "mix_window", DEFAULT_MIX_WINDOW)
-            set_(self, "mix_window", check_int("mix_window", self.mix_window, 1))
+            if self.mix_window is not None:
+                set_(self, "mix_window", check_int("mix_window", self.mix_window, 1))
             if self.block_rows is not None:
                 set_(self, "block_rows", check_int("block_rows", self.block_rows, 1))
         else:

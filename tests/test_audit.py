@@ -164,8 +164,10 @@ def test_manifest_is_jsonl_with_header_epoch_and_batch_lines(small_dataset, tmp_
     order = header["order"]
     assert {k: order[k] for k in ("seed", "global_batch_size", "shuffle", "order", "mix_window", "drop_last",
                                   "partitions", "columns")} == {
-        "seed": 8, "global_batch_size": 100, "shuffle": True, "order": "mix", "mix_window": 64, "drop_last": True,
-        "partitions": 1, "columns": ["s", "id"]}
+        "seed": 8, "global_batch_size": 100, "shuffle": True, "order": "mix",
+        "mix_window": loader.options.mix_window, "drop_last": True, "partitions": 1, "columns": ["s", "id"]}
+    # Both resolved from the row groups' rows, and recorded as resolved.
+    assert isinstance(order["mix_window"], int) and order["mix_window"] >= 64
     assert order["block_rows"] == loader.options.block_rows and "shuffle_window" not in order
     assert isinstance(order["dataset"], str) and order["dataset"]
     kinds = [r["type"] for r in rest]

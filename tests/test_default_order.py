@@ -50,19 +50,20 @@ def test_the_default_is_the_mixed_order_and_records_it(ds, tmp_path) -> None:  #
         plan = loader.plan()
         got = _ids(loader)
         state = loader.state_dict()
-        block_rows = loader.options.block_rows
-    assert isinstance(block_rows, int) and block_rows >= 1  # resolved, so that the records name it
+        block_rows, window = loader.options.block_rows, loader.options.mix_window
+    # Resolved from the row groups' rows, so that the records name them.
+    assert isinstance(block_rows, int) and block_rows >= 1 and isinstance(window, int) and window >= 64
     flat = np.concatenate(got)
     assert np.array_equal(flat, ds.all_ids[plan.row_ids()])
     assert np.array_equal(np.sort(flat), np.sort(ds.all_ids))  # every row once
     assert state["plan_format"] == PLAN_FORMAT_MIX
-    recorded = {"order": "mix", "mix_window": 64, "block_rows": block_rows}
+    recorded = {"order": "mix", "mix_window": window, "block_rows": block_rows}
     assert {k: state["order"].get(k) for k in recorded} == recorded and "shuffle_window" not in state["order"]
     header = read_manifest(path).header
     assert header["plan_format"] == PLAN_FORMAT_MIX
     assert {k: header["order"].get(k) for k in recorded} == recorded
     # Naming the default gives the same run: the same fingerprint and batches.
-    with Loader(ds.root, batch_size=64, seed=3, order="mix", mix_window=64, block_rows=block_rows) as named:
+    with Loader(ds.root, batch_size=64, seed=3, order="mix", mix_window=window, block_rows=block_rows) as named:
         assert named.fingerprint == loader.fingerprint
         same = _ids(named)
     assert len(same) == len(got) and all(np.array_equal(a, b) for a, b in zip(got, same))
@@ -140,3 +141,30 @@ def test_verify_a_windowed_manifest_against_a_default_one(ds, tmp_path, capsys) 
     capsys.readouterr()
     assert cli_main(["verify", old, new]) != 0
     assert "--order windowed --shuffle-window 4" in capsys.readouterr().out
+
+
+def test_a_state_of_the_row_group_count_window_says_how_to_resume(make_dataset) -> None:  # type: ignore[no-untyped-def]
+    """80 row groups of 50 rows: the default window counts rows (one task of all 80, blocks of a
+    sixteenth of it); a state written with the defaults before (mix_window=64: two tasks, blocks
+    of 4 row groups) is refused, naming the options that resume it, which then do."""
+    ds = make_dataset({"a.parquet": [50] * 40, "b.parquet": [50] * 40})
+    with Loader(ds.root, batch_size=64, seed=5) as loader:
+        assert (loader.options.mix_window, loader.options.block_rows) == (2**20 // 50, 250)
+        assert [len(t.units) for t in loader.plan().tasks[0]] == [80]  # type: ignore[attr-defined]
+    old = dict(batch_size=64, seed=5, mix_window=64, block_rows=200)
+    with Loader(ds.root, **old) as before:
+        assert [len(t.units) for t in before.plan().tasks[0]] == [40, 40]  # type: ignore[attr-defined]
+        it = iter(before)
+        for _ in range(7):
+            next(it)
+        state = before.state_dict()
+        rest = [np.asarray(b["id"]).copy() for b in it]
+    with Loader(ds.root, batch_size=64, seed=5) as default, pytest.raises(StateError) as err:
+        default.load_state_dict(state)
+    msg = str(err.value)
+    assert f"mix_window: 64 in the state, {2**20 // 50} here" in msg
+    assert "pass mix_window=64 and block_rows=200 as it records them" in msg
+    assert "--mix-window 64 --block-rows 200" in msg
+    with Loader(ds.root, **old) as again:
+        again.load_state_dict(state)
+        assert all(np.array_equal(a, np.asarray(b["id"])) for a, b in zip(rest, again, strict=True))

@@ -225,7 +225,8 @@ def test_to_dict_names_the_worker_the_engine_uses() -> None:
 
 def test_options_and_their_errors() -> None:
     opts = OrderOptions(seed=1, batch_size=8, order="mix")
-    assert opts.mix_window == 64 and opts.block_rows is None and opts.shuffle_window is None
+    # The window and the block size depend on the units' rows: resolved by the planner.
+    assert opts.mix_window is None and opts.block_rows is None and opts.shuffle_window is None
     assert opts.order_dict()["order"] == "mix" and "shuffle_window" not in opts.order_dict()
     with pytest.raises(OptionError, match=r"shuffle_window=8 is an option of order=\"windowed\""):
         OrderOptions(seed=1, batch_size=8, order="mix", shuffle_window=8)
@@ -241,6 +242,44 @@ def test_options_and_their_errors() -> None:
         OrderOptions(seed=1, batch_size=8, order="mix", block_rows=-1)
     with pytest.raises(OptionError, match=r"group_by= is not available with order=\"mix\": pass order=\"windowed\""):
         OrderOptions(seed=1, batch_size=8, order="mix", group_batches=True)
+
+
+@pytest.mark.parametrize(("rows", "n", "window", "block"), [
+    # Up to 64 row groups, or CTR-sized ones and larger: 64 row groups a window, blocks of 4
+    # row groups (the defaults before).
+    (16_384, 1000, 64, 65_536), (100_000, 1000, 64, 400_000), (1_024, 60, 1_024, 4_096),
+    # Small row groups: a window of about 2**20 rows, about 16 blocks a full task.
+    (1_024, 3000, 1_024, 65_536), (4_096, 3000, 256, 65_536), (1_000, 3000, 1_048, 65_500),
+    (1_024, 196, 1_024, 12_544), (1, 100_000, 1 << 20, 6_250),
+])
+def test_default_window_and_block_follow_the_median_row_group(rows: int, n: int, window: int, block: int) -> None:
+    units = [rows] * (n - 2) + [max(1, rows // 7)] * 2  # short row groups move the mean, not the median
+    plan = make_plan(units, mix(batch_size=1), epoch=0)
+    assert isinstance(plan, MixPlan)
+    assert (plan.options.mix_window, plan.options.block_rows) == (window, block)
+    # Explicit options win over either default; the block follows the window given.
+    plan = make_plan(units, mix(batch_size=1, mix_window=16), epoch=0)
+    assert (plan.options.mix_window, plan.options.block_rows) == (16, 4 * rows)
+    plan = make_plan(units, mix(batch_size=1, block_rows=5), epoch=0)
+    assert (plan.options.mix_window, plan.options.block_rows) == (window, 5)
+    # With partitions, a task holds at most a partition's share of the row groups.
+    plan = make_plan(units, mix(batch_size=8, partitions=8), epoch=0)
+    assert plan.options.block_rows == max(4 * rows, -(-min(window, -(-n // 8)) * rows // 16))
+
+
+def test_small_row_groups_get_a_window_of_rows_not_of_64_row_groups() -> None:
+    """196 row groups of 1,024 rows (the sorted experiment's c_layout): one task of all of them,
+    where a window of 64 row groups made four tasks of 49, each a quarter of the data."""
+    plan = make_plan([1_024] * 196, mix(batch_size=512, seed=4), epoch=0)
+    assert isinstance(plan, MixPlan)
+    ((task,),) = plan.tasks
+    assert len(task.units) == 196 and task.blocks == 16
+    # Every block draws a chunk from every row group.
+    assert all(len({c[0] for c in task.block_chunks(j)}) == 196 for j in range(task.blocks))
+    # Data bigger than a window is still cut into windows of about 2**20 rows.
+    plan = make_plan([1_024] * 3000, mix(batch_size=512, seed=4), epoch=0)
+    assert isinstance(plan, MixPlan)
+    assert [len(t.units) for t in plan.tasks[0]] == [1000, 1000, 1000]
 
 
 def test_windowed_order_keeps_its_format_2_dict_and_fingerprint() -> None:

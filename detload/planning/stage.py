@@ -183,12 +183,12 @@ def plan(dataset: Dataset, files: tuple[FileRef, ...], specs: tuple[ColumnSpec, 
             units = UnitList(planned.units)
     # Now, not at the first len() or iteration: the bound is known once the units are.
     check_partitions(units, options)
-    if options.order == "mix" and options.block_rows is None:
+    if options.order == "mix":
         # Resolved from the final units (after a filter or transform), so that the order, the
-        # state and the manifest header record the block size the plans use.
-        from .mix import default_block_rows
+        # state and the manifest header record the window and block size the plans use.
+        from .mix import resolve_mix
 
-        options = dataclasses.replace(options, block_rows=default_block_rows(units.rows))
+        options = resolve_mix(options, units.rows)
 
     order: dict[str, Any] = {
         **options.order_dict(),
