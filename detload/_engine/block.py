@@ -676,14 +676,17 @@ class WindowPack:
                         assert isinstance(col, np.ndarray)
                         _to_order(arr[j : j + 1, s : s + rows], col[None, first : first + rows], order)
         out = UnitColumns()
+        # One view of each group's rows, shared by its columns: `stored_order` and `_run_part`
+        # know a group by its view (one copy back to stored order per group, not per column).
+        views_of = {names: arr[:, s : s + rows] for names, arr in self.arrays.items()}
         for name, col in cols.items():
             hit = self.columns.get(name)
             if hit is None:
                 rows_of = slice_rows(col, first, first + rows)
                 out[name] = rows_of if here else _reorder(rows_of, order)
             else:
-                arr, r, names = hit
-                run = arr[:, s : s + rows]
+                _, r, names = hit
+                run = views_of[names]
                 out[name] = run[r]
                 out.runs[name] = (run, r, names)
         out.at = (self, s, order)
