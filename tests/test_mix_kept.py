@@ -15,6 +15,7 @@ import pytest
 from strategies import check_rows
 
 import detload._engine.block
+import detload._engine.worker
 import detload._read.reader
 from detload import Loader, Pool
 from detload.plan import MixPlan
@@ -152,11 +153,13 @@ def test_a_kept_window_is_packed_once_and_its_pack_taken_as_it_is(ds, packs_made
 
 
 @pytest.mark.parametrize("mix_window", [6, 3])
-def test_a_window_that_does_not_repeat_is_not_packed(ds, packs_made, mix_window) -> None:  # type: ignore[no-untyped-def]
+def test_a_window_that_does_not_repeat_is_not_packed(ds, packs_made, mix_window, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # Two or four tasks an epoch, two thread workers with whole tasks: a task's pieces are
     # dealt anew every epoch, so a window is read for one pass, and a pack (a copy of it) would
     # not be repaid, also where a worker's pass comes in two messages (built ahead: its first
-    # task alone in one).
+    # task alone in one). (These chunks are small, which packs a window for its chunks' sake:
+    # here that rule is off, to see the rule of repeats alone.)
+    monkeypatch.setattr(detload._engine.worker, "_PACK_CHUNK_ROWS", 1)
     opts = {"order": "mix", "mix_window": mix_window, "block_rows": 100}
     with Loader(ds.root, batch_size=50, seed=5, workers=2, pool=Pool(kind="thread", prefetch=1), **opts) as loader:
         assert len(loader.plan().tasks[0]) >= 2
@@ -166,6 +169,37 @@ def test_a_window_that_does_not_repeat_is_not_packed(ds, packs_made, mix_window)
         with Loader(ds.root, batch_size=50, seed=5, **opts) as fresh:
             fresh.set_epoch(e)
             assert np.array_equal(got, ds.all_ids[fresh.plan().row_ids()])
+
+
+@pytest.mark.parametrize(("block_rows", "packed"), [(10_000, False), (2_000, True)])
+@pytest.mark.parametrize(("workers", "kind"), [(1, "thread"), (2, "thread"), (2, "process")])
+def test_a_window_of_small_chunks_is_packed_for_one_pass(make_dataset, packs_made, monkeypatch, block_rows, packed,
+                                                         workers, kind) -> None:  # type: ignore[no-untyped-def]
+    # Four row groups of 5,000 rows, two tasks an epoch: each window is read for one pass (or
+    # kept, where a worker's next task is the same pieces). Blocks of 10,000 rows take one chunk
+    # of 5,000 rows of each piece, copied from the pieces as they were read; blocks of 2,000 rows
+    # take chunks of 1,000 (runs spread over the piece), and every window is packed
+    # block-ordered as it is read (under _PACK_CHUNK_ROWS = 2,048 rows a chunk on average). So
+    # with small chunks a run makes a pack for each of its 2 x 3 windows, more than with that
+    # rule off; with large ones as many as with it off. The batches are the plan's either way.
+    ds = make_dataset({"a.parquet": [5_000, 5_000], "b.parquet": [5_000, 5_000]})
+    opts = {"order": "mix", "mix_window": 2, "block_rows": block_rows}
+    made = []
+    for rule in (True, False):
+        monkeypatch.setattr(detload._engine.worker, "_PACK_CHUNK_ROWS", 2048 if rule else 1)
+        packs_made.clear()
+        with Loader(ds.root, batch_size=500, seed=8, workers=workers, pool=Pool(kind=kind, prefetch=1),
+                    **opts) as loader:
+            plan = loader.plan()
+            assert isinstance(plan, MixPlan) and [len(t.units) for t in plan.tasks[0]] == [2, 2]
+            runs = _slow_epochs(loader, range(3))
+        made.append(len(packs_made))
+        for e, got in enumerate(runs):
+            with Loader(ds.root, batch_size=500, seed=8, **opts) as fresh:
+                fresh.set_epoch(e)
+                assert np.array_equal(got, ds.all_ids[fresh.plan().row_ids()])
+    if kind == "thread":  # process workers make theirs in their own processes
+        assert (made[0] == 6 and made[1] < 6) if packed else made[0] == made[1] < 6, made
 
 
 @pytest.mark.parametrize(("workers", "kind"), [(1, "thread"), (2, "thread"), (2, "process")])

@@ -590,10 +590,11 @@ def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> WindowPack |
     block order (`piece_orders`), or None.
 
     A pack costs a copy of the window, which the blocks' gathers repay where the window's many
-    small copies waited for the GIL (thread workers sharing it) or where the window is read
+    small copies waited for the GIL (thread workers sharing it), where the window is read
     once for many passes: a task that repeats every pass (`Task.repeats`: the only task of
     the pass, so one worker builds it whole unless the workers share it), which `_Kept` keeps
-    for the next pass, whose window of the same pieces and orders takes the pack as it is.
+    for the next pass, whose window of the same pieces and orders takes the pack as it is;
+    and where its blocks take small chunks (`_small_chunks`).
     (Not wherever a message holds one task: a pass built ahead comes in two messages, and a
     partition of several tasks deals other pieces to a task every epoch.) Measured on CTR data, one window per task
     and pass (mix_window=16): a pack made every pass was 5-20% slower in stored order, thread
@@ -606,9 +607,29 @@ def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> WindowPack |
     kept_same = kept is not None and kept.enabled and task.units == kept.pieces
     if kept_same and kept is not None and kept.pack is not None and kept.pack.orders == tuple(orders):
         return kept.pack
-    if kept_same or cfg.share_windows or (task.repeats and kept is not None and kept.enabled):
+    if (kept_same or cfg.share_windows or (task.repeats and kept is not None and kept.enabled)
+            or _small_chunks(task)):
         return WindowPack(cfg.block_specs, [r for *_, r in task.units], orders)
     return None
+
+
+#: A window read for one pass is packed when its blocks take chunks of fewer rows than this
+#: on average: a block from separate arrays copies each piece's chunk column by column, so the
+#: copies' count per row grows as chunks shrink, while the pack's copy costs the same per row.
+_PACK_CHUNK_ROWS = 2048
+
+
+def _small_chunks(task: Task) -> bool:
+    """Whether the blocks of ``task`` take chunks of under `_PACK_CHUNK_ROWS` rows on average:
+    then packing the window, even for one pass, costs less than the blocks' many small copies.
+    Measured with `experiments/bench/mix_ab.py`, a pack against none: CTR with 1,024-row chunks
+    (``--mix-window 32 --block-rows 32768``: 31 pieces, 16 blocks a task) thread W=1 / W=2 /
+    process W=2 1.34 / 2.59 / 3.65 -> 1.63 / 3.30 / 3.76M rows/s, peak PSS no higher; 128-row
+    chunks (``--row-group-rows 2048 --mix-window 128``) thread / process W=2 0.60 / 1.00 ->
+    1.22 / 1.94M rows/s, peak 320 / 402 -> 334 / 426 MiB; 4,096-row chunks (``--mix-window 16``,
+    4 blocks a task: not packed) about equal, process W=1 4% slower, peak 30-45 MiB higher."""
+    n = len(task.blocks) * len(task.units)
+    return n > 0 and task.rows < _PACK_CHUNK_ROWS * n
 
 
 def _open_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, gen: int, k: int,

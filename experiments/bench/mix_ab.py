@@ -7,7 +7,9 @@ two trees, alternately, as the mixed-order engine changes were measured (docs/be
     PYTHONPATH=TREE_A python experiments/bench/mix_ab.py --pool process --workers 2
     PYTHONPATH=TREE_B python experiments/bench/mix_ab.py --pool process --workers 2
 
-The data is bench.py's (`datagen.make_ctr`, 1M rows in 16,384-row row groups), made if missing.
+The data is bench.py's (`datagen.make_ctr`, 1M rows in 16,384-row row groups), made if missing;
+`--row-group-rows N` makes and reads the same rows in row groups of N (the default window and
+block size follow the row groups' rows: compare with `--mix-window 64 --block-rows 4N`).
 Nothing here imports torch, so the peak is lower than bench.py's rows (which do).
 """
 
@@ -46,14 +48,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--order", choices=["mix", "windowed"], default="mix")
     ap.add_argument("--mix-window", type=int, default=None)
+    ap.add_argument("--block-rows", type=int, default=None)
+    ap.add_argument("--row-group-rows", type=int, default=16384,
+                    help="the data's row groups (another value writes another dataset, under --data)")
     ap.add_argument("--epochs", type=int, default=5, help="epochs in all; the first two are not timed")
     ap.add_argument("--table", action="store_true", help="print loader.stats() of the timed epochs")
     ap.add_argument("--cache", action="store_true",
                     help="read through a cache (a fresh one: the first two epochs fill it, the timed ones are warm)")
     a = ap.parse_args(argv)
-    path = str(datagen.make_ctr(a.data, rows=1_000_000))
-    kw: dict[str, Any] = {"shuffle_window": 4} if a.order == "windowed" else (
-        {"mix_window": a.mix_window} if a.mix_window else {})
+    data = a.data if a.row_group_rows == 16384 else f"{a.data}-rg{a.row_group_rows}"
+    path = str(datagen.make_ctr(data, rows=1_000_000, row_group_rows=a.row_group_rows))
+    kw: dict[str, Any] = {"shuffle_window": 4} if a.order == "windowed" else {
+        k: v for k, v in (("mix_window", a.mix_window), ("block_rows", a.block_rows)) if v}
     proc = psutil.Process()
     peak = 0
     tmp = tempfile.TemporaryDirectory(prefix="mix_ab_cache_") if a.cache else None
@@ -77,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                     rows += len(b["id"])
                 if sampled and i % 20 == 0:
                     peak = max(peak, pss_mib(proc))
-        print(f"{a.pool} W={a.workers} {a.order}{f' mix_window={a.mix_window}' if a.mix_window else ''}"
+        print(f"{a.pool} W={a.workers} {a.order}"
+              f"{''.join(f' {k}={v}' for k, v in kw.items() if k in ('mix_window', 'block_rows'))}"
               f"{' cache' if a.cache else ''}: "
               f"{rows / dt:,.0f} rows/s over epochs 2..{a.epochs - 1}, peak PSS {peak} MiB")
         if a.table:
