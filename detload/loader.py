@@ -180,7 +180,8 @@ class Loader:
       or more row groups of under 16,384 rows: about 2**20 rows; resolved at planning).
       A partition of at most that many row groups is one task, whose window the workers keep
       from epoch to epoch: it is read once per loader and stays in memory between epochs.
-    - ``block_rows``: with the mixed order, rows per block at most (default 4 x the median row group).
+    - ``block_rows``: with the mixed order, rows per block at most (default 4 x the median row group,
+      or a sixteenth of a full task of more than 64 row groups; resolved at planning).
     - ``drop_last``: make every step full and drop the tail (default False).
     - ``null_fill``: ``{column: value}`` replacing nulls before conversion.
     - ``cast``: ``{column: dtype}`` delivering a column as another dtype, checked value by value;
@@ -893,8 +894,8 @@ class Loader:
             w, r = state_order.get("mix_window"), state_order.get("block_rows")
             what += (f". To resume the state pass mix_window={w} and block_rows={r} as it records them "
                      f"(on the command line: --mix-window {w} --block-rows {r}); not given, both follow the "
-                     "row groups' rows (docs/determinism.md, plan format 3), and states written before "
-                     "they did record mix_window=64 and blocks of 4 row groups")
+                     "row groups' rows (docs/determinism.md, plan format 3), where states written before "
+                     "this default recorded mix_window=64 and blocks of 4 row groups")
         elif key == "partitions" and self.options.partitions == self.options.world_size:
             what += " (partitions defaults to the world size: pass partitions= explicitly to change world size)"
         return what

@@ -53,7 +53,7 @@ def default_mix_window(rows: np.ndarray) -> int:
     about `DEFAULT_WINDOW_ROWS` rows (1,048,576: 64 row groups of 16,384). A window counted in
     row groups alone made small row groups mix in small windows: 196 row groups of 1,024 rows
     were four tasks of 49, and a model's AUC varied over seeds 2x as much as with an i.i.d.
-    shuffle (docs/mixing-design.md, "Small row groups")."""
+    shuffle (docs/mixing-design.md, As built)."""
     return max(DEFAULT_MIX_WINDOW, DEFAULT_WINDOW_ROWS // _median(rows))
 
 
