@@ -307,3 +307,13 @@ def test_window_memory_warning_names_what_to_change() -> None:
     assert text is not None
     assert "Lower mix_window (now 8" in text and "cache=" in text and "--row-group-rows N" in text
     assert "holds 5 row groups (5,000 rows" in text
+    # The default window of small row groups holds about 2**20 rows: smaller row groups would not
+    # shrink it, so the warning names mix_window and cache=, not a rewrite.
+    plan = make_plan([1000] * 3000, mix(), epoch=0)
+    text = window_memory_warning(plan, 2048.0, budget=1 << 30)
+    assert text is not None and "holds 1000 row groups (1,000,000 rows, about 1,953 MiB" in text
+    assert "Lower mix_window (now 1048, the default for row groups of 1,000 rows: about 2**20 rows;" in text
+    assert "cache=" in text and "--row-group-rows" not in text
+    # Row groups of 16,384 rows or more keep the 64-row-group window, which smaller ones shrink.
+    text = window_memory_warning(make_plan([20_000] * 100, mix(), epoch=0), 2048.0, budget=1 << 30)
+    assert text is not None and "Lower mix_window (now 64;" in text and "--row-group-rows N" in text

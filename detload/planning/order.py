@@ -16,11 +16,11 @@ import xxhash
 from .._check import check_int
 from .._streams import group_permutation, unit_permutation
 from ..errors import OptionError
-from ..plan import Block, MixPlan, OrderOptions, Plan, Unit, UnitList
+from ..plan import DEFAULT_MIX_WINDOW, Block, MixPlan, OrderOptions, Plan, Unit, UnitList
 from .common import cut_stream, drop_all_error
 from .common import rank_schedule as _rank_schedule
 from .common import step_count as _steps
-from .mix import make_mix_plan
+from .mix import default_mix_window, make_mix_plan
 
 __all__ = ["DEFAULT_BLOCK_BUDGET", "block_memory_warning", "check_partitions", "greedy_steps", "make_plan",
            "order_fingerprint", "window_memory_warning"]
@@ -290,12 +290,18 @@ def window_memory_warning(plan: Plan, bytes_per_row: float, budget: int = DEFAUL
     if need <= budget:
         return None
     median = int(np.median(plan.unit_rows))
+    K = plan.options.mix_window
+    # The default window of small row groups counts rows (about 2**20): smaller row groups would
+    # only make it more of them, so rewriting the data is no remedy there.
+    by_rows = K is not None and K > DEFAULT_MIX_WINDOW and default_mix_window(plan.unit_rows) == K
     return (
         f"a task of the mixed order holds {len(biggest.units)} row groups ({biggest.rows:,} rows, about "
         f"{need / 2**20:,.0f} MiB at {bytes_per_row:,.0f} bytes per row), over the block memory budget of "
         f"{budget / 2**20:,.0f} MiB: the workers hold such a window of row groups (together, or each its own "
-        f"with one worker) while they build the task's blocks. Lower mix_window (now {plan.options.mix_window}; fewer row groups are mixed together), "
-        "or pass cache= so that the window is memory-mapped cache entries rather than heap memory, or rewrite "
-        f"the data with smaller row groups (the median holds {median:,} rows: "
-        "`detload layout SRC DST --row-group-rows N`)."
+        f"with one worker) while they build the task's blocks. Lower mix_window (now {K}"
+        + (f", the default for row groups of {median:,} rows: about 2**20 rows" if by_rows else "")
+        + "; fewer row groups are mixed together), or pass cache= so that the window is memory-mapped cache "
+        "entries rather than heap memory"
+        + ("." if by_rows else f", or rewrite the data with smaller row groups (the median holds {median:,} rows: "
+           "`detload layout SRC DST --row-group-rows N`).")
     )
