@@ -176,7 +176,7 @@ def _add_order(g: Any) -> None:
                    help="with --order windowed: row groups whose rows are mixed together (default: 4)")
     rare(g.add_argument("--mix-window", type=int, default=None,
                         help="with --order mix: row groups one task reads and mixes together "
-                             "(default: 64, or more row groups of under 16,384 rows: about 2**20 rows)"))
+                             "(default: 64, or more row groups averaging under 16,384 rows: about 2**20 rows)"))
     rare(g.add_argument("--block-rows", type=int, default=None,
                         help="with --order mix: rows per block at most (default: 4 x the median row group, "
                              "or a sixteenth of a task of more than 64 row groups)"))

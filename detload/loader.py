@@ -177,7 +177,7 @@ class Loader:
     - ``shuffle_window``: with the windowed order, row groups per block, whose rows are permuted
       together (default 4).
     - ``mix_window``: with the mixed order, row groups one task reads once and mixes (default 64,
-      or more row groups of under 16,384 rows: about 2**20 rows; resolved at planning).
+      or more row groups averaging under 16,384 rows: about 2**20 rows; resolved at planning).
       A partition of at most that many row groups is one task, whose window the workers keep
       from epoch to epoch: it is read once per loader and stays in memory between epochs.
     - ``block_rows``: with the mixed order, rows per block at most (default 4 x the median row group,

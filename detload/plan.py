@@ -32,7 +32,7 @@ ORDERS = ("mix", "windowed")
 DEFAULT_SHUFFLE_WINDOW = 4
 #: The mixed order's default window: at least this many row groups...
 DEFAULT_MIX_WINDOW = 64
-#: ... and at least this many rows (row groups of under 16,384 rows: more of them), so that
+#: ... and about this many rows (row groups averaging under 16,384 rows: more of them), so that
 #: small row groups are not mixed in small windows (docs/mixing-design.md, As built).
 DEFAULT_WINDOW_ROWS = 1 << 20
 

@@ -252,19 +252,35 @@ def test_options_and_their_errors() -> None:
     (1_024, 3000, 1_024, 65_536), (4_096, 3000, 256, 65_536), (1_000, 3000, 1_048, 65_500),
     (1_024, 196, 1_024, 12_544), (1, 100_000, 1 << 20, 6_250),
 ])
-def test_default_window_and_block_follow_the_median_row_group(rows: int, n: int, window: int, block: int) -> None:
-    units = [rows] * (n - 2) + [max(1, rows // 7)] * 2  # short row groups move the mean, not the median
-    plan = make_plan(units, mix(batch_size=1), epoch=0)
+def test_default_window_and_block_follow_the_row_groups_rows(rows: int, n: int, window: int, block: int) -> None:
+    units = [rows] * n
+    plan = make_plan(units, mix(batch_size=4096), epoch=0)
     assert isinstance(plan, MixPlan)
     assert (plan.options.mix_window, plan.options.block_rows) == (window, block)
     # Explicit options win over either default; the block follows the window given.
-    plan = make_plan(units, mix(batch_size=1, mix_window=16), epoch=0)
+    plan = make_plan(units, mix(batch_size=4096, mix_window=16), epoch=0)
     assert (plan.options.mix_window, plan.options.block_rows) == (16, 4 * rows)
-    plan = make_plan(units, mix(batch_size=1, block_rows=5), epoch=0)
-    assert (plan.options.mix_window, plan.options.block_rows) == (window, 5)
+    plan = make_plan(units, mix(batch_size=4096, block_rows=4 * rows + 1), epoch=0)
+    assert (plan.options.mix_window, plan.options.block_rows) == (window, 4 * rows + 1)
     # With partitions, a task holds at most a partition's share of the row groups.
-    plan = make_plan(units, mix(batch_size=8, partitions=8), epoch=0)
+    plan = make_plan(units, mix(batch_size=4096, partitions=8), epoch=0)
     assert plan.options.block_rows == max(4 * rows, -(-min(window, -(-n // 8)) * rows // 16))
+
+
+def test_a_few_large_row_groups_among_small_ones_do_not_make_a_huge_window() -> None:
+    """2,000 row groups of 10 rows and 100 of 100,000 (a stream's small files beside compacted
+    ones): the median is 10 rows, the mean 4,771. The window counts the mean, so a task holds
+    about 2**20 rows (not the whole 10M-row dataset, as 2**20 // median row groups would), and
+    its blocks a sixteenth of it (not 4 x 10 rows, a task of 100,000 blocks)."""
+    units = [10] * 1000 + [100_000] * 100 + [10] * 1000
+    plan = make_plan(units, mix(batch_size=64, seed=3), epoch=0)
+    assert isinstance(plan, MixPlan)
+    assert plan.options.mix_window == 2**20 * 2100 // 10_020_000 == 219
+    tasks = plan.tasks[0]
+    assert len(tasks) == 10 and max(t.rows for t in tasks) < 2**21
+    assert max(t.blocks for t in tasks) <= 17
+    # Each task still takes one row group of every stretch of ten: big and small ones alike.
+    assert all(sum(units[i] == 100_000 for i in t.sources) == 10 for t in tasks)
 
 
 def test_small_row_groups_get_a_window_of_rows_not_of_64_row_groups() -> None:
@@ -312,7 +328,7 @@ def test_window_memory_warning_names_what_to_change() -> None:
     plan = make_plan([1000] * 3000, mix(), epoch=0)
     text = window_memory_warning(plan, 2048.0, budget=1 << 30)
     assert text is not None and "holds 1000 row groups (1,000,000 rows, about 1,953 MiB" in text
-    assert "Lower mix_window (now 1048, the default for row groups of 1,000 rows: about 2**20 rows;" in text
+    assert "Lower mix_window (now 1048, the default for row groups of 1,000 rows on average: about 2**20 rows;" in text
     assert "cache=" in text and "--row-group-rows" not in text
     # Row groups of 16,384 rows or more keep the 64-row-group window, which smaller ones shrink.
     text = window_memory_warning(make_plan([20_000] * 100, mix(), epoch=0), 2048.0, budget=1 << 30)

@@ -48,24 +48,32 @@ def _median(rows: np.ndarray) -> int:
     return max(1, int(np.median(rows))) if len(rows) else 1
 
 
+def _total(rows: np.ndarray) -> int:
+    return max(1, int(np.sum(rows, dtype=np.int64)))
+
+
 def default_mix_window(rows: np.ndarray) -> int:
     """The default window: 64 row groups, or more where they are small, so that a window holds
-    about `DEFAULT_WINDOW_ROWS` rows (1,048,576: 64 row groups of 16,384). A window counted in
-    row groups alone made small row groups mix in small windows: 196 row groups of 1,024 rows
-    were four tasks of 49, and a model's AUC varied over seeds 2x as much as with an i.i.d.
-    shuffle (docs/mixing-design.md, As built)."""
-    return max(DEFAULT_MIX_WINDOW, DEFAULT_WINDOW_ROWS // _median(rows))
+    about `DEFAULT_WINDOW_ROWS` rows (1,048,576: 64 row groups of 16,384): ``max(64, 2**20 x n
+    // total rows)``, the row groups' mean, not their median, so that a few large row groups
+    among many small ones do not make a window of millions of rows (tasks are dealt equal
+    counts of row groups spread over the partition, so a task holds about K x the mean rows).
+    A window counted in row groups alone made small row groups mix in small windows: 196 row
+    groups of 1,024 rows were four tasks of 49, and a model's AUC varied over seeds 2x as much
+    as with an i.i.d. shuffle (docs/mixing-design.md, As built)."""
+    return max(DEFAULT_MIX_WINDOW, DEFAULT_WINDOW_ROWS * len(rows) // _total(rows))
 
 
 def default_block_rows(rows: np.ndarray, window: int, partitions: int = 1) -> int:
     """The default block size: 4 x the median unit rows (the windowed order's default block), or
-    more where a task holds more than 64 row groups: a full task (``window`` row groups, or a
-    partition's share of the units if fewer) is then cut into about 16 blocks. A block takes a
-    chunk of every row group of its task, so blocks of 4 row groups from a window of hundreds
-    would be hundreds of chunks of a few rows each, every chunk's copy a call of its own."""
-    med = _median(rows)
-    held = min(window, -(-len(rows) // partitions))
-    return max(4 * med, -(-held * med // 16))
+    more where a task holds more rows than 64 row groups of that median: a full task (``window``
+    row groups, or a partition's share of the units if fewer, of the mean rows) is then cut into
+    about 16 blocks. A block takes a chunk of every row group of its task, so blocks of 4 row
+    groups from a window of hundreds would be hundreds of chunks of a few rows each, every
+    chunk's copy a call of its own."""
+    n = len(rows)
+    held = min(window, -(-n // partitions))
+    return max(4 * _median(rows), -(-held * _total(rows) // (16 * max(1, n))))
 
 
 def resolve_mix(options: OrderOptions, rows: np.ndarray) -> OrderOptions:

@@ -299,7 +299,8 @@ def window_memory_warning(plan: Plan, bytes_per_row: float, budget: int = DEFAUL
         f"{need / 2**20:,.0f} MiB at {bytes_per_row:,.0f} bytes per row), over the block memory budget of "
         f"{budget / 2**20:,.0f} MiB: the workers hold such a window of row groups (together, or each its own "
         f"with one worker) while they build the task's blocks. Lower mix_window (now {K}"
-        + (f", the default for row groups of {median:,} rows: about 2**20 rows" if by_rows else "")
+        + (f", the default for row groups of {int(np.mean(plan.unit_rows)):,} rows on average: about 2**20 rows"
+           if by_rows else "")
         + "; fewer row groups are mixed together), or pass cache= so that the window is memory-mapped cache "
         "entries rather than heap memory"
         + ("." if by_rows else f", or rewrite the data with smaller row groups (the median holds {median:,} rows: "
