@@ -599,17 +599,18 @@ def stored_order(cols: UnitColumns) -> UnitColumns:
     if at is None or at[2] is None:
         return cols
     out = UnitColumns()
-    done: dict[int, np.ndarray] = {}
+    # Each group of columns once, known by its names (its columns may hold views of their own).
+    done: dict[tuple[str, ...], np.ndarray] = {}
     for name, col in cols.items():
         hit = cols.runs.get(name)
         if hit is None:
             out[name] = _reorder(col, at[2], back=True)
             continue
         run, i, names = hit
-        if id(run) not in done:
-            done[id(run)] = _from_order(run, at[2])
-        out[name] = done[id(run)][i]
-        out.runs[name] = (done[id(run)], i, names)
+        if names not in done:
+            done[names] = _from_order(run, at[2])
+        out[name] = done[names][i]
+        out.runs[name] = (done[names], i, names)
     out.check = cols.check
     return out
 
@@ -676,8 +677,7 @@ class WindowPack:
                         assert isinstance(col, np.ndarray)
                         _to_order(arr[j : j + 1, s : s + rows], col[None, first : first + rows], order)
         out = UnitColumns()
-        # One view of each group's rows, shared by its columns: `stored_order` and `_run_part`
-        # know a group by its view (one copy back to stored order per group, not per column).
+        # One view of each group's rows, shared by its columns (not one made per column).
         views_of = {names: arr[:, s : s + rows] for names, arr in self.arrays.items()}
         for name, col in cols.items():
             hit = self.columns.get(name)

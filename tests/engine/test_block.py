@@ -324,6 +324,14 @@ def test_a_block_ordered_piece_goes_back_to_stored_order_once_per_group(monkeypa
     monkeypatch.setattr(_block, "_from_order", lambda src, order: calls.append(src.shape) or real(src, order))
     back = _block.stored_order(piece)
     assert sorted(calls) == [(3, 64), (4, 64)]
+    # Also where each column names a view of its own of its group.
+    calls.clear()
+    apart = UnitColumns(piece)
+    apart.runs = {name: (run[:], i, names) for name, (run, i, names) in piece.runs.items()}
+    apart.at, apart.check = piece.at, piece.check
+    back_apart = _block.stored_order(apart)
+    assert sorted(calls) == [(3, 64), (4, 64)]
+    assert all(np.array_equal(back_apart[s.name], rg[s.name]) for s in specs)
     for s in specs:
         assert np.array_equal(back[s.name], rg[s.name])
     # And it moves into a pack of another order (or none) as the same rows.
