@@ -167,6 +167,14 @@ def _taken(units, specs, ranges):
     return [{s.name: _block.take_rows(u[s.name], chunk_rows(*r)) for s in specs} for u, r in zip(units, ranges)]
 
 
+def _gathers_as_plain(specs, held, plain, ranges, rng):
+    """A block of rows ``ranges`` of ``held`` (units, or pieces of packs), permuted at random,
+    is byte for byte the block the same rows of ``plain`` give."""
+    perm = rng.permutation(sum(r[1] for r in ranges)).astype(np.int64)
+    buf, layout = assemble(specs, held, perm, lambda n: np.zeros(n, dtype=np.uint8), ranges)
+    _check_block(buf, layout, specs, _reference(specs, _taken(plain, specs, ranges), perm))
+
+
 def _packed(specs, units, pieces, orders):
     """A window pack of each unit's rows ``pieces`` (first, rows), in ``orders``, and its pieces."""
     pack = _block.WindowPack(specs, [n for _, n in pieces], orders)
@@ -195,11 +203,9 @@ def test_a_window_pack_assembles_the_same_block(block, seed):
     order = [int(q) for q in rng.permutation(len(units))]
     units_b = [held[q] for q in order]
     ranges = _picks(rng, units_b, specs)
-    perm = rng.permutation(sum(r[1] for r in ranges)).astype(np.int64)
     plain = [{s.name: _block.slice_rows(units[q][s.name], pieces[q][0], pieces[q][0] + pieces[q][1])
               for s in specs} for q in order]
-    buf, layout = assemble(specs, units_b, perm, lambda n: np.zeros(n, dtype=np.uint8), ranges)
-    _check_block(buf, layout, specs, _reference(specs, _taken(plain, specs, ranges), perm))
+    _gathers_as_plain(specs, units_b, plain, ranges, rng)
 
 
 def _order(rng, n):
@@ -246,9 +252,7 @@ def test_a_block_ordered_pack_assembles_the_same_block(block, seed):
     plain = [{s.name: _block.slice_rows(u[s.name], a, a + n) for s in specs} for u, (a, n) in zip(units, pieces)]
     order = [int(q) for q in rng.permutation(len(units))]
     ranges = _block_picks(rng, [orders[q] for q in order], [pieces[q][1] for q in order])
-    perm = rng.permutation(sum(r[1] for r in ranges)).astype(np.int64)
-    buf, layout = assemble(specs, [held[q] for q in order], perm, lambda n: np.zeros(n, dtype=np.uint8), ranges)
-    _check_block(buf, layout, specs, _reference(specs, _taken([plain[q] for q in order], specs, ranges), perm))
+    _gathers_as_plain(specs, [held[q] for q in order], [plain[q] for q in order], ranges, rng)
     other = _block.WindowPack(specs, [n for _, n in pieces], [_order(rng, n) for _, n in pieces])
     for q, (p, (_, n)) in enumerate(zip(held, pieces)):
         back = _block.stored_order(p)
@@ -265,9 +269,7 @@ def test_a_block_ordered_pack_assembles_the_same_block(block, seed):
                 assert np.shares_memory(back[s.name], p[s.name]) == (orders[q] is None and n > 0)
     ranges = _block_picks(rng, other.orders, [n for _, n in pieces])
     moved_all = [other.put(q, p, 0, n) for q, (p, (_, n)) in enumerate(zip(held, pieces))]
-    perm = rng.permutation(sum(r[1] for r in ranges)).astype(np.int64)
-    buf, layout = assemble(specs, moved_all, perm, lambda n: np.zeros(n, dtype=np.uint8), ranges)
-    _check_block(buf, layout, specs, _reference(specs, _taken(plain, specs, ranges), perm))
+    _gathers_as_plain(specs, moved_all, plain, ranges, rng)
 
 
 def test_a_chunk_that_is_not_of_the_pieces_order_is_refused():
