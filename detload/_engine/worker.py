@@ -749,12 +749,9 @@ def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tas
         if pair is None:
             return None
         keep, piece = pair
-        if pack is None:
-            assert keep is not None
-            keep = stored_order(keep)
-            return keep, _rows_of(keep, task.units[i][2], task.units[i][3])
-        if piece.at is not None and piece.at[0] is pack:
+        if pack is not None and piece.at is not None and piece.at[0] is pack:
             return pair
+        assert keep is not None or pack is not None
         return _piece(pack, i, keep, task.units[i][2], task.units[i][3]) if keep is not None else None
 
     # Process workers: pieces whose cache entry another worker of this pass writes. Mapping it
