@@ -63,6 +63,14 @@ class _Consumer:
     batch = 0
 
 
+def _are_the_plans_rows(ds, runs: list[np.ndarray], **opts) -> None:  # type: ignore[no-untyped-def]
+    """Each epoch's ids in ``runs`` are the rows a fresh loader's plan of that epoch names."""
+    for e, got in enumerate(runs):
+        with Loader(ds.root, **opts) as fresh:
+            fresh.set_epoch(e)
+            assert np.array_equal(got, ds.all_ids[fresh.plan().row_ids()])
+
+
 def _slow_epochs(loader: Loader, epochs: range) -> list[np.ndarray]:
     out = []
     for e in epochs:
@@ -105,10 +113,7 @@ def test_several_tasks_per_epoch_match_fresh_epochs(ds, kind) -> None:  # type: 
     with Loader(ds.root, batch_size=40, seed=8, workers=2, pool=Pool(kind=kind, prefetch=1), **opts) as loader:
         assert len(loader.plan().tasks[0]) > 2
         runs = _slow_epochs(loader, range(2))
-    for e, got in enumerate(runs):
-        with Loader(ds.root, batch_size=40, seed=8, **opts) as fresh:
-            fresh.set_epoch(e)
-            assert np.array_equal(got, ds.all_ids[fresh.plan().row_ids()])
+    _are_the_plans_rows(ds, runs, batch_size=40, seed=8, **opts)
 
 
 @pytest.mark.parametrize("cache", [False, True])
@@ -123,10 +128,7 @@ def test_process_workers_keep_a_one_task_window_and_match_fresh_epochs(ds, tmp_p
     # Epoch 0 reads every row group (once from the source, the other worker's share mapped
     # from the cache); epochs 1 and 2 take the kept window and read nothing.
     assert per_epoch[0][1] >= len(ds.units) and [n for _, n in per_epoch[1:]] == [0, 0], per_epoch
-    for e, got in enumerate(runs):
-        with Loader(ds.root, batch_size=50, seed=6, **ONE_TASK) as fresh:
-            fresh.set_epoch(e)
-            assert np.array_equal(got, ds.all_ids[fresh.plan().row_ids()])
+    _are_the_plans_rows(ds, runs, batch_size=50, seed=6, **ONE_TASK)
 
 
 def test_several_tasks_read_every_row_group_every_epoch(ds, decodes) -> None:  # type: ignore[no-untyped-def]
@@ -146,10 +148,7 @@ def test_a_kept_window_is_packed_once_and_its_pack_taken_as_it_is(ds, packs_made
                 **ONE_TASK) as loader:
         runs = _slow_epochs(loader, range(4))
     assert packs_made == [0], packs_made
-    for e, got in enumerate(runs):
-        with Loader(ds.root, batch_size=50, seed=5, **ONE_TASK) as fresh:
-            fresh.set_epoch(e)
-            assert np.array_equal(got, ds.all_ids[fresh.plan().row_ids()])
+    _are_the_plans_rows(ds, runs, batch_size=50, seed=5, **ONE_TASK)
 
 
 @pytest.mark.parametrize("mix_window", [6, 3])
@@ -165,10 +164,7 @@ def test_a_window_that_does_not_repeat_is_not_packed(ds, packs_made, mix_window,
         assert len(loader.plan().tasks[0]) >= 2
         runs = _slow_epochs(loader, range(4))
     assert packs_made == [], packs_made
-    for e, got in enumerate(runs):
-        with Loader(ds.root, batch_size=50, seed=5, **opts) as fresh:
-            fresh.set_epoch(e)
-            assert np.array_equal(got, ds.all_ids[fresh.plan().row_ids()])
+    _are_the_plans_rows(ds, runs, batch_size=50, seed=5, **opts)
 
 
 @pytest.mark.parametrize(("block_rows", "packed"), [(10_000, False), (2_000, True)])
@@ -194,10 +190,7 @@ def test_a_window_of_small_chunks_is_packed_for_one_pass(make_dataset, packs_mad
             assert isinstance(plan, MixPlan) and [len(t.units) for t in plan.tasks[0]] == [2, 2]
             runs = _slow_epochs(loader, range(3))
         made.append(len(packs_made))
-        for e, got in enumerate(runs):
-            with Loader(ds.root, batch_size=500, seed=8, **opts) as fresh:
-                fresh.set_epoch(e)
-                assert np.array_equal(got, ds.all_ids[fresh.plan().row_ids()])
+        _are_the_plans_rows(ds, runs, batch_size=500, seed=8, **opts)
     if kind == "thread":  # process workers make theirs in their own processes
         assert (made[0] == 6 and made[1] < 6) if packed else made[0] == made[1] < 6, made
 
@@ -218,10 +211,7 @@ def test_block_ordered_windows_give_the_plans_rows(make_dataset, packs_made, wor
         assert {q for q, _, n, run, _ in task.block_chunks(0) if run < n} == set(range(4))  # every piece in runs
         runs = _slow_epochs(loader, range(3))
     assert packs_made == ([0] if kind == "thread" else []), packs_made
-    for e, got in enumerate(runs):
-        with Loader(ds.root, batch_size=64, seed=2, **opts) as fresh:
-            fresh.set_epoch(e)
-            assert np.array_equal(got, ds.all_ids[fresh.plan().row_ids()])
+    _are_the_plans_rows(ds, runs, batch_size=64, seed=2, **opts)
 
 
 @pytest.mark.parametrize("partitions", [2, 5])
@@ -237,7 +227,4 @@ def test_thread_workers_sharing_windows_cut_by_partitions_match_fresh_epochs(ds,
                                   for r in u.ranges)
         assert max(cut.values()) == 2  # some row group lies in two partitions' windows
         runs = _slow_epochs(loader, range(3))
-    for e, got in enumerate(runs):
-        with Loader(ds.root, batch_size=50, seed=9, **opts) as fresh:
-            fresh.set_epoch(e)
-            assert np.array_equal(got, ds.all_ids[fresh.plan().row_ids()])
+    _are_the_plans_rows(ds, runs, batch_size=50, seed=9, **opts)
