@@ -30,6 +30,8 @@ from .errors import DetloadError, ManifestError, OptionError, SchemaMismatchErro
 _MAP_HELP = ("cache entries kept memory-mapped between epochs (thread workers together, or each worker "
              "process), e.g. 8GB; 0 maps them anew each epoch (default: auto, a quarter of the memory)")
 _LAST_EPOCH = 2**32 - 1
+_SPILL_HELP = ("where a mixed-order window of 32 MiB or more is spilled: a folder, 'on' (the system's "
+               "temporary folder unless it is in memory) or 'off' (held in memory) (default: on)")
 
 
 class CommandError(Exception):
@@ -252,7 +254,7 @@ def _loader_kwargs(a: argparse.Namespace) -> dict[str, Any]:
 
 def _groups(*, pool: str | None = None, prefetch: int | None = None, cache_dir: str | None = None,
             cache_limit: str | None = None, cache_map_limit: str | None = None, rank: int | None = None,
-            world_size: int | None = None) -> dict[str, Any]:
+            world_size: int | None = None, spill: str | None = None) -> dict[str, Any]:
     """The Loader's option groups (`Pool`, `Cache`, `Distributed`) from the flags given; a bad
     value's message names its flag ("--cache-limit needs --cache-dir"). Flags left out leave
     their group to the Loader's default."""
@@ -267,12 +269,15 @@ def _groups(*, pool: str | None = None, prefetch: int | None = None, cache_dir: 
         _check_distributed,
         _check_sizes,
         _is_auto,
+        check_spill,
     )
 
     out: dict[str, Any] = {}
-    if pool is not None or prefetch is not None:
-        more = {} if prefetch is None else {
+    if pool is not None or prefetch is not None or spill is not None:
+        more: dict[str, Any] = {} if prefetch is None else {
             "prefetch": check_int("--prefetch", prefetch, 1, MAX_PREFETCH, what="blocks queued per worker")}
+        if spill is not None:
+            more["spill"] = {"on": True, "off": False}[spill] if spill in ("on", "off") else check_spill("--spill", spill)
         out["pool"] = Pool(kind=pool or "thread", **more)  # type: ignore[arg-type]  # argparse's choices
     map_limit = "auto" if cache_map_limit is None else cache_map_limit
     if cache_dir is not None or cache_limit is not None or not _is_auto(map_limit):  # --cache-map-limit: auto
@@ -316,6 +321,7 @@ def _parser() -> argparse.ArgumentParser:
                               help="worker count or 'auto' (one per core, at most 16)")
     s["workers"].add_argument("--pool", choices=["thread", "process"], default="thread", help="what the workers are")
     rare(s["workers"].add_argument("--prefetch", type=int, default=2, help="blocks queued per worker"))
+    rare(s["workers"].add_argument("--spill", default=None, help=_SPILL_HELP))
     s["cache"].add_argument("--cache-dir", default=None,
                             help="row-group cache directory (local SSD); see docs/remote.md (default: no cache)")
     rare(s["cache"].add_argument("--cache-limit", default=None,
@@ -411,6 +417,7 @@ def _parser() -> argparse.ArgumentParser:
                               help="worker count or 'auto' (one per core, at most 16)")
     s["workers"].add_argument("--pool", choices=["thread", "process"], default="thread", help="what the workers are")
     rare(s["workers"].add_argument("--prefetch", type=int, default=2, help="blocks queued per worker"))
+    rare(s["workers"].add_argument("--spill", default=None, help=_SPILL_HELP))
     s["cache"].add_argument("--cache-dir", default=None,
                             help="row-group cache folder: epoch 0 fills it, later epochs show warm-cache throughput "
                                  "(default: no cache)")
@@ -504,7 +511,8 @@ def _cmd_run(a: argparse.Namespace) -> int:
     _preload(a)
     t0 = time.perf_counter()
     kwargs = {**_loader_kwargs(a), **_groups(pool=a.pool, prefetch=a.prefetch, cache_dir=a.cache_dir,
-                                            cache_limit=a.cache_limit, cache_map_limit=a.cache_map_limit)}
+                                            cache_limit=a.cache_limit, cache_map_limit=a.cache_map_limit,
+                                            spill=a.spill)}
     kwargs.update(_filter_kwargs(a))
     kwargs.update(_group_kwargs(a))
     with interruptible(), Loader(a.source, workers=a.workers, manifest=a.manifest, **kwargs) as loader:
@@ -619,7 +627,8 @@ def _cmd_bench(a: argparse.Namespace) -> int:
                                  **_order_kwargs(a), columns=a.columns, null_fill=dict(a.null_fill),
                                  cast=dict(a.cast) or None, **_filter_kwargs(a), **_group_kwargs(a),
                                  **_groups(pool=a.pool, prefetch=a.prefetch, cache_dir=a.cache_dir,
-                                           cache_limit=a.cache_limit, cache_map_limit=a.cache_map_limit)) as loader:
+                                           cache_limit=a.cache_limit, cache_map_limit=a.cache_map_limit,
+                                            spill=a.spill)) as loader:
         _check_outside_dataset(loader, a.source, "--trace", a.trace)
         _check_outside_dataset(loader, a.source, "--cache-dir", a.cache_dir)
         if a.trace:

@@ -27,6 +27,7 @@ from ._cache import open_cache
 from ._check import check_int, check_path, check_writable_file
 from ._discovery import Dataset, SkippedFilesWarning, describe_skipped, discover, skipped_why
 from ._engine import share
+from ._engine import spill as _spill
 from ._engine.config import WorkerConfig, WorkerKind
 from ._engine.memory import BufferWatch, finalize
 from ._engine.merge import END, STOPPED, Failure, Run, ahead_counts, make_tasks
@@ -208,7 +209,8 @@ class Loader:
     - ``pool``: a `Pool` (``kind`` "thread" or "process", ``prefetch`` blocks queued per
       worker, ``stall_timeout`` seconds before WorkerStalledError or None, ``trace``
       stage timings for ``stats()``, ``block_memory`` the block size above which planning
-      warns), or ``"thread"``/``"process"``. Default: ``Pool()``.
+      warns, ``spill`` where a large mixed-order window is kept: True, the temporary folder;
+      a folder; False, memory), or ``"thread"``/``"process"``. Default: ``Pool()``.
     - ``cache``: a `Cache` (``dir`` the row-group cache folder, ``limit`` its size cap,
       ``map_limit`` bytes kept memory-mapped between epochs), or a folder. Default: no cache.
     - ``distributed``: a `Distributed` (``rank``, ``world_size``) or a ``(rank, world_size)``
@@ -281,6 +283,7 @@ class Loader:
         self._pool_kind: PoolKind = pool_opts.kind
         self._memory_map = storage_opts.memory_map
         self._prefetch = pool_opts.prefetch
+        self._spill = pool_opts.spill
         self._stall_timeout = pool_opts.stall_timeout
         trace = pool_opts.trace
         _check_source(source)
@@ -438,7 +441,8 @@ class Loader:
                             prefix, hooks=self._hooks.debug,
                             cache=cache, selections=self._selections, group_by=self.group_by,
                             group_columns=self.group_columns, transform=self._xform, group_specs=group_specs,
-                            memory_map=mapping, share_windows=shared, share_dir=share_dir, scratch=scratch)
+                            memory_map=mapping, share_windows=shared, share_dir=share_dir, scratch=scratch,
+                            spill_dir=_spill.spill_folder(self._spill), spill_min=_spill.SPILL_MIN_BYTES)
 
     def _shares_windows(self, kind: WorkerKind) -> bool:
         """Whether the workers share the mixed order's task windows (_engine/share.py): with

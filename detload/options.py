@@ -60,6 +60,13 @@ class Pool:
     - ``block_memory``: the block size (bytes, or a size such as ``"1GiB"``, the
       default) above which planning warns once (``BlockMemoryWarning``) that a
       block of the plan would hold more; ``None``: no warning. Changes no batch.
+    - ``spill``: where a mixed-order window (the row groups a task's blocks are cut
+      from, held until its last block) of at least 32 MiB of fixed-width columns is
+      kept: ``True`` (default), in an unlinked file in the system's temporary folder
+      (``tempfile.gettempdir()``), in memory where that folder is itself in memory
+      (tmpfs); a folder path, in a file there; ``False``, in memory. A spilled
+      window lives in the page cache, which the kernel writes to disk and evicts
+      under memory pressure, instead of the workers' memory. Changes no batch.
 
     Shorthand: ``pool="process"`` is ``Pool(kind="process")``.
     """
@@ -69,6 +76,7 @@ class Pool:
     stall_timeout: float | None = 300.0
     trace: bool = True
     block_memory: int | str | None = "1GiB"
+    spill: bool | str = True
 
     def __post_init__(self) -> None:
         from ._cache import parse_size  # start-up time: _cache imports NumPy, `import detload` must not
@@ -76,6 +84,7 @@ class Pool:
         _set(self, zip(("kind", "prefetch", "stall_timeout", "trace"),
                        _check_pool(self.kind, self.prefetch, self.stall_timeout, self.trace, _names(Pool))))
         parse_size(self.block_memory, "Pool.block_memory")  # refused now, not at the first plan
+        object.__setattr__(self, "spill", check_spill("Pool.spill", self.spill))
 
     @property
     def block_memory_bytes(self) -> int | None:
@@ -83,6 +92,23 @@ class Pool:
         from ._cache import parse_size  # start-up time: _cache imports NumPy, `import detload` must not
 
         return parse_size(self.block_memory, "Pool.block_memory")
+
+
+def check_spill(name: str, value: Any) -> bool | str:
+    """`Pool.spill`'s value: True, False, or a path of an existing folder (as a str)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)):
+        raise OptionError(f"{name} must be True, False or a folder's path, got {value!r}")
+    text = os.fspath(value)
+    if not isinstance(text, str) or not text.strip():
+        raise OptionError(f"{name} must name a folder, got {value!r}")
+    check_no_nul(name, text)
+    if not os.path.isdir(text):
+        on, off = ("'on'", "'off'") if name.startswith("--") else ("True", "False")
+        raise OptionError(f"{name}: {text!r} is not a folder (the spill file of a mixed-order window goes "
+                          f"there; pass an existing folder, {on} for the system's temporary folder, or {off})")
+    return text
 
 
 def _check_cache(dir: Any, limit: Any, map_limit: Any, names: Mapping[str, str]) -> tuple[Any, ...]:

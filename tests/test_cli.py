@@ -180,6 +180,8 @@ def test_huge_prefetch_with_processes(data, tmp_path, capsys):
                                                           "'500MB', '20GiB'"),
     (["--rank", "2", "--world-size", "2"], "--rank must be an int in [0, 2), got 2"),
     (["--world-size", "0"], "--world-size must be an int >= 1, got 0"),
+    (["--spill", "{tmp}/none"], "--spill: '{tmp}/none' is not a folder (the spill file of a mixed-order window "
+                                "goes there; pass an existing folder, 'on' for the system's temporary folder, or 'off')"),
 ])
 def test_errors_name_the_flags(data, tmp_path, capsys, monkeypatch, flags, message):
     # The flags stand for the Loader's option groups; a message names what was typed.
@@ -188,7 +190,7 @@ def test_errors_name_the_flags(data, tmp_path, capsys, monkeypatch, flags, messa
     code, out, err = _run(["run", data, "--batch-size", "64", "--seed", "1", "--manifest", str(tmp_path / "m.jsonl"),
                            *(f.format(tmp=tmp_path) for f in flags)], capsys)
     assert code == 2 and "epoch" not in out
-    assert _one_error(err, "run") == f"detload run: error: {message}"
+    assert _one_error(err, "run") == f"detload run: error: {message.format(tmp=tmp_path)}"
 
 
 @pytest.mark.parametrize("where", ["dir", "under_file", "ro"])

@@ -8,6 +8,8 @@ tasks a worker, every epoch reads its row groups once.
 from __future__ import annotations
 
 import collections
+import os
+import tempfile
 import time
 
 import numpy as np
@@ -15,6 +17,7 @@ import pytest
 from strategies import check_rows
 
 import detload._engine.block
+import detload._engine.spill
 import detload._engine.worker
 import detload._read.reader
 from detload import Loader, Pool
@@ -228,3 +231,93 @@ def test_thread_workers_sharing_windows_cut_by_partitions_match_fresh_epochs(ds,
         assert max(cut.values()) == 2  # some row group lies in two partitions' windows
         runs = _slow_epochs(loader, range(3))
     _are_the_plans_rows(ds, runs, batch_size=50, seed=9, **opts)
+
+
+@pytest.fixture
+def spills_made(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
+    """The epoch the consumer is in at each `SpillPack` a thread worker makes."""
+    made: list[int] = []
+    real = detload._engine.spill.SpillPack.__init__
+
+    def init(self, *a, **kw):  # type: ignore[no-untyped-def]
+        made.append(_Consumer.epoch)
+        real(self, *a, **kw)
+
+    monkeypatch.setattr(detload._engine.spill.SpillPack, "__init__", init)
+    return made
+
+
+def _ids_of(ds, epochs: int, **opts) -> list[np.ndarray]:  # type: ignore[no-untyped-def]
+    with Loader(ds.root, **opts) as loader:
+        return _slow_epochs(loader, range(epochs))
+
+
+@pytest.mark.parametrize(("workers", "kind", "mix_window"), [(1, "thread", 64), (2, "thread", 64), (1, "process", 64),
+                                                             (2, "process", 64), (2, "thread", 4)])
+def test_a_spilled_window_gives_the_batches_held_in_memory(ds, make_dataset, spills_made, monkeypatch, workers, kind,
+                                                           mix_window) -> None:  # type: ignore[no-untyped-def]
+    # A window of at least spill.SPILL_MIN_BYTES (here 0: every packed window) is spilled to
+    # a file in the Pool.spill folder: its fixed columns there, its string and list columns in
+    # memory. One task an epoch (mix_window 64): a worker spills it once, in epoch 0, and
+    # keeps it for every epoch after (one process worker too, in its own process: not
+    # counted here); two process workers share it as cache entries. Four tasks an epoch with
+    # small chunks (mix_window 4): packed, so spilled, for one pass each. Every batch is the
+    # one a loader holding its windows in memory gives.
+    monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", 0)
+    opts = {"batch_size": 50, "seed": 5, "workers": workers, "order": "mix", "mix_window": mix_window,
+            "block_rows": 100}
+    kept = _ids_of(ds, 3, pool=Pool(kind=kind, prefetch=1, spill=False), **opts)
+    assert spills_made == []
+    folder = make_dataset({}, name="spill")  # an empty folder of our own
+    spilled = _ids_of(ds, 3, pool=Pool(kind=kind, prefetch=1, spill=folder.root), **opts)
+    assert all(np.array_equal(a, b) for a, b in zip(kept, spilled))
+    _are_the_plans_rows(ds, spilled, batch_size=50, seed=5, order="mix", mix_window=mix_window, block_rows=100)
+    if kind == "process":
+        pass
+    elif mix_window == 64:
+        assert spills_made == [0], spills_made
+    else:
+        assert len(spills_made) >= 3 * 3 and set(spills_made) == {0, 1, 2}, spills_made
+    assert os.listdir(folder.root) == []  # the files are unlinked: nothing is left there
+
+
+def test_a_small_window_is_held_in_memory(ds, spills_made, packs_made) -> None:  # type: ignore[no-untyped-def]
+    # Under spill.SPILL_MIN_BYTES (32 MiB of fixed columns) a window is packed in memory:
+    # a spill would save less than the windowed order's blocks hold anyway.
+    _ids_of(ds, 2, batch_size=50, seed=5, workers=1, pool=Pool(kind="thread", prefetch=1), **ONE_TASK)
+    assert spills_made == [] and packs_made == [0]
+
+
+def test_a_folder_that_cannot_take_the_spill_file_holds_windows_in_memory(ds, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # The spill folder went after the Pool was made: the window is packed in memory instead,
+    # with one warning naming the folder and what to do; the batches are the same.
+    monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", 0)
+    monkeypatch.setattr(detload._engine.worker, "_SPILL_WARNED", set())
+    folder = tmp_path / "spill"
+    folder.mkdir()
+    pool = Pool(kind="thread", prefetch=1, spill=str(folder))
+    folder.rmdir()
+    with pytest.warns(ResourceWarning) as caught:
+        got = _ids_of(ds, 2, batch_size=50, seed=5, workers=1, pool=pool, **ONE_TASK)
+    texts = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert len(texts) == 1, texts
+    assert texts[0].startswith(f"could not spill a mixed-order window to {str(folder)!r} (")
+    assert texts[0].endswith("windows are held in memory instead. Free space there, or pass Pool(spill=FOLDER) "
+                             "for another folder (on the command line: --spill FOLDER), or spill=False")
+    _are_the_plans_rows(ds, got, batch_size=50, seed=5, **ONE_TASK)
+
+
+def test_the_default_spill_folder_is_never_in_memory(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # spill=True takes the system's temporary folder, unless a tmpfs holds it: a spill there
+    # would move the window from the workers' memory into the page cache's, saving nothing.
+    mounts = tmp_path / "mounts"
+    mounts.write_text("/dev/vda / ext4 rw 0 0\ntmpfs /dev/shm tmpfs rw 0 0\ntmpfs /run/user\\0401 tmpfs rw 0 0\n")
+    monkeypatch.setattr(detload._engine.spill, "_MOUNTS", str(mounts))
+    monkeypatch.setattr(tempfile, "tempdir", "/dev/shm/x")
+    assert detload._engine.spill.spill_folder(True) is None
+    monkeypatch.setattr(tempfile, "tempdir", "/run/user 1/t")
+    assert detload._engine.spill.spill_folder(True) is None
+    monkeypatch.setattr(tempfile, "tempdir", "/var/tmp")
+    assert detload._engine.spill.spill_folder(True) == "/var/tmp"
+    assert detload._engine.spill.spill_folder("/dev/shm") == "/dev/shm"  # a folder given is taken as it is
+    assert detload._engine.spill.spill_folder(False) is None

@@ -52,6 +52,11 @@ def test_values_are_normalised():
                                     r"or None \(wait forever\), got int 0"),
     (lambda: Pool(stall_timeout="5"), "Pool.stall_timeout must be a positive number of seconds.*got str '5'"),
     (lambda: Pool(trace=1), "Pool.trace must be True or False, got int 1"),
+    (lambda: Pool(spill=1), r"Pool.spill must be True, False or a folder's path, got 1"),
+    (lambda: Pool(spill=""), "Pool.spill must name a folder, got ''"),
+    (lambda: Pool(spill="/no/such/folder"), r"Pool.spill: '/no/such/folder' is not a folder \(the spill file of a "
+                                            r"mixed-order window goes there; pass an existing folder, True for the "
+                                            r"system's temporary folder, or False\)"),
     (lambda: Cache(""), "Cache.dir must name a folder, got ''"),
     (lambda: Cache("  "), "Cache.dir must name a folder, got '  '"),
     (lambda: Cache(b"/c"), r"Cache.dir must be a path \(str or os.PathLike\), got b'/c'"),

@@ -473,7 +473,16 @@ def assemble(
         need = max((min(k, cols_at_once(rows, _dtype(dt).itemsize)) * rows * _dtype(dt).itemsize
                     for _, k, dt in groups), default=0)
     pack = _pack_of(units) if perm is not None and rows else None
-    index = _pack_index(units, spans, ranges, perm) if pack is not None and perm is not None else None
+    index = (_pack_index(units, spans, ranges, perm) if pack is not None and perm is not None
+             and not hasattr(pack, "gather") else None)
+    gather = getattr(_pack_of(units), "gather", None) if perm is not None else None
+    if gather is not None and ranges is not None:
+        # A spilled pack (_engine/spill.py) reads every group's rows of the block itself.
+        gather([(tuple(c.name for c in layout.columns[first : first + k]),
+                 base[layout.columns[first].data.offset : layout.columns[first].data.offset
+                      + k * layout.columns[first].data.nbytes].view(_dtype(dt)).reshape(k, rows))
+                for first, k, dt in groups], units, ranges, spans, perm)
+        groups = ()
     scratch = _workspace("scratch", need, np.uint8)
     for first, k, dt in groups:
         names = tuple(c.name for c in layout.columns[first : first + k])
@@ -596,6 +605,9 @@ def stored_order(cols: UnitColumns) -> UnitColumns:
     """A row group's columns in stored order: ``cols`` itself, unless it is a block-ordered
     piece of a pack (then a copy of its columns in stored order)."""
     at = cols.at
+    restore = getattr(at[0], "stored", None) if at is not None else None
+    if restore is not None:  # a piece of a spilled pack (_engine/spill.py): read back
+        return restore(cols)  # type: ignore[no-any-return]
     if at is None or at[2] is None:
         return cols
     out = UnitColumns()

@@ -70,6 +70,10 @@ class WorkerConfig:
     #: Thread workers sharing windows: the converted row groups they hand each other
     #: (share.MemoryShare, never pickled).
     window_share: Any = None
+    #: Where a mixed-order window of at least ``spill_min`` bytes of fixed columns is spilled
+    #: (_engine/spill.py; `Pool.spill`), or None: windows are held in memory.
+    spill_dir: str | None = None
+    spill_min: int = 32 << 20
 
     @property
     def shm_dir(self) -> str | None:

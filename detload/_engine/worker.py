@@ -36,7 +36,7 @@ from .._types import UnitColumns
 from . import share
 from . import shm as _shm
 from . import spawn as _spawn
-from .block import Layout, Rows, WindowPack, assemble, piece_orders, slice_rows, stored_order
+from .block import Layout, Order, Rows, WindowPack, assemble, piece_orders, slice_rows, stored_order
 from .config import WorkerConfig
 from .groups import GroupRows, block_order, build_grouped, check_compact, check_constant, check_key_kept, group_rows
 from .messages import (
@@ -55,6 +55,7 @@ from .messages import (
 )
 from .passes import EVERY, Passes
 from .spawn import MainSource, SharedInts
+from .spill import SpillPack, spill_bytes
 
 __all__ = ["ProcessLink", "ThreadLink", "process_main", "worker_loop"]
 
@@ -266,7 +267,7 @@ def _rows_of(cols: UnitColumns, first: int, rows: int) -> UnitColumns:
 
 
 
-def _piece(pack: WindowPack | None, q: int, cols: UnitColumns, first: int, rows: int
+def _piece(pack: WindowPack | SpillPack | None, q: int, cols: UnitColumns, first: int, rows: int
            ) -> tuple[UnitColumns | None, UnitColumns]:
     """Piece ``q`` of a window, rows ``[first, first + rows)`` of a row group's ``cols``: (what
     the next pass may take of the row group (`_Kept`), or None; the piece). With a pack the
@@ -276,7 +277,10 @@ def _piece(pack: WindowPack | None, q: int, cols: UnitColumns, first: int, rows:
         cols = stored_order(cols)
         return cols, _rows_of(cols, first, rows)
     piece = pack.put(q, cols, first, rows)
-    if first == 0 and rows == _length(cols):
+    at = cols.at
+    # The whole row group, or the piece a kept window held here (a spilled one holds no
+    # fixed column to count its rows by).
+    if (at is not None and at[0] is pack and at[1] + first == pack.starts[q]) or (first == 0 and rows == _length(cols)):
         return piece, piece
     return (cols if cols.at is None else None), piece
 
@@ -530,7 +534,7 @@ class _Window:
     __slots__ = ("pack", "raw", "task", "units")
 
     def __init__(self, task: Task, units: list[UnitColumns], raw: list[UnitColumns | None],
-                 pack: WindowPack | None) -> None:
+                 pack: WindowPack | SpillPack | None) -> None:
         self.task = task
         self.units = units
         self.raw = raw  # each piece's whole row group, as read (what the next pass may reuse), or None
@@ -567,7 +571,7 @@ class _Kept:
         self.enabled = cfg.transform is None and cfg.hooks is None
         self.cols: dict[tuple[int, int], UnitColumns] = {}  # (file, row group): columns
         self.pieces: tuple[Any, ...] = ()  # the kept window's pieces, and its pack
-        self.pack: WindowPack | None = None
+        self.pack: WindowPack | SpillPack | None = None
 
     def take(self, f: int, rg: int) -> UnitColumns | None:
         """The row group's columns if the window before held them (no longer kept here: once
@@ -585,7 +589,7 @@ class _Kept:
         self.cols, self.pieces, self.pack = {}, (), None
 
 
-def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> WindowPack | None:
+def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> WindowPack | SpillPack | None:
     """The pack a shuffled task's window holds its pieces in (`WindowPack`), each piece in its
     block order (`piece_orders`), or None.
 
@@ -610,8 +614,33 @@ def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> WindowPack |
         return kept.pack
     if (kept_same or cfg.share_windows or (task.repeats and kept is not None and kept.enabled)
             or _small_chunks(task)):
-        return WindowPack(cfg.block_specs, [r for *_, r in task.units], orders)
+        return _make_pack(cfg, [r for *_, r in task.units], orders)
     return None
+
+
+def _make_pack(cfg: WorkerConfig, piece_rows: list[int], orders: list[Order]) -> WindowPack | SpillPack:
+    """A window's pack: spilled to a file (`SpillPack`) where the configuration names a spill
+    folder and the window's fixed columns hold at least ``cfg.spill_min`` bytes, else in
+    memory (also where the folder cannot take the file: the window is then held as without
+    a spill folder, the bytes of its blocks the same)."""
+    if cfg.spill_dir is not None and spill_bytes(cfg.block_specs, sum(piece_rows)) >= cfg.spill_min:
+        try:
+            return SpillPack(cfg.block_specs, piece_rows, orders, cfg.spill_dir)
+        except OSError as exc:
+            _spill_failed(cfg.spill_dir, exc)
+    return WindowPack(cfg.block_specs, piece_rows, orders)
+
+
+_SPILL_WARNED: set[str] = set()
+
+
+def _spill_failed(folder: str, exc: OSError) -> None:
+    """Warn once per folder that a window could not be spilled there (full, read-only, gone)."""
+    if folder not in _SPILL_WARNED:
+        _SPILL_WARNED.add(folder)
+        warnings.warn(f"could not spill a mixed-order window to {folder!r} ({exc}); windows are held in "
+                      f"memory instead. Free space there, or pass Pool(spill=FOLDER) for another folder "
+                      f"(on the command line: --spill FOLDER), or spill=False", ResourceWarning, stacklevel=2)
 
 
 #: A window read for one pass is packed when its blocks take chunks of fewer rows than this

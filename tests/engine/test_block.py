@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import tempfile
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detload._engine import block as _block
+from detload._engine import spill as _spill
 from detload._engine.block import assemble, views
 from detload._types import ColumnSpec, Ragged, UnitColumns
 from detload.plan import chunk_rows
@@ -270,6 +273,81 @@ def test_a_block_ordered_pack_assembles_the_same_block(block, seed):
     ranges = _block_picks(rng, other.orders, [n for _, n in pieces])
     moved_all = [other.put(q, p, 0, n) for q, (p, (_, n)) in enumerate(zip(held, pieces))]
     _gathers_as_plain(specs, moved_all, plain, ranges, rng)
+
+
+def _spilled(specs, units, pieces, orders):
+    """`_packed`, the pack spilled to a file in the temporary folder (`SpillPack`)."""
+    pack = _spill.SpillPack(specs, [n for _, n in pieces], orders, tempfile.gettempdir())
+    return pack, [pack.put(q, u if isinstance(u, UnitColumns) else UnitColumns(u), a, n)
+                  for q, (u, (a, n)) in enumerate(zip(units, pieces))]
+
+
+def _same_rows(specs, got, want, n):
+    for s in specs:
+        if s.kind == "fixed":
+            assert np.array_equal(got[s.name], want[s.name]) and got[s.name].dtype == want[s.name].dtype
+        else:
+            assert [_plain(got[s.name][i]) for i in range(n)] == [_plain(want[s.name][i]) for i in range(n)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(blocks(), st.integers(0, 2**32 - 1), st.sampled_from([0, 1 << 16]))
+def test_a_spilled_pack_assembles_the_same_block(block, seed, small):
+    # A large window is spilled (_engine/spill.py): its fixed 1-D columns go to a file, each
+    # piece chunk by chunk, and a block reads its chunk of each piece back (a whole chunk in
+    # one call; part of a segment read whole, or through the file's map where ``small`` is 0).
+    # Blocks from it, in any order of pieces, are byte for byte those the same rows give as
+    # plain units; a piece taken back to stored order, moved into a pack in memory or into
+    # another spilled pack of other orders keeps every column's rows; and blocks from the
+    # other spilled pack are right too.
+    specs, units, _ = block
+    rng = np.random.default_rng(seed)
+    pieces = _cuts(rng, units, specs)
+    orders = [_order(rng, n) for _, n in pieces]
+    pack, held = _spilled(specs, units, pieces, orders)
+    assert all(p.at[0] is pack for p in held)
+    assert not any(s.name in p for p in held for s in specs if s.kind == "fixed" and not s.inner)  # on disk only
+    plain = [{s.name: _block.slice_rows(u[s.name], a, a + n) for s in specs} for u, (a, n) in zip(units, pieces)]
+    was = _spill._SMALL_SEGMENT
+    _spill._SMALL_SEGMENT = small
+    try:
+        order = [int(q) for q in rng.permutation(len(units))]
+        ranges = _block_picks(rng, [orders[q] for q in order], [pieces[q][1] for q in order])
+        _gathers_as_plain(specs, [held[q] for q in order], [plain[q] for q in order], ranges, rng)
+        sizes = [n for _, n in pieces]
+        other = _block.WindowPack(specs, sizes, [_order(rng, n) for n in sizes])
+        spilled = _spill.SpillPack(specs, sizes, [_order(rng, n) for n in sizes], tempfile.gettempdir())
+        for q, (p, n) in enumerate(zip(held, sizes)):
+            for moved in (_block.stored_order(p), _block.stored_order(other.put(q, p, 0, n)),
+                          _block.stored_order(spilled.put(q, p, 0, n))):
+                _same_rows(specs, moved, plain[q], n)
+        ranges = _block_picks(rng, spilled.orders, sizes)
+        _gathers_as_plain(specs, [spilled.put(q, p, 0, n) for q, (p, n) in enumerate(zip(held, sizes))], plain,
+                          ranges, rng)
+    finally:
+        _spill._SMALL_SEGMENT = was
+
+
+def test_a_piece_already_spilled_is_not_written_again(monkeypatch):
+    # A window kept from the pass before lends its spilled pack to the next window of the same
+    # pieces: putting a piece that lies there already writes nothing, and its rows are read
+    # back as they were written.
+    specs = [ColumnSpec(n, "float", "fixed", "<f4") for n in "ab"] + [ColumnSpec("c", "int64", "fixed", "<i8")]
+    rng = np.random.default_rng(3)
+    rg = UnitColumns({"a": rng.random(64).astype(np.float32), "b": rng.random(64).astype(np.float32),
+                      "c": rng.integers(0, 99, 64)})
+    pack = _spill.SpillPack(specs, [64, 10], [(4, 4, 4), None], tempfile.gettempdir())
+    writes = []
+    real = _spill._write_all
+    monkeypatch.setattr(_spill, "_write_all", lambda *a: writes.append(a[2]) or real(*a))
+    whole = pack.put(0, rg, 0, 64)
+    part = pack.put(1, rg, 20, 10)
+    assert writes == [0, 64 * 16]  # piece 1 follows piece 0's 64 rows of 16 bytes
+    again = pack.put(0, whole, 0, 64)
+    assert len(writes) == 2 and again.at == (pack, 0, (4, 4, 4), 0)
+    for name in "abc":
+        assert np.array_equal(_block.stored_order(again)[name], rg[name])
+        assert np.array_equal(_block.stored_order(part)[name], rg[name][20:30])
 
 
 def test_a_chunk_that_is_not_of_the_pieces_order_is_refused():
