@@ -288,6 +288,16 @@ def test_a_small_window_is_held_in_memory(ds, spills_made, packs_made) -> None: 
     assert spills_made == [] and packs_made == [0]
 
 
+def test_a_window_of_cache_entries_is_not_spilled(ds, tmp_path, spills_made, packs_made, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # With cache= a window is mapped cache entries, pages of files already: it is packed in
+    # memory (what makes warm epochs fast), never spilled, whatever its size.
+    monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", 0)
+    got = _ids_of(ds, 2, batch_size=50, seed=5, workers=1, pool=Pool(kind="thread", prefetch=1),
+                  cache=str(tmp_path / "cache"), **ONE_TASK)
+    assert spills_made == [] and packs_made == [0]
+    _are_the_plans_rows(ds, got, batch_size=50, seed=5, **ONE_TASK)
+
+
 def test_a_folder_that_cannot_take_the_spill_file_holds_windows_in_memory(ds, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # The spill folder went after the Pool was made: the window is packed in memory instead,
     # with one warning naming the folder and what to do; the batches are the same.
