@@ -422,7 +422,7 @@ class Loader:
             specs = tuple(s for s in self.specs if s.name not in self.group_columns)
         # Maps only where a fault kills a worker process, not the consumer (see Storage.memory_map).
         mapping = self._memory_map if self._memory_map != "auto" or kind == "process" else False
-        cache, share_dir, scratch = self.cache, None, False
+        cache, share_dir, scratch, spill_share = self.cache, None, False, None
         shared = self._shares_windows(kind)
         if shared and kind == "process":
             # Process workers share the mixed order's task windows as cache entries
@@ -437,12 +437,27 @@ class Loader:
                 if cache is None:  # the folder is not usable: every worker reads its own windows
                     share.remove_share_dir(base)
                     share_dir, shared = None, False
+                else:
+                    spill_share = self._spill_share()
         return WorkerConfig(self._files, self.dataset.filesystem, specs, self._null_fill, kind,
                             prefix, hooks=self._hooks.debug,
                             cache=cache, selections=self._selections, group_by=self.group_by,
                             group_columns=self.group_columns, transform=self._xform, group_specs=group_specs,
                             memory_map=mapping, share_windows=shared, share_dir=share_dir, scratch=scratch,
-                            spill_dir=_spill.spill_folder(self._spill), spill_min=_spill.SPILL_MIN_BYTES)
+                            spill_dir=_spill.spill_folder(self._spill), spill_min=_spill.SPILL_MIN_BYTES,
+                            spill_share=spill_share)
+
+    def _spill_share(self) -> str | None:
+        """Process workers sharing windows without a cache: a folder of the pool's in the spill
+        folder, for the windows they spill together (_engine/spill.py), or None (no spill
+        folder, or it cannot take one: the windows are then shared as scratch cache entries)."""
+        folder = _spill.spill_folder(self._spill)
+        if folder is None:
+            return None
+        try:
+            return share.make_share_dir(folder)
+        except OSError:
+            return None
 
     def _shares_windows(self, kind: WorkerKind) -> bool:
         """Whether the workers share the mixed order's task windows (_engine/share.py): with

@@ -8,6 +8,7 @@ tasks a worker, every epoch reads its row groups once.
 from __future__ import annotations
 
 import collections
+import glob
 import os
 import tempfile
 import time
@@ -331,3 +332,31 @@ def test_the_default_spill_folder_is_never_in_memory(monkeypatch, tmp_path) -> N
     assert detload._engine.spill.spill_folder(True) == "/var/tmp"
     assert detload._engine.spill.spill_folder("/dev/shm") == "/dev/shm"  # a folder given is taken as it is
     assert detload._engine.spill.spill_folder(False) is None
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_process_workers_share_a_spilled_window(ds, tmp_path, monkeypatch, workers) -> None:  # type: ignore[no-untyped-def]
+    # Process workers sharing a task's window, no cache, fixed 1-D columns only: the window is
+    # one spill file in a folder of the pool's in the spill folder, each worker writing the row
+    # groups it claims and reading the others' rows from it (kept for the passes after, the
+    # file removed after the task's last block, the folder with the pool). Every batch is the
+    # one a single thread worker holding the window in memory gives.
+    monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", 0)
+    opts = {"batch_size": 50, "seed": 5, "columns": ["id", "f32", "nf", "ni"], **ONE_TASK}
+    want = _ids_of(ds, 3, workers=1, pool=Pool(kind="thread", prefetch=1, spill=False), **opts)
+    folder = tmp_path / "spill"
+    folder.mkdir()
+    seen: set[str] = set()
+    got = []
+    with Loader(ds.root, workers=workers, pool=Pool(kind="process", prefetch=1, spill=str(folder)), **opts) as loader:
+        for e in range(3):
+            loader.set_epoch(e)
+            ids = []
+            for b in loader:
+                check_rows(b)
+                ids.append(np.asarray(b["id"]).copy())
+                seen.update(os.path.relpath(p, folder) for p in glob.glob(f"{folder}/*/*"))
+            got.append(np.concatenate(ids))
+    assert all(np.array_equal(a, b) for a, b in zip(want, got))
+    assert {os.path.basename(p) for p in seen} == {"0-0-0.spill"}, seen  # epoch 0's; the others took it as kept
+    assert os.listdir(folder) == []

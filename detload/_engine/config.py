@@ -74,6 +74,9 @@ class WorkerConfig:
     #: (_engine/spill.py; `Pool.spill`), or None: windows are held in memory.
     spill_dir: str | None = None
     spill_min: int = 32 << 20
+    #: Process workers sharing windows without a cache: the pool's folder in ``spill_dir`` of
+    #: the windows they share as one spill file each (named by `spill_name`), or None.
+    spill_share: str | None = None
 
     @property
     def shm_dir(self) -> str | None:

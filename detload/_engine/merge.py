@@ -10,6 +10,7 @@ records the stage spans (its own and the workers') in the loader's tracer.
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import threading
 import time
@@ -33,6 +34,7 @@ from .cut import Buffer, make_cutter
 from .messages import POLL, BlockReady, Channel, PackedError, StepCut, Task, WorkerFailed, put_until
 from .passes import concerns
 from .pool import WorkerPool
+from .spill import spill_name
 from .watch import Watch
 
 __all__ = ["END", "Failure", "Run", "ahead_counts", "make_tasks"]
@@ -107,6 +109,8 @@ def _window_ends(plan: Plan, schedule: Sequence[Block], cfg: WorkerConfig
         pieces = [(r[0], r[1]) for r in tasks[key].ranges]
         entries = ([cache.path(cfg.files[f].cache_key, rg) for f, rg in pieces if cfg.files[f].cache_key]
                    if cache is not None else [])
+        if cfg.spill_share is not None:  # the task's shared spill file (each worker holds it open)
+            entries.append(os.path.join(cfg.spill_share, spill_name(plan.epoch, *key)))
         out[k] = (pieces, entries)
     if cache is not None:
         cache.close()

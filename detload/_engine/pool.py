@@ -474,6 +474,8 @@ class WorkerPool:
             self.watch.clear()  # every buffer still announced is withdrawn
             if self.cfg.share_dir is not None:  # claims, and a scratch cache: after the workers
                 share.remove_share_dir(os.path.dirname(self.cfg.share_dir))
+            if self.cfg.spill_share is not None:  # shared spill files
+                share.remove_share_dir(self.cfg.spill_share)
             self.cfg = dataclasses.replace(self.cfg, window_share=None)
             # Forget them all: what still refers to this pool must not keep them alive.
             self.inboxes, self.outboxes, self.handles = [], [], []

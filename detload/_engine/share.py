@@ -35,8 +35,8 @@ from typing import Any
 
 from .shm import SHM_DIR
 
-__all__ = ["WAIT_LIMIT", "MemoryShare", "claim", "claim_names", "finish", "finished", "make_share_dir", "remove_claims",
-           "remove_share_dir", "share_root", "sweep_share_dirs", "wait_for"]
+__all__ = ["SPILLED", "WAIT_LIMIT", "MemoryShare", "claim", "claim_names", "finish", "finished", "make_share_dir", "remove_claims",
+           "remove_share_dir", "share_root", "sweep_share_dirs", "wait_done", "wait_for"]
 
 #: Longest wait for a row group another worker claimed: then this worker converts it too (same
 #: bytes). Only a claimer that stopped without finishing (a cancelled pass) makes it matter.
@@ -44,15 +44,21 @@ WAIT_LIMIT = 30.0
 _PREFIX = "detload-mix-"
 
 
-def claim_names(gen: int, file: int, rg: int) -> tuple[str, str]:
+#: The claims' tag of row groups converted into a shared spill file (`SPILLED`), apart from those
+#: converted into cache entries (""): a worker that could not open the spill file (a full
+#: disk) converts into entries, and must never take a claim of the other kind as done.
+SPILLED = ".s"
+
+
+def claim_names(gen: int, file: int, rg: int, tag: str = "") -> tuple[str, str]:
     """A row group's claim file and its finished form, for pass ``gen``."""
-    name = f"{gen}-{file}-{rg}"
+    name = f"{gen}-{file}-{rg}{tag}"
     return name, name + ".done"
 
 
-def claim(share_dir: str, gen: int, file: int, rg: int) -> bool:
+def claim(share_dir: str, gen: int, file: int, rg: int, tag: str = "") -> bool:
     """Claim the conversion of a row group for pass ``gen``: True if this worker got it."""
-    path = os.path.join(share_dir, claim_names(gen, file, rg)[0])
+    path = os.path.join(share_dir, claim_names(gen, file, rg, tag)[0])
     try:
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
     except FileExistsError:
@@ -62,9 +68,9 @@ def claim(share_dir: str, gen: int, file: int, rg: int) -> bool:
     return True
 
 
-def finish(share_dir: str, gen: int, file: int, rg: int) -> None:
+def finish(share_dir: str, gen: int, file: int, rg: int, tag: str = "") -> None:
     """Say the claimed row group is done (its entry written, or not writable)."""
-    name, done = claim_names(gen, file, rg)
+    name, done = claim_names(gen, file, rg, tag)
     with contextlib.suppress(OSError):
         os.rename(os.path.join(share_dir, name), os.path.join(share_dir, done))
 
@@ -96,6 +102,26 @@ def wait_for(share_dir: str, gen: int, file: int, rg: int, entry: str, stale: Ca
         pause = min(pause * 2, 0.01)
 
 
+def wait_done(share_dir: str, gen: int, file: int, rg: int, stale: Callable[[], bool], tag: str = SPILLED,
+              limit: float = WAIT_LIMIT) -> bool:
+    """Wait until the row group's claim is finished (its rows are in the shared spill file):
+    True if it is, False if this worker should convert it itself (nobody claimed it, the
+    claim went with its task, the wait passed ``limit`` or the pass is stale)."""
+    name, done = claim_names(gen, file, rg, tag)
+    claimed, finished = os.path.join(share_dir, name), os.path.join(share_dir, done)
+    deadline = time.monotonic() + limit
+    pause = 0.0005
+    while True:
+        if os.path.exists(finished):
+            return True
+        if not os.path.exists(claimed):
+            return os.path.exists(finished)  # finished between the two checks, or never claimed
+        if stale() or time.monotonic() > deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.01)
+
+
 def remove_claims(share_dir: str, gen: int, pieces: Iterable[tuple[int, int]] | None,
                   entries: Iterable[str] = ()) -> None:
     """The merger, after a task's last block: its claims (``pieces`` None: every claim of pass
@@ -104,7 +130,7 @@ def remove_claims(share_dir: str, gen: int, pieces: Iterable[tuple[int, int]] | 
         with contextlib.suppress(OSError):
             names = [e.name for e in os.scandir(share_dir) if e.name.startswith(f"{gen}-")]
     else:
-        names = [name for f, rg in pieces for name in claim_names(gen, f, rg)]
+        names = [name for f, rg in pieces for tag in ("", SPILLED) for name in claim_names(gen, f, rg, tag)]
     for name in names:
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(share_dir, name))
@@ -113,11 +139,13 @@ def remove_claims(share_dir: str, gen: int, pieces: Iterable[tuple[int, int]] | 
             os.unlink(path)
 
 
-def make_share_dir() -> str:
-    """A new folder for one pool's claims (and scratch cache), in the temporary directory;
-    leftovers of processes that died without removing theirs are removed first."""
-    sweep_share_dirs()
-    return tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=share_root())
+def make_share_dir(root: str | None = None) -> str:
+    """A new folder for one pool's claims (and scratch cache) in ``root`` (default
+    `share_root`), or for its shared spill files in a spill folder; leftovers of processes
+    that died without removing theirs are removed first."""
+    root = share_root() if root is None else root
+    sweep_share_dirs(root)
+    return tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=root)
 
 
 def share_root() -> str:
@@ -130,9 +158,9 @@ def remove_share_dir(base: str) -> None:
     shutil.rmtree(base, ignore_errors=True)
 
 
-def sweep_share_dirs() -> None:
+def sweep_share_dirs(root: str | None = None) -> None:
     """Remove the share folders of processes that no longer run (a loader killed with SIGKILL)."""
-    tmp = share_root()
+    tmp = share_root() if root is None else root
     with contextlib.suppress(OSError):
         for e in os.scandir(tmp):
             if not e.name.startswith(_PREFIX):

@@ -35,7 +35,7 @@ from .._types import Column, ColumnSpec, UnitColumns
 from .._types import _np_dtype as _dtype
 from .block import Order, Rows, _from_order, _plan, _reorder, _run_part
 
-__all__ = ["SPILL_MIN_BYTES", "SpillPack", "spill_bytes", "spill_folder"]
+__all__ = ["SPILL_MIN_BYTES", "SpillPack", "spill_bytes", "spill_folder", "spill_name"]
 
 #: A window is spilled when its fixed 1-D columns hold at least this many bytes: below it, the
 #: memory saved is less than what the windowed order's blocks hold anyway.
@@ -132,7 +132,9 @@ class SpillPack:
     __slots__ = ("file", "groups", "map", "orders", "row_bytes", "segments", "starts", "where")
 
     def __init__(self, specs: Sequence[ColumnSpec], piece_rows: Sequence[int], orders: Sequence[Order],
-                 folder: str) -> None:
+                 folder: str, path: str | None = None) -> None:
+        """``path``: a file of this name, shared by the process workers of one window (each
+        opens it, and writes the pieces it converts: `shared`); else an unlinked file in ``folder``."""
         self.groups = _fixed_groups(specs)
         self.row_bytes = sum(k * dt.itemsize for _, k, dt in self.groups)
         if len(orders) != len(piece_rows):
@@ -151,9 +153,15 @@ class SpillPack:
                 at += (hi - lo) * self.row_bytes
             self.where.append(segs)
         self.segments = {(q, lo): i for q, segs in enumerate(self.where) for i, (lo, _, _) in enumerate(segs)}
-        # Unlinked (O_TMPFILE): nothing is left behind, even by a killed process; open for the pack's life.
-        self.file = tempfile.TemporaryFile(dir=folder)  # noqa: SIM115
+        self.file: Any
+        if path is None:
+            # Unlinked (O_TMPFILE): nothing is left behind, even by a killed process; open for the pack's life.
+            self.file = tempfile.TemporaryFile(dir=folder)  # noqa: SIM115
+        else:  # removed by the merger after the task's last block, and with the pool's folder
+            self.file = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o600), "r+b", buffering=0)
         try:
+            # Every worker sizes the shared file alike: neither call changes bytes written already.
+            os.ftruncate(self.file.fileno(), max(at, 1))
             os.posix_fallocate(self.file.fileno(), 0, max(at, 1))  # a full disk fails here, not in a map
             self.map = mmap.mmap(self.file.fileno(), max(at, 1))
         except BaseException:
@@ -209,6 +217,13 @@ class SpillPack:
             rows_of = slice_rows(col, first, first + rows)
             out[name] = rows_of if here else _reorder(rows_of, order)
         out.at = (self, s, order, q)  # as a `WindowPack` piece's, and its number (empty pieces share a row)
+        return out
+
+    def piece(self, q: int) -> UnitColumns:
+        """Piece ``q`` as `put` returns it, where another process wrote it to a shared file
+        (a window of fixed 1-D columns only: nothing of it is held in memory)."""
+        out = UnitColumns()
+        out.at = (self, self.starts[q], self.orders[q], q)
         return out
 
     def stored(self, cols: UnitColumns) -> UnitColumns:
@@ -278,6 +293,12 @@ class SpillPack:
     def settle(self) -> None:
         """Drop the pages of the file's map from this process (they stay in the page cache)."""
         self.map.madvise(mmap.MADV_DONTNEED)
+
+
+def spill_name(epoch: int, partition: int, number: int) -> str:
+    """The name of a task's shared spill file in the pool's folder (`WorkerConfig.spill_share`):
+    its bytes are a pure function of the task, so passes of one epoch may share it."""
+    return f"{epoch}-{partition}-{number}.spill"
 
 
 def spill_folder(choice: Any) -> str | None:

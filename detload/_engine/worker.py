@@ -55,7 +55,7 @@ from .messages import (
 )
 from .passes import EVERY, Passes
 from .spawn import MainSource, SharedInts
-from .spill import SpillPack, spill_bytes
+from .spill import SpillPack, spill_bytes, spill_name
 
 __all__ = ["ProcessLink", "ThreadLink", "process_main", "worker_loop"]
 
@@ -752,6 +752,16 @@ class _StalePass(Exception):
 def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, gen: int, k: int,
                         status: Status, t: Timings, index: int, stale: Callable[[], bool],
                         kept: _Kept | None = None) -> _Window:
+    """`_share_window`; where the process workers spill the window to a shared file
+    (`_shared_spill`), with reads that do not go through the scratch cache."""
+    spill = _shared_spill(cfg, task, kept) if cfg.window_share is None else None
+    with reader.uncached() if spill is not None else contextlib.nullcontext():
+        return _share_window(cfg, reader, steps, task, gen, k, status, t, index, stale, kept, spill)
+
+
+def _share_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, gen: int, k: int,
+                  status: Status, t: Timings, index: int, stale: Callable[[], bool],
+                  kept: _Kept | None, spill: SpillPack | None) -> _Window:
     """A task's window shared with the other workers (_engine/share.py): convert the row groups
     this worker claims, starting at a place of its own so that workers spread over the task,
     then take the others' as they are published, converting any nobody claimed (or whose
@@ -761,7 +771,7 @@ def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tas
     mem: share.MemoryShare | None = cfg.window_share
     share_dir = cfg.share_dir
     n = len(task.units)
-    pack = mem.pack(gen, task.units, lambda: _new_pack(cfg, task, kept)) if mem is not None else None
+    pack = mem.pack(gen, task.units, lambda: _new_pack(cfg, task, kept)) if mem is not None else spill
     Pair = tuple[UnitColumns | None, UnitColumns]  # (what the next pass may take, the piece): `_piece`
     got: dict[int, Pair] = {}
     if kept is not None:  # row groups the window before held: nothing to claim
@@ -799,7 +809,15 @@ def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tas
         if i in got:
             continue
         f, rg, first, rows = task.units[i]
-        if mem is not None:
+        if spill is not None:
+            assert share_dir is not None
+            if not share.claim(share_dir, gen, f, rg, share.SPILLED):
+                continue
+            try:
+                got[i] = convert(i)
+            finally:
+                share.finish(share_dir, gen, f, rg, share.SPILLED)
+        elif mem is not None:
             if not mem.claim(gen, f, rg):
                 continue
             pair: Pair | None = None
@@ -841,7 +859,12 @@ def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tas
             if stale():
                 raise _StalePass
             t0 = time.perf_counter()
-            if mem is not None:
+            if spill is not None:
+                assert share_dir is not None
+                if share.wait_done(share_dir, gen, f, rg, stale):  # in the file: another worker wrote it
+                    piece = spill.piece(i)
+                    pair = (piece, piece)
+            elif mem is not None:
                 pair = published(i, mem.fetch(gen, f, rg, stale))
             else:
                 assert share_dir is not None
@@ -862,6 +885,32 @@ def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tas
     if kept is not None:
         kept.opened()
     return _Window(task, units, raw, pack)
+
+
+def _shared_spill(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> SpillPack | None:
+    """The spill file process workers share a task's window in (no cache given; its fixed 1-D
+    columns at least ``cfg.spill_min`` bytes, and no other column: each worker writes the row
+    groups it claims and reads the others' rows from the file, so nothing of a piece may be
+    held in one worker's memory only): the one kept from the pass before where that holds
+    the same pieces in the same orders; else the task's file in the pool's folder, or None
+    (the window is then shared as scratch cache entries)."""
+    if cfg.spill_share is None or cfg.spill_dir is None or not task.shuffle:
+        return None
+    if any(s.kind != "fixed" or s.inner for s in cfg.block_specs):
+        return None
+    orders = piece_orders(task.chunks, len(task.units))
+    if (kept is not None and kept.enabled and task.units == kept.pieces and isinstance(kept.pack, SpillPack)
+            and kept.pack.orders == tuple(orders)):
+        return kept.pack
+    rows = [r for *_, r in task.units]
+    if spill_bytes(cfg.block_specs, sum(rows)) < cfg.spill_min:
+        return None
+    try:
+        return SpillPack(cfg.block_specs, rows, orders, cfg.spill_dir,
+                         path=os.path.join(cfg.spill_share, spill_name(task.epoch, task.partition, task.number)))
+    except OSError as exc:
+        _spill_failed(cfg.spill_dir, exc)
+        return None
 
 
 def _mix_block(cfg: WorkerConfig, win: _Window, n: int, lo: int, hi: int,

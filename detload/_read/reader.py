@@ -9,10 +9,11 @@ workers read through it alike; it imports neither.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -254,6 +255,17 @@ class UnitReader:
         for i in list(self._open):
             if not self._still_listed(self.cfg.files[i]):
                 self._drop(i)
+
+    @contextlib.contextmanager
+    def uncached(self) -> Iterator[None]:
+        """Reads that neither look in the cache nor fill it: the row groups of a window that
+        process workers spill to a shared file (_engine/spill.py), whose scratch cache entries
+        would be a second copy of it in /dev/shm."""
+        cache, self._cache = self._cache, None
+        try:
+            yield
+        finally:
+            self._cache = cache
 
     def entry_path(self, file_idx: int, rg: int) -> str | None:
         """Where the row group's cache entry lies (None: it is not cached by this reader)."""
