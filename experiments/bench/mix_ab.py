@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the data's row groups (another value writes another dataset, under --data)")
     ap.add_argument("--epochs", type=int, default=5, help="epochs in all; the first two are not timed")
     ap.add_argument("--table", action="store_true", help="print loader.stats() of the timed epochs")
+    ap.add_argument("--no-spill", action="store_true",
+                    help="hold mixed-order windows in memory (Pool(spill=False)), not in a spill file")
     ap.add_argument("--cache", action="store_true",
                     help="read through a cache (a fresh one: the first two epochs fill it, the timed ones are warm)")
     a = ap.parse_args(argv)
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = tempfile.TemporaryDirectory(prefix="mix_ab_cache_") if a.cache else None
     if tmp is not None:
         kw["cache"] = tmp.name
-    with Loader(path, batch_size=4096, seed=1234, workers=a.workers, pool=Pool(kind=a.pool, prefetch=2),
+    with Loader(path, batch_size=4096, seed=1234, workers=a.workers, pool=Pool(kind=a.pool, prefetch=2, spill=not a.no_spill),
                 order=a.order, **kw) as ld:
         rows = 0
         t0 = time.perf_counter()
