@@ -61,8 +61,8 @@ class Pool:
       default) above which planning warns once (``BlockMemoryWarning``) that a
       block of the plan would hold more; ``None``: no warning. Changes no batch.
     - ``spill``: where a mixed-order window (the row groups a task's blocks are cut
-      from, held until its last block) of at least 32 MiB of fixed-width columns is
-      kept: ``True`` (default), in an unlinked file in the system's temporary folder
+      from, held until its last block) of at least 32 MiB, all of its columns
+      fixed-width and 1-D, read without a cache, is kept: ``True`` (default), in an unlinked file in the system's temporary folder
       (``tempfile.gettempdir()``), in memory where that folder is itself in memory
       (tmpfs); a folder path, in a file there; ``False``, in memory. A spilled
       window lives in the page cache, which the kernel writes to disk and evicts

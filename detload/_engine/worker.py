@@ -620,19 +620,28 @@ def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> WindowPack |
 
 def _make_pack(cfg: WorkerConfig, piece_rows: list[int], orders: list[Order]) -> WindowPack | SpillPack:
     """A window's pack: spilled to a file (`SpillPack`) where the configuration names a spill
-    folder, no row-group cache is read, and the window's fixed columns hold at least
-    ``cfg.spill_min`` bytes; else in memory (also where the folder cannot take the file: the
-    window is then held as without a spill folder, the bytes of its blocks the same). Not
-    with a cache: its windows are mapped entries (pages of files, as a spill's), and their
-    pack is what makes warm epochs fast (bench.py, thread W=2 warm: spilled 0.74-0.89x the
-    windowed order, in memory 1.28x)."""
-    if (cfg.spill_dir is not None and cfg.cache is None
+    folder, no row-group cache is read, every delivered column is fixed-width and 1-D, and
+    they hold at least ``cfg.spill_min`` bytes; else in memory (also where the folder cannot
+    take the file: the window is then held as without a spill folder, the bytes of its blocks
+    the same). Not with a cache: its windows are mapped entries (pages of files, as a
+    spill's), and their pack is what makes warm epochs fast (bench.py, thread W=2 warm:
+    spilled 0.74-0.89x the windowed order, in memory 1.28x). Not with string, list or
+    multi-dimensional columns: those stay in memory, so the spill saves a part of the window
+    only, and it cost bench.py's text_list thread W=2 (41 of its bytes a row fixed) 17% of
+    its rate, 0.85-0.87x -> 0.67-0.71x the decode limit, for 1.10-1.14x -> 1.00x the windowed
+    order's peak (two alternating rounds)."""
+    if (cfg.spill_dir is not None and cfg.cache is None and _all_flat(cfg)
             and spill_bytes(cfg.block_specs, sum(piece_rows)) >= cfg.spill_min):
         try:
             return SpillPack(cfg.block_specs, piece_rows, orders, cfg.spill_dir)
         except OSError as exc:
             _spill_failed(cfg.spill_dir, exc)
     return WindowPack(cfg.block_specs, piece_rows, orders)
+
+
+def _all_flat(cfg: WorkerConfig) -> bool:
+    """Whether every column a block holds is fixed-width and 1-D (what a spill file holds)."""
+    return all(s.kind == "fixed" and not s.inner for s in cfg.block_specs)
 
 
 _SPILL_WARNED: set[str] = set()
@@ -896,7 +905,7 @@ def _shared_spill(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> SpillPac
     (the window is then shared as scratch cache entries)."""
     if cfg.spill_share is None or cfg.spill_dir is None or not task.shuffle:
         return None
-    if any(s.kind != "fixed" or s.inner for s in cfg.block_specs):
+    if not _all_flat(cfg):
         return None
     orders = piece_orders(task.chunks, len(task.units))
     if (kept is not None and kept.enabled and task.units == kept.pieces and isinstance(kept.pack, SpillPack)
