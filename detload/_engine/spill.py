@@ -103,13 +103,26 @@ def _write_all(fd: int, bufs: list[np.ndarray], at: int) -> None:
 
 
 def _read_all(fd: int, bufs: list[np.ndarray], at: int) -> None:
-    """Fill ``bufs`` from the bytes back to back at offset ``at``."""
-    views = [b.data.cast("B") for b in bufs if b.nbytes]
-    want = sum(len(v) for v in views)
-    done = os.preadv(fd, views, at)
-    if done == want:
-        return
-    data = bytearray()  # a short read (never seen on a regular file): the rest one call at a time
+    """Fill ``bufs`` (C-contiguous arrays) from the bytes back to back at offset ``at``."""
+    _read_views(fd, [b.data.cast("B") for b in bufs], at)
+
+
+def _read_views(fd: int, views: list[memoryview], at: int) -> None:
+    """Fill ``views`` (writable byte views) from the bytes back to back at offset ``at``, at
+    most `_IOV` views a call."""
+    views = [v for v in views if len(v)]
+    for i in range(0, len(views), _IOV):
+        part = views[i : i + _IOV]
+        want = sum(len(v) for v in part)
+        done = os.preadv(fd, part, at)
+        if done < want:
+            _read_rest(fd, part, at, done, want)
+        at += want
+
+
+def _read_rest(fd: int, views: list[memoryview], at: int, done: int, want: int) -> None:
+    """After a short read (never seen on a regular file): the rest one call at a time."""
+    data = bytearray()
     while done + len(data) < want:
         got = os.pread(fd, want - done - len(data), at + done + len(data))
         if not got:
@@ -250,20 +263,22 @@ class SpillPack:
         destination) filled with the units' rows ``ranges`` (where they lie in their pieces
         as packed, `packed_rows`: one slice each), concatenated and permuted by ``perm``.
 
-        Each unit's rows of every group are read into a staging array per group, unit after
-        unit (unit e's as a ``(columns, n_e)`` block at ``E_e x columns``, E_e its first row in
-        the block): block row p (of unit e, its row p - E_e there) of column j lies at
-        ``p + E_e x (columns - 1) + j x n_e`` of the staging array."""
+        Each unit's rows are read into a ``(columns, rows)`` staging array per group, at the
+        unit's place in the block: a whole chunk with one ``preadv`` (an iovec per column
+        row, the file's ``(columns, n)`` arrays back to back), then each group is permuted
+        with one ``take``, as from an in-memory pack. (Staging unit after unit and gathering
+        column by column, 84 calls a CTR block against 4, made thread W=2 35% slower.)"""
         rows = spans[-1][1] if spans else 0
         fd = self.file.fileno()
-        stages = [_workspace(f"spill{g}", k * rows, dt) for g, (_, k, dt) in enumerate(self.groups)]
+        stages = [_workspace(f"spill{g}", k * rows, dt).reshape(k, rows) for g, (_, k, dt) in enumerate(self.groups)]
+        lines = [(stage[j].data.cast("B"), dt.itemsize) for stage, (_, k, dt) in zip(stages, self.groups)
+                 for j in range(k)]
         mapped = False
         for u, (first, n, _, _), (e0, _) in zip(units, ranges, spans):
             q = u.at[3]  # type: ignore[attr-defined]
-            dests = [stage[e0 * k : (e0 + n) * k] for stage, (_, k, _) in zip(stages, self.groups)]
             i = self.segments.get((q, first))
             if i is not None and self.where[q][i][1] == n:  # a whole segment: one call
-                _read_all(fd, dests, self.where[q][i][2])
+                _read_views(fd, [line[e0 * it : (e0 + n) * it] for line, it in lines], self.where[q][i][2])
                 continue
             i = max(j for j, (lo, _, _) in enumerate(self.where[q]) if lo <= first)
             lo, m, at = self.where[q][i]
@@ -272,23 +287,15 @@ class SpillPack:
                 _read_all(fd, whole, at)
             else:
                 whole, mapped = self._segment_arrays(q, i), True
-            for dst, src, (_, k, _) in zip(dests, whole, self.groups):
-                dst.reshape(k, n)[...] = src[:, first - lo : first - lo + n]
+            for stage, src in zip(stages, whole):
+                stage[:, e0 : e0 + n] = src[:, first - lo : first - lo + n]
         if mapped:
             self.settle()
         if not rows:
             return
-        starts = np.fromiter((lo for lo, _ in spans), dtype=np.int64, count=len(spans))
-        lengths = np.fromiter((hi - lo for lo, hi in spans), dtype=np.int64, count=len(spans))
-        first_of = np.repeat(starts, lengths)[perm]
-        step = np.repeat(lengths, lengths)[perm]
-        for (_, k, _), stage, (_, out2d) in zip(self.groups, stages, outs):
-            idx = perm + first_of * (k - 1)
-            for j in range(k):
-                # Every index is in range: "wrap" changes nothing but speed (as in `assemble`).
-                np.take(stage, idx, out=out2d[j], mode="wrap")
-                if j + 1 < k:
-                    idx += step
+        for stage, (_, out2d) in zip(stages, outs):
+            # Every index is in range: "wrap" changes nothing but speed (as in `assemble`).
+            np.take(stage, perm, axis=1, out=out2d, mode="wrap")
 
     def settle(self) -> None:
         """Drop the pages of the file's map from this process (they stay in the page cache)."""

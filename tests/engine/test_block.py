@@ -296,6 +296,7 @@ def test_a_spilled_pack_assembles_the_same_block(block, seed, small):
     # A large window is spilled (_engine/spill.py): its fixed 1-D columns go to a file, each
     # piece chunk by chunk, and a block reads its chunk of each piece back (a whole chunk in
     # one call; part of a segment read whole, or through the file's map where ``small`` is 0).
+    # Its system calls take two columns each here (as a table of over 512 columns does).
     # Blocks from it, in any order of pieces, are byte for byte those the same rows give as
     # plain units; a piece taken back to stored order, moved into a pack in memory or into
     # another spilled pack of other orders keeps every column's rows; and blocks from the
@@ -308,8 +309,9 @@ def test_a_spilled_pack_assembles_the_same_block(block, seed, small):
     assert all(p.at[0] is pack for p in held)
     assert not any(s.name in p for p in held for s in specs if s.kind == "fixed" and not s.inner)  # on disk only
     plain = [{s.name: _block.slice_rows(u[s.name], a, a + n) for s in specs} for u, (a, n) in zip(units, pieces)]
-    was = _spill._SMALL_SEGMENT
+    was = _spill._SMALL_SEGMENT, _spill._IOV
     _spill._SMALL_SEGMENT = small
+    _spill._IOV = 2  # a block's reads and a piece's writes in calls of two columns
     try:
         order = [int(q) for q in rng.permutation(len(units))]
         ranges = _block_picks(rng, [orders[q] for q in order], [pieces[q][1] for q in order])
@@ -325,7 +327,7 @@ def test_a_spilled_pack_assembles_the_same_block(block, seed, small):
         _gathers_as_plain(specs, [spilled.put(q, p, 0, n) for q, (p, n) in enumerate(zip(held, sizes))], plain,
                           ranges, rng)
     finally:
-        _spill._SMALL_SEGMENT = was
+        _spill._SMALL_SEGMENT, _spill._IOV = was
 
 
 def test_a_piece_already_spilled_is_not_written_again(monkeypatch):
