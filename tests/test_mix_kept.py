@@ -50,18 +50,23 @@ def decodes(monkeypatch) -> list[tuple[int, int, str, int]]:  # type: ignore[no-
     return log
 
 
-@pytest.fixture
-def packs_made(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
-    """The epoch the consumer is in at each `WindowPack` a worker makes."""
+def _epochs_made(monkeypatch, cls) -> list[int]:  # type: ignore[no-untyped-def]
+    """The epoch the consumer is in at each ``cls`` a worker of this process makes."""
     made: list[int] = []
-    real = detload._engine.block.WindowPack.__init__
+    real = cls.__init__
 
     def init(self, *a, **kw):  # type: ignore[no-untyped-def]
         made.append(_Consumer.epoch)
         real(self, *a, **kw)
 
-    monkeypatch.setattr(detload._engine.block.WindowPack, "__init__", init)
+    monkeypatch.setattr(cls, "__init__", init)
     return made
+
+
+@pytest.fixture
+def packs_made(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
+    """The epoch the consumer is in at each `WindowPack` a worker makes."""
+    return _epochs_made(monkeypatch, detload._engine.block.WindowPack)
 
 
 class _Consumer:
@@ -239,15 +244,7 @@ def test_thread_workers_sharing_windows_cut_by_partitions_match_fresh_epochs(ds,
 @pytest.fixture
 def spills_made(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
     """The epoch the consumer is in at each `SpillPack` a thread worker makes."""
-    made: list[int] = []
-    real = detload._engine.spill.SpillPack.__init__
-
-    def init(self, *a, **kw):  # type: ignore[no-untyped-def]
-        made.append(_Consumer.epoch)
-        real(self, *a, **kw)
-
-    monkeypatch.setattr(detload._engine.spill.SpillPack, "__init__", init)
-    return made
+    return _epochs_made(monkeypatch, detload._engine.spill.SpillPack)
 
 
 def _ids_of(ds, epochs: int, **opts) -> list[np.ndarray]:  # type: ignore[no-untyped-def]

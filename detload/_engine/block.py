@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -37,7 +37,7 @@ from .._types import Column, ColumnSpec, Ragged, RaggedKind, UnitColumns
 from .._types import _np_dtype as _dtype
 from ..plan import chunk_rows, run_starts
 
-__all__ = ["Layout", "WindowPack", "assemble", "piece_orders", "slice_rows", "stored_order", "take_rows", "views"]
+__all__ = ["Layout", "WindowPack", "assemble", "piece_orders", "placed", "slice_rows", "stored_order", "take_rows", "views"]
 
 _ALIGN = 64
 
@@ -627,6 +627,24 @@ def stored_order(cols: UnitColumns) -> UnitColumns:
     return out
 
 
+def placed(pack: PackLike, q: int, cols: UnitColumns, first: int, rows: int) -> tuple[int, Order, bool]:
+    """Where piece ``q`` of a pack (a `WindowPack`, or a spilled one) goes: its first pack row,
+    its order, and whether ``cols`` is that piece already (a window kept from the pass before
+    lends its pack to the next one): rows ``[first, first + rows)`` of them lie there."""
+    s = pack.starts[q]
+    if rows != pack.starts[q + 1] - s:
+        raise AssertionError(f"piece {q} has {rows} rows, the pack planned {pack.starts[q + 1] - s}")
+    at = cols.at
+    return s, pack.orders[q], at is not None and at[0] is pack and at[1] + first == s
+
+
+class PackLike(Protocol):
+    """What `placed` reads of a pack: a `WindowPack`, or a spilled one (_engine/spill.py)."""
+
+    starts: list[int]
+    orders: tuple[Order, ...]
+
+
 class WindowPack:
     """A mixed-order window's fixed 1-D columns, every piece's rows back to back in one 2-D
     array per run of same-typed columns (a block layout's group, `_groups`), each piece in
@@ -671,12 +689,7 @@ class WindowPack:
         pack in the piece's order (unless they already lie there: a window kept from the pass
         before). Returns the piece, its packed columns as views of the pack, the others as
         views of ``cols``."""
-        s = self.starts[q]
-        if rows != self.starts[q + 1] - s:
-            raise AssertionError(f"piece {q} has {rows} rows, the pack planned {self.starts[q + 1] - s}")
-        order = self.orders[q]
-        at = cols.at
-        here = at is not None and at[0] is self and at[1] + first == s
+        s, order, here = placed(self, q, cols, first, rows)
         if not here:
             cols = stored_order(cols)
             for names, arr in self.arrays.items():

@@ -80,6 +80,21 @@ def finished(share_dir: str, gen: int, file: int, rg: int) -> bool:
     return os.path.exists(os.path.join(share_dir, claim_names(gen, file, rg)[1]))
 
 
+def _poll(look: Callable[[], bool | None], stale: Callable[[], bool], limit: float) -> bool:
+    """``look()`` until it answers True or False (None: not yet); False once the pass is stale
+    or the wait passed ``limit`` seconds."""
+    deadline = time.monotonic() + limit
+    pause = 0.0005
+    while True:
+        seen = look()
+        if seen is not None:
+            return seen
+        if stale() or time.monotonic() > deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.01)
+
+
 def wait_for(share_dir: str, gen: int, file: int, rg: int, entry: str, stale: Callable[[], bool],
              limit: float = WAIT_LIMIT) -> bool:
     """Wait until ``entry`` (the row group's cache entry) exists: True if it does, False if this
@@ -87,19 +102,17 @@ def wait_for(share_dir: str, gen: int, file: int, rg: int, entry: str, stale: Ca
     wait passed ``limit`` or the pass is stale)."""
     name, done = claim_names(gen, file, rg)
     claimed, finished = os.path.join(share_dir, name), os.path.join(share_dir, done)
-    deadline = time.monotonic() + limit
-    pause = 0.0005
-    while True:
+
+    def look() -> bool | None:
         if os.path.exists(entry):
             return True
         if os.path.exists(finished) or not os.path.exists(claimed):
             # Finished without an entry, or never claimed (or claimed and removed with its
             # task): a last look, since the entry may have landed between the two checks.
             return os.path.exists(entry)
-        if stale() or time.monotonic() > deadline:
-            return False
-        time.sleep(pause)
-        pause = min(pause * 2, 0.01)
+        return None
+
+    return _poll(look, stale, limit)
 
 
 def wait_done(share_dir: str, gen: int, file: int, rg: int, stale: Callable[[], bool], tag: str = SPILLED,
@@ -109,17 +122,15 @@ def wait_done(share_dir: str, gen: int, file: int, rg: int, stale: Callable[[], 
     claim went with its task, the wait passed ``limit`` or the pass is stale)."""
     name, done = claim_names(gen, file, rg, tag)
     claimed, finished = os.path.join(share_dir, name), os.path.join(share_dir, done)
-    deadline = time.monotonic() + limit
-    pause = 0.0005
-    while True:
+
+    def look() -> bool | None:
         if os.path.exists(finished):
             return True
         if not os.path.exists(claimed):
             return os.path.exists(finished)  # finished between the two checks, or never claimed
-        if stale() or time.monotonic() > deadline:
-            return False
-        time.sleep(pause)
-        pause = min(pause * 2, 0.01)
+        return None
+
+    return _poll(look, stale, limit)
 
 
 def remove_claims(share_dir: str, gen: int, pieces: Iterable[tuple[int, int]] | None,

@@ -33,7 +33,7 @@ import numpy as np
 from .._columns import _workspace, slice_rows
 from .._types import Column, ColumnSpec, UnitColumns
 from .._types import _np_dtype as _dtype
-from .block import Order, Rows, _from_order, _plan, _reorder, _run_part
+from .block import Order, Rows, _from_order, _plan, _reorder, _run_part, placed
 
 __all__ = ["SPILL_MIN_BYTES", "SpillPack", "spill_bytes", "spill_folder", "spill_name"]
 
@@ -199,12 +199,7 @@ class SpillPack:
         piece's order (unless they already lie there); the piece returned holds the others."""
         from .block import stored_order
 
-        s = self.starts[q]
-        if rows != self.starts[q + 1] - s:
-            raise AssertionError(f"piece {q} has {rows} rows, the pack planned {self.starts[q + 1] - s}")
-        order = self.orders[q]
-        at = cols.at
-        here = at is not None and at[0] is self and at[1] + first == s
+        s, order, here = placed(self, q, cols, first, rows)
         if not here:
             cols = stored_order(cols)
             packed = []
