@@ -514,12 +514,42 @@ class Loader:
         per = self._row_bytes if row_bytes is None else row_bytes
         # A mixed-order task's window is memory without a cache (heap, or shared by the workers
         # on the heap or in /dev/shm); with one it is mapped entries of the cache's disk.
-        window = window_memory_warning(plan, per, self._block_memory) if self.cache is None else None
+        window = (window_memory_warning(plan, per, self._block_memory)
+                  if self.cache is None and not self._spills_largest_window(plan) else None)
         for kind, text in (("block", block_memory_warning(plan, per, self._block_memory)), ("window", window)):
             if text is not None and kind not in self._memory_warned:
                 self._memory_warned.add(kind)
                 warnings.warn(BlockMemoryWarning(text + why + " Pass Pool(block_memory=None) to silence this."),
                               stacklevel=stacklevel)
+
+    def _spills_largest_window(self, plan: Plan) -> bool:
+        """Whether the workers spill the plan's largest mixed-order window to a file
+        (`Pool.spill`), so that it does not count against the block memory budget: the rules of
+        _engine/worker.py (`_make_pack`, `_new_pack`, `_shared_spill`), read off the plan. A
+        window is spilled when every column a block holds is fixed-width and 1-D, a spill
+        folder is at hand, it holds at least `spill.SPILL_MIN_BYTES`, and it is packed: shared
+        by the workers, repeated every pass (its partition's only task, partitions fixed, no
+        transform), or cut into chunks of under `_PACK_CHUNK_ROWS` rows on average."""
+        from ._engine.worker import _PACK_CHUNK_ROWS
+
+        if not isinstance(plan, MixPlan) or not plan.options.shuffle or _spill.spill_folder(self._spill) is None:
+            return False
+        specs = self._block_specs
+        if not all(s.kind == "fixed" and not s.inner for s in specs):
+            return False
+        biggest = max(((p, t) for p, part in enumerate(plan.tasks) for t in part), key=lambda pt: pt[1].rows,
+                      default=None)
+        if biggest is None:
+            return False
+        p, task = biggest
+        if _spill.spill_bytes(specs, task.rows) < _spill.SPILL_MIN_BYTES:
+            return False
+        shared = self.workers > 1 and plan.shares_windows(self.workers) and (
+            self.pool_kind == "thread" or any(not s.partition for s in self.specs) and self._xform is None)
+        fixed = plan.options.partitions == 1
+        repeats = fixed and len(plan.tasks[p]) == 1 and self._xform is None and self._hooks.debug is None
+        blocks = len(task.bounds) - 1
+        return shared or repeats or task.rows < _PACK_CHUNK_ROWS * blocks * len(task.units)
 
     def _check_first_block(self, plan: Plan, nbytes: int, rows: int) -> None:
         """The first block the merger takes, against the estimate the warnings were decided by

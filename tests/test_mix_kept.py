@@ -12,6 +12,7 @@ import glob
 import os
 import tempfile
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ import detload._engine.block
 import detload._engine.spill
 import detload._engine.worker
 import detload._read.reader
-from detload import Loader, Pool
+from detload import BlockMemoryWarning, Loader, Pool
 from detload.plan import MixPlan
 
 FILES = {"a.parquet": [300, 200, 250, 120], "c.parquet": [250, 40, 250, 90], "d/e.parquet": [210, 180, 75, 300]}
@@ -368,3 +369,18 @@ def test_process_workers_share_a_spilled_window(ds, tmp_path, monkeypatch, worke
     assert all(np.array_equal(a, b) for a, b in zip(want, got))
     assert {os.path.basename(p) for p in seen} == {"0-0-0.spill"}, seen  # epoch 0's; the others took it as kept
     assert os.listdir(folder) == []
+
+
+def test_a_spilled_window_is_not_warned_of(ds, spills_made, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # The block memory budget warns of a mixed-order window the workers hold in memory
+    # (BlockMemoryWarning, naming mix_window); one they spill lives in the page cache, so the
+    # same window spilled is not warned of, and held in memory (spill=False) it is.
+    monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", 0)
+    opts = {"batch_size": 50, "seed": 5, "workers": 1, "columns": FLAT, **ONE_TASK}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BlockMemoryWarning)
+        _ids_of(ds, 1, pool=Pool(kind="thread", prefetch=1, block_memory="20KB"), **opts)
+    assert spills_made == [0]
+    with pytest.warns(BlockMemoryWarning, match=r"a task of the mixed order holds 12 row groups .*Lower mix_window"):
+        _ids_of(ds, 1, pool=Pool(kind="thread", prefetch=1, block_memory="20KB", spill=False), **opts)
+    assert spills_made == [0]
