@@ -628,7 +628,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
                                  cast=dict(a.cast) or None, **_filter_kwargs(a), **_group_kwargs(a),
                                  **_groups(pool=a.pool, prefetch=a.prefetch, cache_dir=a.cache_dir,
                                            cache_limit=a.cache_limit, cache_map_limit=a.cache_map_limit,
-                                            spill=a.spill)) as loader:
+                                           spill=a.spill)) as loader:
         _check_outside_dataset(loader, a.source, "--trace", a.trace)
         _check_outside_dataset(loader, a.source, "--cache-dir", a.cache_dir)
         if a.trace:

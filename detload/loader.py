@@ -423,6 +423,7 @@ class Loader:
         # Maps only where a fault kills a worker process, not the consumer (see Storage.memory_map).
         mapping = self._memory_map if self._memory_map != "auto" or kind == "process" else False
         cache, share_dir, scratch, spill_share = self.cache, None, False, None
+        spill_dir = _spill.spill_folder(self._spill)
         shared = self._shares_windows(kind)
         if shared and kind == "process":
             # Process workers share the mixed order's task windows as cache entries
@@ -438,20 +439,20 @@ class Loader:
                     share.remove_share_dir(base)
                     share_dir, shared = None, False
                 else:
-                    spill_share = self._spill_share()
+                    spill_share = self._spill_share(spill_dir)
         return WorkerConfig(self._files, self.dataset.filesystem, specs, self._null_fill, kind,
                             prefix, hooks=self._hooks.debug,
                             cache=cache, selections=self._selections, group_by=self.group_by,
                             group_columns=self.group_columns, transform=self._xform, group_specs=group_specs,
                             memory_map=mapping, share_windows=shared, share_dir=share_dir, scratch=scratch,
-                            spill_dir=_spill.spill_folder(self._spill), spill_min=_spill.SPILL_MIN_BYTES,
+                            spill_dir=spill_dir, spill_min=_spill.SPILL_MIN_BYTES,
                             spill_share=spill_share)
 
-    def _spill_share(self) -> str | None:
+    @staticmethod
+    def _spill_share(folder: str | None) -> str | None:
         """Process workers sharing windows without a cache: a folder of the pool's in the spill
-        folder, for the windows they spill together (_engine/spill.py), or None (no spill
+        ``folder``, for the windows they spill together (_engine/spill.py), or None (no spill
         folder, or it cannot take one: the windows are then shared as scratch cache entries)."""
-        folder = _spill.spill_folder(self._spill)
         if folder is None:
             return None
         try:
@@ -459,7 +460,7 @@ class Loader:
         except OSError:
             return None
 
-    def _shares_windows(self, kind: WorkerKind) -> bool:
+    def _shares_windows(self, kind: WorkerKind, plan: Plan | None = None) -> bool:
         """Whether the workers share the mixed order's task windows (_engine/share.py): with
         more than one worker, when a partition has fewer tasks than there are workers (else
         each worker builds whole tasks of its own: sharing costs claims, waits and, for
@@ -467,10 +468,11 @@ class Loader:
         at four tasks per epoch, thread and process W=2); threads always; processes through
         the row-group cache, so only for row groups it keeps (file columns read) and no
         transform (each process would run it on every row group of its windows). The task
-        count per partition is the same every epoch (it follows from ``mix_window``)."""
+        count per partition is the same every epoch (it follows from ``mix_window``), so any
+        epoch's ``plan`` tells (default: this epoch's)."""
         if self.options.order != "mix" or self.workers < 2:
             return False
-        plan = self.plan()
+        plan = self.plan() if plan is None else plan
         if isinstance(plan, MixPlan) and not plan.shares_windows(self.workers):
             return False
         return kind == "thread" or (any(not s.partition for s in self.specs) and self._xform is None)
@@ -529,27 +531,22 @@ class Loader:
         window is spilled when every column a block holds is fixed-width and 1-D, a spill
         folder is at hand, it holds at least `spill.SPILL_MIN_BYTES`, and it is packed: shared
         by the workers, repeated every pass (its partition's only task, partitions fixed, no
-        transform), or cut into chunks of under `_PACK_CHUNK_ROWS` rows on average."""
-        from ._engine.worker import _PACK_CHUNK_ROWS
+        transform), or cut into small chunks (`small_chunks`)."""
+        from ._engine.worker import small_chunks
 
-        if not isinstance(plan, MixPlan) or not plan.options.shuffle or _spill.spill_folder(self._spill) is None:
-            return False
-        specs = self._block_specs
-        if not all(s.kind == "fixed" and not s.inner for s in specs):
+        if not isinstance(plan, MixPlan) or not plan.options.shuffle:
             return False
         biggest = max(((p, t) for p, part in enumerate(plan.tasks) for t in part), key=lambda pt: pt[1].rows,
                       default=None)
         if biggest is None:
             return False
         p, task = biggest
-        if _spill.spill_bytes(specs, task.rows) < _spill.SPILL_MIN_BYTES:
+        if not _spill.spills(_spill.spill_folder(self._spill), self._block_specs, task.rows, _spill.SPILL_MIN_BYTES):
             return False
-        shared = self.workers > 1 and plan.shares_windows(self.workers) and (
-            self.pool_kind == "thread" or any(not s.partition for s in self.specs) and self._xform is None)
+        shared = self._shares_windows(self.pool_kind, plan)
         fixed = plan.options.partitions == 1
         repeats = fixed and len(plan.tasks[p]) == 1 and self._xform is None and self._hooks.debug is None
-        blocks = len(task.bounds) - 1
-        return shared or repeats or task.rows < _PACK_CHUNK_ROWS * blocks * len(task.units)
+        return shared or repeats or small_chunks(task.rows, len(task.bounds) - 1, len(task.units))
 
     def _check_first_block(self, plan: Plan, nbytes: int, rows: int) -> None:
         """The first block the merger takes, against the estimate the warnings were decided by

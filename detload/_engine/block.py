@@ -37,7 +37,7 @@ from .._types import Column, ColumnSpec, Ragged, RaggedKind, UnitColumns
 from .._types import _np_dtype as _dtype
 from ..plan import chunk_rows, run_starts
 
-__all__ = ["Layout", "WindowPack", "assemble", "piece_orders", "placed", "slice_rows", "stored_order", "take_rows", "views"]
+__all__ = ["Layout", "WindowPack", "assemble", "pack_frame", "piece_orders", "placed", "slice_rows", "stored_order", "take_rows", "views"]
 
 _ALIGN = 64
 
@@ -472,29 +472,29 @@ def assemble(
         cols_at_once = _many_chunk_cols if len(units) > _MANY_UNITS else _chunk_cols
         need = max((min(k, cols_at_once(rows, _dtype(dt).itemsize)) * rows * _dtype(dt).itemsize
                     for _, k, dt in groups), default=0)
-    pack = _pack_of(units) if perm is not None and rows else None
-    index = (_pack_index(units, spans, ranges, perm) if pack is not None and perm is not None
-             and not hasattr(pack, "gather") else None)
-    gather = getattr(_pack_of(units), "gather", None) if perm is not None else None
-    if gather is not None and ranges is not None:
-        # A spilled pack (_engine/spill.py) reads every group's rows of the block itself.
-        gather([(tuple(c.name for c in layout.columns[first : first + k]),
-                 base[layout.columns[first].data.offset : layout.columns[first].data.offset
-                      + k * layout.columns[first].data.nbytes].view(_dtype(dt)).reshape(k, rows))
-                for first, k, dt in groups], units, ranges, spans, perm)
-        groups = ()
+    pack = _pack_of(units) if perm is not None else None
+    # A spilled pack (_engine/spill.py) reads every group's rows of a block itself.
+    gather = getattr(pack, "gather", None) if ranges is not None else None
+    index = (_pack_index(units, spans, ranges, perm) if pack is not None and perm is not None and rows
+             and gather is None else None)
     scratch = _workspace("scratch", need, np.uint8)
+    dests = []
     for first, k, dt in groups:
         names = tuple(c.name for c in layout.columns[first : first + k])
         d0 = layout.columns[first].data
         out2d = base[d0.offset : d0.offset + k * d0.nbytes].view(_dtype(dt)).reshape(k, rows)
-        held = pack.arrays.get(names) if pack is not None else None
+        if gather is not None:
+            dests.append((names, out2d))
+            continue
+        held = pack.arrays.get(names) if pack is not None and index is not None else None
         if held is not None and index is not None:
             # Units of one window pack: the group's rows of every unit in one gather. Every
             # index is in range (a permutation of the units' rows): "wrap" changes nothing but speed.
             np.take(held, index, axis=1, out=out2d, mode="wrap")
         else:
             _assemble_group(names, out2d, units, spans, perm, scratch, ranges)
+    if gather is not None:
+        gather(dests, units, ranges, spans, perm)
     for spec in specs:
         dst = out[spec.name]
         if spec.kind == "fixed":
@@ -638,6 +638,25 @@ def placed(pack: PackLike, q: int, cols: UnitColumns, first: int, rows: int) -> 
     return s, pack.orders[q], at is not None and at[0] is pack and at[1] + first == s
 
 
+def pack_frame(specs: Sequence[ColumnSpec], piece_rows: Sequence[int], orders: Sequence[Order] | None
+               ) -> tuple[list[tuple[tuple[str, ...], int, np.dtype]], list[int], tuple[Order, ...]]:
+    """What a window pack (`WindowPack`, or a spilled one) is laid out by: the groups of fixed
+    1-D columns a block lays out back to back (names, count, dtype), each piece's first pack
+    row (and the end), and each piece's order (None: stored order)."""
+    # The groups of a one-row block: which columns a block lays out back to back does not
+    # depend on its rows (nor on its ragged columns' value counts, given here as none).
+    layout, groups = _plan(specs, 1, {s.name: (0, 0) if s.item_kind is not None else (0,)
+                                      for s in specs if s.kind != "fixed"})
+    starts = [0]
+    for n in piece_rows:
+        starts.append(starts[-1] + n)
+    held = tuple(orders) if orders is not None else (None,) * len(piece_rows)
+    if len(held) != len(piece_rows):
+        raise AssertionError(f"{len(held)} piece orders for {len(piece_rows)} pieces")
+    return ([(tuple(c.name for c in layout.columns[first : first + k]), k, _dtype(dt)) for first, k, dt in groups],
+            starts, held)
+
+
 class PackLike(Protocol):
     """What `placed` reads of a pack: a `WindowPack`, or a spilled one (_engine/spill.py)."""
 
@@ -665,22 +684,12 @@ class WindowPack:
 
     def __init__(self, specs: Sequence[ColumnSpec], piece_rows: Sequence[int],
                  orders: Sequence[Order] | None = None) -> None:
-        # The groups of a one-row block: which columns a block lays out back to back does not
-        # depend on its rows (nor on its ragged columns' value counts, given here as none).
-        layout, groups = _plan(specs, 1, {s.name: (0, 0) if s.item_kind is not None else (0,)
-                                          for s in specs if s.kind != "fixed"})
-        self.starts = [0]
-        for n in piece_rows:
-            self.starts.append(self.starts[-1] + n)
-        self.orders: tuple[Order, ...] = tuple(orders) if orders is not None else (None,) * len(piece_rows)
-        if len(self.orders) != len(piece_rows):
-            raise AssertionError(f"{len(self.orders)} piece orders for {len(piece_rows)} pieces")
+        groups, self.starts, self.orders = pack_frame(specs, piece_rows, orders)
         self.arrays: dict[tuple[str, ...], np.ndarray] = {}
         #: column name: (its group's array, its row there, the group's names)
         self.columns: dict[str, tuple[np.ndarray, int, tuple[str, ...]]] = {}
-        for first, k, dt in groups:
-            names = tuple(c.name for c in layout.columns[first : first + k])
-            arr = self.arrays[names] = np.empty((k, self.starts[-1]), dtype=_dtype(dt))
+        for names, k, dt in groups:
+            arr = self.arrays[names] = np.empty((k, self.starts[-1]), dtype=dt)
             for r, name in enumerate(names):
                 self.columns[name] = (arr, r, names)
 

@@ -26,16 +26,15 @@ import mmap
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
 from .._columns import _workspace, slice_rows
 from .._types import Column, ColumnSpec, UnitColumns
-from .._types import _np_dtype as _dtype
-from .block import Order, Rows, _from_order, _plan, _reorder, _run_part, placed
+from .block import Order, Rows, _from_order, _reorder, _run_part, pack_frame, placed
 
-__all__ = ["SPILL_MIN_BYTES", "SpillPack", "spill_bytes", "spill_folder", "spill_name"]
+__all__ = ["SPILL_MIN_BYTES", "SpillPack", "spill_bytes", "spill_folder", "spill_name", "spills"]
 
 #: A window is spilled when its fixed 1-D columns hold at least this many bytes: below it, the
 #: memory saved is less than what the windowed order's blocks hold anyway.
@@ -47,16 +46,18 @@ _IOV = 512
 _SMALL_SEGMENT = 1 << 16
 
 
-def _fixed_groups(specs: Sequence[ColumnSpec]) -> list[tuple[tuple[str, ...], int, np.dtype]]:
-    """A block layout's groups of fixed 1-D columns (names, count, dtype), as `WindowPack` has them."""
-    layout, groups = _plan(specs, 1, {s.name: (0, 0) if s.item_kind is not None else (0,)
-                                      for s in specs if s.kind != "fixed"})
-    return [(tuple(c.name for c in layout.columns[first : first + k]), k, _dtype(dt)) for first, k, dt in groups]
-
-
 def spill_bytes(specs: Sequence[ColumnSpec], rows: int) -> int:
     """The bytes a window of ``rows`` rows holds in its fixed 1-D columns (what a spill moves to disk)."""
-    return rows * sum(k * dt.itemsize for _, k, dt in _fixed_groups(specs))
+    return rows * sum(k * dt.itemsize for _, k, dt in pack_frame(specs, [], None)[0])
+
+
+def spills(folder: str | None, specs: Sequence[ColumnSpec], rows: int, least: int) -> TypeGuard[str]:
+    """Whether a packed window of ``rows`` rows of ``specs`` is spilled: a spill folder is at
+    hand, every column is fixed-width and 1-D (a spill file holds no other), and they hold at
+    least ``least`` bytes (`SPILL_MIN_BYTES`). Where a window is packed, and not read through a
+    cache, is the engine's (_engine/worker.py) and the loader's warning's to say."""
+    return (folder is not None and all(s.kind == "fixed" and not s.inner for s in specs)
+            and spill_bytes(specs, rows) >= least)
 
 
 def _segments(rows: int, order: Order) -> list[tuple[int, int]]:
@@ -148,14 +149,8 @@ class SpillPack:
                  folder: str, path: str | None = None) -> None:
         """``path``: a file of this name, shared by the process workers of one window (each
         opens it, and writes the pieces it converts: `shared`); else an unlinked file in ``folder``."""
-        self.groups = _fixed_groups(specs)
+        self.groups, self.starts, self.orders = pack_frame(specs, piece_rows, orders)
         self.row_bytes = sum(k * dt.itemsize for _, k, dt in self.groups)
-        if len(orders) != len(piece_rows):
-            raise AssertionError(f"{len(orders)} piece orders for {len(piece_rows)} pieces")
-        self.orders: tuple[Order, ...] = tuple(orders)
-        self.starts = [0]
-        for n in piece_rows:
-            self.starts.append(self.starts[-1] + n)
         #: per piece: its segments (first row, rows, byte offset in the file)
         self.where: list[list[tuple[int, int, int]]] = []
         at = 0
@@ -180,10 +175,6 @@ class SpillPack:
         except BaseException:
             self.file.close()
             raise
-
-    @property
-    def arrays(self) -> Mapping[tuple[str, ...], np.ndarray]:
-        return {}  # no group of columns is held in memory: `assemble` gathers through `gather`
 
     def _segment_arrays(self, q: int, i: int) -> list[np.ndarray]:
         """Segment ``i`` of piece ``q``, each group's ``(columns, rows)`` array, mapped."""

@@ -36,7 +36,7 @@ from .._types import UnitColumns
 from . import share
 from . import shm as _shm
 from . import spawn as _spawn
-from .block import Layout, Order, Rows, WindowPack, assemble, piece_orders, slice_rows, stored_order
+from .block import Layout, Order, Rows, WindowPack, assemble, piece_orders, placed, slice_rows, stored_order
 from .config import WorkerConfig
 from .groups import GroupRows, block_order, build_grouped, check_compact, check_constant, check_key_kept, group_rows
 from .messages import (
@@ -55,7 +55,7 @@ from .messages import (
 )
 from .passes import EVERY, Passes
 from .spawn import MainSource, SharedInts
-from .spill import SpillPack, spill_bytes, spill_name
+from .spill import SpillPack, spill_name, spills
 
 __all__ = ["ProcessLink", "ThreadLink", "process_main", "worker_loop"]
 
@@ -276,11 +276,11 @@ def _piece(pack: WindowPack | SpillPack | None, q: int, cols: UnitColumns, first
     if pack is None:
         cols = stored_order(cols)
         return cols, _rows_of(cols, first, rows)
+    # The piece a kept window held here (a spilled one holds no fixed column to count its
+    # rows by), or the whole row group.
+    here = placed(pack, q, cols, first, rows)[2]
     piece = pack.put(q, cols, first, rows)
-    at = cols.at
-    # The whole row group, or the piece a kept window held here (a spilled one holds no
-    # fixed column to count its rows by).
-    if (at is not None and at[0] is pack and at[1] + first == pack.starts[q]) or (first == 0 and rows == _length(cols)):
+    if here or (first == 0 and rows == _length(cols)):
         return piece, piece
     return (cols if cols.at is None else None), piece
 
@@ -630,18 +630,12 @@ def _make_pack(cfg: WorkerConfig, piece_rows: list[int], orders: list[Order]) ->
     only, and it cost bench.py's text_list thread W=2 (41 of its bytes a row fixed) 17% of
     its rate, 0.85-0.87x -> 0.67-0.71x the decode limit, for 1.10-1.14x -> 1.00x the windowed
     order's peak (two alternating rounds)."""
-    if (cfg.spill_dir is not None and cfg.cache is None and _all_flat(cfg)
-            and spill_bytes(cfg.block_specs, sum(piece_rows)) >= cfg.spill_min):
+    if cfg.cache is None and spills(cfg.spill_dir, cfg.block_specs, sum(piece_rows), cfg.spill_min):
         try:
             return SpillPack(cfg.block_specs, piece_rows, orders, cfg.spill_dir)
         except OSError as exc:
             _spill_failed(cfg.spill_dir, exc)
     return WindowPack(cfg.block_specs, piece_rows, orders)
-
-
-def _all_flat(cfg: WorkerConfig) -> bool:
-    """Whether every column a block holds is fixed-width and 1-D (what a spill file holds)."""
-    return all(s.kind == "fixed" and not s.inner for s in cfg.block_specs)
 
 
 _SPILL_WARNED: set[str] = set()
@@ -671,8 +665,14 @@ def _small_chunks(task: Task) -> bool:
     chunks (``--row-group-rows 2048 --mix-window 128``) thread / process W=2 0.60 / 1.00 ->
     1.22 / 1.94M rows/s, peak 320 / 402 -> 334 / 426 MiB; 4,096-row chunks (``--mix-window 16``,
     4 blocks a task: not packed) about equal, process W=1 4% slower, peak 30-45 MiB higher."""
-    n = len(task.blocks) * len(task.units)
-    return n > 0 and task.rows < _PACK_CHUNK_ROWS * n
+    return small_chunks(task.rows, len(task.blocks), len(task.units))
+
+
+def small_chunks(rows: int, blocks: int, pieces: int) -> bool:
+    """`_small_chunks` of a task of ``rows`` rows in ``pieces`` pieces, of which a worker
+    builds ``blocks`` blocks (also read off a plan, by the loader's window warning)."""
+    n = blocks * pieces
+    return n > 0 and rows < _PACK_CHUNK_ROWS * n
 
 
 def _open_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, gen: int, k: int,
@@ -903,17 +903,14 @@ def _shared_spill(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> SpillPac
     held in one worker's memory only): the one kept from the pass before where that holds
     the same pieces in the same orders; else the task's file in the pool's folder, or None
     (the window is then shared as scratch cache entries)."""
-    if cfg.spill_share is None or cfg.spill_dir is None or not task.shuffle:
-        return None
-    if not _all_flat(cfg):
+    rows = [r for *_, r in task.units]
+    if cfg.spill_share is None or not task.shuffle or not spills(cfg.spill_dir, cfg.block_specs, sum(rows),
+                                                                 cfg.spill_min):
         return None
     orders = piece_orders(task.chunks, len(task.units))
     if (kept is not None and kept.enabled and task.units == kept.pieces and isinstance(kept.pack, SpillPack)
             and kept.pack.orders == tuple(orders)):
         return kept.pack
-    rows = [r for *_, r in task.units]
-    if spill_bytes(cfg.block_specs, sum(rows)) < cfg.spill_min:
-        return None
     try:
         return SpillPack(cfg.block_specs, rows, orders, cfg.spill_dir,
                          path=os.path.join(cfg.spill_share, spill_name(task.epoch, task.partition, task.number)))
