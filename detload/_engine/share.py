@@ -35,8 +35,9 @@ from typing import Any
 
 from .shm import SHM_DIR
 
-__all__ = ["SPILLED", "WAIT_LIMIT", "MemoryShare", "claim", "claim_names", "finish", "finished", "make_share_dir", "remove_claims",
-           "remove_share_dir", "share_root", "sweep_share_dirs", "wait_done", "wait_for"]
+__all__ = ["MAPPED", "SPILLED", "WAIT_LIMIT", "MemoryShare", "claim", "claim_names", "finish", "finished",
+           "make_share_dir", "remove_claims", "remove_share_dir", "share_root", "sweep_share_dirs", "wait_done",
+           "wait_for", "withdraw"]
 
 #: Longest wait for a row group another worker claimed: then this worker converts it too (same
 #: bytes). Only a claimer that stopped without finishing (a cancelled pass) makes it matter.
@@ -44,10 +45,12 @@ WAIT_LIMIT = 30.0
 _PREFIX = "detload-mix-"
 
 
-#: The claims' tag of row groups converted into a shared spill file (`SPILLED`), apart from those
-#: converted into cache entries (""): a worker that could not open the spill file (a full
-#: disk) converts into entries, and must never take a claim of the other kind as done.
+#: The claims' tag of row groups converted into a shared spill file (`SPILLED`) or a shared
+#: mapped pack (`MAPPED`, _engine/mapped.py), apart from those converted into cache entries
+#: (""): a worker that could not open the file (a full disk or /dev/shm) holds the window
+#: another way, and must never take a claim of another kind as done.
 SPILLED = ".s"
+MAPPED = ".m"
 
 
 def claim_names(gen: int, file: int, rg: int, tag: str = "") -> tuple[str, str]:
@@ -57,14 +60,23 @@ def claim_names(gen: int, file: int, rg: int, tag: str = "") -> tuple[str, str]:
 
 
 def claim(share_dir: str, gen: int, file: int, rg: int, tag: str = "") -> bool:
-    """Claim the conversion of a row group for pass ``gen``: True if this worker got it."""
-    path = os.path.join(share_dir, claim_names(gen, file, rg, tag)[0])
+    """Claim the conversion of a row group for pass ``gen``: True if this worker got it (not if
+    another worker claims it, or converted it already)."""
+    name, done = claim_names(gen, file, rg, tag)
+    path = os.path.join(share_dir, name)
     try:
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
     except FileExistsError:
         return False
     except OSError:
         return True  # no claim possible (the folder is gone): convert it, as without sharing
+    # A finished claim was renamed, which frees its name: without this look a worker reaching
+    # the row group after its claimer finished converted it again (the rename is atomic, so
+    # a claim made after it sees the finished name).
+    if os.path.exists(os.path.join(share_dir, done)):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return False
     return True
 
 
@@ -73,6 +85,14 @@ def finish(share_dir: str, gen: int, file: int, rg: int, tag: str = "") -> None:
     name, done = claim_names(gen, file, rg, tag)
     with contextlib.suppress(OSError):
         os.rename(os.path.join(share_dir, name), os.path.join(share_dir, done))
+
+
+def withdraw(share_dir: str, gen: int, file: int, rg: int, tag: str) -> None:
+    """Take back a claim whose conversion failed, of a row group converted into a shared file:
+    a finished claim says its rows are in the file, so a waiter would read rows never written.
+    Withdrawn, it is a row group nobody claimed, which a waiter converts itself."""
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(share_dir, claim_names(gen, file, rg, tag)[0]))
 
 
 def finished(share_dir: str, gen: int, file: int, rg: int) -> bool:
@@ -117,7 +137,7 @@ def wait_for(share_dir: str, gen: int, file: int, rg: int, entry: str, stale: Ca
 
 def wait_done(share_dir: str, gen: int, file: int, rg: int, stale: Callable[[], bool], tag: str = SPILLED,
               limit: float = WAIT_LIMIT) -> bool:
-    """Wait until the row group's claim is finished (its rows are in the shared spill file):
+    """Wait until the row group's claim is finished (its rows are in the shared file, spilled or mapped):
     True if it is, False if this worker should convert it itself (nobody claimed it, the
     claim went with its task, the wait passed ``limit`` or the pass is stale)."""
     name, done = claim_names(gen, file, rg, tag)
@@ -141,7 +161,7 @@ def remove_claims(share_dir: str, gen: int, pieces: Iterable[tuple[int, int]] | 
         with contextlib.suppress(OSError):
             names = [e.name for e in os.scandir(share_dir) if e.name.startswith(f"{gen}-")]
     else:
-        names = [name for f, rg in pieces for tag in ("", SPILLED) for name in claim_names(gen, f, rg, tag)]
+        names = [name for f, rg in pieces for tag in ("", SPILLED, MAPPED) for name in claim_names(gen, f, rg, tag)]
     for name in names:
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(share_dir, name))

@@ -59,6 +59,38 @@ def test_a_waiter_converts_itself_when_nothing_will_come(tmp_path) -> None:  # t
     assert not share.wait_for(d, 1, 0, 2, entry, lambda: True, limit=10.0)
 
 
+@pytest.mark.parametrize("tag", ["", share.SPILLED, share.MAPPED])
+def test_a_finished_claim_is_never_claimed_again_in_its_pass(tmp_path, tag) -> None:  # type: ignore[no-untyped-def]
+    # Finishing renames the claim, which frees its name: a worker reaching the row group after
+    # its claimer finished must not convert it again (it did: every process worker sharing a
+    # spilled window read every row group it came to after another worker had).
+    d = str(tmp_path)
+    assert share.claim(d, 2, 0, 5, tag)
+    share.finish(d, 2, 0, 5, tag)
+    assert not share.claim(d, 2, 0, 5, tag)
+    assert sorted(os.listdir(d)) == [f"2-0-5{tag}.done"]  # the refused claim left nothing behind
+    assert share.wait_done(d, 2, 0, 5, _never, tag, limit=10.0)
+    assert share.claim(d, 3, 0, 5, tag)  # the next pass claims anew
+
+
+def test_a_withdrawn_claim_sends_its_waiters_to_convert_it_themselves(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # A claimer whose conversion into a shared file failed withdraws its claim: finishing it
+    # would tell the waiters its rows lie in the file. A waiter then converts the row group,
+    # at once and without a claim of its own getting in the way of another's.
+    d = str(tmp_path)
+    assert share.claim(d, 1, 2, 3, share.MAPPED)
+    share.withdraw(d, 1, 2, 3, share.MAPPED)
+    t0 = time.monotonic()
+    assert not share.wait_done(d, 1, 2, 3, _never, share.MAPPED, limit=10.0)
+    assert time.monotonic() - t0 < 5.0
+    assert os.listdir(d) == []
+    assert share.claim(d, 1, 2, 3, share.MAPPED)
+    # A claim of one kind is not one of another: each kind's waiters wait on their own.
+    assert share.claim(d, 1, 2, 3, share.SPILLED)
+    share.finish(d, 1, 2, 3, share.SPILLED)
+    assert not share.wait_done(d, 1, 2, 3, _never, share.MAPPED, limit=0.2)
+
+
 def test_remove_claims_of_a_task_or_of_a_stopped_pass(tmp_path) -> None:  # type: ignore[no-untyped-def]
     d = str(tmp_path)
     for f, rg in [(0, 0), (0, 1), (1, 0)]:
