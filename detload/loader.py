@@ -422,22 +422,25 @@ class Loader:
             specs = tuple(s for s in self.specs if s.name not in self.group_columns)
         # Maps only where a fault kills a worker process, not the consumer (see Storage.memory_map).
         mapping = self._memory_map if self._memory_map != "auto" or kind == "process" else False
-        cache, share_dir, scratch, spill_share = self.cache, None, False, None
+        cache, share_dir, scratch, spill_share, pack_share = self.cache, None, False, None, None
         spill_dir = _spill.spill_folder(self._spill)
         shared = self._shares_windows(kind)
         if shared and kind == "process":
-            # Process workers share the mixed order's task windows as cache entries
-            # (_engine/share.py): the user's cache, else a scratch cache the pool removes.
+            # Process workers share the mixed order's task windows (_engine/share.py): in one
+            # spill file or one mapped pack file each where they can, else as cache entries:
+            # the user's cache, or a scratch cache the pool removes.
             base = share.make_share_dir()
             share_dir = os.path.join(base, "claims")
             os.mkdir(share_dir)
+            pack_share = os.path.join(base, "packs")
+            os.mkdir(pack_share)
             if cache is None:
                 cache = open_cache(os.path.join(base, "cache"), None, self._cache_keys, cache_map_limit=0,
                                    checksums=False)
                 scratch = cache is not None
                 if cache is None:  # the folder is not usable: every worker reads its own windows
                     share.remove_share_dir(base)
-                    share_dir, shared = None, False
+                    share_dir, pack_share, shared = None, None, False
                 else:
                     spill_share = self._spill_share(spill_dir)
         return WorkerConfig(self._files, self.dataset.filesystem, specs, self._null_fill, kind,
@@ -446,7 +449,7 @@ class Loader:
                             group_columns=self.group_columns, transform=self._xform, group_specs=group_specs,
                             memory_map=mapping, share_windows=shared, share_dir=share_dir, scratch=scratch,
                             spill_dir=spill_dir, spill_min=_spill.SPILL_MIN_BYTES,
-                            spill_share=spill_share)
+                            spill_share=spill_share, pack_share=pack_share)
 
     @staticmethod
     def _spill_share(folder: str | None) -> str | None:
@@ -527,7 +530,7 @@ class Loader:
     def _spills_largest_window(self, plan: Plan) -> bool:
         """Whether the workers spill the plan's largest mixed-order window to a file
         (`Pool.spill`), so that it does not count against the block memory budget: the rules of
-        _engine/worker.py (`_make_pack`, `_new_pack`, `_shared_spill`), read off the plan. A
+        _engine/worker.py (`_make_pack`, `_new_pack`, `_shared_pack`), read off the plan. A
         window is spilled when every column a block holds is fixed-width and 1-D, a spill
         folder is at hand, it holds at least `spill.SPILL_MIN_BYTES`, and it is packed: shared
         by the workers, repeated every pass (its partition's only task, partitions fixed, no

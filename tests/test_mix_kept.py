@@ -23,6 +23,7 @@ import detload._engine.spill
 import detload._engine.worker
 import detload._read.reader
 from detload import BlockMemoryWarning, Loader, Pool
+from detload._engine.share import share_root
 from detload.plan import MixPlan
 
 FILES = {"a.parquet": [300, 200, 250, 120], "c.parquet": [250, 40, 250, 90], "d/e.parquet": [210, 180, 75, 300]}
@@ -384,3 +385,47 @@ def test_a_spilled_window_is_not_warned_of(ds, spills_made, monkeypatch) -> None
     with pytest.warns(BlockMemoryWarning, match=r"a task of the mixed order holds 12 row groups .*Lower mix_window"):
         _ids_of(ds, 1, pool=Pool(kind="thread", prefetch=1, block_memory="20KB", spill=False), **opts)
     assert spills_made == [0]
+
+
+def _pack_files() -> set[str]:
+    return {os.path.basename(p) for p in glob.glob(os.path.join(share_root(), f"detload-mix-{os.getpid()}-*", "packs", "*"))}
+
+
+@pytest.mark.parametrize("cache", [False, True])
+@pytest.mark.parametrize("workers", [2, 3])
+def test_process_workers_share_a_mapped_window(ds, tmp_path, workers, cache) -> None:  # type: ignore[no-untyped-def]
+    # Process workers sharing a task's window of fixed 1-D columns, not spilled (here
+    # spill=False; also a window under the spill threshold, or read through cache=): the
+    # window is one file of the pool's, mapped by every worker, each piece block-ordered, as a
+    # thread worker's in-memory pack holds it (its blocks' gathers then read contiguous
+    # chunks, not runs spread over cache entries). Each worker copies in the row groups it
+    # claims: every row group is read once for the loader (the window is kept for the passes
+    # after), through the user's cache when there is one. Every batch is the one a single
+    # thread worker holding the window in memory gives; the file goes after the task's last
+    # block, its folder with the pool.
+    opts = {"batch_size": 50, "seed": 5, "columns": FLAT, **ONE_TASK}
+    want = _ids_of(ds, 3, workers=1, pool=Pool(kind="thread", prefetch=1, spill=False), **opts)
+    groups = sum(1 for rows in FILES.values() for n in rows if n)
+    for run in ("cold", "warm") if cache else ("cold",):
+        seen: set[str] = set()
+        got = []
+        with Loader(ds.root, workers=workers, pool=Pool(kind="process", prefetch=1, spill=False),
+                    cache=str(tmp_path / "cache") if cache else None, **opts) as loader:
+            for e in range(3):
+                loader.set_epoch(e)
+                ids = []
+                for b in loader:
+                    check_rows(b)
+                    ids.append(np.asarray(b["id"]).copy())
+                    seen |= _pack_files()
+                got.append(np.concatenate(ids))
+                if cache:  # its rows copied into the pack, no worker keeps an entry mapped
+                    assert not [line for pid in loader._pool.pids() for line in open(f"/proc/{pid}/maps")
+                                if str(tmp_path / "cache") in line]
+            assert _pack_files() == set()  # unlinked after the task's last block
+            reads = loader.stats().reads
+        assert all(np.array_equal(a, b) for a, b in zip(want, got)), run
+        assert seen == {"0-0-0.pack"}, seen  # epoch 0's; the others took it as kept
+        counts = [(e.row_groups_read, e.row_groups_cached) for e in reads.epochs]
+        assert counts == [(groups, 0) if run == "cold" else (0, groups), (0, 0), (0, 0)], (run, counts)
+    assert not glob.glob(os.path.join(share_root(), f"detload-mix-{os.getpid()}-*"))

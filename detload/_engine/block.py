@@ -657,6 +657,12 @@ def pack_frame(specs: Sequence[ColumnSpec], piece_rows: Sequence[int], orders: S
             starts, held)
 
 
+def all_flat(specs: Sequence[ColumnSpec]) -> bool:
+    """Whether every column of ``specs`` is fixed-width and 1-D: all a window pack's groups hold,
+    so a piece is its pack's rows alone (what a spilled or a mapped pack needs)."""
+    return all(s.kind == "fixed" and not s.inner for s in specs)
+
+
 class PackLike(Protocol):
     """What `placed` reads of a pack: a `WindowPack`, or a spilled one (_engine/spill.py)."""
 
@@ -685,13 +691,27 @@ class WindowPack:
     def __init__(self, specs: Sequence[ColumnSpec], piece_rows: Sequence[int],
                  orders: Sequence[Order] | None = None) -> None:
         groups, self.starts, self.orders = pack_frame(specs, piece_rows, orders)
-        self.arrays: dict[tuple[str, ...], np.ndarray] = {}
+        self.arrays: dict[tuple[str, ...], np.ndarray] = self._storage(groups, self.starts[-1])
         #: column name: (its group's array, its row there, the group's names)
         self.columns: dict[str, tuple[np.ndarray, int, tuple[str, ...]]] = {}
-        for names, k, dt in groups:
-            arr = self.arrays[names] = np.empty((k, self.starts[-1]), dtype=dt)
+        for names, arr in self.arrays.items():
             for r, name in enumerate(names):
                 self.columns[name] = (arr, r, names)
+
+    def _storage(self, groups: Sequence[tuple[tuple[str, ...], int, np.dtype]], rows: int
+                 ) -> dict[tuple[str, ...], np.ndarray]:
+        """Each group's ``(columns, rows)`` array: in this process's memory (a pack shared
+        through a mapped file, _engine/mapped.py, maps them)."""
+        return {names: np.empty((k, rows), dtype=dt) for names, k, dt in groups}
+
+    def _views(self, s: int, rows: int, out: UnitColumns) -> None:
+        """The packed columns of the piece at pack rows ``[s, s + rows)`` into ``out``: one view
+        of each group's rows, shared by its columns (not one made per column)."""
+        for names, arr in self.arrays.items():
+            run = arr[:, s : s + rows]
+            for r, name in enumerate(names):
+                out[name] = run[r]
+                out.runs[name] = (run, r, names)
 
     def put(self, q: int, cols: UnitColumns, first: int, rows: int) -> UnitColumns:
         """Piece ``q``: rows ``[first, first + rows)`` of a row group's ``cols``, copied into the
@@ -710,19 +730,16 @@ class WindowPack:
                         col = cols[name]
                         assert isinstance(col, np.ndarray)
                         _to_order(arr[j : j + 1, s : s + rows], col[None, first : first + rows], order)
+        packed = UnitColumns()
+        self._views(s, rows, packed)
         out = UnitColumns()
-        # One view of each group's rows, shared by its columns (not one made per column).
-        views_of = {names: arr[:, s : s + rows] for names, arr in self.arrays.items()}
-        for name, col in cols.items():
-            hit = self.columns.get(name)
-            if hit is None:
+        for name, col in cols.items():  # in the columns' order
+            if name in packed:
+                out[name] = packed[name]
+                out.runs[name] = packed.runs[name]
+            else:
                 rows_of = slice_rows(col, first, first + rows)
                 out[name] = rows_of if here else _reorder(rows_of, order)
-            else:
-                _, r, names = hit
-                run = views_of[names]
-                out[name] = run[r]
-                out.runs[name] = (run, r, names)
         out.at = (self, s, order)
         return out
 

@@ -31,6 +31,7 @@ from ..plan import Block, MixBlock, MixPlan, MixTask, Plan
 from .block import views
 from .config import WorkerConfig
 from .cut import Buffer, make_cutter
+from .mapped import pack_name
 from .messages import POLL, BlockReady, Channel, PackedError, StepCut, Task, WorkerFailed, put_until
 from .passes import concerns
 from .pool import WorkerPool
@@ -109,8 +110,11 @@ def _window_ends(plan: Plan, schedule: Sequence[Block], cfg: WorkerConfig
         pieces = [(r[0], r[1]) for r in tasks[key].ranges]
         entries = ([cache.path(cfg.files[f].cache_key, rg) for f, rg in pieces if cfg.files[f].cache_key]
                    if cache is not None else [])
-        if cfg.spill_share is not None:  # the task's shared spill file (each worker holds it open)
+        # The task's shared file, spilled or mapped (each worker holds it open or mapped).
+        if cfg.spill_share is not None:
             entries.append(os.path.join(cfg.spill_share, spill_name(plan.epoch, *key)))
+        if cfg.pack_share is not None:
+            entries.append(os.path.join(cfg.pack_share, pack_name(plan.epoch, *key)))
         out[k] = (pieces, entries)
     if cache is not None:
         cache.close()

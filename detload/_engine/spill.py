@@ -32,7 +32,7 @@ import numpy as np
 
 from .._columns import _workspace, slice_rows
 from .._types import Column, ColumnSpec, UnitColumns
-from .block import Order, Rows, _from_order, _reorder, _run_part, pack_frame, placed
+from .block import Order, Rows, _from_order, _reorder, _run_part, all_flat, pack_frame, placed
 
 __all__ = ["SPILL_MIN_BYTES", "SpillPack", "spill_bytes", "spill_folder", "spill_name", "spills"]
 
@@ -56,8 +56,7 @@ def spills(folder: str | None, specs: Sequence[ColumnSpec], rows: int, least: in
     hand, every column is fixed-width and 1-D (a spill file holds no other), and they hold at
     least ``least`` bytes (`SPILL_MIN_BYTES`). Where a window is packed, and not read through a
     cache, is the engine's (_engine/worker.py) and the loader's warning's to say."""
-    return (folder is not None and all(s.kind == "fixed" and not s.inner for s in specs)
-            and spill_bytes(specs, rows) >= least)
+    return folder is not None and all_flat(specs) and spill_bytes(specs, rows) >= least
 
 
 def _segments(rows: int, order: Order) -> list[tuple[int, int]]:

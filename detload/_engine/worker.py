@@ -36,9 +36,21 @@ from .._types import UnitColumns
 from . import share
 from . import shm as _shm
 from . import spawn as _spawn
-from .block import Layout, Order, Rows, WindowPack, assemble, piece_orders, placed, slice_rows, stored_order
+from .block import (
+    Layout,
+    Order,
+    Rows,
+    WindowPack,
+    all_flat,
+    assemble,
+    piece_orders,
+    placed,
+    slice_rows,
+    stored_order,
+)
 from .config import WorkerConfig
 from .groups import GroupRows, block_order, build_grouped, check_compact, check_constant, check_key_kept, group_rows
+from .mapped import MappedPack, pack_name
 from .messages import (
     CREDIT,
     POLL,
@@ -761,26 +773,29 @@ class _StalePass(Exception):
 def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, gen: int, k: int,
                         status: Status, t: Timings, index: int, stale: Callable[[], bool],
                         kept: _Kept | None = None) -> _Window:
-    """`_share_window`; where the process workers spill the window to a shared file
-    (`_shared_spill`), with reads that do not go through the scratch cache."""
-    spill = _shared_spill(cfg, task, kept) if cfg.window_share is None else None
-    with reader.uncached() if spill is not None else contextlib.nullcontext():
-        return _share_window(cfg, reader, steps, task, gen, k, status, t, index, stale, kept, spill)
+    """`_share_window`; where the process workers hold the window in one shared file
+    (`_shared_pack`) and no cache was given, with reads that do not go through the scratch
+    cache (a user's cache is still read and filled)."""
+    held = _shared_pack(cfg, task, kept) if cfg.window_share is None else None
+    with reader.uncached() if held is not None and cfg.scratch else contextlib.nullcontext():
+        return _share_window(cfg, reader, steps, task, gen, k, status, t, index, stale, kept, held)
 
 
 def _share_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, gen: int, k: int,
                   status: Status, t: Timings, index: int, stale: Callable[[], bool],
-                  kept: _Kept | None, spill: SpillPack | None) -> _Window:
+                  kept: _Kept | None, held: SpillPack | MappedPack | None) -> _Window:
     """A task's window shared with the other workers (_engine/share.py): convert the row groups
     this worker claims, starting at a place of its own so that workers spread over the task,
     then take the others' as they are published, converting any nobody claimed (or whose
     claimer gave up) itself. Thread workers hand over the columns; process workers write cache
-    entries and map them."""
+    entries and map them, or copy them into a file they all hold (``held``: spilled, or
+    mapped), whose claims are finished once the rows lie there."""
     b = _Build(cfg, reader, task, t, defer=False, settle=False)
     mem: share.MemoryShare | None = cfg.window_share
     share_dir = cfg.share_dir
     n = len(task.units)
-    pack = mem.pack(gen, task.units, lambda: _new_pack(cfg, task, kept)) if mem is not None else spill
+    pack = mem.pack(gen, task.units, lambda: _new_pack(cfg, task, kept)) if mem is not None else held
+    tag = share.SPILLED if isinstance(held, SpillPack) else share.MAPPED
     Pair = tuple[UnitColumns | None, UnitColumns]  # (what the next pass may take, the piece): `_piece`
     got: dict[int, Pair] = {}
     if kept is not None:  # row groups the window before held: nothing to claim
@@ -793,7 +808,10 @@ def _share_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Tas
         f, rg, first, rows = task.units[i]
         status.set(gen, k, f, rg)
         _debug_before_read(cfg, task, f, rg)
-        return _piece(pack, i, _row_group(b, steps, f, rg, first), first, rows)
+        pair = _piece(pack, i, _row_group(b, steps, f, rg, first), first, rows)
+        if isinstance(held, MappedPack):
+            reader.unmap(f, rg)
+        return pair
 
     def published(i: int, pair: Pair | None) -> Pair | None:
         """What another thread published for this piece, as a piece of this window: its
@@ -818,14 +836,16 @@ def _share_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Tas
         if i in got:
             continue
         f, rg, first, rows = task.units[i]
-        if spill is not None:
+        if held is not None:
             assert share_dir is not None
-            if not share.claim(share_dir, gen, f, rg, share.SPILLED):
+            if not share.claim(share_dir, gen, f, rg, tag):
                 continue
             try:
                 got[i] = convert(i)
-            finally:
-                share.finish(share_dir, gen, f, rg, share.SPILLED)
+            except BaseException:
+                share.withdraw(share_dir, gen, f, rg, tag)  # its rows are not in the file
+                raise
+            share.finish(share_dir, gen, f, rg, tag)
         elif mem is not None:
             if not mem.claim(gen, f, rg):
                 continue
@@ -868,10 +888,10 @@ def _share_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Tas
             if stale():
                 raise _StalePass
             t0 = time.perf_counter()
-            if spill is not None:
+            if held is not None:
                 assert share_dir is not None
-                if share.wait_done(share_dir, gen, f, rg, stale):  # in the file: another worker wrote it
-                    piece = spill.piece(i)
+                if share.wait_done(share_dir, gen, f, rg, stale, tag):  # in the file: another worker wrote it
+                    piece = held.piece(i)
                     pair = (piece, piece)
             elif mem is not None:
                 pair = published(i, mem.fetch(gen, f, rg, stale))
@@ -896,27 +916,36 @@ def _share_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Tas
     return _Window(task, units, raw, pack)
 
 
-def _shared_spill(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> SpillPack | None:
-    """The spill file process workers share a task's window in (no cache given; its fixed 1-D
-    columns at least ``cfg.spill_min`` bytes, and no other column: each worker writes the row
-    groups it claims and reads the others' rows from the file, so nothing of a piece may be
-    held in one worker's memory only): the one kept from the pass before where that holds
-    the same pieces in the same orders; else the task's file in the pool's folder, or None
-    (the window is then shared as scratch cache entries)."""
+def _shared_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> SpillPack | MappedPack | None:
+    """The file process workers share a shuffled task's window in, where its columns are all
+    fixed-width and 1-D (each worker copies the row groups it claims into the file and takes
+    the others' rows from it, so nothing of a piece may be held in one worker's memory only):
+    the one kept from the pass before where that holds the same pieces in the same orders;
+    else the task's file in the pool's folder: a spill file (no cache given, at least
+    ``cfg.spill_min`` bytes: `spills`), else a mapped pack (_engine/mapped.py); or None where
+    that cannot be made (the window is then shared as cache entries)."""
     rows = [r for *_, r in task.units]
-    if cfg.spill_share is None or not task.shuffle or not spills(cfg.spill_dir, cfg.block_specs, sum(rows),
-                                                                 cfg.spill_min):
+    if not task.shuffle or not all_flat(cfg.block_specs):
         return None
     orders = piece_orders(task.chunks, len(task.units))
-    if (kept is not None and kept.enabled and task.units == kept.pieces and isinstance(kept.pack, SpillPack)
-            and kept.pack.orders == tuple(orders)):
+    spilled = cfg.spill_share is not None and spills(cfg.spill_dir, cfg.block_specs, sum(rows), cfg.spill_min)
+    if (kept is not None and kept.enabled and task.units == kept.pieces
+            and isinstance(kept.pack, SpillPack if spilled else MappedPack) and kept.pack.orders == tuple(orders)):
         return kept.pack
-    try:
-        return SpillPack(cfg.block_specs, rows, orders, cfg.spill_dir,
-                         path=os.path.join(cfg.spill_share, spill_name(task.epoch, task.partition, task.number)))
-    except OSError as exc:
-        _spill_failed(cfg.spill_dir, exc)
+    if spilled:
+        assert cfg.spill_share is not None and cfg.spill_dir is not None
+        try:
+            return SpillPack(cfg.block_specs, rows, orders, cfg.spill_dir,
+                             path=os.path.join(cfg.spill_share, spill_name(task.epoch, task.partition, task.number)))
+        except OSError as exc:
+            _spill_failed(cfg.spill_dir, exc)
+    if cfg.pack_share is None:
         return None
+    try:
+        return MappedPack(cfg.block_specs, rows, orders,
+                          os.path.join(cfg.pack_share, pack_name(task.epoch, task.partition, task.number)))
+    except OSError:
+        return None  # no room for it (a full /dev/shm): shared as cache entries, as without it
 
 
 def _mix_block(cfg: WorkerConfig, win: _Window, n: int, lo: int, hi: int,

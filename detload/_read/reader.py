@@ -267,6 +267,14 @@ class UnitReader:
         finally:
             self._cache = cache
 
+    def unmap(self, file_idx: int, rg: int) -> None:
+        """Keep the row group's cache entry mapped no longer (`KeptMappings`): its rows were
+        copied into a window pack that outlives the pass (_engine/mapped.py), so the mapping
+        would hold the window a second time, in this process's memory, for nothing."""
+        ref = self.cfg.files[file_idx]
+        if self._cache is not None and ref.cache_key:
+            self._cache.kept.forget(self._cache.path(ref.cache_key, rg))
+
     def entry_path(self, file_idx: int, rg: int) -> str | None:
         """Where the row group's cache entry lies (None: it is not cached by this reader)."""
         ref = self.cfg.files[file_idx]
