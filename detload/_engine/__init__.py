@@ -13,7 +13,8 @@ Stages, in the order data flows (each module's docstring has the details):
       mapping.py which local files are read through a memory map, and that map
       block.py   concatenates a block's units and applies its permutation
       spill.py   a large mixed-order window written to a file, its blocks read back per chunk
-      share.py   windows shared by the workers (claims, scratch entries, shared spill files)
+      mapped.py  a window process workers share, packed in one file they all map (/dev/shm)
+      share.py   windows shared by the workers (claims, scratch entries, shared files)
       groups.py  group_by: blocks of whole groups, their group columns once per group
       heap.py    block memory of thread workers: reused heap slabs
       shm.py     block memory of process workers: reused /dev/shm segments
@@ -49,7 +50,8 @@ Memory ownership: a block's bytes belong to the worker until it hands the block
 over; then to the consumer's views (batches are zero-copy views of the block).
 The last view dropped gives the slab (heap.py) or segment (shm.py) back to its
 worker for a later block; a kept batch therefore never changes. A mixed-order
-window belongs to the worker (or workers, shared) that read it, in memory or in
-a spill file (spill.py), until its task's last block, or the next pass's window
+window belongs to the worker (or workers, shared) that read it, in memory, in
+a spill file (spill.py) or in a file process workers map (mapped.py), until its
+task's last block, or the next pass's window
 when the worker keeps it. Nothing is kept after close().
 """

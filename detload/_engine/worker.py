@@ -616,8 +616,9 @@ def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> WindowPack |
     and pass (mix_window=16, chunks of 4,096 rows): a pack made every pass was 5-20% slower in
     stored order, and block-ordered about equal (once a kept piece's copy back to stored order
     was made once per group, not once per column): with large chunks its gathers save about
-    what its copy costs. Process workers sharing a window map the cache
-    entries the others wrote: a pack would copy the whole window into every worker."""
+    what its copy costs. Process workers sharing a window hold it in one file they all map
+    or read (`_shared_pack`), or map the cache entries the others wrote: a pack of this
+    worker's would copy the whole window into every worker."""
     if not task.shuffle or (cfg.kind == "process" and cfg.share_windows):
         return None
     orders = piece_orders(task.chunks, len(task.units))
