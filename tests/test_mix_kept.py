@@ -13,6 +13,7 @@ import os
 import tempfile
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -420,8 +421,8 @@ def test_process_workers_share_a_mapped_window(ds, tmp_path, workers, cache) -> 
                     seen |= _pack_files()
                 got.append(np.concatenate(ids))
                 if cache:  # its rows copied into the pack, no worker keeps an entry mapped
-                    assert not [line for pid in loader._pool.pids() for line in open(f"/proc/{pid}/maps")
-                                if str(tmp_path / "cache") in line]
+                    maps = [Path(f"/proc/{pid}/maps").read_text() for pid in loader._pool.pids()]
+                    assert len(maps) == workers and not [m for m in maps if str(tmp_path / "cache") in m]
             assert _pack_files() == set()  # unlinked after the task's last block
             reads = loader.stats().reads
         assert all(np.array_equal(a, b) for a, b in zip(want, got)), run
