@@ -37,10 +37,10 @@ __all__ = ["MappedPack", "pack_name"]
 _ALIGN = 64
 
 
-def pack_name(epoch: int, partition: int, number: int) -> str:
-    """The name of a task's mapped pack in the pool's folder (`WorkerConfig.pack_share`): its
-    bytes are a pure function of the task, so passes of one epoch may share it."""
-    return f"{epoch}-{partition}-{number}.pack"
+def pack_name(gen: int, epoch: int, partition: int, number: int) -> str:
+    """The name of a task's mapped pack in the pool's folder (`WorkerConfig.pack_share`), for
+    pass ``gen`` (why the pass is in the name: `spill.spill_name`)."""
+    return f"{gen}-{epoch}-{partition}-{number}.pack"
 
 
 class MappedPack(WindowPack):

@@ -93,10 +93,11 @@ def make_tasks(plan: Plan, start_step: int, workers: int, shared: bool = False) 
     ]
 
 
-def _window_ends(plan: Plan, schedule: Sequence[Block], cfg: WorkerConfig
+def _window_ends(plan: Plan, schedule: Sequence[Block], cfg: WorkerConfig, gen: int
                  ) -> dict[int, tuple[list[tuple[int, int]], list[str]]]:
-    """Per schedule position k that is a task's last block: the task's row groups, and with the
-    pool's scratch cache their entries (which nothing needs once the task's blocks are built)."""
+    """Per schedule position k that is a task's last block: the task's row groups, and what
+    nothing needs once the task's blocks are built: with the pool's scratch cache their
+    entries, and the task's shared file of pass ``gen`` (spilled or mapped)."""
     last: dict[tuple[int, int], int] = {}
     tasks: dict[tuple[int, int], MixTask] = {}
     for k, b in enumerate(schedule):
@@ -112,9 +113,9 @@ def _window_ends(plan: Plan, schedule: Sequence[Block], cfg: WorkerConfig
                    if cache is not None else [])
         # The task's shared file, spilled or mapped (each worker holds it open or mapped).
         if cfg.spill_share is not None:
-            entries.append(os.path.join(cfg.spill_share, spill_name(plan.epoch, *key)))
+            entries.append(os.path.join(cfg.spill_share, spill_name(gen, plan.epoch, *key)))
         if cfg.pack_share is not None:
-            entries.append(os.path.join(cfg.pack_share, pack_name(plan.epoch, *key)))
+            entries.append(os.path.join(cfg.pack_share, pack_name(gen, plan.epoch, *key)))
         out[k] = (pieces, entries)
     if cache is not None:
         cache.close()
@@ -175,7 +176,7 @@ class Run:
                        if isinstance(plan, MixPlan) else plan.block_workers(pool.workers, start_step))
         #: Shared windows: after the merger took block k, the task whose last block it is lets go
         #: of its window (_engine/share.py); what is left when the pass stops goes then.
-        self._window_ends = _window_ends(plan, self.schedule, pool.cfg) if shared else {}
+        self._window_ends = _window_ends(plan, self.schedule, pool.cfg, gen) if shared else {}
         # Tasks each worker already has: submitted ahead, with this pass number, while
         # the previous pass was running (see Loader._build_ahead).
         self._ahead = list(ahead) if ahead is not None else [0] * pool.workers

@@ -287,10 +287,13 @@ class SpillPack:
         self.map.madvise(mmap.MADV_DONTNEED)
 
 
-def spill_name(epoch: int, partition: int, number: int) -> str:
-    """The name of a task's shared spill file in the pool's folder (`WorkerConfig.spill_share`):
-    its bytes are a pure function of the task, so passes of one epoch may share it."""
-    return f"{epoch}-{partition}-{number}.spill"
+def spill_name(gen: int, epoch: int, partition: int, number: int) -> str:
+    """The name of a task's shared spill file in the pool's folder (`WorkerConfig.spill_share`),
+    for pass ``gen``. The pass is in the name: workers that share a window must all open one
+    file, and another pass's merger removing its file of the same task (a pass stopped while
+    this one starts, or a merger that outlived its join) between two workers' opens would have
+    them hold two, a waiter reading rows from one that the claimer wrote into the other."""
+    return f"{gen}-{epoch}-{partition}-{number}.spill"
 
 
 def spill_folder(choice: Any) -> str | None:

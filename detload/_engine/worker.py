@@ -777,7 +777,7 @@ def _open_shared_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, tas
     """`_share_window`; where the process workers hold the window in one shared file
     (`_shared_pack`) and no cache was given, with reads that do not go through the scratch
     cache (a user's cache is still read and filled)."""
-    held = _shared_pack(cfg, task, kept) if cfg.window_share is None else None
+    held = _shared_pack(cfg, task, gen, kept) if cfg.window_share is None else None
     with reader.uncached() if held is not None and cfg.scratch else contextlib.nullcontext():
         return _share_window(cfg, reader, steps, task, gen, k, status, t, index, stale, kept, held)
 
@@ -917,12 +917,12 @@ def _share_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Tas
     return _Window(task, units, raw, pack)
 
 
-def _shared_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> SpillPack | MappedPack | None:
+def _shared_pack(cfg: WorkerConfig, task: Task, gen: int, kept: _Kept | None) -> SpillPack | MappedPack | None:
     """The file process workers share a shuffled task's window in, where its columns are all
     fixed-width and 1-D (each worker copies the row groups it claims into the file and takes
     the others' rows from it, so nothing of a piece may be held in one worker's memory only):
     the one kept from the pass before where that holds the same pieces in the same orders;
-    else the task's file in the pool's folder: a spill file (no cache given, at least
+    else the task's file of pass ``gen`` in the pool's folder: a spill file (no cache given, at least
     ``cfg.spill_min`` bytes: `spills`), else a mapped pack (_engine/mapped.py); or None where
     that cannot be made (the window is then shared as cache entries)."""
     rows = [r for *_, r in task.units]
@@ -937,14 +937,14 @@ def _shared_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> SpillPack
         assert cfg.spill_share is not None and cfg.spill_dir is not None
         try:
             return SpillPack(cfg.block_specs, rows, orders, cfg.spill_dir,
-                             path=os.path.join(cfg.spill_share, spill_name(task.epoch, task.partition, task.number)))
+                             path=os.path.join(cfg.spill_share, spill_name(gen, task.epoch, task.partition, task.number)))
         except OSError as exc:
             _spill_failed(cfg.spill_dir, exc)
     if cfg.pack_share is None:
         return None
     try:
         return MappedPack(cfg.block_specs, rows, orders,
-                          os.path.join(cfg.pack_share, pack_name(task.epoch, task.partition, task.number)))
+                          os.path.join(cfg.pack_share, pack_name(gen, task.epoch, task.partition, task.number)))
     except OSError:
         return None  # no room for it (a full /dev/shm): shared as cache entries, as without it
 
