@@ -14,6 +14,7 @@ import re
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -346,6 +347,27 @@ def test_the_default_spill_folder_is_never_in_memory(monkeypatch, tmp_path) -> N
     assert detload._engine.spill.spill_folder(False) is None
 
 
+def _epochs_looking(loader: Loader, epochs: int, look: Callable[[], None],
+                    after_epoch: Callable[[], None] = lambda: None) -> list[np.ndarray]:
+    """Each epoch's ids, every batch's rows checked, ``look()`` after each batch and
+    ``after_epoch()`` after each epoch."""
+    out = []
+    for e in range(epochs):
+        loader.set_epoch(e)
+        ids = []
+        for b in loader:
+            check_rows(b)
+            ids.append(np.asarray(b["id"]).copy())
+            look()
+        out.append(np.concatenate(ids))
+        after_epoch()
+    return out
+
+
+#: The row groups of the standard dataset (FILES).
+GROUPS = sum(1 for rows in FILES.values() for n in rows if n)
+
+
 @pytest.mark.parametrize("workers", [2, 3])
 def test_process_workers_share_a_spilled_window(ds, tmp_path, monkeypatch, workers) -> None:  # type: ignore[no-untyped-def]
     # Process workers sharing a task's window, no cache, fixed 1-D columns only: the window is
@@ -359,17 +381,11 @@ def test_process_workers_share_a_spilled_window(ds, tmp_path, monkeypatch, worke
     folder = tmp_path / "spill"
     folder.mkdir()
     seen: set[str] = set()
-    got = []
     with Loader(ds.root, workers=workers, pool=Pool(kind="process", prefetch=1, spill=str(folder)), **opts) as loader:
-        for e in range(3):
-            loader.set_epoch(e)
-            ids = []
-            for b in loader:
-                check_rows(b)
-                ids.append(np.asarray(b["id"]).copy())
-                seen.update(os.path.relpath(p, folder) for p in glob.glob(f"{folder}/*/*"))
-            got.append(np.concatenate(ids))
+        got = _epochs_looking(loader, 3, lambda: seen.update(glob.glob(f"{folder}/*/*")))
+        reads = [e.row_groups_read for e in loader.stats().reads.epochs]
     assert all(np.array_equal(a, b) for a, b in zip(want, got))
+    assert reads == [GROUPS, 0, 0], reads  # each row group read once, by the worker that claimed it
     # Epoch 0's, named by its pass too; the others took it as kept.
     assert len(seen) == 1 and re.fullmatch(r"[0-9]+-0-0-0\.spill", os.path.basename(seen.pop())), seen
     assert os.listdir(folder) == []
@@ -408,27 +424,21 @@ def test_process_workers_share_a_mapped_window(ds, tmp_path, workers, cache) -> 
     # block, its folder with the pool.
     opts = {"batch_size": 50, "seed": 5, "columns": FLAT, **ONE_TASK}
     want = _ids_of(ds, 3, workers=1, pool=Pool(kind="thread", prefetch=1, spill=False), **opts)
-    groups = sum(1 for rows in FILES.values() for n in rows if n)
     for run in ("cold", "warm") if cache else ("cold",):
         seen: set[str] = set()
-        got = []
         with Loader(ds.root, workers=workers, pool=Pool(kind="process", prefetch=1, spill=False),
                     cache=str(tmp_path / "cache") if cache else None, **opts) as loader:
-            for e in range(3):
-                loader.set_epoch(e)
-                ids = []
-                for b in loader:
-                    check_rows(b)
-                    ids.append(np.asarray(b["id"]).copy())
-                    seen |= _pack_files()
-                got.append(np.concatenate(ids))
-                if cache:  # its rows copied into the pack, no worker keeps an entry mapped
-                    maps = [Path(f"/proc/{pid}/maps").read_text() for pid in loader._pool.pids()]
-                    assert len(maps) == workers and not [m for m in maps if str(tmp_path / "cache") in m]
+
+            def unmapped() -> None:  # its rows copied into the pack, no worker keeps an entry mapped
+                maps = [Path(f"/proc/{pid}/maps").read_text() for pid in loader._pool.pids()]
+                assert len(maps) == workers and not [m for m in maps if str(tmp_path / "cache") in m]
+
+            got = _epochs_looking(loader, 3, lambda s=seen: s.update(_pack_files()),  # type: ignore[misc]
+                                  unmapped if cache else lambda: None)
             assert _pack_files() == set()  # unlinked after the task's last block
             reads = loader.stats().reads
         assert all(np.array_equal(a, b) for a, b in zip(want, got)), run
         assert len(seen) == 1 and re.fullmatch(r"[0-9]+-0-0-0\.pack", seen.pop()), seen  # epoch 0's; then kept
         counts = [(e.row_groups_read, e.row_groups_cached) for e in reads.epochs]
-        assert counts == [(groups, 0) if run == "cold" else (0, groups), (0, 0), (0, 0)], (run, counts)
+        assert counts == [(GROUPS, 0) if run == "cold" else (0, GROUPS), (0, 0), (0, 0)], (run, counts)
     assert not glob.glob(os.path.join(share_root(), f"detload-mix-{os.getpid()}-*"))
