@@ -442,3 +442,26 @@ def test_process_workers_share_a_mapped_window(ds, tmp_path, workers, cache) -> 
         counts = [(e.row_groups_read, e.row_groups_cached) for e in reads.epochs]
         assert counts == [(GROUPS, 0) if run == "cold" else (0, GROUPS), (0, 0), (0, 0)], (run, counts)
     assert not glob.glob(os.path.join(share_root(), f"detload-mix-{os.getpid()}-*"))
+
+
+def test_a_shared_window_without_room_for_its_file_is_shared_as_cache_entries(ds, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # The pool's folder for mapped windows went (as a /dev/shm without room for the file would
+    # fail): each process worker warns, as a ResourceWarning the consumer sees once, naming the
+    # folder and what to do, and the workers share the window as cache entries; the batches
+    # are the same.
+    opts = {"batch_size": 50, "seed": 5, "columns": FLAT, **ONE_TASK}
+    want = _ids_of(ds, 2, workers=1, pool=Pool(kind="thread", prefetch=1, spill=False), **opts)
+    with Loader(ds.root, workers=2, pool=Pool(kind="process", prefetch=1, spill=False), **opts) as loader:
+        loader._ensure_pool()
+        folder = loader._pool.cfg.pack_share
+        os.rmdir(folder)
+        with pytest.warns(ResourceWarning) as caught:
+            got = _epochs_looking(loader, 2, lambda: None)
+    texts = {str(w.message) for w in caught if issubclass(w.category, ResourceWarning)}
+    assert len(texts) == 1, texts
+    text = texts.pop()
+    assert text.startswith(f"could not hold a mixed-order window the process workers share in one file in "
+                           f"{share_root()!r} (")
+    assert text.endswith("they share it as cache entries instead, whose blocks are slower to cut. Give that folder "
+                         "more room (a container: --shm-size), or use thread workers")
+    assert all(np.array_equal(a, b) for a, b in zip(want, got))

@@ -41,7 +41,9 @@ from .watch import Watch
 __all__ = ["END", "Failure", "Run", "ahead_counts", "make_tasks"]
 
 # Warning classes a worker process may raise, by name (see _worker._forward_warnings).
-_WARNING_CLASSES: dict[str, type[Warning]] = {"CacheWarning": CacheWarning}
+#: The warning classes a process worker's warning is raised again as, by name (any other: UserWarning).
+_WARNING_CLASSES: dict[str, type[Warning]] = {
+    "CacheWarning": CacheWarning, "ResourceWarning": ResourceWarning, "RuntimeWarning": RuntimeWarning}
 STOPPED = ("this iteration was stopped: the loader started a new iteration, changed epoch "
            "or was closed. Iterate the loader again for a fresh pass.")
 #: Most batches per item of the ready queue (see Run._emit_steps).

@@ -663,6 +663,20 @@ def _spill_failed(folder: str, exc: OSError) -> None:
                       f"(on the command line: --spill FOLDER), or spill=False", ResourceWarning, stacklevel=2)
 
 
+_MAPPED_WARNED: set[str] = set()
+
+
+def _mapped_failed(folder: str, exc: OSError) -> None:
+    """Warn once per folder that a window process workers share could not be held in one mapped
+    file there (a /dev/shm too small: a container's default is 64 MiB)."""
+    if folder not in _MAPPED_WARNED:
+        _MAPPED_WARNED.add(folder)
+        warnings.warn(f"could not hold a mixed-order window the process workers share in one file in "
+                      f"{os.path.dirname(os.path.dirname(folder))!r} ({exc}); they share it as cache entries "
+                      f"instead, whose blocks are slower to cut. Give that folder more room (a container: "
+                      f"--shm-size), or use thread workers", ResourceWarning, stacklevel=2)
+
+
 #: A window read for one pass is packed when its blocks take chunks of fewer rows than this
 #: on average: a block from separate arrays copies each piece's chunk column by column, so the
 #: copies' count per row grows as chunks shrink, while the pack's copy costs the same per row.
@@ -945,8 +959,9 @@ def _shared_pack(cfg: WorkerConfig, task: Task, gen: int, kept: _Kept | None) ->
     try:
         return MappedPack(cfg.block_specs, rows, orders,
                           os.path.join(cfg.pack_share, pack_name(gen, task.epoch, task.partition, task.number)))
-    except OSError:
-        return None  # no room for it (a full /dev/shm): shared as cache entries, as without it
+    except OSError as exc:  # no room for it (a full /dev/shm): shared as cache entries, as without it
+        _mapped_failed(cfg.pack_share, exc)
+        return None
 
 
 def _mix_block(cfg: WorkerConfig, win: _Window, n: int, lo: int, hi: int,
@@ -1160,3 +1175,7 @@ def _forward_warnings() -> None:
         _FORWARDED.append((category.__name__, str(message)))
 
     warnings.showwarning = keep
+    # Python ignores ResourceWarning by default, and the consumer's filters (where the user
+    # decides) never reach this process: let the worker's own (a spill or a shared window
+    # that could not be held where asked, once per folder) travel to them.
+    warnings.filterwarnings("default", category=ResourceWarning)
