@@ -312,14 +312,17 @@ def test_a_window_of_cache_entries_is_not_spilled(ds, tmp_path, spills_made, pac
     _are_the_plans_rows(ds, got, batch_size=50, seed=5, columns=FLAT, **ONE_TASK)
 
 
-def test_a_folder_that_cannot_take_the_spill_file_holds_windows_in_memory(ds, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_a_folder_that_cannot_take_the_spill_file_holds_windows_in_memory(ds, tmp_path, monkeypatch, kind) -> None:  # type: ignore[no-untyped-def]
     # The spill folder went after the Pool was made: the window is packed in memory instead,
-    # with one warning naming the folder and what to do; the batches are the same.
+    # with one warning naming the folder and what to do; the batches are the same. A process
+    # worker's warning reaches the consumer too, as a ResourceWarning (Python ignores those
+    # by default, and the worker never sees the consumer's filters).
     monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", 0)
     monkeypatch.setattr(detload._engine.worker, "_SPILL_WARNED", set())
     folder = tmp_path / "spill"
     folder.mkdir()
-    pool = Pool(kind="thread", prefetch=1, spill=str(folder))
+    pool = Pool(kind=kind, prefetch=1, spill=str(folder))
     folder.rmdir()
     with pytest.warns(ResourceWarning) as caught:
         got = _ids_of(ds, 2, batch_size=50, seed=5, workers=1, pool=pool, columns=FLAT, **ONE_TASK)
