@@ -319,7 +319,7 @@ def test_a_folder_that_cannot_take_the_spill_file_holds_windows_in_memory(ds, tm
     # worker's warning reaches the consumer too, as a ResourceWarning (Python ignores those
     # by default, and the worker never sees the consumer's filters).
     monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", 0)
-    monkeypatch.setattr(detload._engine.worker, "_SPILL_WARNED", set())
+    monkeypatch.setattr(detload._engine.worker, "_WARNED", set())
     folder = tmp_path / "spill"
     folder.mkdir()
     pool = Pool(kind=kind, prefetch=1, spill=str(folder))

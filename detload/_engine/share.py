@@ -135,10 +135,10 @@ def wait_for(share_dir: str, gen: int, file: int, rg: int, entry: str, stale: Ca
     return _poll(look, stale, limit)
 
 
-def wait_done(share_dir: str, gen: int, file: int, rg: int, stale: Callable[[], bool], tag: str = SPILLED,
+def wait_done(share_dir: str, gen: int, file: int, rg: int, stale: Callable[[], bool], tag: str,
               limit: float = WAIT_LIMIT) -> bool:
-    """Wait until the row group's claim is finished (its rows are in the shared file, spilled or mapped):
-    True if it is, False if this worker should convert it itself (nobody claimed it, the
+    """Wait until the row group's claim of kind ``tag`` (`SPILLED`, `MAPPED`) is finished (its
+    rows are in the shared file): True if it is, False if this worker should convert it itself (nobody claimed it, the
     claim went with its task, the wait passed ``limit`` or the pass is stale)."""
     name, done = claim_names(gen, file, rg, tag)
     claimed, finished = os.path.join(share_dir, name), os.path.join(share_dir, done)

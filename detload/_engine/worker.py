@@ -600,6 +600,13 @@ class _Kept:
         """A window opened: what it did not take of the one kept is not wanted."""
         self.cols, self.pieces, self.pack = {}, (), None
 
+    def pack_for(self, task: Task, orders: list[Order]) -> WindowPack | SpillPack | None:
+        """The kept window's pack where ``task``'s window is its pieces in the same ``orders``
+        (the next window then takes the pack as it is), else None."""
+        if self.enabled and task.units == self.pieces and self.pack is not None and self.pack.orders == tuple(orders):
+            return self.pack
+        return None
+
 
 def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> WindowPack | SpillPack | None:
     """The pack a shuffled task's window holds its pieces in (`WindowPack`), each piece in its
@@ -622,9 +629,10 @@ def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> WindowPack |
     if not task.shuffle or (cfg.kind == "process" and cfg.share_windows):
         return None
     orders = piece_orders(task.chunks, len(task.units))
+    same = kept.pack_for(task, orders) if kept is not None else None
+    if same is not None:
+        return same
     kept_same = kept is not None and kept.enabled and task.units == kept.pieces
-    if kept_same and kept is not None and kept.pack is not None and kept.pack.orders == tuple(orders):
-        return kept.pack
     if (kept_same or cfg.share_windows or (task.repeats and kept is not None and kept.enabled)
             or _small_chunks(task)):
         return _make_pack(cfg, [r for *_, r in task.units], orders)
@@ -651,30 +659,31 @@ def _make_pack(cfg: WorkerConfig, piece_rows: list[int], orders: list[Order]) ->
     return WindowPack(cfg.block_specs, piece_rows, orders)
 
 
-_SPILL_WARNED: set[str] = set()
+#: The folders a window could not be held in that this process warned of, by what failed there.
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _warn_once(what: str, folder: str, text: str) -> None:
+    """A ResourceWarning, once per process for ``what`` failing in ``folder``."""
+    if (what, folder) not in _WARNED:
+        _WARNED.add((what, folder))
+        warnings.warn(text, ResourceWarning, stacklevel=3)
 
 
 def _spill_failed(folder: str, exc: OSError) -> None:
     """Warn once per folder that a window could not be spilled there (full, read-only, gone)."""
-    if folder not in _SPILL_WARNED:
-        _SPILL_WARNED.add(folder)
-        warnings.warn(f"could not spill a mixed-order window to {folder!r} ({exc}); windows are held in "
-                      f"memory instead. Free space there, or pass Pool(spill=FOLDER) for another folder "
-                      f"(on the command line: --spill FOLDER), or spill=False", ResourceWarning, stacklevel=2)
-
-
-_MAPPED_WARNED: set[str] = set()
+    _warn_once("spill", folder, f"could not spill a mixed-order window to {folder!r} ({exc}); windows are held in "
+               f"memory instead. Free space there, or pass Pool(spill=FOLDER) for another folder "
+               f"(on the command line: --spill FOLDER), or spill=False")
 
 
 def _mapped_failed(folder: str, exc: OSError) -> None:
     """Warn once per folder that a window process workers share could not be held in one mapped
     file there (a /dev/shm too small: a container's default is 64 MiB)."""
-    if folder not in _MAPPED_WARNED:
-        _MAPPED_WARNED.add(folder)
-        warnings.warn(f"could not hold a mixed-order window the process workers share in one file in "
-                      f"{os.path.dirname(os.path.dirname(folder))!r} ({exc}); they share it as cache entries "
-                      f"instead, whose blocks are slower to cut. Give that folder more room (a container: "
-                      f"--shm-size), or use thread workers", ResourceWarning, stacklevel=2)
+    _warn_once("mapped", folder, f"could not hold a mixed-order window the process workers share in one file in "
+               f"{os.path.dirname(os.path.dirname(folder))!r} ({exc}); they share it as cache entries "
+               f"instead, whose blocks are slower to cut. Give that folder more room (a container: "
+               f"--shm-size), or use thread workers")
 
 
 #: A window read for one pass is packed when its blocks take chunks of fewer rows than this
@@ -944,9 +953,9 @@ def _shared_pack(cfg: WorkerConfig, task: Task, gen: int, kept: _Kept | None) ->
         return None
     orders = piece_orders(task.chunks, len(task.units))
     spilled = cfg.spill_share is not None and spills(cfg.spill_dir, cfg.block_specs, sum(rows), cfg.spill_min)
-    if (kept is not None and kept.enabled and task.units == kept.pieces
-            and isinstance(kept.pack, SpillPack if spilled else MappedPack) and kept.pack.orders == tuple(orders)):
-        return kept.pack
+    same = kept.pack_for(task, orders) if kept is not None else None
+    if isinstance(same, SpillPack if spilled else MappedPack):
+        return same
     if spilled:
         assert cfg.spill_share is not None and cfg.spill_dir is not None
         try:

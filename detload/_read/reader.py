@@ -259,8 +259,9 @@ class UnitReader:
     @contextlib.contextmanager
     def uncached(self) -> Iterator[None]:
         """Reads that neither look in the cache nor fill it: the row groups of a window that
-        process workers spill to a shared file (_engine/spill.py), whose scratch cache entries
-        would be a second copy of it in /dev/shm."""
+        process workers hold in a shared file (spilled, _engine/spill.py, or mapped,
+        _engine/mapped.py) where no cache was given, whose scratch cache entries would be a
+        second copy of it in /dev/shm."""
         cache, self._cache = self._cache, None
         try:
             yield
