@@ -29,13 +29,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from .._types import ColumnSpec, UnitColumns
-from .block import Order, WindowPack
+from .block import Order, WindowPack, _aligned
 
 __all__ = ["MappedPack", "pack_name"]
-
-#: Each group's array starts at a multiple of this many bytes in the file.
-_ALIGN = 64
-
 
 def pack_name(gen: int, epoch: int, partition: int, number: int) -> str:
     """The name of a task's mapped pack in the pool's folder (`WorkerConfig.pack_share`), for
@@ -64,7 +60,7 @@ class MappedPack(WindowPack):
         size = 0
         for _, k, dt in groups:
             offsets.append(size)
-            size += -(-k * rows * dt.itemsize // _ALIGN) * _ALIGN
+            size += _aligned(k * rows * dt.itemsize)  # each group's array at a 64-byte boundary
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             # Every worker sizes the file alike: neither call changes bytes written already.
