@@ -30,6 +30,7 @@ import numpy as np
 
 from .._types import ColumnSpec, UnitColumns
 from .block import Order, WindowPack, _aligned
+from .spill import sized_map
 
 __all__ = ["MappedPack", "pack_name"]
 
@@ -63,10 +64,7 @@ class MappedPack(WindowPack):
             size += _aligned(k * rows * dt.itemsize)  # each group's array at a 64-byte boundary
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            # Every worker sizes the file alike: neither call changes bytes written already.
-            os.ftruncate(fd, max(size, 1))
-            os.posix_fallocate(fd, 0, max(size, 1))  # a full /dev/shm fails here, not in a page fault
-            self.map = mmap.mmap(fd, max(size, 1))
+            self.map = sized_map(fd, size)
         finally:
             os.close(fd)
         return {names: np.frombuffer(self.map, dtype=dt, count=k * rows, offset=at).reshape(k, rows)

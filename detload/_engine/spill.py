@@ -34,7 +34,7 @@ from .._columns import _workspace, slice_rows
 from .._types import Column, ColumnSpec, UnitColumns
 from .block import Order, Rows, _from_order, _reorder, _run_part, all_flat, pack_frame, placed
 
-__all__ = ["SPILL_MIN_BYTES", "SpillPack", "spill_bytes", "spill_folder", "spill_name", "spills"]
+__all__ = ["SPILL_MIN_BYTES", "SpillPack", "sized_map", "spill_bytes", "spill_folder", "spill_name", "spills"]
 
 #: A window is spilled when its fixed 1-D columns hold at least this many bytes: below it, the
 #: memory saved is less than what the windowed order's blocks hold anyway.
@@ -167,10 +167,7 @@ class SpillPack:
         else:  # removed by the merger after the task's last block, and with the pool's folder
             self.file = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o600), "r+b", buffering=0)
         try:
-            # Every worker sizes the shared file alike: neither call changes bytes written already.
-            os.ftruncate(self.file.fileno(), max(at, 1))
-            os.posix_fallocate(self.file.fileno(), 0, max(at, 1))  # a full disk fails here, not in a map
-            self.map = mmap.mmap(self.file.fileno(), max(at, 1))
+            self.map = sized_map(self.file.fileno(), at)
         except BaseException:
             self.file.close()
             raise
@@ -285,6 +282,16 @@ class SpillPack:
     def settle(self) -> None:
         """Drop the pages of the file's map from this process (they stay in the page cache)."""
         self.map.madvise(mmap.MADV_DONTNEED)
+
+
+def sized_map(fd: int, size: int) -> mmap.mmap:
+    """A shared map of the file ``fd`` sized to ``size`` bytes (at least one), its blocks taken
+    up front: a full disk or /dev/shm fails here, never later as a SIGBUS in a page fault.
+    Every worker of a shared window sizes its file alike: neither call changes bytes another
+    worker wrote already."""
+    os.ftruncate(fd, max(size, 1))
+    os.posix_fallocate(fd, 0, max(size, 1))
+    return mmap.mmap(fd, max(size, 1))
 
 
 def spill_name(gen: int, epoch: int, partition: int, number: int) -> str:
