@@ -423,6 +423,7 @@ class Loader:
         # Maps only where a fault kills a worker process, not the consumer (see Storage.memory_map).
         mapping = self._memory_map if self._memory_map != "auto" or kind == "process" else False
         cache, share_dir, scratch, spill_share, pack_share = self.cache, None, False, None, None
+        spill_error: str | None = None
         spill_dir = _spill.spill_folder(self._spill)
         shared = self._shares_windows(kind)
         if shared and kind == "process":
@@ -442,26 +443,27 @@ class Loader:
                     share.remove_share_dir(base)
                     share_dir, pack_share, shared = None, None, False
                 else:
-                    spill_share = self._spill_share(spill_dir)
+                    spill_share, spill_error = self._spill_share(spill_dir)
         return WorkerConfig(self._files, self.dataset.filesystem, specs, self._null_fill, kind,
                             prefix, hooks=self._hooks.debug,
                             cache=cache, selections=self._selections, group_by=self.group_by,
                             group_columns=self.group_columns, transform=self._xform, group_specs=group_specs,
                             memory_map=mapping, share_windows=shared, share_dir=share_dir, scratch=scratch,
                             spill_dir=spill_dir, spill_min=_spill.SPILL_MIN_BYTES,
-                            spill_share=spill_share, pack_share=pack_share)
+                            spill_share=spill_share, spill_error=spill_error, pack_share=pack_share)
 
     @staticmethod
-    def _spill_share(folder: str | None) -> str | None:
+    def _spill_share(folder: str | None) -> tuple[str | None, str | None]:
         """Process workers sharing windows without a cache: a folder of the pool's in the spill
-        ``folder``, for the windows they spill together (_engine/spill.py), or None (no spill
-        folder, or it cannot take one: the windows are then shared as scratch cache entries)."""
+        ``folder``, for the windows they spill together (_engine/spill.py), or None: no spill
+        folder, or it cannot take one (the windows are then held in mapped packs, in memory,
+        and the second value says why, for the workers' warning)."""
         if folder is None:
-            return None
+            return None, None
         try:
-            return share.make_share_dir(folder)
-        except OSError:
-            return None
+            return share.make_share_dir(folder), None
+        except OSError as exc:
+            return None, str(exc)
 
     def _shares_windows(self, kind: WorkerKind, plan: Plan | None = None) -> bool:
         """Whether the workers share the mixed order's task windows (_engine/share.py): with

@@ -77,6 +77,10 @@ class WorkerConfig:
     #: Process workers sharing windows without a cache: the pool's folder in ``spill_dir`` of
     #: the windows they share as one spill file each (named by `spill_name`), or None.
     spill_share: str | None = None
+    #: Why that folder could not be made where it was to be (the spill folder gone, full or
+    #: read-only when the pool started): the windows are then held in mapped packs, in
+    #: memory, and the first worker to hold one where it would have spilled it warns.
+    spill_error: str | None = None
     #: Process workers sharing windows: the pool's folder of the windows they hold in one mapped
     #: file each (_engine/mapped.py; named by `pack_name`) where they are not spilled, or None.
     pack_share: str | None = None

@@ -670,7 +670,7 @@ def _warn_once(what: str, folder: str, text: str) -> None:
         warnings.warn(text, ResourceWarning, stacklevel=3)
 
 
-def _spill_failed(folder: str, exc: OSError) -> None:
+def _spill_failed(folder: str, exc: OSError | str) -> None:
     """Warn once per folder that a window could not be spilled there (full, read-only, gone)."""
     _warn_once("spill", folder, f"could not spill a mixed-order window to {folder!r} ({exc}); windows are held in "
                f"memory instead. Free space there, or pass Pool(spill=FOLDER) for another folder "
@@ -953,6 +953,9 @@ def _shared_pack(cfg: WorkerConfig, task: Task, gen: int, kept: _Kept | None) ->
         return None
     orders = piece_orders(task.chunks, len(task.units))
     spilled = cfg.spill_share is not None and spills(cfg.spill_dir, cfg.block_specs, sum(rows), cfg.spill_min)
+    if cfg.spill_error is not None and spills(cfg.spill_dir, cfg.block_specs, sum(rows), cfg.spill_min):
+        assert cfg.spill_dir is not None
+        _spill_failed(cfg.spill_dir, cfg.spill_error)  # the pool could not make its folder there
     same = kept.pack_for(task, orders) if kept is not None else None
     if isinstance(same, SpillPack if spilled else MappedPack):
         return same
