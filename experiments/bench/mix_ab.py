@@ -1,4 +1,4 @@
-"""One detload loader on bench.py's CTR data: rows/s over the epochs after the first two, and
+"""One detload loader on bench.py's CTR or text_list data: rows/s over the epochs after the first two, and
 peak PSS (this process and its worker processes, sampled every 20 batches of the first two
 epochs and of one more after the timed ones: a sample walks every page table, too slow for
 the timed epochs, as bench.py's RssSampler notes). For A/B runs of
@@ -7,7 +7,9 @@ two trees, alternately, as the mixed-order engine changes were measured (docs/be
     PYTHONPATH=TREE_A python experiments/bench/mix_ab.py --pool process --workers 2
     PYTHONPATH=TREE_B python experiments/bench/mix_ab.py --pool process --workers 2
 
-The data is bench.py's (`datagen.make_ctr`, 1M rows in 16,384-row row groups), made if missing;
+The data is bench.py's (`datagen.make_ctr`, or `make_text_list` with `--shape text_list`: 1M rows
+in 16,384-row row groups), made if missing (`--data` names the folder: a folder of the other
+shape is written over);
 `--row-group-rows N` makes and reads the same rows in row groups of N (the default window and
 block size follow the row groups' rows: compare with `--mix-window 64 --block-rows 4N`).
 Nothing here imports torch, so the peak is lower than bench.py's rows (which do).
@@ -43,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     from detload import Loader, Pool
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default=str(HERE / "data" / "ctr"))
+    ap.add_argument("--shape", choices=["ctr", "text_list"], default="ctr")
+    ap.add_argument("--data", default=None, help="the dataset's folder (default: bench.py's, data/SHAPE)")
     ap.add_argument("--pool", choices=["thread", "process"], default="thread")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--order", choices=["mix", "windowed"], default="mix")
@@ -58,8 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", action="store_true",
                     help="read through a cache (a fresh one: the first two epochs fill it, the timed ones are warm)")
     a = ap.parse_args(argv)
-    data = a.data if a.row_group_rows == 16384 else f"{a.data}-rg{a.row_group_rows}"
-    path = str(datagen.make_ctr(data, rows=1_000_000, row_group_rows=a.row_group_rows))
+    base = a.data or str(HERE / "data" / a.shape)
+    data = base if a.row_group_rows == 16384 else f"{base}-rg{a.row_group_rows}"
+    make = datagen.make_ctr if a.shape == "ctr" else datagen.make_text_list
+    path = str(make(data, rows=1_000_000, row_group_rows=a.row_group_rows))
     kw: dict[str, Any] = {"shuffle_window": 4} if a.order == "windowed" else {
         k: v for k, v in (("mix_window", a.mix_window), ("block_rows", a.block_rows)) if v}
     proc = psutil.Process()
@@ -85,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                     rows += len(b["id"])
                 if sampled and i % 20 == 0:
                     peak = max(peak, pss_mib(proc))
-        print(f"{a.pool} W={a.workers} {a.order}"
+        print(f"{a.shape} {a.pool} W={a.workers} {a.order}"
               f"{''.join(f' {k}={v}' for k, v in kw.items() if k in ('mix_window', 'block_rows'))}"
               f"{' cache' if a.cache else ''}: "
               f"{rows / dt:,.0f} rows/s over epochs 2..{a.epochs - 1}, peak PSS {peak} MiB")
