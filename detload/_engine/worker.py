@@ -952,8 +952,9 @@ def _shared_pack(cfg: WorkerConfig, task: Task, gen: int, kept: _Kept | None) ->
     if not task.shuffle or not all_flat(cfg.block_specs):
         return None
     orders = piece_orders(task.chunks, len(task.units))
-    spilled = cfg.spill_share is not None and spills(cfg.spill_dir, cfg.block_specs, sum(rows), cfg.spill_min)
-    if cfg.spill_error is not None and spills(cfg.spill_dir, cfg.block_specs, sum(rows), cfg.spill_min):
+    big = spills(cfg.spill_dir, cfg.block_specs, sum(rows), cfg.spill_min)
+    spilled = cfg.spill_share is not None and big
+    if cfg.spill_error is not None and big:
         assert cfg.spill_dir is not None
         _spill_failed(cfg.spill_dir, cfg.spill_error)  # the pool could not make its folder there
     same = kept.pack_for(task, orders) if kept is not None else None
