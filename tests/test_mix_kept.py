@@ -286,6 +286,54 @@ def test_a_spilled_window_gives_the_batches_held_in_memory(ds, make_dataset, spi
     assert os.listdir(folder.root) == []  # the files are unlinked: nothing is left there
 
 
+@pytest.mark.parametrize(("workers", "mix_window", "block_rows"), [(1, 64, 100), (1, 64, 1000), (2, 4, 400)])
+def test_a_spilled_window_read_a_column_at_a_time_gives_the_same_batches(ds, make_dataset, spills_made, monkeypatch,
+                                                                         workers, mix_window, block_rows
+                                                                         ) -> None:  # type: ignore[no-untyped-def]
+    # A block's rows are read from the spill file a few columns at a time (`_STAGE_BYTES` of
+    # them); here one column at a time, so that a group's second column (id, ni: int64) is
+    # read at its own place in each segment (columns of one dtype next to each other make a
+    # group), of chunks cut into runs (block_rows 1000 and 400: a chunk of a piece is a whole
+    # segment of the file) and of pieces not cut (100: chunks under 32 rows, parts of a
+    # segment). check_rows ties every column to its row's id.
+    monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", 0)
+    monkeypatch.setattr(detload._engine.spill, "_STAGE_BYTES", 1)
+    opts = {"batch_size": 50, "seed": 5, "workers": workers, "order": "mix", "mix_window": mix_window,
+            "block_rows": block_rows, "columns": ["id", "ni", "f32", "nf"]}
+    kept = _ids_of(ds, 2, pool=Pool(kind="thread", prefetch=1, spill=False), **opts)
+    folder = make_dataset({}, name="spill")
+    spilled = _ids_of(ds, 2, pool=Pool(kind="thread", prefetch=1, spill=folder.root), **opts)
+    assert spills_made, "no window was spilled"
+    assert all(np.array_equal(a, b) for a, b in zip(kept, spilled))
+
+
+def test_spill_files_are_reused_while_the_pool_lives_and_closed_with_it(ds, make_dataset, spills_made,
+                                                                      monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # Three tasks an epoch, each window spilled for one pass: a worker's next window writes
+    # into the file its last one left (not a new file: allocating and freeing its pages
+    # cost as much as the writes); closing the loader closes the files no window holds.
+    monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", 0)
+    created: list[object] = []
+    real = detload._engine.spill.tempfile.TemporaryFile
+
+    def temporary_file(*a, **kw):  # type: ignore[no-untyped-def]
+        f = real(*a, **kw)
+        created.append(f)
+        return f
+
+    monkeypatch.setattr(detload._engine.spill.tempfile, "TemporaryFile", temporary_file)
+    folder = make_dataset({}, name="spill")
+    opts = {"batch_size": 50, "seed": 5, "workers": 2, "order": "mix", "mix_window": 4, "block_rows": 400,
+            "columns": FLAT}
+    got = _ids_of(ds, 3, pool=Pool(kind="thread", prefetch=1, spill=folder.root), **opts)
+    assert len(spills_made) >= 9  # three windows an epoch
+    assert 1 <= len(created) <= 4, len(created)  # at most two free files a folder, and two windows open
+    assert all(f.closed for f in created)  # type: ignore[attr-defined]
+    assert not detload._engine.spill._REUSE.free.get(folder.root)
+    kept = _ids_of(ds, 3, pool=Pool(kind="thread", prefetch=1, spill=False), **opts)
+    assert all(np.array_equal(a, b) for a, b in zip(kept, got))
+
+
 def test_a_small_window_is_held_in_memory(ds, spills_made, packs_made) -> None:  # type: ignore[no-untyped-def]
     # Under spill.SPILL_MIN_BYTES (32 MiB of fixed columns) a window is packed in memory:
     # a spill would save less than the windowed order's blocks hold anyway.

@@ -57,6 +57,7 @@ from .heap import BlockBuffers
 from .memory import BufferWatch, install_ctrl_c_hook
 from .messages import CREDIT, BlockReady, Channel, Poller, Task, Tasks, WorkerFailed
 from .passes import Passes
+from .spill import hold_spill_files, release_spill_files
 from .worker import Status, ThreadLink, process_main, worker_loop
 
 __all__ = ["WorkerPool"]
@@ -214,6 +215,8 @@ class WorkerPool:
         if self.buffers is not None:
             self.cfg = dataclasses.replace(self.cfg, buffers=self.buffers, kept=self.kept,
                                            window_share=share.MemoryShare() if self.cfg.share_windows else None)
+        if kind == "thread":
+            hold_spill_files(self.cfg.spill_dir)  # until close
         self._closed = False
         # The consumer's first wait on a new pool includes its start-up (traced as "startup").
         self.awaiting_first_batch = True
@@ -476,6 +479,8 @@ class WorkerPool:
                 share.remove_share_dir(os.path.dirname(self.cfg.share_dir))
             if self.cfg.spill_share is not None:  # shared spill files
                 share.remove_share_dir(self.cfg.spill_share)
+            if self.kind == "thread":  # the files its workers' packs left for the next ones
+                release_spill_files(self.cfg.spill_dir)
             self.cfg = dataclasses.replace(self.cfg, window_share=None)
             # Forget them all: what still refers to this pool must not keep them alive.
             self.inboxes, self.outboxes, self.handles = [], [], []

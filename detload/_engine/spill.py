@@ -4,7 +4,8 @@ A mixed-order window holds its row groups decoded until its last block is built:
 dataset of ``mix_window`` row groups, the whole dataset, where the windowed order held
 ``shuffle_window`` row groups. A `SpillPack` writes each piece, as it is read, to an
 unlinked file in a spill folder (the system's temporary folder by default, `Pool.spill`)
-and reads each block's rows back with one ``preadv`` per piece: the window's bytes then live
+and reads each block's rows back a few columns at a time, one ``preadv`` per piece and stage
+(`SpillPack.gather`); a pool reuses the file for its next window (`_Reuse`). The window's bytes then live
 in the page cache, which the kernel writes back to disk and evicts under memory pressure,
 not in the process's memory. The bytes of every block are the same as from a `WindowPack`.
 
@@ -12,7 +13,8 @@ File layout: piece after piece; a block-ordered piece (`Order` ``(runs, run, blo
 its ``blocks`` chunks (the rows a block takes of it, `MixTask.block_chunks`) then the rows
 after them, each of those segments holding every group of columns (`_groups`) in turn as a
 ``(columns, rows)`` array. So a block's chunk of a piece, all its columns, is one contiguous
-range of the file: one ``preadv`` scatters it into the block's staging arrays. Reads through
+range of the file, and so is any run of its columns of one group: one ``preadv`` scatters a
+stage's columns of it into the staging array. Reads through
 a memory map (each block's pages faulted in and dropped again) measured 2.3x slower than the
 in-memory pack on CTR data: the kernel maps 64 KiB around each faulted page, and a block's
 4 KiB runs of every column of every piece then mapped the whole window for each block.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import mmap
 import os
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeGuard
 
@@ -34,7 +37,7 @@ from .._columns import _workspace, slice_rows
 from .._types import Column, ColumnSpec, UnitColumns
 from .block import Order, Rows, _from_order, _reorder, _run_part, all_flat, pack_frame, placed
 
-__all__ = ["SPILL_MIN_BYTES", "SpillPack", "sized_map", "spill_bytes", "spill_folder", "spill_name", "spills"]
+__all__ = ["SPILL_MIN_BYTES", "SpillPack", "hold_spill_files", "release_spill_files", "sized_map", "spill_bytes", "spill_folder", "spill_name", "spills"]
 
 #: A window is spilled when its fixed 1-D columns hold at least this many bytes: below it, the
 #: memory saved is less than what the windowed order's blocks hold anyway.
@@ -44,6 +47,8 @@ _IOV = 512
 #: A chunk inside a segment of at most this many bytes is read with the whole segment (one
 #: call); a larger one through the map.
 _SMALL_SEGMENT = 1 << 16
+#: A block's rows are read and permuted this many bytes of columns at a time (about L2).
+_STAGE_BYTES = 2 << 20
 
 
 def spill_bytes(specs: Sequence[ColumnSpec], rows: int) -> int:
@@ -142,7 +147,7 @@ class SpillPack:
     Used where a `WindowPack` would be (`_engine/worker._new_pack`), for windows of at least
     `Pool.spill`'s threshold; its pieces (``UnitColumns.at``) name it as their pack."""
 
-    __slots__ = ("file", "groups", "map", "orders", "row_bytes", "segments", "starts", "where")
+    __slots__ = ("file", "folder", "groups", "map", "orders", "row_bytes", "segments", "starts", "where")
 
     def __init__(self, specs: Sequence[ColumnSpec], piece_rows: Sequence[int], orders: Sequence[Order],
                  folder: str, path: str | None = None) -> None:
@@ -161,9 +166,11 @@ class SpillPack:
             self.where.append(segs)
         self.segments = {(q, lo): i for q, segs in enumerate(self.where) for i, (lo, _, _) in enumerate(segs)}
         self.file: Any
+        self.folder = folder if path is None else None
         if path is None:
-            # Unlinked (O_TMPFILE): nothing is left behind, even by a killed process; open for the pack's life.
-            self.file = tempfile.TemporaryFile(dir=folder)  # noqa: SIM115
+            # Unlinked (O_TMPFILE): nothing is left behind, even by a killed process; open for
+            # the pack's life, then for the next pack of this process (`_Reuse`).
+            self.file = _REUSE.take(folder) if _REUSE is not None else tempfile.TemporaryFile(dir=folder)  # noqa: SIM115
         else:  # removed by the merger after the task's last block, and with the pool's folder
             self.file = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o600), "r+b", buffering=0)
         try:
@@ -171,6 +178,12 @@ class SpillPack:
         except BaseException:
             self.file.close()
             raise
+
+    def __del__(self) -> None:
+        # The file (not the map: views of it may outlive the pack) goes to the next pack.
+        folder = getattr(self, "folder", None)
+        if folder is not None and hasattr(self, "map") and _REUSE is not None:  # None: at interpreter exit
+            _REUSE.give(folder, self.file)
 
     def _segment_arrays(self, q: int, i: int) -> list[np.ndarray]:
         """Segment ``i`` of piece ``q``, each group's ``(columns, rows)`` array, mapped."""
@@ -190,8 +203,9 @@ class SpillPack:
         if not here:
             cols = stored_order(cols)
             packed = []
-            for names, k, dt in self.groups:
-                flat = np.empty(k * rows, dtype=dt)
+            for g, (names, k, dt) in enumerate(self.groups):
+                # Reused: a fresh array faulted its pages in for every piece written.
+                flat = _workspace(f"spill-flat{g}", k * rows, dt)
                 part = _run_part(cols, names, 0, k)
                 if part is not None:
                     _segment_major(flat, part[:, first : first + rows], order, k)
@@ -245,43 +259,140 @@ class SpillPack:
         destination) filled with the units' rows ``ranges`` (where they lie in their pieces
         as packed, `packed_rows`: one slice each), concatenated and permuted by ``perm``.
 
-        Each unit's rows are read into a ``(columns, rows)`` staging array per group, at the
-        unit's place in the block: a whole chunk with one ``preadv`` (an iovec per column
-        row, the file's ``(columns, n)`` arrays back to back), then each group is permuted
-        with one ``take``, as from an in-memory pack. (Staging unit after unit and gathering
-        column by column, 84 calls a CTR block against 4, made thread W=2 35% slower.)"""
+        A few columns at a time (`_STAGE_BYTES` of the block's rows): those columns of every
+        unit are read into a ``(columns, rows)`` staging array at the unit's place in the
+        block, then permuted with one ``take`` while the stage is still in L2. A unit that is
+        a whole segment of the file (a block's chunk of a piece: the usual case) is read with
+        one ``preadv`` per stage (an iovec per column, the segment's ``(columns, n)`` arrays
+        back to back); one that is part of a segment (the rows a piece has after its runs, a
+        resumed block) is copied from the segment read whole, or mapped where it is large.
+        A CTR block is read in 8 stages, 496 calls; staging the whole block first (13 MiB,
+        one call per unit: 62) left the ``take`` reading it back from L3 or memory, 1.33x as
+        long a block (`experiments/bench/spill_io.py`: 6.85 against 5.16 ms); through the
+        loader, thread W=1 / W=2 on 4M CTR rows spent 0.39-0.49 / 0.47-0.69 s an epoch in
+        this method before and 0.36-0.40 / 0.46-0.56 s now (three alternating rounds). Staging unit after unit and
+        gathering column by column (84 ``take`` calls a CTR block against 4) had made thread
+        W=2 35% slower: here the calls are system calls, which release the GIL."""
         rows = spans[-1][1] if spans else 0
+        if not rows:
+            return
         fd = self.file.fileno()
-        stages = [_workspace(f"spill{g}", k * rows, dt).reshape(k, rows) for g, (_, k, dt) in enumerate(self.groups)]
-        lines = [(stage[j].data.cast("B"), dt.itemsize) for stage, (_, k, dt) in zip(stages, self.groups)
-                 for j in range(k)]
+        # Per unit: (its segment's offset, rows, first row of the unit in it, place in the
+        # block, rows) and, unless it is the whole segment, the segment's arrays.
+        where: list[tuple[int, int, int, int, int, list[np.ndarray] | None]] = []
         mapped = False
         for u, (first, n, _, _), (e0, _) in zip(units, ranges, spans):
             q = u.at[3]  # type: ignore[attr-defined]
             i = self.segments.get((q, first))
-            if i is not None and self.where[q][i][1] == n:  # a whole segment: one call
-                _read_views(fd, [line[e0 * it : (e0 + n) * it] for line, it in lines], self.where[q][i][2])
-                continue
-            i = max(j for j, (lo, _, _) in enumerate(self.where[q]) if lo <= first)
+            if i is None or self.where[q][i][1] != n:
+                i = max(j for j, (lo, _, _) in enumerate(self.where[q]) if lo <= first)
             lo, m, at = self.where[q][i]
-            if m * self.row_bytes <= _SMALL_SEGMENT:
-                whole = [np.empty((k, m), dtype=dt) for _, k, dt in self.groups]
-                _read_all(fd, whole, at)
-            else:
-                whole, mapped = self._segment_arrays(q, i), True
-            for stage, src in zip(stages, whole):
-                stage[:, e0 : e0 + n] = src[:, first - lo : first - lo + n]
+            arrays: list[np.ndarray] | None = None
+            if m != n:
+                if m * self.row_bytes <= _SMALL_SEGMENT:
+                    arrays = [np.empty((k, m), dtype=dt) for _, k, dt in self.groups]
+                    _read_all(fd, arrays, at)
+                else:
+                    arrays, mapped = self._segment_arrays(q, i), True
+            where.append((at, m, first - lo, e0, n, arrays))
+        before = 0  # the bytes a row of the groups before this one takes in a segment
+        for g, ((_, k, dt), (_, out2d)) in enumerate(zip(self.groups, outs)):
+            it = dt.itemsize
+            step = min(k, max(1, _STAGE_BYTES // (rows * it)))
+            stage = _workspace("spill-stage", step * rows, dt)
+            for j0 in range(0, k, step):
+                j1 = min(k, j0 + step)
+                st = stage[: (j1 - j0) * rows].reshape(j1 - j0, rows)
+                lines = [st[j].data.cast("B") for j in range(j1 - j0)]
+                for at, m, skip, e0, n, arrays in where:
+                    if arrays is None:
+                        _read_views(fd, [line[e0 * it : (e0 + n) * it] for line in lines], at + m * (before + j0 * it))
+                    else:
+                        st[:, e0 : e0 + n] = arrays[g][j0:j1, skip : skip + n]
+                # Every index is in range: "wrap" changes nothing but speed (as in `assemble`).
+                np.take(st, perm, axis=1, out=out2d[j0:j1], mode="wrap")
+            before += k * it
+        del where
         if mapped:
             self.settle()
-        if not rows:
-            return
-        for stage, (_, out2d) in zip(stages, outs):
-            # Every index is in range: "wrap" changes nothing but speed (as in `assemble`).
-            np.take(stage, perm, axis=1, out=out2d, mode="wrap")
 
     def settle(self) -> None:
         """Drop the pages of the file's map from this process (they stay in the page cache)."""
         self.map.madvise(mmap.MADV_DONTNEED)
+
+
+class _Reuse:
+    """Unlinked spill files of this process that no pack holds, by folder, for the next pack
+    while a pool spilling there is open (`hold_spill_files`): a new file's pages are allocated
+    as it is written and freed as it is closed, which cost about as much CPU as the writes
+    themselves (`experiments/bench/spill_io.py`: 107 against 33 ms of CPU a 200 MiB window;
+    through the loader, thread W=1 on 4M CTR rows spent 0.32 s an epoch writing its windows
+    in the first epoch, 0.14-0.15 s in the epochs after). Without a pool holding the folder,
+    a pack's file is closed with it. A reused file lives long enough for the kernel to write
+    its dirty pages back to disk (after about 30 s), which a file closed after its window's
+    few seconds never needed: a worker's window written to disk about every half minute."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.free: dict[str, list[Any]] = {}
+        self.holders: dict[str, int] = {}
+
+    def take(self, folder: str) -> Any:
+        with self.lock:
+            files = self.free.get(folder)
+            if files:
+                return files.pop()
+        return tempfile.TemporaryFile(dir=folder)  # noqa: SIM115
+
+    def give(self, folder: str, file: Any) -> None:
+        with self.lock:
+            files = self.free.setdefault(folder, [])
+            if self.holders.get(folder, 0) > 0 and len(files) < _KEEP_FILES:
+                files.append(file)
+                return
+        file.close()
+
+    def hold(self, folder: str) -> None:
+        with self.lock:
+            self.holders[folder] = self.holders.get(folder, 0) + 1
+
+    def release(self, folder: str) -> None:
+        """One holder of ``folder`` is done; with none left, its free files are closed (their
+        disk space and pages handed back now, not at the process's exit)."""
+        with self.lock:
+            self.holders[folder] -= 1
+            files = self.free.pop(folder, []) if not self.holders[folder] else []
+        for f in files:
+            f.close()
+
+
+#: Spill files a process keeps for its next packs: a worker holds at most one window per
+#: partition it builds, and one kept for the next pass.
+_KEEP_FILES = 2
+_REUSE: _Reuse | None = _Reuse()
+
+
+def hold_spill_files(folder: str | None) -> None:
+    """A pool (thread workers) or a worker process spilling to ``folder`` starts: the files of
+    its packs are kept for its next ones until `release_spill_files`."""
+    if folder is not None and _REUSE is not None:
+        _REUSE.hold(folder)
+
+
+def release_spill_files(folder: str | None) -> None:
+    """The pool of `hold_spill_files` closed."""
+    if folder is not None and _REUSE is not None:
+        _REUSE.release(folder)
+
+
+def _forget_files() -> None:
+    """In a child forked from this process: the files are the parent's (one offset, one set of
+    pages); a pack of the child's must not write into them."""
+    global _REUSE
+    _REUSE = _Reuse()
+
+
+os.register_at_fork(after_in_child=_forget_files)
 
 
 def sized_map(fd: int, size: int) -> mmap.mmap:

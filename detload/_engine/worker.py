@@ -67,7 +67,7 @@ from .messages import (
 )
 from .passes import EVERY, Passes
 from .spawn import MainSource, SharedInts
-from .spill import SpillPack, spill_name, spills
+from .spill import SpillPack, hold_spill_files, spill_name, spills
 
 __all__ = ["ProcessLink", "ThreadLink", "process_main", "worker_loop"]
 
@@ -1108,6 +1108,7 @@ def process_main(cfg_data: bytes, index: int, inbox: Any, outbox: Any, credit: A
         cfg: WorkerConfig = pickle.loads(cfg_data)
         stage = "set-up"
         assert cfg.kind == "process" and cfg.shm_dir is not None
+        hold_spill_files(cfg.spill_dir)  # for the process's life
         # prefetch blocks sent and the one being built.
         segs = _shm.WorkerSegments(cfg.shm_dir, cfg.shm_prefix, index, returns, reserve=prefetch + 1)
     except BaseException as exc:
