@@ -147,12 +147,14 @@ class SpillPack:
     Used where a `WindowPack` would be (`_engine/worker._new_pack`), for windows of at least
     `Pool.spill`'s threshold; its pieces (``UnitColumns.at``) name it as their pack."""
 
-    __slots__ = ("file", "folder", "groups", "map", "orders", "row_bytes", "segments", "starts", "where")
+    __slots__ = ("file", "folder", "groups", "map", "orders", "row_bytes", "segments", "starts", "whole", "where")
 
     def __init__(self, specs: Sequence[ColumnSpec], piece_rows: Sequence[int], orders: Sequence[Order],
-                 folder: str, path: str | None = None) -> None:
+                 folder: str, path: str | None = None, whole: bool = False) -> None:
         """``path``: a file of this name, shared by the process workers of one window (each
-        opens it, and writes the pieces it converts: `shared`); else an unlinked file in ``folder``."""
+        opens it, and writes the pieces it converts: `shared`); else an unlinked file in
+        ``folder``. ``whole``: `gather` stages each group's columns at once (see there)."""
+        self.whole = whole
         self.groups, self.starts, self.orders = pack_frame(specs, piece_rows, orders)
         self.row_bytes = sum(k * dt.itemsize for _, k, dt in self.groups)
         #: per piece: its segments (first row, rows, byte offset in the file)
@@ -272,7 +274,12 @@ class SpillPack:
         loader, thread W=1 / W=2 on 4M CTR rows spent 0.39-0.49 / 0.47-0.69 s an epoch in
         this method before and 0.36-0.40 / 0.46-0.56 s now (three alternating rounds). Staging unit after unit and
         gathering column by column (84 ``take`` calls a CTR block against 4) had made thread
-        W=2 35% slower: here the calls are system calls, which release the GIL."""
+        W=2 35% slower: here the calls are system calls, which release the GIL. But thread
+        workers sharing a window (the pack's ``whole``) stage each group whole, in one call
+        per unit and group: there the stages measured 7-9% slower in wall time for the same
+        CPU (thread W=2 on 1M CTR rows, one window kept: `experiments/bench/paired_cpu.py
+        --order mix`, two runs of six pairs), where every other case gained 4-9% from them
+        (process W=2 on 1M rows, thread and process W=2 on 4M; thread W=1 the same)."""
         rows = spans[-1][1] if spans else 0
         if not rows:
             return
@@ -298,7 +305,7 @@ class SpillPack:
         before = 0  # the bytes a row of the groups before this one takes in a segment
         for g, ((_, k, dt), (_, out2d)) in enumerate(zip(self.groups, outs)):
             it = dt.itemsize
-            step = min(k, max(1, _STAGE_BYTES // (rows * it)))
+            step = k if self.whole else min(k, max(1, _STAGE_BYTES // (rows * it)))
             stage = _workspace("spill-stage", step * rows, dt)
             for j0 in range(0, k, step):
                 j1 = min(k, j0 + step)

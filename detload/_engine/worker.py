@@ -653,7 +653,8 @@ def _make_pack(cfg: WorkerConfig, piece_rows: list[int], orders: list[Order]) ->
     order's peak (two alternating rounds)."""
     if cfg.cache is None and spills(cfg.spill_dir, cfg.block_specs, sum(piece_rows), cfg.spill_min):
         try:
-            return SpillPack(cfg.block_specs, piece_rows, orders, cfg.spill_dir)
+            return SpillPack(cfg.block_specs, piece_rows, orders, cfg.spill_dir,
+                             whole=cfg.kind == "thread" and cfg.share_windows)
         except OSError as exc:
             _spill_failed(cfg.spill_dir, exc)
     return WindowPack(cfg.block_specs, piece_rows, orders)

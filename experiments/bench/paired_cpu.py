@@ -5,7 +5,9 @@ Wall time on a shared 2-core machine moves with the other jobs; the CPU a pass c
 less. Each pair runs the two trees seconds apart (order alternating), each in a fresh
 subprocess started in its own tree's root, and counts the CPU seconds of the consumer process
 and of every worker process (from /proc) over the epochs after the first, with the wall time
-beside them. Both trees run the windowed order (window 4), as paired.py does.
+beside them. Both trees run the windowed order (window 4), as paired.py does, or with
+``--order mix`` the mixed order with its defaults (``--rows 4000000``: several windows a
+partition).
 
     cd <an empty directory>
     python <tree>/experiments/bench/paired_cpu.py --before <before> --after <after> --pool process --workers 2
@@ -37,17 +39,20 @@ def _proc_cpu(pids: list[int]) -> float:
     return total
 
 
-def run_one(tree: str, path: str, pool: str, workers: int, epochs: int) -> dict:
+def run_one(tree: str, path: str, pool: str, workers: int, epochs: int, order: str = "windowed") -> dict:
     """In the subprocess: one loader of ``tree``'s detload, CPU and wall seconds per epoch."""
     import detload
     from detload import Loader, Pool
 
     if not os.path.realpath(detload.__file__).startswith(os.path.realpath(tree) + os.sep):
         raise SystemExit(f"detload imported from {detload.__file__}, not from {tree}")
-    kw: dict = dict(batch_size=4096, seed=1234, workers=workers, pool=Pool(kind=pool, prefetch=2), shuffle=True,
-                    shuffle_window=4)
-    if "order" in inspect.signature(Loader).parameters:  # a tree from before the mixed order has no keyword
-        kw["order"] = "windowed"
+    kw: dict = dict(batch_size=4096, seed=1234, workers=workers, pool=Pool(kind=pool, prefetch=2), shuffle=True)
+    if order == "mix":
+        kw["order"] = "mix"
+    else:
+        kw["shuffle_window"] = 4
+        if "order" in inspect.signature(Loader).parameters:  # a tree from before the mixed order has no keyword
+            kw["order"] = "windowed"
     ld = Loader(path, **kw)
     ld._ensure_pool()
     pids = ld._pool.pids() if pool == "process" else []
@@ -62,10 +67,10 @@ def run_one(tree: str, path: str, pool: str, workers: int, epochs: int) -> dict:
     return {"epochs": out}
 
 
-def one(tree: Path, path: str, pool: str, workers: int, epochs: int) -> tuple[float, float]:
+def one(tree: Path, path: str, pool: str, workers: int, epochs: int, order: str) -> tuple[float, float]:
     """(CPU seconds, wall seconds) of ``tree`` over the epochs after the first."""
     env = dict(os.environ, PYTHONPATH=str(tree))
-    done = subprocess.run([sys.executable, __file__, "_one", json.dumps([str(tree), path, pool, workers, epochs])],
+    done = subprocess.run([sys.executable, __file__, "_one", json.dumps([str(tree), path, pool, workers, epochs, order])],
                           capture_output=True, text=True, env=env, cwd=tree, timeout=900, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{tree}: {done.stderr[-2000:]}")
@@ -90,23 +95,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=6)
     ap.add_argument("--epochs", type=int, default=4, help="per run; the first is not counted")
     ap.add_argument("--rows", type=int, default=1_000_000)
-    ap.add_argument("--data", default=str(HERE / "data"))
+    ap.add_argument("--data", default=str(HERE / "data"), help="the CTR data is made in DATA/ctr (or DATA/ctr-ROWS "
+                    "for other than 1M rows)")
+    ap.add_argument("--order", choices=["windowed", "mix"], default="windowed")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(HERE))
     import datagen
 
-    path = str(Path(a.data) / "ctr")
+    # A finished data folder is not rewritten: another row count needs a folder of its own.
+    path = str(Path(a.data) / ("ctr" if a.rows == 1_000_000 else f"ctr-{a.rows}"))
     datagen.make_ctr(path, rows=a.rows)
     trees = [("before", a.before.resolve()), ("after", a.after.resolve())]
     cpu: list[float] = []
     wall: list[float] = []
     for i in range(a.pairs):
-        got = {name: one(tree, path, a.pool, a.workers, a.epochs) for name, tree in (trees[::-1] if i % 2 else trees)}
+        got = {name: one(tree, path, a.pool, a.workers, a.epochs, a.order)
+               for name, tree in (trees[::-1] if i % 2 else trees)}
         cpu.append(got["after"][0] / got["before"][0])
         wall.append(got["after"][1] / got["before"][1])
         print(f"[pair {i + 1}/{a.pairs}] CPU s before {got['before'][0]:.2f} after {got['after'][0]:.2f}; "
               f"wall s before {got['before'][1]:.2f} after {got['after'][1]:.2f}", file=sys.stderr, flush=True)
-    print(f"detload {a.pool} W={a.workers}, {a.pairs} pairs: after / before CPU {_summary(cpu)}, "
+    print(f"detload {a.pool} W={a.workers}, order {a.order}, {a.rows:,} rows, {a.pairs} pairs: after / before CPU {_summary(cpu)}, "
           f"wall {_summary(wall)} (median of per-pair ratios; above 1 is slower)")
     return 0
 
