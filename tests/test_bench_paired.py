@@ -84,7 +84,15 @@ def test_the_cpu_pairs_alternate_and_report_per_pair_ratios(bench_script, monkey
     assert cpu.main(["--before", str(tmp_path / "before"), "--after", str(tmp_path / "after"), "--pool", "process",
                      "--workers", "2", "--pairs", "2", "--data", str(tmp_path)]) == 0
     assert [name for name, _ in calls] == ["before", "after", "after", "before"]
-    assert {args for _, args in calls} == {(str(tmp_path / "ctr"), "process", 2, 4)}
-    assert capsys.readouterr().out == ("detload process W=2, 2 pairs: after / before CPU 0.900 (range 0.900-0.900), "
-                                       "wall 1.250 (range 1.250-1.250) (median of per-pair ratios; above 1 is slower)\n")
+    assert {args for _, args in calls} == {(str(tmp_path / "ctr"), "process", 2, 4, "windowed")}
+    assert capsys.readouterr().out == ("detload process W=2, order windowed, 1,000,000 rows, 2 pairs: after / before "
+                                       "CPU 0.900 (range 0.900-0.900), wall 1.250 (range 1.250-1.250) (median of "
+                                       "per-pair ratios; above 1 is slower)\n")
+    # The mixed order on another row count: its data in a folder of its own (a finished folder
+    # is never rewritten, so the 1M-row one must not be taken for it).
+    calls.clear()
+    assert cpu.main(["--before", str(tmp_path / "before"), "--after", str(tmp_path / "after"), "--order", "mix",
+                     "--rows", "4000000", "--pairs", "1", "--data", str(tmp_path)]) == 0
+    assert {args for _, args in calls} == {(str(tmp_path / "ctr-4000000"), "thread", 1, 4, "mix")}
+    assert "order mix, 4,000,000 rows, 1 pairs" in capsys.readouterr().out
 
