@@ -211,6 +211,31 @@ def test_a_window_of_small_chunks_is_packed_for_one_pass(make_dataset, packs_mad
         assert (made[0] == 6 and made[1] < 6) if packed else made[0] == made[1] < 6, made
 
 
+@pytest.mark.parametrize(("block_rows", "packed"), [(2_000, False), (1_000, True)])
+def test_a_window_read_through_a_cache_is_packed_for_smaller_chunks_only(make_dataset, packs_made, tmp_path,
+                                                                         monkeypatch, block_rows,
+                                                                         packed) -> None:  # type: ignore[no-untyped-def]
+    # Through a cache a window's row groups are mapped entries, and a pack would copy the whole
+    # window into memory: it is packed only where chunks average under _PACK_CHUNK_ROWS_MAPPED
+    # (768) rows, not under _PACK_CHUNK_ROWS (2,048) as without a cache. Four row groups of
+    # 5,000 rows, two tasks an epoch: chunks of 1,000 rows are not packed by that rule, of
+    # 500 they are (a pack for each of the 2 x 3 windows, the epoch that fills the cache
+    # too); with the rule off, only a window kept for the next pass is packed.
+    ds = make_dataset({"a.parquet": [5_000, 5_000], "b.parquet": [5_000, 5_000]})
+    opts = {"order": "mix", "mix_window": 2, "block_rows": block_rows}
+    made = []
+    for rule in (True, False):
+        if not rule:  # the rule as it stands first, then off
+            monkeypatch.setattr(detload._engine.worker, "_PACK_CHUNK_ROWS_MAPPED", 1)
+        packs_made.clear()
+        with Loader(ds.root, batch_size=500, seed=8, workers=1, pool=Pool(kind="thread", prefetch=1),
+                    cache=str(tmp_path / f"cache-{rule}"), **opts) as loader:
+            runs = _slow_epochs(loader, range(3))
+        made.append(len(packs_made))
+        _are_the_plans_rows(ds, runs, batch_size=500, seed=8, **opts)
+    assert (made[0] == 6 and made[1] < 6) if packed else made[0] == made[1] < 6, made
+
+
 @pytest.mark.parametrize(("workers", "kind"), [(1, "thread"), (2, "thread"), (2, "process")])
 def test_block_ordered_windows_give_the_plans_rows(make_dataset, packs_made, workers, kind) -> None:  # type: ignore[no-untyped-def]
     # Row groups large enough that a block's chunk of each is runs spread over it: the one

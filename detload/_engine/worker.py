@@ -634,7 +634,7 @@ def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> WindowPack |
         return same
     kept_same = kept is not None and kept.enabled and task.units == kept.pieces
     if (kept_same or cfg.share_windows or (task.repeats and kept is not None and kept.enabled)
-            or _small_chunks(task)):
+            or _small_chunks(task, cached=cfg.cache is not None)):
         return _make_pack(cfg, [r for *_, r in task.units], orders)
     return None
 
@@ -693,7 +693,20 @@ def _mapped_failed(folder: str, exc: OSError) -> None:
 _PACK_CHUNK_ROWS = 2048
 
 
-def _small_chunks(task: Task) -> bool:
+#: The same for a window read through a cache (its row groups are mapped entries, so its
+#: blocks copy from pages of files, and the pack is a copy of the whole window in this
+#: process's memory): packed only where chunks average under this many rows. bench.py on 4M
+#: CTR rows (four tasks of 62 row groups an epoch, 1,024-row chunks), thread/process W=2
+#: warm: packed 0.50-0.59x / 0.49-0.52x the windowed order's rate at 1.33-1.35x its peak,
+#: unpacked 0.50x / 0.48x at 0.99-1.00x; `mix_ab.py --cache` at 512-row chunks
+#: (``--row-group-rows 8192 --mix-window 32 --block-rows 16384``), packed / unpacked: thread
+#: 5.2-6.0 / 3.8-4.1M rows/s, process 5.1-6.3 / 4.3-4.6M; at 128-row chunks
+#: (``--row-group-rows 2048 --mix-window 128``) thread 3.3-3.8 / 1.9-2.0M, process 3.7-5.1 /
+#: 2.8-3.4M. So a pack pays for itself warm somewhere between 512 and 1,024 rows a chunk.
+_PACK_CHUNK_ROWS_MAPPED = 768
+
+
+def _small_chunks(task: Task, cached: bool = False) -> bool:
     """Whether the blocks of ``task`` take chunks of under `_PACK_CHUNK_ROWS` rows on average:
     then packing the window, even for one pass, costs less than the blocks' many small copies.
     Measured with `experiments/bench/mix_ab.py`, a pack against none: CTR with 1,024-row chunks
@@ -702,14 +715,17 @@ def _small_chunks(task: Task) -> bool:
     chunks (``--row-group-rows 2048 --mix-window 128``) thread / process W=2 0.60 / 1.00 ->
     1.22 / 1.94M rows/s, peak 320 / 402 -> 334 / 426 MiB; 4,096-row chunks (``--mix-window 16``,
     4 blocks a task: not packed) about equal, process W=1 4% slower, peak 30-45 MiB higher."""
-    return small_chunks(task.rows, len(task.blocks), len(task.units))
+    return small_chunks(task.rows, len(task.blocks), len(task.units),
+                        _PACK_CHUNK_ROWS_MAPPED if cached else _PACK_CHUNK_ROWS)
 
 
-def small_chunks(rows: int, blocks: int, pieces: int) -> bool:
+def small_chunks(rows: int, blocks: int, pieces: int, least: int | None = None) -> bool:
     """`_small_chunks` of a task of ``rows`` rows in ``pieces`` pieces, of which a worker
-    builds ``blocks`` blocks (also read off a plan, by the loader's window warning)."""
+    builds ``blocks`` blocks, chunks of under ``least`` rows (`_PACK_CHUNK_ROWS`) on average
+    (also read off a plan, by the loader's window warning, which concerns windows without a
+    cache)."""
     n = blocks * pieces
-    return n > 0 and rows < _PACK_CHUNK_ROWS * n
+    return n > 0 and rows < (_PACK_CHUNK_ROWS if least is None else least) * n
 
 
 def _open_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Task, gen: int, k: int,
