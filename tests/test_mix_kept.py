@@ -13,12 +13,15 @@ import os
 import re
 import tempfile
 import time
+import uuid
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from strategies import check_rows
 
 import detload._engine.block
@@ -544,3 +547,40 @@ def test_a_shared_window_without_room_for_its_file_is_shared_as_cache_entries(ds
     assert text.endswith("they share it as cache entries instead, whose blocks are slower to cut. Give that folder "
                          "more room (a container: --shm-size), or use thread workers")
     assert all(np.array_equal(a, b) for a, b in zip(want, got))
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=8, deadline=None)
+@given(workers=st.integers(1, 3), mix_window=st.sampled_from([2, 3, 64]), block_rows=st.sampled_from([100, 400, 1000]),
+       seed=st.integers(0, 2**32 - 1), stage=st.sampled_from([1, 2 << 20]), resume=st.floats(0.0, 1.0))
+def test_spilled_windows_give_the_batches_held_in_memory_and_resume_alike(ds, make_dataset, monkeypatch, workers,
+                                                                           mix_window, block_rows, seed, stage,
+                                                                           resume) -> None:  # type: ignore[no-untyped-def]
+    # Every window spilled (SPILL_MIN_BYTES 0), its file reused by the pool's next windows,
+    # its blocks read back a column at a time or in 2 MiB stages: two epochs give the batches a
+    # loader holding its windows in memory gives, and a loader resumed at any step of the
+    # second epoch gives the rest of them (its landing task's window read again, its first
+    # block cut from part of a chunk).
+    monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", 0)
+    monkeypatch.setattr(detload._engine.spill, "_STAGE_BYTES", stage)
+    opts = {"batch_size": 50, "seed": seed, "workers": workers, "order": "mix", "mix_window": mix_window,
+            "block_rows": block_rows, "columns": ["id", "ni", "f32", "nf"]}
+    def epochs(loader: Loader) -> list[list[np.ndarray]]:
+        out = []
+        for e in range(2):
+            loader.set_epoch(e)
+            out.append([np.asarray(b["id"]).copy() for b in loader if check_rows(b) is None])
+        return out
+
+    with Loader(ds.root, pool=Pool(kind="thread", prefetch=1, spill=False), **opts) as loader:
+        want = epochs(loader)
+    folder = make_dataset({}, name=f"spill-{uuid.uuid4().hex[:8]}")
+    with Loader(ds.root, pool=Pool(kind="thread", prefetch=1, spill=folder.root), **opts) as loader:
+        got = epochs(loader)
+        assert [len(g) for g in got] == [len(w) for w in want]
+        assert all(np.array_equal(a, b) for g, w in zip(got, want) for a, b in zip(g, w))
+        step = min(len(got[1]) - 1, int(resume * len(got[1])))
+        loader.set_epoch(1)
+        loader.load_state_dict(loader.state_dict() | {"step": step})
+        rest = [np.asarray(b["id"]).copy() for b in loader if check_rows(b) is None]
+    assert len(rest) == len(got[1]) - step
+    assert all(np.array_equal(a, b) for a, b in zip(got[1][step:], rest))
