@@ -66,7 +66,9 @@ class Pool:
       (``tempfile.gettempdir()``), in memory where that folder is itself in memory
       (tmpfs); a folder path, in a file there; ``False``, in memory. A spilled
       window lives in the page cache, which the kernel writes to disk and evicts
-      under memory pressure, instead of the workers' memory. Changes no batch.
+      under memory pressure, instead of the workers' memory; a pool keeps up to
+      two such files a folder (per worker process) for its next windows, closed
+      with it. Changes no batch.
 
     Shorthand: ``pool="process"`` is ``Pool(kind="process")``.
     """
