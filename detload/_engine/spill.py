@@ -147,7 +147,8 @@ class SpillPack:
     Used where a `WindowPack` would be (`_engine/worker._new_pack`), for windows of at least
     `Pool.spill`'s threshold; its pieces (``UnitColumns.at``) name it as their pack."""
 
-    __slots__ = ("file", "folder", "groups", "map", "orders", "row_bytes", "segments", "starts", "whole", "where")
+    __slots__ = ("file", "folder", "groups", "map", "orders", "reuse", "row_bytes", "segments", "starts", "whole",
+                 "where")
 
     def __init__(self, specs: Sequence[ColumnSpec], piece_rows: Sequence[int], orders: Sequence[Order],
                  folder: str, path: str | None = None, whole: bool = False) -> None:
@@ -169,10 +170,14 @@ class SpillPack:
         self.segments = {(q, lo): i for q, segs in enumerate(self.where) for i, (lo, _, _) in enumerate(segs)}
         self.file: Any
         self.folder = folder if path is None else None
+        # The free files the pack's goes back to: this process's when it was made (a pack
+        # freed in a forked child gives its file back to the parent's, which the child never
+        # uses), and reachable at interpreter exit, when module globals may be gone.
+        self.reuse = _REUSE
         if path is None:
             # Unlinked (O_TMPFILE): nothing is left behind, even by a killed process; open for
             # the pack's life, then for the next pack of this process (`_Reuse`).
-            self.file = _REUSE.take(folder) if _REUSE is not None else tempfile.TemporaryFile(dir=folder)  # noqa: SIM115
+            self.file = self.reuse.take(folder)
         else:  # removed by the merger after the task's last block, and with the pool's folder
             self.file = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o600), "r+b", buffering=0)
         try:
@@ -184,8 +189,8 @@ class SpillPack:
     def __del__(self) -> None:
         # The file (not the map: views of it may outlive the pack) goes to the next pack.
         folder = getattr(self, "folder", None)
-        if folder is not None and hasattr(self, "map") and _REUSE is not None:  # None: at interpreter exit
-            _REUSE.give(folder, self.file)
+        if folder is not None and hasattr(self, "map"):
+            self.reuse.give(folder, self.file)
 
     def _segment_arrays(self, q: int, i: int) -> list[np.ndarray]:
         """Segment ``i`` of piece ``q``, each group's ``(columns, rows)`` array, mapped."""
@@ -319,7 +324,6 @@ class SpillPack:
                 # Every index is in range: "wrap" changes nothing but speed (as in `assemble`).
                 np.take(st, perm, axis=1, out=out2d[j0:j1], mode="wrap")
             before += k * it
-        del where
         if mapped:
             self.settle()
 
@@ -376,19 +380,19 @@ class _Reuse:
 #: Spill files a process keeps for its next packs: a worker holds at most one window per
 #: partition it builds, and one kept for the next pass.
 _KEEP_FILES = 2
-_REUSE: _Reuse | None = _Reuse()
+_REUSE = _Reuse()
 
 
 def hold_spill_files(folder: str | None) -> None:
     """A pool (thread workers) or a worker process spilling to ``folder`` starts: the files of
     its packs are kept for its next ones until `release_spill_files`."""
-    if folder is not None and _REUSE is not None:
+    if folder is not None:
         _REUSE.hold(folder)
 
 
 def release_spill_files(folder: str | None) -> None:
     """The pool of `hold_spill_files` closed."""
-    if folder is not None and _REUSE is not None:
+    if folder is not None:
         _REUSE.release(folder)
 
 
