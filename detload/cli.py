@@ -30,7 +30,7 @@ from .errors import DetloadError, ManifestError, OptionError, SchemaMismatchErro
 _MAP_HELP = ("cache entries kept memory-mapped between epochs (thread workers together, or each worker "
              "process), e.g. 8GB; 0 maps them anew each epoch (default: auto, a quarter of the memory)")
 _LAST_EPOCH = 2**32 - 1
-_SPILL_HELP = ("where a mixed-order window of fixed-width columns, 32 MiB or more, is spilled: a folder, 'on' (the system's "
+_SPILL_HELP = ("where a mixed-order window's fixed-width 1-D columns, 32 MiB or more, are spilled: a folder, 'on' (the system's "
                "temporary folder unless it is in memory) or 'off' (held in memory) (default: on)")
 
 

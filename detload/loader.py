@@ -533,10 +533,13 @@ class Loader:
         """Whether the workers spill the plan's largest mixed-order window to a file
         (`Pool.spill`), so that it does not count against the block memory budget: the rules of
         _engine/worker.py (`_make_pack`, `_new_pack`, `_shared_pack`), read off the plan. A
-        window is spilled when every column a block holds is fixed-width and 1-D, a spill
-        folder is at hand, it holds at least `spill.SPILL_MIN_BYTES`, and it is packed: shared
+        window is spilled whole when every column a block holds is fixed-width and 1-D (with
+        strings, lists or multi-dimensional columns only its fixed 1-D columns are, and the
+        window is counted whole here), a spill folder is at hand, it holds at least
+        `spill.SPILL_MIN_BYTES`, and it is packed: shared
         by the workers, repeated every pass (its partition's only task, partitions fixed, no
         transform), or cut into small chunks (`small_chunks`)."""
+        from ._engine.block import all_flat
         from ._engine.worker import small_chunks
 
         if not isinstance(plan, MixPlan) or not plan.options.shuffle:
@@ -546,7 +549,8 @@ class Loader:
         if biggest is None:
             return False
         p, task = biggest
-        if not _spill.spills(_spill.spill_folder(self._spill), self._block_specs, task.rows, _spill.SPILL_MIN_BYTES):
+        if not (all_flat(self._block_specs) and _spill.spills(_spill.spill_folder(self._spill), self._block_specs,
+                                                              task.rows, _spill.SPILL_MIN_BYTES)):
             return False
         shared = self._shares_windows(self.pool_kind, plan)
         fixed = plan.options.partitions == 1

@@ -60,9 +60,10 @@ class Pool:
     - ``block_memory``: the block size (bytes, or a size such as ``"1GiB"``, the
       default) above which planning warns once (``BlockMemoryWarning``) that a
       block of the plan would hold more; ``None``: no warning. Changes no batch.
-    - ``spill``: where a mixed-order window (the row groups a task's blocks are cut
-      from, held until its last block) of at least 32 MiB, all of its columns
-      fixed-width and 1-D, read without a cache, is kept: ``True`` (default), in an unlinked file in the system's temporary folder
+    - ``spill``: where a mixed-order window's fixed-width 1-D columns (the row groups
+      a task's blocks are cut from, held until its last block), when they take 32 MiB or
+      more and are read without a cache, are kept (string, list and multi-dimensional
+      columns stay in memory): ``True`` (default), in an unlinked file in the system's temporary folder
       (``tempfile.gettempdir()``), in memory where that folder is itself in memory
       (tmpfs); a folder path, in a file there; ``False``, in memory. A spilled
       window lives in the page cache, which the kernel writes to disk and evicts

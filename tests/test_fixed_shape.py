@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from matrix import check_matrix
 
 import detload
+import detload._engine.spill
 from detload import DataError, Loader, OptionError, hash_batch, read_manifest
 from detload._columns import slice_rows, take_rows
 from detload._engine.block import assemble, views
@@ -175,6 +176,35 @@ def test_every_value_equals_pyarrows_reading_reshaped(data, workers, pool, order
             np.testing.assert_array_equal(b["grid"], want["grid"][at])
             n += len(at)
     assert n == 70
+
+
+@pytest.mark.parametrize(("workers", "mix_window"), [(1, 8), (2, 8), (1, 2)])
+def test_a_spilled_window_keeps_its_shaped_columns_in_memory_beside_the_file(data, tmp_path, monkeypatch, workers,
+                                                                             mix_window):
+    # id (fixed, 1-D) goes to the spill file, the shaped columns stay in memory beside it
+    # (row groups of 9 rows: no chunk is cut into runs, test_mix_kept.py has those): every
+    # value as pyarrow reads it, in the batches of a loader that holds its windows in memory.
+    monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", 0)
+    made = []
+    real = detload._engine.spill.SpillPack.__init__
+    monkeypatch.setattr(detload._engine.spill.SpillPack, "__init__",
+                        lambda self, *a, **kw: (made.append(1), real(self, *a, **kw))[1])
+    root, want = data
+    opts = dict(batch_size=10, seed=3, order="mix", mix_window=mix_window, block_rows=20, cast=CAST, workers=workers)
+    runs = []
+    for spill in (False, str(tmp_path)):
+        with Loader(root, pool=detload.Pool(kind="thread", spill=spill), **opts) as loader:
+            got = []
+            for e in range(2):
+                loader.set_epoch(e)
+                for b in loader:
+                    at = rows(want, b["id"])
+                    np.testing.assert_array_equal(b["fx"], want["fx"][at].astype(np.float32))
+                    np.testing.assert_array_equal(b["grid"], want["grid"][at])
+                    got.append(b["id"].copy())
+            runs.append(np.concatenate(got))
+        assert bool(made) == bool(spill)
+    np.testing.assert_array_equal(runs[0], runs[1])
 
 
 def test_the_ragged_form_is_unchanged_without_a_cast(data):

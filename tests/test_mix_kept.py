@@ -369,13 +369,44 @@ def test_a_small_window_is_held_in_memory(ds, spills_made, packs_made) -> None: 
     assert spills_made == [] and packs_made == [0]
 
 
-def test_a_window_with_string_and_list_columns_is_held_in_memory(ds, spills_made, packs_made, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    # Strings and lists would stay in memory besides a spill file, which would then save a part
-    # of the window only, at a file read per block: such a window is packed in memory.
+@pytest.mark.parametrize(("kind", "workers", "mix_window"), [("thread", 1, 64), ("thread", 2, 64), ("process", 1, 64),
+                                                             ("thread", 2, 4), ("thread", 1, 4)])
+def test_a_window_with_string_and_list_columns_spills_its_fixed_columns(ds, make_dataset, spills_made, monkeypatch, kind,
+                                                                         workers, mix_window
+                                                                         ) -> None:  # type: ignore[no-untyped-def]
+    # The fixed 1-D columns (id, f32, nf, ni) go to the spill file; the string and list
+    # columns stay in memory beside it, held in the pieces' block order. One task an epoch
+    # (mix_window 64): the window is kept and taken again from the file in epochs 1 and 2,
+    # by one worker or by two threads sharing it; four tasks with small chunks (mix_window
+    # 4): a file per window and pass. Every batch is the one a loader holding its windows in
+    # memory gives, and check_rows ties the strings and lists to each row's id.
     monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", 0)
-    got = _ids_of(ds, 2, batch_size=50, seed=5, workers=1, pool=Pool(kind="thread", prefetch=1), **ONE_TASK)
-    assert spills_made == [] and packs_made == [0]
-    _are_the_plans_rows(ds, got, batch_size=50, seed=5, **ONE_TASK)
+    opts = {"batch_size": 50, "seed": 5, "workers": workers, "order": "mix", "mix_window": mix_window,
+            "block_rows": 100}
+    held = _ids_of(ds, 3, pool=Pool(kind=kind, prefetch=1, spill=False), **opts)
+    assert spills_made == []
+    folder = make_dataset({}, name="spill")
+    spilled = _ids_of(ds, 3, pool=Pool(kind=kind, prefetch=1, spill=folder.root), **opts)
+    assert all(np.array_equal(a, b) for a, b in zip(held, spilled))
+    _are_the_plans_rows(ds, spilled, batch_size=50, seed=5, order="mix", mix_window=mix_window, block_rows=100)
+    if kind == "thread":
+        assert spills_made == [0] if mix_window == 64 else len(spills_made) >= 3 * 3, spills_made
+    assert os.listdir(folder.root) == []
+
+
+def test_a_window_of_string_and_list_columns_only_is_not_spilled(ds, make_dataset, spills_made, packs_made,
+                                                                 monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # No fixed 1-D column: nothing to put in a file, so no file (even with no least size).
+    monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", 0)
+    folder = make_dataset({}, name="spill")
+    _ids_of(ds, 2, batch_size=50, seed=5, workers=1, pool=Pool(kind="thread", prefetch=1, spill=folder.root),
+            columns=["id", "s", "lf"], **ONE_TASK)
+    assert spills_made == [0] and packs_made == []  # id is fixed and 1-D: spilled
+    with Loader(ds.root, batch_size=50, seed=5, workers=1, pool=Pool(kind="thread", prefetch=1, spill=folder.root),
+                columns=["s", "lf"], **ONE_TASK) as loader:
+        _Consumer.epoch = 0
+        assert sum(len(b["s"]) for b in loader) == len(ds.all_ids)
+    assert spills_made == [0] and packs_made == [0]  # packed in memory
 
 
 def test_a_window_of_cache_entries_is_not_spilled(ds, tmp_path, spills_made, packs_made, monkeypatch) -> None:  # type: ignore[no-untyped-def]

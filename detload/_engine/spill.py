@@ -35,7 +35,7 @@ import numpy as np
 
 from .._columns import _workspace, slice_rows
 from .._types import Column, ColumnSpec, UnitColumns
-from .block import Order, Rows, _from_order, _reorder, _run_part, all_flat, pack_frame, placed
+from .block import Order, Rows, _from_order, _reorder, _run_part, pack_frame, placed
 
 __all__ = ["SPILL_MIN_BYTES", "SpillPack", "hold_spill_files", "release_spill_files", "sized_map", "spill_bytes", "spill_folder", "spill_name", "spills"]
 
@@ -58,10 +58,12 @@ def spill_bytes(specs: Sequence[ColumnSpec], rows: int) -> int:
 
 def spills(folder: str | None, specs: Sequence[ColumnSpec], rows: int, least: int) -> TypeGuard[str]:
     """Whether a packed window of ``rows`` rows of ``specs`` is spilled: a spill folder is at
-    hand, every column is fixed-width and 1-D (a spill file holds no other), and they hold at
-    least ``least`` bytes (`SPILL_MIN_BYTES`). Where a window is packed, and not read through a
-    cache, is the engine's (_engine/worker.py) and the loader's warning's to say."""
-    return folder is not None and all_flat(specs) and spill_bytes(specs, rows) >= least
+    hand and its fixed-width 1-D columns (all a spill file holds) take at least ``least`` bytes
+    (`SPILL_MIN_BYTES`, and never none). Its string, list and multi-dimensional columns, if any,
+    stay in memory (`all_flat` says whether there are none: process workers share a window in
+    one file only then). Where a window is packed, and not read through a cache, is the
+    engine's (_engine/worker.py) and the loader's warning's to say."""
+    return folder is not None and spill_bytes(specs, rows) >= max(least, 1)
 
 
 def _segments(rows: int, order: Order) -> list[tuple[int, int]]:
