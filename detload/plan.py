@@ -681,12 +681,13 @@ class MixPlan(Plan):
         parts = [streams[p][slice(*self.micro_range(p, i))] for i in range(self.steps) for p in owned]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
-    def shares_windows(self, workers: int) -> bool:
+    def shares_windows(self, workers: int, cached: bool = False) -> bool:
         """Whether ``workers`` workers share task windows (each block to worker k mod W) rather
-        than each building whole tasks: when some owned partition has fewer tasks than workers.
-        Thread workers do so; process workers only through a row-group cache of file columns
-        without a transform (`Loader._shares_windows`)."""
-        return workers > 1 and any(len(self.tasks[p]) < workers for p in self.owned_partitions)
+        than each building whole tasks: when some owned partition has fewer tasks than workers,
+        or, reading through a row-group cache (``cached``), always. Thread workers do so;
+        process workers only through a row-group cache of file columns without a transform
+        (`Loader._shares_windows`)."""
+        return workers > 1 and (cached or any(len(self.tasks[p]) < workers for p in self.owned_partitions))
 
     def to_dict(self, workers: int = 1, shared: bool | None = None) -> dict[str, object]:
         """A JSON-able description (what ``detload plan`` prints): the tasks, each with its

@@ -8,8 +8,9 @@ two trees, alternately, as the mixed-order engine changes were measured (docs/be
     PYTHONPATH=TREE_B python experiments/bench/mix_ab.py --pool process --workers 2
 
 The data is bench.py's (`datagen.make_ctr`, or `make_text_list` with `--shape text_list`: 1M rows
-in 16,384-row row groups), made if missing (`--data` names the folder: a folder of the other
-shape is written over);
+in 16,384-row row groups; `--rows N` for another count, e.g. 4,000,000 for a dataset of several
+windows a partition), made if missing (`--data` names the folder: a folder of other data is
+written over, so give each count its own);
 `--row-group-rows N` makes and reads the same rows in row groups of N (the default window and
 block size follow the row groups' rows: compare with `--mix-window 64 --block-rows 4N`).
 Nothing here imports torch, so the peak is lower than bench.py's rows (which do).
@@ -60,11 +61,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="hold mixed-order windows in memory (Pool(spill=False)), not in a spill file")
     ap.add_argument("--cache", action="store_true",
                     help="read through a cache (a fresh one: the first two epochs fill it, the timed ones are warm)")
+    ap.add_argument("--rows", type=int, default=1_000_000,
+                    help="the data's rows (another count writes another dataset: give its own --data)")
     a = ap.parse_args(argv)
     base = a.data or str(HERE / "data" / a.shape)
     data = base if a.row_group_rows == 16384 else f"{base}-rg{a.row_group_rows}"
     make = datagen.make_ctr if a.shape == "ctr" else datagen.make_text_list
-    path = str(make(data, rows=1_000_000, row_group_rows=a.row_group_rows))
+    path = str(make(data, rows=a.rows, row_group_rows=a.row_group_rows))
     kw: dict[str, Any] = {"shuffle_window": 4} if a.order == "windowed" else {
         k: v for k, v in (("mix_window", a.mix_window), ("block_rows", a.block_rows)) if v}
     proc = psutil.Process()

@@ -178,6 +178,29 @@ def test_workers_share_only_when_a_partition_has_fewer_tasks_than_workers(make_d
             assert np.array_equal(got, ds.all_ids[loader.plan().row_ids()])
 
 
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_with_a_cache_workers_share_windows_at_any_task_count(make_dataset, tmp_path, kind) -> None:  # type: ignore[no-untyped-def]
+    # Three tasks an epoch, two workers: without a cache each builds whole tasks (above);
+    # with one a warm window is mapped entries, ready at once, so they share every window.
+    # The batches are the plan's, cold and warm, and each row group of an epoch is one read
+    # (cold) or one cache hit (warm), not one per worker.
+    ds = make_dataset(FILES)
+    units = sum(1 for rgs in FILES.values() for n in rgs if n)
+    with Loader(ds.root, batch_size=40, seed=1, workers=2, pool=kind, order="mix", mix_window=4, block_rows=150,
+                cache=str(tmp_path / "cache")) as loader:
+        assert len(loader.plan().tasks[0]) == 3
+        counts = []
+        for e in range(2):
+            loader.set_epoch(e)
+            got = np.concatenate(_ids(loader))
+            assert np.array_equal(got, ds.all_ids[loader.plan().row_ids()])
+            r = loader.stats().reads.epochs[-1]
+            counts.append((r.row_groups_read, r.row_groups_cached))
+        pool = loader._pool
+        assert pool is not None and pool.cfg.share_windows
+    assert counts == [(units, 0), (0, units)]
+
+
 def _share_dirs() -> set[str]:
     return set(glob.glob(os.path.join(share.share_root(), f"detload-mix-{os.getpid()}-*")))
 
