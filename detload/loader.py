@@ -541,12 +541,9 @@ class Loader:
         _engine/worker.py (`_make_pack`, `_new_pack`, `_shared_pack`), read off the plan. A
         window is spilled whole when every column a block holds is fixed-width and 1-D (with
         strings, lists or multi-dimensional columns only its fixed 1-D columns are, and the
-        window is counted whole here), a spill folder is at hand, it holds at least
-        `spill.SPILL_MIN_BYTES`, and it is packed: shared
-        by the workers, repeated every pass (its partition's only task, partitions fixed, no
-        transform), or cut into small chunks (`small_chunks`)."""
+        window is counted whole here), a spill folder is at hand and it holds at least
+        `spill.SPILL_MIN_BYTES` (then it is packed, whatever its chunks: `_spilled_anyway`)."""
         from ._engine.block import all_flat
-        from ._engine.worker import small_chunks
 
         if not isinstance(plan, MixPlan) or not plan.options.shuffle:
             return False
@@ -554,14 +551,9 @@ class Loader:
                       default=None)
         if biggest is None:
             return False
-        p, task = biggest
-        if not (all_flat(self._block_specs) and _spill.spills(_spill.spill_folder(self._spill), self._block_specs,
-                                                              task.rows, _spill.SPILL_MIN_BYTES)):
-            return False
-        shared = self._shares_windows(self.pool_kind, plan)
-        fixed = plan.options.partitions == 1
-        repeats = fixed and len(plan.tasks[p]) == 1 and self._xform is None and self._hooks.debug is None
-        return shared or repeats or small_chunks(task.rows, len(task.bounds) - 1, len(task.units))
+        _, task = biggest
+        return all_flat(self._block_specs) and _spill.spills(_spill.spill_folder(self._spill), self._block_specs,
+                                                             task.rows, _spill.SPILL_MIN_BYTES)
 
     def _check_first_block(self, plan: Plan, nbytes: int, rows: int) -> None:
         """The first block the merger takes, against the estimate the warnings were decided by

@@ -314,6 +314,34 @@ def test_a_spilled_window_gives_the_batches_held_in_memory(ds, make_dataset, spi
     assert os.listdir(folder.root) == []  # the files are unlinked: nothing is left there
 
 
+@pytest.mark.parametrize(("workers", "kind"), [(1, "thread"), (2, "thread"), (2, "process")])
+def test_a_window_of_large_chunks_is_spilled_too(make_dataset, spills_made, monkeypatch, workers,
+                                                 kind) -> None:  # type: ignore[no-untyped-def]
+    # Four row groups of 5,000 rows, two tasks an epoch, blocks of 10,000 rows: chunks of
+    # 5,000 rows, too large to be packed for their own sake (_PACK_CHUNK_ROWS), so a window
+    # read for one pass was held in memory as read, whatever its size. Now, at
+    # SPILL_MIN_BYTES or more of fixed columns (here any), it is packed and spilled; under
+    # that it stays in memory. The batches are the same either way, and the plan's.
+    ds = make_dataset({"a.parquet": [5_000, 5_000], "b.parquet": [5_000, 5_000]})
+    opts = {"order": "mix", "mix_window": 2, "block_rows": 10_000, "columns": FLAT}
+    folder = make_dataset({}, name="spill")
+    runs, made = [], []
+    for least in (1 << 62, 0):
+        monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", least)
+        spills_made.clear()
+        with Loader(ds.root, batch_size=500, seed=8, workers=workers, pool=Pool(kind=kind, prefetch=1, spill=folder.root),
+                    **opts) as loader:
+            plan = loader.plan()
+            assert isinstance(plan, MixPlan) and [len(t.units) for t in plan.tasks[0]] == [2, 2]
+            runs.append(_slow_epochs(loader, range(3)))
+        made.append(len(spills_made))
+    assert all(np.array_equal(a, b) for a, b in zip(*runs))
+    _are_the_plans_rows(ds, runs[1], batch_size=500, seed=8, **opts)
+    if kind == "thread":  # process workers make theirs in their own processes
+        assert made[0] == 0 and made[1] >= 3, made
+    assert os.listdir(folder.root) == []
+
+
 @pytest.mark.parametrize(("workers", "mix_window", "block_rows"), [(1, 64, 100), (1, 64, 1000), (2, 4, 400)])
 def test_a_spilled_window_read_a_column_at_a_time_gives_the_same_batches(ds, make_dataset, spills_made, monkeypatch,
                                                                          workers, mix_window, block_rows

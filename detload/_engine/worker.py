@@ -617,7 +617,8 @@ def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> WindowPack |
     once for many passes: a task that repeats every pass (`Task.repeats`: the only task of
     the pass, so one worker builds it whole unless the workers share it), which `_Kept` keeps
     for the next pass, whose window of the same pieces and orders takes the pack as it is;
-    and where its blocks take small chunks (`_small_chunks`).
+    and where its blocks take small chunks (`_small_chunks`); and, without a cache, a window
+    large enough to be spilled, whatever its chunks (`_spilled_anyway`).
     (Not wherever a message holds one task: a pass built ahead comes in two messages, and a
     partition of several tasks deals other pieces to a task every epoch.) Measured on CTR data, one window per task
     and pass (mix_window=16, chunks of 4,096 rows): a pack made every pass was 5-20% slower in
@@ -637,9 +638,22 @@ def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> WindowPack |
     # small chunks, as a worker's own (`_PACK_CHUNK_ROWS_MAPPED`).
     shared = cfg.share_windows and (cfg.cache is None or task.repeats)
     if (kept_same or shared or (task.repeats and kept is not None and kept.enabled)
-            or _small_chunks(task, cached=cfg.cache is not None)):
+            or _small_chunks(task, cached=cfg.cache is not None) or _spilled_anyway(cfg, task)):
         return _make_pack(cfg, [r for *_, r in task.units], orders)
     return None
+
+
+def _spilled_anyway(cfg: WorkerConfig, task: Task) -> bool:
+    """Whether ``task``'s window is packed, whatever its chunks, to be spilled (`_make_pack`):
+    read without a cache, its fixed 1-D columns taking ``cfg.spill_min`` bytes or more. A
+    window of large chunks read for one pass, held in memory, is every worker's whole window
+    on the heap (with row groups of 65,536 rows, 800 MiB of CTR a worker, where the windowed
+    order's blocks hold 50 MiB). Measured at bench.py's `[mix_window=16]` (four tasks an
+    epoch of 4,096-row chunks, `mix_ab.py --mix-window 16`, the tree before against after,
+    three alternating rounds, 2026-12-07): thread W=2 2.4-2.8M -> 2.4-3.2M rows/s at 326-353
+    -> 231-234 MiB peak PSS, process W=2 3.0-4.4M -> 2.8-3.8M at 464-467 -> 336-340 MiB;
+    W=1 (two rounds) about equal at 40 MiB less."""
+    return cfg.cache is None and spills(cfg.spill_dir, cfg.block_specs, task.rows, cfg.spill_min)
 
 
 def _make_pack(cfg: WorkerConfig, piece_rows: list[int], orders: list[Order]) -> WindowPack | SpillPack:
@@ -726,9 +740,7 @@ def _small_chunks(task: Task, cached: bool = False) -> bool:
 
 def small_chunks(rows: int, blocks: int, pieces: int, least: int | None = None) -> bool:
     """`_small_chunks` of a task of ``rows`` rows in ``pieces`` pieces, of which a worker
-    builds ``blocks`` blocks, chunks of under ``least`` rows (`_PACK_CHUNK_ROWS`) on average
-    (also read off a plan, by the loader's window warning, which concerns windows without a
-    cache)."""
+    builds ``blocks`` blocks: chunks of under ``least`` rows (`_PACK_CHUNK_ROWS`) on average."""
     n = blocks * pieces
     return n > 0 and rows < (_PACK_CHUNK_ROWS if least is None else least) * n
 
