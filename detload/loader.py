@@ -468,7 +468,10 @@ class Loader:
     def _shares_windows(self, kind: WorkerKind, plan: Plan | None = None) -> bool:
         """Whether the workers share the mixed order's task windows (_engine/share.py): with
         more than one worker, when a partition has fewer tasks than there are workers, or
-        whenever a cache is given; else each worker builds whole tasks of its own. Without a
+        whenever a cache without a `Cache.limit` is given (a limited cache may not keep a
+        window's entries, and process workers then each convert the row groups another
+        worker's entry should have held, threads lose their kept windows); else each worker
+        builds whole tasks of its own. Without a
         cache, sharing costs claims, waits and, for processes, a copy of every row group into
         a scratch cache, and measured slower on CTR data at four tasks per epoch (thread and
         process W=2), or no faster with windows spilled (4M rows). With a cache a warm window
@@ -484,7 +487,8 @@ class Loader:
         if self.options.order != "mix" or self.workers < 2:
             return False
         plan = self.plan() if plan is None else plan
-        if isinstance(plan, MixPlan) and not plan.shares_windows(self.workers, cached=self.cache is not None):
+        cached = self.cache is not None and self.cache.limit is None
+        if isinstance(plan, MixPlan) and not plan.shares_windows(self.workers, cached=cached):
             return False
         return kind == "thread" or (any(not s.partition for s in self.specs) and self._xform is None)
 

@@ -684,7 +684,7 @@ class MixPlan(Plan):
     def shares_windows(self, workers: int, cached: bool = False) -> bool:
         """Whether ``workers`` workers share task windows (each block to worker k mod W) rather
         than each building whole tasks: when some owned partition has fewer tasks than workers,
-        or, reading through a row-group cache (``cached``), always. Thread workers do so;
+        or, reading through a row-group cache without a size limit (``cached``), always. Thread workers do so;
         process workers only through a row-group cache of file columns without a transform
         (`Loader._shares_windows`)."""
         return workers > 1 and (cached or any(len(self.tasks[p]) < workers for p in self.owned_partitions))

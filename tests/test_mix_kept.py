@@ -472,6 +472,33 @@ def test_a_folder_that_cannot_take_the_spill_file_holds_windows_in_memory(ds, tm
     _are_the_plans_rows(ds, got, batch_size=50, seed=5, columns=FLAT, **ONE_TASK)
 
 
+@pytest.mark.parametrize("case", ["large chunks", "strings and lists"])
+def test_process_workers_spill_the_windows_thread_workers_do(make_dataset, tmp_path, monkeypatch, case) -> None:  # type: ignore[no-untyped-def]
+    # A worker process spills in its own process, out of the test's sight: its attempt is
+    # seen here through a spill folder gone after the Pool was made (one ResourceWarning, the
+    # batches the same). Two process workers, each its own tasks (two an epoch), chunks of
+    # 5,000 rows; one process worker, a window with string and list columns. With
+    # SPILL_MIN_BYTES above the window nothing is tried, so nothing warns.
+    if case == "large chunks":
+        ds = make_dataset({"a.parquet": [5_000, 5_000], "b.parquet": [5_000, 5_000]})
+        opts = {"workers": 2, "order": "mix", "mix_window": 2, "block_rows": 10_000, "columns": FLAT}
+    else:
+        ds = make_dataset(FILES)
+        opts = {"workers": 1, **ONE_TASK}
+    for least, tried in ((1 << 62, False), (0, True)):
+        monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", least)
+        folder = tmp_path / f"spill{least}"
+        folder.mkdir()
+        pool = Pool(kind="process", prefetch=1, spill=str(folder))
+        folder.rmdir()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            got = _ids_of(ds, 2, batch_size=500, seed=8, pool=pool, **opts)
+        texts = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+        assert any(t.startswith("could not spill a mixed-order window") for t in texts) is tried, texts
+        _are_the_plans_rows(ds, got, batch_size=500, seed=8, **opts)
+
+
 def test_the_default_spill_folder_is_never_in_memory(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # spill=True takes the system's temporary folder, unless a tmpfs holds it: a spill there
     # would move the window from the workers' memory into the page cache's, saving nothing.

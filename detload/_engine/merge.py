@@ -82,7 +82,7 @@ def make_tasks(plan: Plan, start_step: int, workers: int, shared: bool = False) 
             [Task(blocks[0][0], t.partition, t.number, t.ranges, t.rows, opts.seed, plan.epoch, opts.shuffle,
                   blocks=tuple((k, t.bounds[j], t.bounds[j + 1]) for k, j in blocks),
                   chunks=tuple((j, tuple(t.block_chunks(j))) for _, j in blocks),
-                  repeats=fixed and len(plan.tasks[t.partition]) == 1)
+                  repeats=fixed and len(plan.tasks[t.partition]) == 1, task_blocks=len(t.bounds) - 1)
              for t, blocks in tasks]
             for tasks in schedules
         ]

@@ -264,6 +264,9 @@ class Task:
     #: partition's only task, and a single partition or none shuffled: the pass's only task),
     #: so the worker that builds it keeps the window for the next pass and packs it once.
     repeats: bool = False
+    #: The mixed order: the task's blocks in the plan, this worker's or not (a worker sharing
+    #: the window builds some of them; a resumed task, those from the resume point on).
+    task_blocks: int = 0
 
     @property
     def block_rows(self) -> int:

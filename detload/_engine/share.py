@@ -3,7 +3,7 @@
 A mixed-order task's blocks all draw from the task's whole window (up to ``mix_window`` row
 groups). With one worker building every block of a task, a small dataset (one task per
 partition) kept one worker busy and the others idle, and each worker held its window on the
-heap. Instead, when a partition has fewer tasks than there are workers, or a cache is given
+heap. Instead, when a partition has fewer tasks than there are workers, or a cache of no limit is given
 (`Loader._shares_windows`; else each worker builds whole tasks of its own), every
 worker builds the blocks ``k`` with ``k mod W`` its own (as the windowed order deals them)
 and the window lives in row-group cache entries: the user's cache, or a

@@ -613,7 +613,9 @@ def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> WindowPack |
     block order (`piece_orders`), or None.
 
     A pack costs a copy of the window, which the blocks' gathers repay where the window's many
-    small copies waited for the GIL (thread workers sharing it), where the window is read
+    small copies waited for the GIL (thread workers sharing it, unless it is mapped entries of
+    a user's cache read for one pass with chunks of `_PACK_CHUNK_ROWS_MAPPED` rows or more:
+    there the pack was a copy of the whole window for one pass), where the window is read
     once for many passes: a task that repeats every pass (`Task.repeats`: the only task of
     the pass, so one worker builds it whole unless the workers share it), which `_Kept` keeps
     for the next pass, whose window of the same pieces and orders takes the pack as it is;
@@ -636,11 +638,17 @@ def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> WindowPack |
     kept_same = kept is not None and kept.enabled and task.units == kept.pieces
     # Shared through a cache, a window read for one pass is mapped entries: packed only for
     # small chunks, as a worker's own (`_PACK_CHUNK_ROWS_MAPPED`).
-    shared = cfg.share_windows and (cfg.cache is None or task.repeats)
+    shared = cfg.share_windows and (not _user_cache(cfg) or task.repeats)
     if (kept_same or shared or (task.repeats and kept is not None and kept.enabled)
             or _small_chunks(task, cached=cfg.cache is not None) or _spilled_anyway(cfg, task)):
         return _make_pack(cfg, [r for *_, r in task.units], orders)
     return None
+
+
+def _user_cache(cfg: WorkerConfig) -> bool:
+    """Whether the workers read through a user's cache (`cache=`), not only the pool's scratch
+    cache of shared windows (process workers without one: _engine/share.py)."""
+    return cfg.cache is not None and not cfg.scratch
 
 
 def _spilled_anyway(cfg: WorkerConfig, task: Task) -> bool:
@@ -667,7 +675,7 @@ def _make_pack(cfg: WorkerConfig, piece_rows: list[int], orders: list[Order]) ->
     the file: the spill then saves a part of the window only, at a cost in rate, but that part
     decides whether the window holds more than the windowed order's blocks. bench.py's
     text_list (41 of its ~115 bytes a row fixed), thread W=2, one window shared: in memory
-    1.05-1.10x the windowed order's peak, spilled 0.95-0.99x, at 1.5-1.7x its rate
+    1.05-1.10x the windowed order's peak, spilled 0.95-0.99x, at 1.4-1.7x its rate
     (`mix_ab.py --shape text_list`, 2026-12-07: 5.6-5.8M against 6.0-7.6M rows/s in memory
     and 3.6-3.9M windowed; peak PSS 271-275 / 306-314 / 281-289 MiB)."""
     if cfg.cache is None and spills(cfg.spill_dir, cfg.block_specs, sum(piece_rows), cfg.spill_min):
@@ -733,8 +741,11 @@ def _small_chunks(task: Task, cached: bool = False) -> bool:
     process W=2 1.34 / 2.59 / 3.65 -> 1.63 / 3.30 / 3.76M rows/s, peak PSS no higher; 128-row
     chunks (``--row-group-rows 2048 --mix-window 128``) thread / process W=2 0.60 / 1.00 ->
     1.22 / 1.94M rows/s, peak 320 / 402 -> 334 / 426 MiB; 4,096-row chunks (``--mix-window 16``,
-    4 blocks a task: not packed) about equal, process W=1 4% slower, peak 30-45 MiB higher."""
-    return small_chunks(task.rows, len(task.blocks), len(task.units),
+    4 blocks a task: not packed) about equal, process W=1 4% slower, peak 30-45 MiB higher.
+    Counted over the task's blocks in the plan (`Task.task_blocks`), not the worker's: workers
+    sharing a window each build some of its blocks, and must all decide alike (process
+    workers share it in one file, or as entries, by this)."""
+    return small_chunks(task.rows, task.task_blocks or len(task.blocks), len(task.units),
                         _PACK_CHUNK_ROWS_MAPPED if cached else _PACK_CHUNK_ROWS)
 
 
@@ -981,7 +992,9 @@ def _shared_pack(cfg: WorkerConfig, task: Task, gen: int, kept: _Kept | None) ->
     the one kept from the pass before where that holds the same pieces in the same orders;
     else the task's file of pass ``gen`` in the pool's folder: a spill file (no cache given, at least
     ``cfg.spill_min`` bytes: `spills`), else a mapped pack (_engine/mapped.py); or None where
-    that cannot be made (the window is then shared as cache entries)."""
+    that cannot be made, and for a window read through a user's cache for one pass whose
+    chunks average `_PACK_CHUNK_ROWS_MAPPED` rows or more (the window is then shared as cache
+    entries)."""
     rows = [r for *_, r in task.units]
     if not task.shuffle or not all_flat(cfg.block_specs):
         return None
@@ -1001,11 +1014,12 @@ def _shared_pack(cfg: WorkerConfig, task: Task, gen: int, kept: _Kept | None) ->
                              path=os.path.join(cfg.spill_share, spill_name(gen, task.epoch, task.partition, task.number)))
         except OSError as exc:
             _spill_failed(cfg.spill_dir, exc)
-    if cfg.pack_share is None or (cfg.cache is not None and not task.repeats and not _small_chunks(task, cached=True)):
-        # Through a cache a window read for one pass, of chunks of 768 rows or more, is
-        # shared as the mapped entries: copying it into a file every pass measured slower
+    if cfg.pack_share is None or (_user_cache(cfg) and not task.repeats and not _small_chunks(task, cached=True)):
+        # Through a user's cache a window read for one pass, of chunks of 768 rows or more,
+        # is shared as the mapped entries: copying it into a file every pass measured slower
         # (4M CTR rows, four tasks an epoch, process W=2 warm: 4.0M against 5.4M rows/s
-        # unshared, 8.3M shared as entries; `mix_ab.py --cache --rows 4000000`).
+        # unshared, 8.3M shared as entries; `mix_ab.py --cache --rows 4000000`). (A pool's
+        # scratch cache is no user's: its entries are written for the window only.)
         return None
     try:
         return MappedPack(cfg.block_specs, rows, orders,

@@ -14,8 +14,12 @@ import time
 import numpy as np
 import pytest
 
-from detload import Loader
+import detload._engine.block
+from detload import Cache, Loader, Pool
 from detload._engine import share
+from detload._engine.mapped import MappedPack
+from detload._engine.merge import make_tasks
+from detload._engine.worker import _shared_pack
 
 # One task per epoch: fewer tasks than workers, so the workers share its window.
 MIX = {"order": "mix", "mix_window": 64, "block_rows": 150}
@@ -179,15 +183,17 @@ def test_workers_share_only_when_a_partition_has_fewer_tasks_than_workers(make_d
 
 
 @pytest.mark.parametrize("kind", ["thread", "process"])
-def test_with_a_cache_workers_share_windows_at_any_task_count(make_dataset, tmp_path, kind) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("limit", [None, "1GB"])
+def test_with_a_cache_workers_share_windows_at_any_task_count(make_dataset, tmp_path, kind, limit) -> None:  # type: ignore[no-untyped-def]
     # Three tasks an epoch, two workers: without a cache each builds whole tasks (above);
-    # with one a warm window is mapped entries, ready at once, so they share every window.
-    # The batches are the plan's, cold and warm, and each row group of an epoch is one read
-    # (cold) or one cache hit (warm), not one per worker.
+    # with one a warm window is mapped entries, ready at once, so they share every window,
+    # unless the cache has a limit (it may not keep a window's entries, which each worker
+    # would then convert). The batches are the plan's, cold and warm, and each row group of
+    # an epoch is one read (cold) or one cache hit (warm), not one per worker.
     ds = make_dataset(FILES)
     units = sum(1 for rgs in FILES.values() for n in rgs if n)
     with Loader(ds.root, batch_size=40, seed=1, workers=2, pool=kind, order="mix", mix_window=4, block_rows=150,
-                cache=str(tmp_path / "cache")) as loader:
+                cache=Cache(str(tmp_path / "cache"), limit=limit)) as loader:
         assert len(loader.plan().tasks[0]) == 3
         counts = []
         for e in range(2):
@@ -197,8 +203,59 @@ def test_with_a_cache_workers_share_windows_at_any_task_count(make_dataset, tmp_
             r = loader.stats().reads.epochs[-1]
             counts.append((r.row_groups_read, r.row_groups_cached))
         pool = loader._pool
-        assert pool is not None and pool.cfg.share_windows
-    assert counts == [(units, 0), (0, units)]
+        assert pool is not None and pool.cfg.share_windows is (limit is None)
+    if limit is None:  # (unshared, a worker may keep a window for the next pass: neither)
+        assert counts == [(units, 0), (0, units)]
+
+
+@pytest.mark.parametrize(("block_rows", "packed"), [(10_000, False), (1_000, True)])
+def test_threads_share_a_window_of_cache_entries_unpacked_unless_its_chunks_are_small(
+        make_dataset, tmp_path, monkeypatch, block_rows, packed) -> None:  # type: ignore[no-untyped-def]
+    # Eight row groups of 5,000 rows, four tasks an epoch, shared through a cache by two
+    # thread workers: each window is read for one pass (a worker keeps none: it builds
+    # blocks of every task). Chunks of 5,000 rows (blocks of 10,000) are
+    # taken from the mapped entries as they are; chunks of 500 (blocks of 1,000, under 768
+    # rows) are packed, as a worker's own window of them is. Cold and warm, the plan's rows.
+    made: list[int] = []
+    real = detload._engine.block.WindowPack.__init__
+
+    def init(self, *a, **kw):  # type: ignore[no-untyped-def]
+        made.append(1)
+        real(self, *a, **kw)
+
+    monkeypatch.setattr(detload._engine.block.WindowPack, "__init__", init)
+    ds = make_dataset({"a.parquet": [5_000] * 4, "b.parquet": [5_000] * 4})
+    with Loader(ds.root, batch_size=500, seed=8, workers=2, pool="thread", order="mix", mix_window=2,
+                block_rows=block_rows, cache=str(tmp_path / "cache")) as loader:
+        for e in range(2):
+            loader.set_epoch(e)
+            assert np.array_equal(np.concatenate(_ids(loader)), ds.all_ids[loader.plan().row_ids()])
+        assert loader._pool is not None and loader._pool.cfg.share_windows
+    assert bool(made) is packed, made
+
+
+@pytest.mark.parametrize(("workers", "block_rows", "cache", "mapped"), [
+    (2, 10_000, True, False),   # a user's cache, one pass, chunks of 5,000 rows: its entries
+    (2, 1_000, True, True),     # chunks of 500 rows: one mapped file
+    (3, 10_000, False, True),   # no cache (the pool's scratch cache): one mapped file
+])
+def test_process_workers_share_a_window_of_cache_entries_as_the_entries_unless_its_chunks_are_small(
+        make_dataset, tmp_path, workers, block_rows, cache, mapped) -> None:  # type: ignore[no-untyped-def]
+    # Which file process workers share a window of fixed 1-D columns in (`_shared_pack`), not
+    # spilled (spill off): two tasks an epoch, each read for one pass.
+    ds = make_dataset({"a.parquet": [5_000, 5_000], "b.parquet": [5_000, 5_000]})
+    with Loader(ds.root, batch_size=500, seed=8, workers=workers, pool=Pool(kind="process", spill=False),
+                order="mix", mix_window=2, block_rows=block_rows, columns=["id", "f32", "nf", "ni"],
+                cache=str(tmp_path / "cache") if cache else None) as loader:
+        cfg = loader._worker_config("process", "test")
+        assert cfg.share_windows and cfg.share_dir is not None and cfg.scratch is not cache
+        try:
+            task = make_tasks(loader.plan(), 0, workers, True)[0][0]
+            assert not task.repeats
+            got = _shared_pack(cfg, task, 0, None)
+            assert isinstance(got, MappedPack) if mapped else got is None, got
+        finally:
+            share.remove_share_dir(os.path.dirname(cfg.share_dir))
 
 
 def _share_dirs() -> set[str]:
