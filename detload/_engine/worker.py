@@ -750,8 +750,8 @@ def _small_chunks(task: Task, cached: bool = False) -> bool:
 
 
 def small_chunks(rows: int, blocks: int, pieces: int, least: int | None = None) -> bool:
-    """`_small_chunks` of a task of ``rows`` rows in ``pieces`` pieces, of which a worker
-    builds ``blocks`` blocks: chunks of under ``least`` rows (`_PACK_CHUNK_ROWS`) on average."""
+    """`_small_chunks` of a task of ``rows`` rows in ``pieces`` pieces and ``blocks`` blocks:
+    chunks of under ``least`` rows (`_PACK_CHUNK_ROWS`) on average."""
     n = blocks * pieces
     return n > 0 and rows < (_PACK_CHUNK_ROWS if least is None else least) * n
 
