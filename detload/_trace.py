@@ -25,6 +25,7 @@ STAGES: dict[str, str] = {
     "select": "worker",             # a filter: planning's selection pass, and the workers' gather of its rows
     "transform": "worker",          # the loader's transform= on a row group (not when its output is cached)
     "cache_write": "worker",        # storing a converted row group in the cache
+    "pack": "worker",               # the mixed order: a row group copied into its window's pack (memory or spill file)
     "permute": "worker",            # assembling the block into its buffer in permuted row order
     "window_wait": "worker",        # the mixed order: waiting for row groups another worker converts
     "worker_queue_wait": "worker",  # blocked on the worker's own full queue (the merger is behind)

@@ -19,7 +19,7 @@ from .errors import OptionError
 __all__ = ["EpochReads", "Reads", "StageStats", "Stats", "summarize"]
 
 # The worker stages that do a block's work (the verdict names the largest).
-_WORKER_WORK = ("read", "convert", "select", "transform", "permute")
+_WORKER_WORK = ("read", "convert", "select", "transform", "pack", "permute")
 # Below this share of wall time spent waiting for data, the loader is keeping up.
 FED_WAIT_FRACTION = 0.05
 

@@ -178,6 +178,18 @@ def test_cache_reads_and_writes_are_traced_stages(data, tmp_path):
     assert second.stages["read"].count == 18         # no more Parquet reads than epoch 0 made
 
 
+@pytest.mark.parametrize(("order", "packed"), [({"order": "windowed"}, False), ({"mix_window": 64}, True)])
+def test_copies_into_a_window_pack_are_the_pack_stage(data, order, packed):
+    # One task an epoch, one thread worker: the window is packed as it is read (kept for the
+    # next epoch), each row group copied in once and traced as `pack`; the windowed order
+    # packs nothing.
+    with Loader(data, batch_size=1000, seed=3, workers=1, **order) as ld:
+        list(ld)
+        st = ld.stats()
+    assert (st.stages["pack"].count == 18) is packed, st.stages["pack"].count
+    assert (st.stages["pack"].total_s > 0) is packed
+
+
 # -- one-time costs, bounded buffers, tracing off -----------------------------------------------
 
 def test_worker_start_up_is_its_own_stage(data):
