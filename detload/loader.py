@@ -546,7 +546,7 @@ class Loader:
         window is spilled whole when every column a block holds is fixed-width and 1-D (with
         strings, lists or multi-dimensional columns only its fixed 1-D columns are, and the
         window is counted whole here), a spill folder is at hand and it holds at least
-        `spill.SPILL_MIN_BYTES` (then it is packed, whatever its chunks: `_spilled_anyway`)."""
+        `spill.SPILL_MIN_BYTES` (then it is packed, whatever its chunks: `_spilled`)."""
         from ._engine.block import all_flat
 
         if not isinstance(plan, MixPlan) or not plan.options.shuffle:

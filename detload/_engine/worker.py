@@ -633,7 +633,7 @@ def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> WindowPack |
     the pass, so one worker builds it whole unless the workers share it), which `_Kept` keeps
     for the next pass, whose window of the same pieces and orders takes the pack as it is;
     and where its blocks take small chunks (`_small_chunks`); and, without a cache, a window
-    large enough to be spilled, whatever its chunks (`_spilled_anyway`).
+    large enough to be spilled, whatever its chunks (`_spilled`).
     (Not wherever a message holds one task: a pass built ahead comes in two messages, and a
     partition of several tasks deals other pieces to a task every epoch.) Measured on CTR data, one window per task
     and pass (mix_window=16, chunks of 4,096 rows): a pack made every pass was 5-20% slower in
@@ -653,7 +653,7 @@ def _new_pack(cfg: WorkerConfig, task: Task, kept: _Kept | None) -> WindowPack |
     # small chunks, as a worker's own (`_PACK_CHUNK_ROWS_MAPPED`).
     shared = cfg.share_windows and (not _user_cache(cfg) or task.repeats)
     if (kept_same or shared or (task.repeats and kept is not None and kept.enabled)
-            or _small_chunks(task, cached=cfg.cache is not None) or _spilled_anyway(cfg, task)):
+            or _small_chunks(task, cached=cfg.cache is not None) or _spilled(cfg, task.rows)):
         return _make_pack(cfg, [r for *_, r in task.units], orders)
     return None
 
@@ -664,9 +664,10 @@ def _user_cache(cfg: WorkerConfig) -> bool:
     return cfg.cache is not None and not cfg.scratch
 
 
-def _spilled_anyway(cfg: WorkerConfig, task: Task) -> bool:
-    """Whether ``task``'s window is packed, whatever its chunks, to be spilled (`_make_pack`):
-    read without a cache, its fixed 1-D columns taking ``cfg.spill_min`` bytes or more. A
+def _spilled(cfg: WorkerConfig, rows: int) -> bool:
+    """Whether a window of ``rows`` rows is spilled (`_make_pack`), and so packed whatever its
+    chunks (`_new_pack`): read without a cache, its fixed 1-D columns taking ``cfg.spill_min``
+    bytes or more. A
     window of large chunks read for one pass, held in memory, is every worker's whole window
     on the heap (with row groups of 65,536 rows, 800 MiB of CTR a worker, where the windowed
     order's blocks hold 50 MiB). Measured at bench.py's `[mix_window=16]` (four tasks an
@@ -674,7 +675,7 @@ def _spilled_anyway(cfg: WorkerConfig, task: Task) -> bool:
     three alternating rounds, 2026-12-07): thread W=2 2.4-2.8M -> 2.4-3.2M rows/s at 326-353
     -> 231-234 MiB peak PSS, process W=2 3.0-4.4M -> 2.8-3.8M at 464-467 -> 336-340 MiB;
     W=1 (two rounds) about equal at 40 MiB less."""
-    return cfg.cache is None and spills(cfg.spill_dir, cfg.block_specs, task.rows, cfg.spill_min)
+    return cfg.cache is None and spills(cfg.spill_dir, cfg.block_specs, rows, cfg.spill_min)
 
 
 def _make_pack(cfg: WorkerConfig, piece_rows: list[int], orders: list[Order]) -> WindowPack | SpillPack:
@@ -691,7 +692,8 @@ def _make_pack(cfg: WorkerConfig, piece_rows: list[int], orders: list[Order]) ->
     1.05-1.10x the windowed order's peak, spilled 0.95-0.99x, at 1.4-1.7x its rate
     (`mix_ab.py --shape text_list`, 2026-12-07: 5.6-5.8M against 6.0-7.6M rows/s in memory
     and 3.6-3.9M windowed; peak PSS 271-275 / 306-314 / 281-289 MiB)."""
-    if cfg.cache is None and spills(cfg.spill_dir, cfg.block_specs, sum(piece_rows), cfg.spill_min):
+    if _spilled(cfg, sum(piece_rows)):
+        assert cfg.spill_dir is not None  # (`spills` says so)
         try:
             return SpillPack(cfg.block_specs, piece_rows, orders, cfg.spill_dir,
                              whole=cfg.kind == "thread" and cfg.share_windows)
@@ -758,7 +760,7 @@ def _small_chunks(task: Task, cached: bool = False) -> bool:
     Counted over the task's blocks in the plan (`Task.task_blocks`), not the worker's: workers
     sharing a window each build some of its blocks, and must all decide alike (process
     workers share it in one file, or as entries, by this)."""
-    return small_chunks(task.rows, task.task_blocks or len(task.blocks), len(task.units),
+    return small_chunks(task.rows, task.task_blocks, len(task.units),
                         _PACK_CHUNK_ROWS_MAPPED if cached else _PACK_CHUNK_ROWS)
 
 
