@@ -536,26 +536,42 @@ def _epochs_looking(loader: Loader, epochs: int, look: Callable[[], None],
 GROUPS = sum(1 for rows in FILES.values() for n in rows if n)
 
 
+@pytest.mark.parametrize("columns", ["flat", "all"])
 @pytest.mark.parametrize("workers", [2, 3])
-def test_process_workers_share_a_spilled_window(ds, tmp_path, monkeypatch, workers) -> None:  # type: ignore[no-untyped-def]
-    # Process workers sharing a task's window, no cache, fixed 1-D columns only: the window is
-    # one spill file in a folder of the pool's in the spill folder, each worker writing the row
-    # groups it claims and reading the others' rows from it (kept for the passes after, the
-    # file removed after the task's last block, the folder with the pool). Every batch is the
-    # one a single thread worker holding the window in memory gives.
+def test_process_workers_share_a_spilled_window(ds, tmp_path, monkeypatch, workers, columns) -> None:  # type: ignore[no-untyped-def]
+    # Process workers sharing a task's window, no cache: its fixed 1-D columns are one spill
+    # file in a folder of the pool's in the spill folder, each worker writing the row groups
+    # it claims and reading the others' rows from it (kept for the passes after, the file
+    # removed after the task's last block, the folder with the pool). With string and list
+    # columns too ("all"), the worker that converted a row group publishes those columns in a
+    # file of the piece's beside the spill file ("N-0-0-0.spill.Q"), which the others map,
+    # and no worker writes a scratch cache entry of the whole row group (in /dev/shm: memory).
+    # Every batch is the one a single thread worker holding the window in memory gives.
     monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", 0)
-    opts = {"batch_size": 50, "seed": 5, "columns": FLAT, **ONE_TASK}
+    opts = {"batch_size": 50, "seed": 5, **ONE_TASK, **({"columns": FLAT} if columns == "flat" else {})}
     want = _ids_of(ds, 3, workers=1, pool=Pool(kind="thread", prefetch=1, spill=False), **opts)
     folder = tmp_path / "spill"
     folder.mkdir()
     seen: set[str] = set()
+    scratch = os.path.join(share_root(), f"detload-mix-{os.getpid()}-*", "cache", "**")
+    entries: set[str] = set()
+
+    def look() -> None:
+        seen.update(glob.glob(f"{folder}/*/*"))
+        entries.update(p for p in glob.glob(scratch, recursive=True) if os.path.basename(p).startswith("rg"))
+
     with Loader(ds.root, workers=workers, pool=Pool(kind="process", prefetch=1, spill=str(folder)), **opts) as loader:
-        got = _epochs_looking(loader, 3, lambda: seen.update(glob.glob(f"{folder}/*/*")))
+        got = _epochs_looking(loader, 3, look)
         reads = [e.row_groups_read for e in loader.stats().reads.epochs]
     assert all(np.array_equal(a, b) for a, b in zip(want, got))
     assert reads == [GROUPS, 0, 0], reads  # each row group read once, by the worker that claimed it
+    assert entries == set(), entries
     # Epoch 0's, named by its pass too; the others took it as kept.
-    assert len(seen) == 1 and re.fullmatch(r"[0-9]+-0-0-0\.spill", os.path.basename(seen.pop())), seen
+    names = {os.path.basename(p) for p in seen}
+    spill = [n for n in names if n.endswith(".spill")]
+    assert len(spill) == 1 and re.fullmatch(r"[0-9]+-0-0-0\.spill", spill[0]), names
+    beside = {f"{spill[0]}.{q}" for q in range(GROUPS)} if columns == "all" else set()
+    assert names == {spill[0]} | beside, names
     assert os.listdir(folder) == []
 
 
@@ -670,3 +686,31 @@ def test_spilled_windows_give_the_batches_held_in_memory_and_resume_alike(ds, ma
         rest = [np.asarray(b["id"]).copy() for b in loader if check_rows(b) is None]
     assert len(rest) == len(got[1]) - step
     assert all(np.array_equal(a, b) for a, b in zip(got[1][step:], rest))
+
+
+@pytest.mark.parametrize("at", [0.0, 0.4, 0.9])
+def test_process_workers_sharing_a_spilled_window_of_strings_and_lists_resume_alike(ds, make_dataset, monkeypatch,
+                                                                                     at) -> None:  # type: ignore[no-untyped-def]
+    # Two process workers share the window (fixed columns in one spill file, strings and lists
+    # published beside it); a new loader resumed at a step of the second epoch reads the
+    # landing task's window again, shared anew, and gives the rest of the uninterrupted run.
+    monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", 0)
+    folder = make_dataset({}, name=f"spill-{uuid.uuid4().hex[:8]}")
+    opts = {"batch_size": 50, "seed": 11, "workers": 2, **ONE_TASK,
+            "pool": Pool(kind="process", prefetch=1, spill=folder.root)}
+    with Loader(ds.root, **opts) as loader:
+        loader.set_epoch(0)
+        list(loader)
+        loader.set_epoch(1)
+        whole = [np.asarray(b["id"]).copy() for b in loader if check_rows(b) is None]
+        state = loader.state_dict()
+    step = int(at * len(whole))
+    with Loader(ds.root, **opts) as loader:
+        loader.load_state_dict(state | {"step": step})
+        rest = [np.asarray(b["id"]).copy() for b in loader if check_rows(b) is None]
+    assert len(rest) == len(whole) - step
+    assert all(np.array_equal(a, b) for a, b in zip(whole[step:], rest))
+    with Loader(ds.root, batch_size=50, seed=11, **ONE_TASK) as fresh:
+        fresh.set_epoch(1)
+        assert np.array_equal(np.concatenate(whole), ds.all_ids[fresh.plan().row_ids()])
+    assert os.listdir(folder.root) == []

@@ -28,14 +28,14 @@ from .._types import Column, ColumnSpec
 from ..audit import batch_line, hash_batch
 from ..errors import DetloadError, WorkerError
 from ..plan import Block, MixBlock, MixPlan, MixTask, Plan
-from .block import views
+from .block import all_flat, views
 from .config import WorkerConfig
 from .cut import Buffer, make_cutter
 from .mapped import pack_name
 from .messages import POLL, BlockReady, Channel, PackedError, StepCut, Task, WorkerFailed, put_until
 from .passes import concerns
 from .pool import WorkerPool
-from .spill import spill_name
+from .spill import beside_name, spill_name
 from .watch import Watch
 
 __all__ = ["END", "Failure", "Run", "ahead_counts", "make_tasks"]
@@ -109,13 +109,17 @@ def _window_ends(plan: Plan, schedule: Sequence[Block], cfg: WorkerConfig, gen: 
         tasks[key] = b.task
     cache = RowGroupCache(cfg.cache, cfg.specs, cfg.null_fill) if cfg.scratch and cfg.cache is not None else None
     out: dict[int, tuple[list[tuple[int, int]], list[str]]] = {}
+    flat = all_flat(cfg.block_specs)
     for key, k in last.items():
         pieces = [(r[0], r[1]) for r in tasks[key].ranges]
         entries = ([cache.path(cfg.files[f].cache_key, rg) for f, rg in pieces if cfg.files[f].cache_key]
                    if cache is not None else [])
         # The task's shared file, spilled or mapped (each worker holds it open or mapped).
         if cfg.spill_share is not None:
-            entries.append(os.path.join(cfg.spill_share, spill_name(gen, plan.epoch, *key)))
+            path = os.path.join(cfg.spill_share, spill_name(gen, plan.epoch, *key))
+            entries.append(path)
+            if not flat:  # its pieces' columns beside it (_engine/spill.py, `SpillPack.publish`)
+                entries.extend(beside_name(path, q) for q in range(len(pieces)))
         if cfg.pack_share is not None:
             entries.append(os.path.join(cfg.pack_share, pack_name(gen, plan.epoch, *key)))
         out[k] = (pieces, entries)

@@ -24,6 +24,7 @@ runs) is read from a map of the file, and the map's pages are dropped after each
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import tempfile
@@ -35,9 +36,10 @@ import numpy as np
 
 from .._columns import _workspace, slice_rows
 from .._types import Column, ColumnSpec, UnitColumns
-from .block import Order, Rows, _from_order, _reorder, _run_part, pack_frame, placed
+from .block import Order, Rows, _from_order, _reorder, _run_part, all_flat, pack_frame, placed
 
-__all__ = ["SPILL_MIN_BYTES", "SpillPack", "hold_spill_files", "release_spill_files", "sized_map", "spill_bytes", "spill_folder", "spill_name", "spills"]
+__all__ = ["SPILL_MIN_BYTES", "SpillPack", "beside_name", "hold_spill_files", "release_spill_files", "sized_map",
+           "spill_bytes", "spill_folder", "spill_name", "spills"]
 
 #: A window is spilled when its fixed 1-D columns hold at least this many bytes: below it, the
 #: memory saved is less than what the windowed order's blocks hold anyway.
@@ -149,8 +151,8 @@ class SpillPack:
     Used where a `WindowPack` would be (`_engine/worker._new_pack`), for windows of at least
     `Pool.spill`'s threshold; its pieces (``UnitColumns.at``) name it as their pack."""
 
-    __slots__ = ("file", "folder", "groups", "map", "orders", "reuse", "row_bytes", "segments", "starts", "whole",
-                 "where")
+    __slots__ = ("beside", "file", "folder", "groups", "map", "orders", "path", "reuse", "row_bytes", "segments",
+                 "starts", "whole", "where")
 
     def __init__(self, specs: Sequence[ColumnSpec], piece_rows: Sequence[int], orders: Sequence[Order],
                  folder: str, path: str | None = None, whole: bool = False) -> None:
@@ -158,6 +160,10 @@ class SpillPack:
         opens it, and writes the pieces it converts: `shared`); else an unlinked file in
         ``folder``. ``whole``: `gather` stages each group's columns at once (see there)."""
         self.whole = whole
+        self.path = path
+        #: whether a piece holds columns beside the file (strings, lists, multi-dimensional):
+        #: process workers sharing the window then hand them over as files (`publish`)
+        self.beside = not all_flat(specs)
         self.groups, self.starts, self.orders = pack_frame(specs, piece_rows, orders)
         self.row_bytes = sum(k * dt.itemsize for _, k, dt in self.groups)
         #: per piece: its segments (first row, rows, byte offset in the file)
@@ -237,10 +243,63 @@ class SpillPack:
         out.at = (self, s, order, q)  # as a `WindowPack` piece's, and its number (empty pieces share a row)
         return out
 
-    def piece(self, q: int) -> UnitColumns:
-        """Piece ``q`` as `put` returns it, where another process wrote it to a shared file
-        (a window of fixed 1-D columns only: nothing of it is held in memory)."""
+    def publish(self, q: int, piece: UnitColumns) -> UnitColumns:
+        """Piece ``q`` as `put` returned it to the process worker that converted it, for a window
+        that worker shares through this file (``path``): its columns held beside the file
+        (strings, lists, multi-dimensional ones, in the piece's order) written to a file of
+        their own next to it (`beside_name`), where the other workers map them (`piece`); the
+        piece returned holds them mapped from there, so that the window's such columns are held
+        once (in the page cache, mapped by every worker) rather than on this worker's heap and
+        again in the others' maps. Raises OSError where that file cannot be written (no room):
+        the caller keeps the piece as given, and the other workers convert the row group
+        themselves (`piece` finds no file)."""
+        if self.path is None or not self.beside:
+            return piece
+        from .._cache.entry import _checked, _entry
+        from .._cache.format import _buffers, _serialize
+        from .._cache.mapping import _map
+
+        path = beside_name(self.path, q)
+        laid = _serialize(path, list(piece.items()))
+        if laid is None:  # a header past its room (never seen): nothing shared, as on a full disk
+            raise OSError(f"{len(piece)} columns do not fit an entry's header")
+        part = f"{path}.{os.getpid()}.{threading.get_ident()}"
+        try:
+            with open(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+                for buf in _buffers(laid, checksum=False):
+                    f.write(buf)
+            os.replace(part, path)  # whole or not there: a waiter maps it once the claim is finished
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(part)
+            raise
+        mapping = _map(path)
+        if mapping is None:  # removed meanwhile (a stopped pass): this worker's copy serves
+            return piece
+        out = UnitColumns(_checked(_entry(mapping, path, False, verify=False), path, False))
+        out.at = piece.at
+        return out
+
+    def piece(self, q: int) -> UnitColumns | None:
+        """Piece ``q`` as `put` returns it, where another process wrote it to a shared file: its
+        fixed 1-D columns lie there, and its others (`beside`) are mapped from the file that
+        worker published them in (`publish`); None where there is none (that worker could not
+        write it), and the row group is then this worker's to convert."""
         out = UnitColumns()
+        if self.beside:
+            assert self.path is not None
+            from .._cache.entry import _checked, _entry
+            from .._cache.format import _Corrupt
+            from .._cache.mapping import _map
+
+            path = beside_name(self.path, q)
+            try:
+                mapping = _map(path)
+                if mapping is None:
+                    return None
+                out = UnitColumns(_checked(_entry(mapping, path, False, verify=False), path, False))
+            except (OSError, _Corrupt):
+                return None
         out.at = (self, self.starts[q], self.orders[q], q)
         return out
 
@@ -425,6 +484,12 @@ def spill_name(gen: int, epoch: int, partition: int, number: int) -> str:
     this one starts, or a merger that outlived its join) between two workers' opens would have
     them hold two, a waiter reading rows from one that the claimer wrote into the other."""
     return f"{gen}-{epoch}-{partition}-{number}.spill"
+
+
+def beside_name(path: str, q: int) -> str:
+    """The file next to a shared spill file ``path`` that holds piece ``q``'s columns kept
+    beside it (`SpillPack.publish`); removed with it (the merger, after the task's last block)."""
+    return f"{path}.{q}"
 
 
 def spill_folder(choice: Any) -> str | None:

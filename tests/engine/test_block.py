@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
+import threading
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detload._engine import block as _block
 from detload._engine import spill as _spill
+from detload._engine import worker as _worker
 from detload._engine.block import assemble, views
+from detload._engine.messages import Timings
 from detload._types import ColumnSpec, Ragged, UnitColumns
 from detload.plan import chunk_rows
 
@@ -328,6 +333,81 @@ def test_a_spilled_pack_assembles_the_same_block(block, seed, small):
                           ranges, rng)
     finally:
         _spill._SMALL_SEGMENT, _spill._IOV = was
+
+
+@settings(max_examples=60, deadline=None)
+@given(blocks(), st.integers(0, 2**32 - 1))
+def test_process_workers_sharing_a_spill_file_hand_over_the_other_columns(tmp_path_factory, block, seed):
+    # Process workers sharing a window spill its fixed 1-D columns to one file (a SpillPack
+    # made on the same path by each); the worker that converted a piece publishes its other
+    # columns (strings, lists, multi-dimensional ones, in the piece's order) in a file of
+    # the piece's beside it and holds them mapped from there, not on its heap; another
+    # worker's pack takes the piece from the two files. Blocks cut from either worker's
+    # pieces, in any order of pieces, are byte for byte those of the same rows as plain
+    # units. A piece whose file is missing (its worker could not write it) is None: that
+    # worker converts the row group itself. With fixed 1-D columns only, nothing is published.
+    specs, units, _ = block
+    rng = np.random.default_rng(seed)
+    folder = tmp_path_factory.mktemp("share")
+    path = str(folder / "7-0-0-0.spill")
+    pieces = _cuts(rng, units, specs)
+    sizes = [n for _, n in pieces]
+    orders = [_order(rng, n) for n in sizes]
+    writer = _spill.SpillPack(specs, sizes, orders, str(folder), path=path)
+    reader = _spill.SpillPack(specs, sizes, orders, str(folder), path=path)
+    beside = not _block.all_flat(specs)
+    assert writer.beside is beside
+    held = []
+    for q, (u, (a, n)) in enumerate(zip(units, pieces)):
+        put = writer.put(q, u if isinstance(u, UnitColumns) else UnitColumns(u), a, n)
+        published = writer.publish(q, put)
+        assert published.at == put.at and set(published) == set(put)
+        for name, col in put.items():  # the same rows, now mapped from the file, no longer the heap copy
+            arrays = [col.offsets, col.values] if isinstance(col, Ragged) else [col]
+            assert not any(np.shares_memory(a, b) for a in arrays
+                           for b in ([published[name].offsets, published[name].values]
+                                     if isinstance(col, Ragged) else [published[name]]))
+        held.append(published)
+        assert os.path.exists(_spill.beside_name(path, q)) is beside
+    taken = [reader.piece(q) for q in range(len(units))]
+    assert all(p is not None and p.at == (reader, reader.starts[q], orders[q], q) for q, p in enumerate(taken))
+    plain = [{s.name: _block.slice_rows(u[s.name], a, a + n) for s in specs} for u, (a, n) in zip(units, pieces)]
+    for pieces_of in (held, taken):
+        order = [int(q) for q in rng.permutation(len(units))]
+        ranges = _block_picks(rng, [orders[q] for q in order], [sizes[q] for q in order])
+        _gathers_as_plain(specs, [pieces_of[q] for q in order], [plain[q] for q in order], ranges, rng)
+        for q, p in enumerate(pieces_of):
+            _same_rows(specs, _block.stored_order(p), plain[q], sizes[q])
+    os.unlink(path + ".0") if beside else None
+    assert (reader.piece(0) is None) is beside
+
+
+def test_a_piece_whose_other_columns_cannot_be_published_raises_and_is_kept(tmp_path):
+    # The folder went (or is full): publish raises OSError, leaving no part file; the worker
+    # then keeps the piece as it is (_engine/worker._published, which warns once).
+    specs = [ColumnSpec("a", "float", "fixed", "<f4"), ColumnSpec("s", "string", "ragged", "|u1", ragged_kind="utf8")]
+    rg = UnitColumns({"a": np.arange(8, dtype=np.float32),
+                      "s": Ragged(np.frombuffer(b"abcdefgh", dtype=np.uint8), np.arange(9, dtype=np.int64), "utf8")})
+    path = str(tmp_path / "sub" / "1-0-0-0.spill")
+    os.mkdir(tmp_path / "sub")
+    pack = _spill.SpillPack(specs, [8], [None], str(tmp_path), path=path)
+    put = pack.put(0, rg, 0, 8)
+    os.unlink(path)
+    os.rmdir(tmp_path / "sub")
+    with pytest.raises(FileNotFoundError):
+        pack.publish(0, put)
+    assert not os.path.exists(tmp_path / "sub")
+    _worker._WARNED.clear()
+    t = Timings()
+    with pytest.warns(ResourceWarning) as caught:
+        for _ in range(2):  # once per folder and process
+            assert _worker._published(t, pack, 0, (put, put)) == (put, put)
+    assert [str(w.message) for w in caught] == [
+        f"could not write a shared window's string, list or multi-dimensional columns to {str(tmp_path / 'sub')!r} "
+        f"([Errno 2] No such file or directory: {path + '.0.' + str(os.getpid()) + '.' + str(threading.get_ident())!r}); "
+        f"the other workers convert those row groups again. Free space there, or pass Pool(spill=FOLDER) for "
+        f"another folder (on the command line: --spill FOLDER)"]
+    assert [s for s, _, _ in t.spans] == ["pack", "pack"]  # traced as the window's pack, like the spill's writes
 
 
 def test_a_piece_already_spilled_is_not_written_again(monkeypatch):
