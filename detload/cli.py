@@ -372,6 +372,12 @@ def _parser() -> argparse.ArgumentParser:
     s["workers"].add_argument("--pool", choices=["thread", "process"], default="thread",
                               help="what the workers are, for the schedules: under the mixed order it decides "
                                    "whether they share task windows")
+    s["cache"].add_argument("--cache-dir", default=None,
+                            help="the run's row-group cache, for the schedules: with a cache of no --cache-limit "
+                                 "the workers share every task window (the folder is not opened nor made) "
+                                 "(default: no cache)")
+    rare(s["cache"].add_argument("--cache-limit", default=None,
+                                 help="the run's cache size limit, e.g. 50GB (default: no limit)"))
     s["run"].add_argument("--json", action="store_true", help="print the plan as JSON")
     s["run"].add_argument("--mixing", action="store_true",
                           help="also measure how well the epoch's batches mix, beside an i.i.d. shuffle of the "
@@ -774,17 +780,23 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     from .loader import Loader
     from .plan import MixPlan
 
-    # A Loader plans exactly as a run would (same fingerprint); it starts no worker.
+    # A Loader plans exactly as a run would (same fingerprint); it starts no worker. The cache
+    # flags are checked as run's are but not given to it: they only decide the schedules, and
+    # opening the cache would make its folder.
+    groups = _groups(pool=a.pool, cache_dir=a.cache_dir, cache_limit=a.cache_limit)
+    cache = groups.pop("cache", None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SkippedFilesWarning)  # `detload inspect` lists them
         loader = Loader(a.source, **_loader_kwargs(a), **_filter_kwargs(a), **_group_kwargs(a),
-                        workers=a.workers, **_groups(pool=a.pool))
+                        workers=a.workers, **groups)
     ds = loader.dataset
     opts = loader.options
     files, rgs, _rows = ds.units()
     plan = loader.plan(a.epoch)
-    # The schedules the engine would use: whether workers share windows follows the pool too.
-    d: dict[str, Any] = (plan.to_dict(loader.workers, shared=loader._shares_windows(loader.pool_kind))
+    # The schedules the engine would use: whether workers share windows follows the pool and
+    # the cache too.
+    shared = loader._shares_windows(loader.pool_kind, cached=cache is not None and cache.limit is None)
+    d: dict[str, Any] = (plan.to_dict(loader.workers, shared=shared)
                          if isinstance(plan, MixPlan) else plan.to_dict(loader.workers))
     names = [f"{ds.files[f].path}#{g}" for f, g in zip(files, rgs)]
     d["unit_names"] = names

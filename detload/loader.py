@@ -465,7 +465,7 @@ class Loader:
         except OSError as exc:
             return None, str(exc)
 
-    def _shares_windows(self, kind: WorkerKind, plan: Plan | None = None) -> bool:
+    def _shares_windows(self, kind: WorkerKind, plan: Plan | None = None, cached: bool | None = None) -> bool:
         """Whether the workers share the mixed order's task windows (_engine/share.py): with
         more than one worker, when a partition has fewer tasks than there are workers, or
         whenever a cache without a `Cache.limit` is given (a limited cache may not keep a
@@ -483,11 +483,14 @@ class Loader:
         processes through the row-group cache, so only for row groups it keeps (file columns
         read) and no transform (each process would run it on every row group of its windows).
         The task count per partition is the same every epoch (it follows from
-        ``mix_window``), so any epoch's ``plan`` tells (default: this epoch's)."""
+        ``mix_window``), so any epoch's ``plan`` tells (default: this epoch's). ``cached``:
+        whether a cache of no limit is read (default: this loader's; `detload plan` names the
+        run's without opening it)."""
         if self.options.order != "mix" or self.workers < 2:
             return False
         plan = self.plan() if plan is None else plan
-        cached = self.cache is not None and self.cache.limit is None
+        if cached is None:
+            cached = self.cache is not None and self.cache.limit is None
         if isinstance(plan, MixPlan) and not plan.shares_windows(self.workers, cached=cached):
             return False
         return kind == "thread" or (any(not s.partition for s in self.specs) and self._xform is None)

@@ -341,6 +341,35 @@ def test_plan_schedules_follow_the_pool(tmp_path, capsys):
     assert workers("--pool", "process") == ([None], [0, 1, 0, 1])
 
 
+def test_plan_schedules_follow_the_runs_cache(tmp_path, capsys):
+    # Two tasks, two workers: without a cache each builds a whole task; with a cache of no
+    # limit the workers share every window (blocks dealt k mod 2), as a run given that cache
+    # does; a limited cache does not. The folder named is neither opened nor made, and
+    # --cache-limit alone is refused as run refuses it.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"x": list(range(80))}), tmp_path / "a.parquet", row_group_size=20)
+    base = ["plan", str(tmp_path / "a.parquet"), "--batch-size", "10", "--seed", "1", "--mix-window", "2",
+            "--block-rows", "20", "--workers", "2", "--json"]
+    cache = tmp_path / "cache"
+
+    def workers(*more: str) -> tuple[list[object], list[object]]:
+        code, out, err = _run([*base, *more], capsys)
+        assert code == 0, err
+        d = json.loads(out)
+        return [t.get("worker") for t in d["tasks"]], [b["worker"] for b in d["blocks"]]
+
+    own = workers()
+    assert sorted(own[0]) == [0, 1] and len(set(own[1])) == 2, own  # each task one worker's
+    for pool in ("thread", "process"):
+        assert workers("--pool", pool, "--cache-dir", str(cache)) == ([None, None], [0, 1, 0, 1]), pool
+        assert workers("--pool", pool, "--cache-dir", str(cache), "--cache-limit", "1GB") == own, pool
+    assert not cache.exists()
+    code, _, err = _run([*base, "--cache-limit", "1GB"], capsys)
+    assert code == 2 and "--cache-limit needs --cache-dir" in err
+
+
 # -- skipped files ----------------------------------------------------------------------------
 
 def test_inspect_lists_skipped_files_and_run_warns_once(tmp_path, capsys):
