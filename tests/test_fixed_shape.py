@@ -9,6 +9,7 @@ the documented 2-D form, and reach PyTorch as dense tensors.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import struct
@@ -195,18 +196,21 @@ def test_a_spilled_window_keeps_its_shaped_columns_in_memory_beside_the_file(dat
     root, want = data
     opts = dict(batch_size=10, seed=3, order="mix", mix_window=mix_window, block_rows=20, cast=CAST, workers=workers)
     runs = []
+    beside: set[str] = set()  # files of a shared window's shaped columns, beside its spill file
     for spill in (False, str(tmp_path)):
         with Loader(root, pool=detload.Pool(kind=kind, spill=spill), **opts) as loader:
             got = []
             for e in range(2):
                 loader.set_epoch(e)
                 for b in loader:
+                    beside.update(glob.glob(f"{tmp_path}/*/*.spill.*"))
                     at = rows(want, b["id"])
                     np.testing.assert_array_equal(b["fx"], want["fx"][at].astype(np.float32))
                     np.testing.assert_array_equal(b["grid"], want["grid"][at])
                     got.append(b["id"].copy())
             runs.append(np.concatenate(got))
         assert bool(made) == (bool(spill) and kind == "thread")
+    assert bool(beside) == (kind == "process"), beside
     np.testing.assert_array_equal(runs[0], runs[1])
 
 

@@ -274,6 +274,30 @@ def test_thread_workers_sharing_windows_cut_by_partitions_match_fresh_epochs(ds,
     _are_the_plans_rows(ds, runs, batch_size=50, seed=9, **opts)
 
 
+@pytest.mark.parametrize(("columns", "spill"), [("flat", True), ("flat", False), ("all", True)])
+@pytest.mark.parametrize("partitions", [2, 5])
+def test_process_workers_sharing_windows_cut_by_partitions_give_the_plans_rows(ds, make_dataset, monkeypatch,
+                                                                               partitions, columns, spill
+                                                                               ) -> None:  # type: ignore[no-untyped-def]
+    # One task a partition, two process workers sharing each window in one file of the task's
+    # (spilled, or a mapped pack with spill=False; strings and lists published beside the
+    # spill file). A row group cut by a partition boundary is a piece of two windows in one
+    # pass: its claims name the task, so each task's file gets its rows. (Claimed once per
+    # row group, the second task found it done and read rows nobody wrote to its own file.)
+    monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", 0)
+    folder = make_dataset({}, name=f"spill-{uuid.uuid4().hex[:8]}")
+    opts = {**ONE_TASK, "partitions": partitions, **({"columns": FLAT} if columns == "flat" else {})}
+    with Loader(ds.root, batch_size=50, seed=9, workers=2,
+                pool=Pool(kind="process", prefetch=1, spill=folder.root if spill else False), **opts) as loader:
+        plan = loader.plan()
+        assert isinstance(plan, MixPlan) and all(len(ts) == 1 for ts in plan.tasks)
+        cut = collections.Counter((r.file, r.row_group) for ts in plan.tasks for t in ts for u in t.units
+                                  for r in u.ranges)
+        assert max(cut.values()) == 2  # some row group lies in two partitions' windows
+        runs = _slow_epochs(loader, range(2))
+    _are_the_plans_rows(ds, runs, batch_size=50, seed=9, **opts)
+
+
 @pytest.fixture
 def spills_made(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
     """The epoch the consumer is in at each `SpillPack` a thread worker makes."""
@@ -560,8 +584,11 @@ def test_process_workers_share_a_spilled_window(ds, tmp_path, monkeypatch, worke
         seen.update(glob.glob(f"{folder}/*/*"))
         entries.update(p for p in glob.glob(scratch, recursive=True) if os.path.basename(p).startswith("rg"))
 
+    def none_left() -> None:  # the merger removed the task's files after its last block
+        assert glob.glob(f"{folder}/*/*") == []
+
     with Loader(ds.root, workers=workers, pool=Pool(kind="process", prefetch=1, spill=str(folder)), **opts) as loader:
-        got = _epochs_looking(loader, 3, look)
+        got = _epochs_looking(loader, 3, look, none_left)
         reads = [e.row_groups_read for e in loader.stats().reads.epochs]
     assert all(np.array_equal(a, b) for a, b in zip(want, got))
     assert reads == [GROUPS, 0, 0], reads  # each row group read once, by the worker that claimed it

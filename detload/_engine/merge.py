@@ -96,10 +96,11 @@ def make_tasks(plan: Plan, start_step: int, workers: int, shared: bool = False) 
 
 
 def _window_ends(plan: Plan, schedule: Sequence[Block], cfg: WorkerConfig, gen: int
-                 ) -> dict[int, tuple[list[tuple[int, int]], list[str]]]:
-    """Per schedule position k that is a task's last block: the task's row groups, and what
-    nothing needs once the task's blocks are built: with the pool's scratch cache their
-    entries, and the task's shared file of pass ``gen`` (spilled or mapped)."""
+                 ) -> dict[int, tuple[list[tuple[int, int]], list[str], tuple[int, int]]]:
+    """Per schedule position k that is a task's last block: the task's row groups, what
+    nothing needs once the task's blocks are built (with the pool's scratch cache their
+    entries, and the task's shared files of pass ``gen``: spilled or mapped), and the task
+    (partition, number: its claims of those files name it)."""
     last: dict[tuple[int, int], int] = {}
     tasks: dict[tuple[int, int], MixTask] = {}
     for k, b in enumerate(schedule):
@@ -108,7 +109,7 @@ def _window_ends(plan: Plan, schedule: Sequence[Block], cfg: WorkerConfig, gen: 
         last[key] = k
         tasks[key] = b.task
     cache = RowGroupCache(cfg.cache, cfg.specs, cfg.null_fill) if cfg.scratch and cfg.cache is not None else None
-    out: dict[int, tuple[list[tuple[int, int]], list[str]]] = {}
+    out: dict[int, tuple[list[tuple[int, int]], list[str], tuple[int, int]]] = {}
     flat = all_flat(cfg.block_specs)
     for key, k in last.items():
         pieces = [(r[0], r[1]) for r in tasks[key].ranges]
@@ -122,7 +123,7 @@ def _window_ends(plan: Plan, schedule: Sequence[Block], cfg: WorkerConfig, gen: 
                 entries.extend(beside_name(path, q) for q in range(len(pieces)))
         if cfg.pack_share is not None:
             entries.append(os.path.join(cfg.pack_share, pack_name(gen, plan.epoch, *key)))
-        out[k] = (pieces, entries)
+        out[k] = (pieces, entries, key)
     if cache is not None:
         cache.close()
     return out
@@ -229,7 +230,7 @@ class Run:
                 if self.thread.is_alive():  # a merger that outlived the join: it may still pop
                     self._window_ends = dict(self._window_ends)
                 left = list(self._window_ends.values())
-                self.pool.release_windows(self.gen, None, [e for _, es in left for e in es])
+                self.pool.release_windows(self.gen, None, [e for _, es, _ in left for e in es])
         finally:
             # An iterator still holding this run must end, not wait forever: also when the
             # above was interrupted (a KeyboardInterrupt in the thread that stops it).

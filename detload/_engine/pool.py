@@ -437,13 +437,19 @@ class WorkerPool:
         return [h.pid for h in self.handles] if self.kind == "process" and not self._closed else []
 
     # -- stopping ----------------------------------------------------------
-    def release_windows(self, gen: int, pieces: list[tuple[int, int]] | None, entries: Sequence[str] = ()) -> None:
-        """Shared windows: forget a task's row groups once its blocks are all built (``pieces``),
-        or every row group of a stopped pass (None); ``entries`` are scratch cache entries."""
+    def release_windows(self, gen: int, pieces: list[tuple[int, int]] | None, entries: Sequence[str] = (),
+                        task: tuple[int, int] = (0, 0)) -> None:
+        """Shared windows: forget ``task``'s (partition, number) row groups once its blocks are
+        all built (``pieces``), or every row group of a stopped pass (None); ``entries`` are
+        files to remove (scratch cache entries, the task's shared files)."""
         if self.cfg.window_share is not None:
             self.cfg.window_share.drop(gen, pieces)
         elif self.cfg.share_dir is not None:
-            share.remove_claims(self.cfg.share_dir, gen, pieces, entries)
+            share.remove_claims(self.cfg.share_dir, gen, pieces, entries, task)
+            if pieces is None:  # also what a worker of the stopped pass made after its task's names were listed
+                for folder in (self.cfg.spill_share, self.cfg.pack_share):
+                    if folder is not None:
+                        share.remove_claims(folder, gen, None)
 
     def close(self, timeout: float = 2.0) -> None:
         """Stop the workers (letting them finish the read they are in, for up to ``timeout`` s),

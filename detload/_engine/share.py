@@ -35,7 +35,7 @@ from typing import Any
 
 from .shm import SHM_DIR
 
-__all__ = ["MAPPED", "SPILLED", "WAIT_LIMIT", "MemoryShare", "claim", "claim_names", "finish", "finished",
+__all__ = ["MAPPED", "SPILLED", "WAIT_LIMIT", "MemoryShare", "claim", "claim_names", "file_tag", "finish", "finished",
            "make_share_dir", "remove_claims", "remove_share_dir", "share_root", "sweep_share_dirs", "wait_done",
            "wait_for", "withdraw"]
 
@@ -45,12 +45,24 @@ WAIT_LIMIT = 30.0
 _PREFIX = "detload-mix-"
 
 
-#: The claims' tag of row groups converted into a shared spill file (`SPILLED`) or a shared
+#: The claims' kind of row groups converted into a shared spill file (`SPILLED`) or a shared
 #: mapped pack (`MAPPED`, _engine/mapped.py), apart from those converted into cache entries
 #: (""): a worker that could not open the file (a full disk or /dev/shm) holds the window
-#: another way, and must never take a claim of another kind as done.
+#: another way, and must never take a claim of another kind as done. Their tags name the
+#: task too (`file_tag`).
 SPILLED = ".s"
 MAPPED = ".m"
+
+
+def file_tag(kind: str, partition: int, number: int) -> str:
+    """The claims' tag of row groups converted into task ``(partition, number)``'s shared file
+    of ``kind`` (`SPILLED`, `MAPPED`). A file is the task's, so a claim of it is: a row group
+    cut by a partition boundary is a piece of two tasks' windows in one pass, and a worker
+    that found it claimed for the other task's file took rows from its own task's file that
+    nobody wrote (wrong rows, process workers sharing windows of a plan of more partitions
+    than ranks). A cache entry is the row group's, whichever task reads it: its claims are
+    untagged."""
+    return f"{kind}{partition}.{number}"
 
 
 def claim_names(gen: int, file: int, rg: int, tag: str = "") -> tuple[str, str]:
@@ -154,14 +166,17 @@ def wait_done(share_dir: str, gen: int, file: int, rg: int, stale: Callable[[], 
 
 
 def remove_claims(share_dir: str, gen: int, pieces: Iterable[tuple[int, int]] | None,
-                  entries: Iterable[str] = ()) -> None:
-    """The merger, after a task's last block: its claims (``pieces`` None: every claim of pass
-    ``gen``, which was stopped), and the scratch entries given."""
+                  entries: Iterable[str] = (), task: tuple[int, int] = (0, 0)) -> None:
+    """The merger, after the last block of ``task`` (partition, number): its claims (``pieces``
+    None: every claim of pass ``gen``, which was stopped), and the files given (scratch
+    entries, shared files)."""
     if pieces is None:
+        names: list[str] = []
         with contextlib.suppress(OSError):
             names = [e.name for e in os.scandir(share_dir) if e.name.startswith(f"{gen}-")]
     else:
-        names = [name for f, rg in pieces for tag in ("", SPILLED, MAPPED) for name in claim_names(gen, f, rg, tag)]
+        tags = ("", file_tag(SPILLED, *task), file_tag(MAPPED, *task))
+        names = [name for f, rg in pieces for tag in tags for name in claim_names(gen, f, rg, tag)]
     for name in names:
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(share_dir, name))

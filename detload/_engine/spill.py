@@ -62,9 +62,9 @@ def spills(folder: str | None, specs: Sequence[ColumnSpec], rows: int, least: in
     """Whether a packed window of ``rows`` rows of ``specs`` is spilled: a spill folder is at
     hand and its fixed-width 1-D columns (all a spill file holds) take at least ``least`` bytes
     (`SPILL_MIN_BYTES`, and never none). Its string, list and multi-dimensional columns, if any,
-    stay in memory (`all_flat` says whether there are none: process workers share a window in
-    one file only then). Where a window is packed, and not read through a cache, is the
-    engine's (_engine/worker.py) and the loader's warning's to say."""
+    stay in memory (process workers sharing the window hand them over in files beside the
+    spill file: `SpillPack.publish`). Where a window is packed, and not read through a cache,
+    is the engine's (_engine/worker.py) and the loader's warning's to say."""
     return folder is not None and spill_bytes(specs, rows) >= max(least, 1)
 
 
@@ -147,9 +147,11 @@ def _read_rest(fd: int, views: list[memoryview], at: int, done: int, want: int) 
 
 class SpillPack:
     """A mixed-order window's pieces, their fixed 1-D columns in a spill file (see the module
-    docstring), the others (ragged, multi-dimensional) in memory as a `WindowPack` holds them.
-    Used where a `WindowPack` would be (`_engine/worker._new_pack`), for windows of at least
-    `Pool.spill`'s threshold; its pieces (``UnitColumns.at``) name it as their pack."""
+    docstring), the others (ragged, multi-dimensional) in memory as a `WindowPack` holds them,
+    or, for process workers sharing the window (a file at ``path``), mapped from a file of the
+    piece's beside it (`publish`, `piece`). Used where a `WindowPack` would be
+    (`_engine/worker._new_pack`, `_shared_pack`), for windows of at least `Pool.spill`'s
+    threshold; its pieces (``UnitColumns.at``) name it as their pack."""
 
     __slots__ = ("beside", "file", "folder", "groups", "map", "orders", "path", "reuse", "row_bytes", "segments",
                  "starts", "whole", "where")

@@ -879,7 +879,7 @@ def _share_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Tas
     share_dir = cfg.share_dir
     n = len(task.units)
     pack = mem.pack(gen, task.units, lambda: _new_pack(cfg, task, kept)) if mem is not None else held
-    tag = share.SPILLED if isinstance(held, SpillPack) else share.MAPPED
+    tag = share.file_tag(share.SPILLED if isinstance(held, SpillPack) else share.MAPPED, task.partition, task.number)
     Pair = tuple[UnitColumns | None, UnitColumns]  # (what the next pass may take, the piece): `_piece`
     got: dict[int, Pair] = {}
     if kept is not None:  # row groups the window before held: nothing to claim

@@ -101,12 +101,22 @@ def test_remove_claims_of_a_task_or_of_a_stopped_pass(tmp_path) -> None:  # type
         assert share.claim(d, 7, f, rg)
     assert share.claim(d, 8, 0, 0)
     share.finish(d, 7, 0, 1)
+    # Claims of task (1, 0)'s and (2, 0)'s shared files: the same row group, one claim each.
+    for task in ((1, 0), (2, 0)):
+        assert share.claim(d, 7, 0, 0, share.file_tag(share.SPILLED, *task))
     entry = tmp_path / "e"
     entry.write_bytes(b"x")
-    share.remove_claims(d, 7, [(0, 0), (0, 1)], [str(entry)])
-    assert sorted(os.listdir(d)) == ["7-1-0", "8-0-0"]
+    share.remove_claims(d, 7, [(0, 0), (0, 1)], [str(entry)], task=(1, 0))
+    assert sorted(os.listdir(d)) == ["7-0-0.s2.0", "7-1-0", "8-0-0"]
     share.remove_claims(d, 7, None)
     assert os.listdir(d) == ["8-0-0"]
+
+
+def test_a_shared_files_claims_are_its_tasks() -> None:
+    # A row group cut by a partition boundary is a piece of two tasks' windows in one pass:
+    # a claim of one task's shared file says nothing of the other's.
+    tags = {share.file_tag(kind, p, n) for kind in (share.SPILLED, share.MAPPED) for p, n in ((0, 0), (1, 0), (0, 1))}
+    assert len(tags) == 6 and "" not in tags
 
 
 def test_memory_share_hands_over_or_says_convert_it() -> None:
