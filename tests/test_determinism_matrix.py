@@ -25,6 +25,10 @@ CONFIGS = {
     "mix-tasks": dict(batch_size=64, seed=7, order="mix", mix_window=4, block_rows=120),
     # Fixed partitions over world sizes: tasks within each partition, cut row groups read twice.
     "mix-partitions-4": dict(batch_size=64, seed=5, order="mix", partitions=4, mix_window=2, block_rows=100),
+    # One task a partition, fixed 1-D columns only: process workers share each window in one
+    # file of the task's (a mapped pack), and a row group cut by the partition boundary is a
+    # piece of two tasks' files in one pass.
+    "mix-flat-shared": dict(batch_size=64, seed=4, order="mix", block_rows=100, columns=["id", "f32", "nf", "ni"]),
 }
 
 
