@@ -28,7 +28,7 @@ import detload._engine.block
 import detload._engine.spill
 import detload._engine.worker
 import detload._read.reader
-from detload import BlockMemoryWarning, Loader, Pool
+from detload import BlockMemoryWarning, Distributed, Loader, Pool
 from detload._engine.share import share_root
 from detload.plan import MixPlan
 
@@ -296,6 +296,30 @@ def test_process_workers_sharing_windows_cut_by_partitions_give_the_plans_rows(d
         assert max(cut.values()) == 2  # some row group lies in two partitions' windows
         runs = _slow_epochs(loader, range(2))
     _are_the_plans_rows(ds, runs, batch_size=50, seed=9, **opts)
+
+
+@pytest.mark.parametrize(("columns", "spill"), [("flat", False), ("flat", True), ("all", True)])
+@pytest.mark.parametrize("workers", [2, 3])
+def test_a_ranks_process_workers_keep_a_shared_window_with_a_cut_piece(ds, make_dataset, monkeypatch, workers,
+                                                                       columns, spill) -> None:  # type: ignore[no-untyped-def]
+    # Two ranks, two partitions: each rank's one task holds a piece cut by the partition
+    # boundary, and its process workers share the window in one file of the task's. A worker
+    # that took the cut piece from the file keeps it for the next pass only as a piece of
+    # that row group, never as the row group: the next epoch cuts it elsewhere (or not at
+    # all), and a kept piece taken for the whole row group failed the worker
+    # ("could not broadcast input array from shape (1,16) into shape (1,158)").
+    monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", 0)
+    folder = make_dataset({}, name=f"spill-{uuid.uuid4().hex[:8]}")
+    opts = {**ONE_TASK, "partitions": 2, **({"columns": FLAT} if columns == "flat" else {})}
+    for rank in range(2):
+        dist = Distributed(rank, 2)
+        with Loader(ds.root, batch_size=50, seed=9, workers=workers, distributed=dist,
+                    pool=Pool(kind="process", prefetch=1, spill=folder.root if spill else False), **opts) as loader:
+            runs = _slow_epochs(loader, range(3))
+        for e, got in enumerate(runs):
+            with Loader(ds.root, batch_size=50, seed=9, distributed=dist, **opts) as fresh:
+                fresh.set_epoch(e)
+                assert np.array_equal(got, ds.all_ids[fresh.plan().row_ids()]), (rank, e)
 
 
 @pytest.fixture

@@ -978,7 +978,11 @@ def _share_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Tas
                 assert share_dir is not None
                 if share.wait_done(share_dir, gen, f, rg, stale, tag):  # in the file: another worker wrote it
                     piece = held.piece(i)  # (None: its columns beside the file are not there)
-                    pair = (piece, piece) if piece is not None else None
+                    # What the next pass may take: the piece where it is its whole row group
+                    # (a piece cut by a partition boundary is not the row group another
+                    # pass's piece of it is cut from).
+                    whole = task.units[i][2] == 0 and task.units[i][3] == _planned_rows(cfg, f, rg)
+                    pair = (piece if whole else None, piece) if piece is not None else None
             elif mem is not None:
                 pair = published(i, mem.fetch(gen, f, rg, stale))
             else:
@@ -1000,6 +1004,12 @@ def _share_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Tas
     if kept is not None:
         kept.opened()
     return _Window(task, units, raw, pack)
+
+
+def _planned_rows(cfg: WorkerConfig, f: int, rg: int) -> int | None:
+    """Row group ``rg`` of file ``f``'s rows as planned, if the plan knows them."""
+    groups = cfg.files[f].row_groups
+    return groups[rg] if groups is not None and 0 <= rg < len(groups) else None
 
 
 def _published(t: Timings, pack: SpillPack, q: int, pair: tuple[UnitColumns | None, UnitColumns]
