@@ -53,6 +53,32 @@ def test_every_cell_gives_the_reference_batches(root, tmp_path, config):
     check_matrix(root, CONFIGS[config], str(tmp_path))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("config", sorted(c for c in CONFIGS if CONFIGS[c].get("order") == "mix"))
+def test_every_cell_gives_the_reference_batches_with_every_window_spilled(root, tmp_path, monkeypatch, config):
+    # The mixed order's windows are spilled from 32 MiB of fixed columns (Pool.spill), which
+    # this data never reaches: here every window is (the threshold travels to worker processes
+    # in their configuration), so the spilled paths (a worker's own file, threads sharing
+    # one, process workers sharing a task's file with strings and lists beside it) run in
+    # every cell.
+    import detload._engine.spill as spill
+
+    monkeypatch.setattr(spill, "SPILL_MIN_BYTES", 0)
+    folder = tmp_path / "spill"  # (the system's temporary folder may be a tmpfs, where nothing is spilled)
+    folder.mkdir()
+    real_folder, real_init = spill.spill_folder, spill.SpillPack.__init__
+    monkeypatch.setattr(spill, "spill_folder", lambda choice: str(folder) if choice is True else real_folder(choice))
+    made: list[int] = []
+
+    def init(self, *a, **kw):  # type: ignore[no-untyped-def]
+        made.append(1)
+        real_init(self, *a, **kw)
+
+    monkeypatch.setattr(spill.SpillPack, "__init__", init)
+    check_matrix(root, CONFIGS[config], str(tmp_path / "cells"))
+    assert made  # (thread workers' windows, seen here; process workers' spill in their processes)
+
+
 @pytest.mark.parametrize("odd", ["cache_cold", "world2"])
 def test_a_cell_that_differs_is_named(root, tmp_path, monkeypatch, odd):
     """The helper compares for real: a cell run with another seed fails, naming that cell."""
