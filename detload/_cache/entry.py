@@ -8,7 +8,7 @@ from typing import NamedTuple
 import numpy as np
 import xxhash
 
-from .._types import Column, UnitColumns
+from .._types import UnitColumns
 from .format import _PREFIX, _parse, _prefix, _verify
 from .mapping import _map, _Mapping
 
@@ -80,14 +80,15 @@ def _checked(entry: _Entry, path: str, defer: bool) -> UnitColumns:
     return out
 
 
-def _load(path: str, expect: str | None, *, defer: bool = False) -> dict[str, Column] | None:
+def _load(path: str, expect: str | None, *, defer: bool = False, verify: bool = True) -> UnitColumns | None:
     """The columns of an entry, memory-mapped; None if missing; raises _Corrupt if damaged.
 
     With ``defer`` the checksum is not computed here: the result carries a
     `PendingCheck` as ``.check``, which the caller must finish before using
-    anything built from the columns.
+    anything built from the columns. ``verify`` False: an entry written without a
+    checksum (a spilled window's columns beside its file, _engine/spill.py).
     """
     mapping = _map(path)
     if mapping is None:
         return None
-    return _checked(_entry(mapping, expect, defer), path, defer)
+    return _checked(_entry(mapping, expect, defer, verify=verify), path, defer)

@@ -257,9 +257,9 @@ class SpillPack:
         themselves (`piece` finds no file)."""
         if self.path is None or not self.beside:
             return piece
-        from .._cache.entry import _checked, _entry
+        from .._cache.entry import _load
         from .._cache.format import _buffers, _serialize
-        from .._cache.mapping import _map
+        from .._cache.write import _pwritev_all
 
         path = beside_name(self.path, q)
         laid = _serialize(path, list(piece.items()))
@@ -267,18 +267,19 @@ class SpillPack:
             raise OSError(f"{len(piece)} columns do not fit an entry's header")
         part = f"{path}.{os.getpid()}.{threading.get_ident()}"
         try:
-            with open(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-                for buf in _buffers(laid, checksum=False):
-                    f.write(buf)
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                _pwritev_all(fd, _buffers(laid, checksum=False), 0)
+            finally:
+                os.close(fd)
             os.replace(part, path)  # whole or not there: a waiter maps it once the claim is finished
         except OSError:
             with contextlib.suppress(OSError):
                 os.unlink(part)
             raise
-        mapping = _map(path)
-        if mapping is None:  # removed meanwhile (a stopped pass): this worker's copy serves
+        out = _load(path, path, verify=False)
+        if out is None:  # removed meanwhile (a stopped pass): this worker's copy serves
             return piece
-        out = UnitColumns(_checked(_entry(mapping, path, False, verify=False), path, False))
         out.at = piece.at
         return out
 
@@ -290,18 +291,17 @@ class SpillPack:
         out = UnitColumns()
         if self.beside:
             assert self.path is not None
-            from .._cache.entry import _checked, _entry
+            from .._cache.entry import _load
             from .._cache.format import _Corrupt
-            from .._cache.mapping import _map
 
             path = beside_name(self.path, q)
             try:
-                mapping = _map(path)
-                if mapping is None:
-                    return None
-                out = UnitColumns(_checked(_entry(mapping, path, False, verify=False), path, False))
+                mapped = _load(path, path, verify=False)
             except (OSError, _Corrupt):
                 return None
+            if mapped is None:
+                return None
+            out = mapped
         out.at = (self, self.starts[q], self.orders[q], q)
         return out
 
