@@ -30,7 +30,7 @@ import pyarrow as pa
 import xxhash
 
 from .._filters.selection import Selection
-from .._read import UnitReader, select_rows
+from .._read import UnitReader, planned_rows, select_rows
 from .._streams import mix_block_permutation
 from .._types import UnitColumns
 from . import share
@@ -981,7 +981,7 @@ def _share_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Tas
                     # What the next pass may take: the piece where it is its whole row group
                     # (a piece cut by a partition boundary is not the row group another
                     # pass's piece of it is cut from).
-                    whole = task.units[i][2] == 0 and task.units[i][3] == _planned_rows(cfg, f, rg)
+                    whole = task.units[i][2] == 0 and task.units[i][3] == planned_rows(cfg.files[f], rg)
                     pair = (piece if whole else None, piece) if piece is not None else None
             elif mem is not None:
                 pair = published(i, mem.fetch(gen, f, rg, stale))
@@ -1004,12 +1004,6 @@ def _share_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Tas
     if kept is not None:
         kept.opened()
     return _Window(task, units, raw, pack)
-
-
-def _planned_rows(cfg: WorkerConfig, f: int, rg: int) -> int | None:
-    """Row group ``rg`` of file ``f``'s rows as planned, if the plan knows them."""
-    groups = cfg.files[f].row_groups
-    return groups[rg] if groups is not None and 0 <= rg < len(groups) else None
 
 
 def _published(t: Timings, pack: SpillPack, q: int, pair: tuple[UnitColumns | None, UnitColumns]

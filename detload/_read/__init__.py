@@ -9,6 +9,6 @@ here, and the engine's workers every block's; this package imports neither.
 
 from __future__ import annotations
 
-from .reader import FileRef, ReadConfig, ReadSettings, StageTimes, UnitReader, select_rows
+from .reader import FileRef, ReadConfig, ReadSettings, StageTimes, UnitReader, planned_rows, select_rows
 
-__all__ = ["FileRef", "ReadConfig", "ReadSettings", "StageTimes", "UnitReader", "select_rows"]
+__all__ = ["FileRef", "ReadConfig", "ReadSettings", "StageTimes", "UnitReader", "planned_rows", "select_rows"]

@@ -35,7 +35,7 @@ from ..errors import DataError, DetloadError
 from .mapping import MappedFile, open_mapped, should_map
 from .parquet import checksum_error, open_parquet
 
-__all__ = ["FileRef", "ReadConfig", "ReadSettings", "StageTimes", "UnitReader", "select_rows"]
+__all__ = ["FileRef", "ReadConfig", "ReadSettings", "StageTimes", "UnitReader", "planned_rows", "select_rows"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,11 @@ class FileRef:
     size: int | None = None
     etag: str | None = None  # where the filesystem reports one (S3)
     mtime_ns: int | None = None
+
+
+def planned_rows(ref: FileRef, rg: int) -> int | None:
+    """Row group ``rg`` of ``ref``'s rows as planned, if the plan knows them."""
+    return ref.row_groups[rg] if ref.row_groups is not None and 0 <= rg < len(ref.row_groups) else None
 
 
 class ReadSettings(Protocol):
@@ -289,7 +294,7 @@ class UnitReader:
         ref = self.cfg.files[file_idx]
         t0 = time.perf_counter()
         cache = self._cache
-        cols = (cache.get(ref.cache_key, rg, ref.uri, defer=defer, rows=self._planned_rows(ref, rg))
+        cols = (cache.get(ref.cache_key, rg, ref.uri, defer=defer, rows=planned_rows(ref, rg))
                 if cache is not None and ref.cache_key else None)
         if cols is not None:
             rows = len(next(iter(cols.values())))
@@ -319,10 +324,6 @@ class UnitReader:
     def settle(self, unit: dict[str, Column], file_idx: int, rg: int) -> bool:
         """Finish a unit's deferred cache check; False if the entry was damaged (now discarded)."""
         return self._cache is None or self._cache.settle(unit, rg, self.cfg.files[file_idx].uri)
-
-    @staticmethod
-    def _planned_rows(ref: FileRef, rg: int) -> int | None:
-        return ref.row_groups[rg] if ref.row_groups is not None and 0 <= rg < len(ref.row_groups) else None
 
     def _check_mapped(self, file_idx: int, ref: FileRef, rg: int) -> None:
         """Refuse a mapped file that shrank since it was mapped, before touching its pages: a
@@ -383,7 +384,7 @@ class UnitReader:
                   else [table.column(n) for n in wanted])
         # Every column must decode to the rows the footer promised and the plan counted on:
         # a short one (a footer that disagrees with its pages) would shorten the epoch.
-        expected = self._planned_rows(ref, rg)
+        expected = planned_rows(ref, rg)
         if expected is None:
             expected = pf.metadata.row_group(rg).num_rows
         for name, arr in zip(wanted, arrays):
