@@ -263,14 +263,19 @@ def test_thread_workers_sharing_windows_cut_by_partitions_match_fresh_epochs(ds,
     # One task a partition, two thread workers: they share each window's pack. A row group cut
     # by a partition boundary is a piece of two windows (two packs): the second takes it from
     # the row group the first converted.
-    opts = {**ONE_TASK, "partitions": partitions}
-    with Loader(ds.root, batch_size=50, seed=9, workers=2, pool=Pool(kind="thread", prefetch=1), **opts) as loader:
+    _cut_windows_give_the_plans_rows(ds, 3, Pool(kind="thread", prefetch=1), **ONE_TASK, partitions=partitions)
+
+
+def _cut_windows_give_the_plans_rows(ds, epochs: int, pool: Pool, **opts) -> None:  # type: ignore[no-untyped-def]
+    """Two workers of ``pool``, one task a partition, some row group cut by a partition
+    boundary (a piece of two windows): ``epochs`` epochs give the plan's rows."""
+    with Loader(ds.root, batch_size=50, seed=9, workers=2, pool=pool, **opts) as loader:
         plan = loader.plan()
         assert isinstance(plan, MixPlan) and all(len(ts) == 1 for ts in plan.tasks)
         cut = collections.Counter((r.file, r.row_group) for ts in plan.tasks for t in ts for u in t.units
                                   for r in u.ranges)
         assert max(cut.values()) == 2  # some row group lies in two partitions' windows
-        runs = _slow_epochs(loader, range(3))
+        runs = _slow_epochs(loader, range(epochs))
     _are_the_plans_rows(ds, runs, batch_size=50, seed=9, **opts)
 
 
@@ -287,15 +292,8 @@ def test_process_workers_sharing_windows_cut_by_partitions_give_the_plans_rows(d
     monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", 0)
     folder = make_dataset({}, name=f"spill-{uuid.uuid4().hex[:8]}")
     opts = {**ONE_TASK, "partitions": partitions, **({"columns": FLAT} if columns == "flat" else {})}
-    with Loader(ds.root, batch_size=50, seed=9, workers=2,
-                pool=Pool(kind="process", prefetch=1, spill=folder.root if spill else False), **opts) as loader:
-        plan = loader.plan()
-        assert isinstance(plan, MixPlan) and all(len(ts) == 1 for ts in plan.tasks)
-        cut = collections.Counter((r.file, r.row_group) for ts in plan.tasks for t in ts for u in t.units
-                                  for r in u.ranges)
-        assert max(cut.values()) == 2  # some row group lies in two partitions' windows
-        runs = _slow_epochs(loader, range(2))
-    _are_the_plans_rows(ds, runs, batch_size=50, seed=9, **opts)
+    _cut_windows_give_the_plans_rows(ds, 2, Pool(kind="process", prefetch=1, spill=folder.root if spill else False),
+                                     **opts)
 
 
 @pytest.mark.parametrize(("columns", "spill"), [("flat", False), ("flat", True), ("all", True)])
