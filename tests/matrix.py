@@ -162,6 +162,19 @@ def _entries(cache_dir: str) -> dict[str, tuple[int, int, int]]:
     return out
 
 
+def spill_every_window(monkeypatch: Any, folder: str) -> None:
+    """Spill every mixed-order window from here on (``Pool.spill``'s threshold of 32 MiB of
+    fixed columns is never reached by test data), to ``folder`` (the system's temporary
+    folder may be a tmpfs, where nothing is spilled). The threshold travels to worker
+    processes in their configuration, so process cells spill too."""
+    import detload._engine.spill as spill
+
+    os.makedirs(folder, exist_ok=True)
+    monkeypatch.setattr(spill, "SPILL_MIN_BYTES", 0)
+    real = spill.spill_folder
+    monkeypatch.setattr(spill, "spill_folder", lambda choice: folder if choice is True else real(choice))
+
+
 def check_matrix(root: str, options: Mapping[str, Any], tmp: str, *, full: bool = FULL) -> list[Cell]:
     """Run ``options`` (Loader keywords that decide the batches) over ``root`` in every cell; assert
     each equals the reference cell. ``tmp`` is an empty directory for manifests and caches.

@@ -9,7 +9,7 @@ option adds its configuration here.
 from __future__ import annotations
 
 import pytest
-from matrix import CACHES, CI_CELLS, POOLS, RESUMES, WORKERS, WORLDS, check_matrix
+from matrix import CACHES, CI_CELLS, POOLS, RESUMES, WORKERS, WORLDS, check_matrix, spill_every_window
 
 CONFIGS = {
     "shuffle": dict(batch_size=64, seed=7, order="windowed", shuffle_window=2),
@@ -63,11 +63,8 @@ def test_every_cell_gives_the_reference_batches_with_every_window_spilled(root, 
     # every cell.
     import detload._engine.spill as spill
 
-    monkeypatch.setattr(spill, "SPILL_MIN_BYTES", 0)
-    folder = tmp_path / "spill"  # (the system's temporary folder may be a tmpfs, where nothing is spilled)
-    folder.mkdir()
-    real_folder, real_init = spill.spill_folder, spill.SpillPack.__init__
-    monkeypatch.setattr(spill, "spill_folder", lambda choice: str(folder) if choice is True else real_folder(choice))
+    spill_every_window(monkeypatch, str(tmp_path / "spill"))
+    real_init = spill.SpillPack.__init__
     made: list[int] = []
 
     def init(self, *a, **kw):  # type: ignore[no-untyped-def]

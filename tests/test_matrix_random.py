@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from matrix import EPOCHS, FULL, WORLDS, check_matrix
+from matrix import EPOCHS, FULL, WORLDS, check_matrix, spill_every_window
 from strategies import check_rows, write_dataset
 
 import detload
@@ -103,15 +103,7 @@ def test_a_drawn_configuration_gives_the_reference_batches_in_every_cell(tmp_pat
     if keep is not None:
         want = want[keep[1](want)]
     if spill_all:
-        import detload._engine.spill as spill
-
-        # As test_determinism_matrix's spilled form: the threshold travels to worker
-        # processes in their configuration, the folder is the test's own.
-        folder = tmp_path / "spill"
-        folder.mkdir()
-        monkeypatch.setattr(spill, "SPILL_MIN_BYTES", 0)
-        real = spill.spill_folder
-        monkeypatch.setattr(spill, "spill_folder", lambda choice: str(folder) if choice is True else real(choice))
+        spill_every_window(monkeypatch, str(tmp_path / "spill"))
     _reference_rows(info.root, opts, want)
     check_matrix(info.root, opts, str(tmp_path / "cells"))
 
