@@ -123,6 +123,11 @@ def _check_cache(dir: Any, limit: Any, map_limit: Any, names: Mapping[str, str])
         # "" would make the current directory the cache (an unset $CACHE_DIR in a script).
         raise OptionError(f"{names['dir']} must name a folder, got {dir!r}")
     check_no_nul(names["dir"], text)
+    # Refused where the option is given, as the loader's opening of the cache would refuse it,
+    # so that `detload plan` (which does not open the cache) refuses what `detload run` would.
+    base = os.path.abspath(os.path.expanduser(text))
+    if os.path.exists(base) and not os.path.isdir(base):
+        raise OptionError(f"{names['dir']} {base!r} exists and is not a directory")
     return text, limit, map_limit
 
 

@@ -367,9 +367,18 @@ def test_cache_options_are_checked(data, tmp_path):
             Loader(data, cache=detload.Cache(bad), **OPTS)
     f = tmp_path / "f"
     f.write_text("")
-    for cache in (detload.Cache(f), f):  # the group and its shorthand
-        with pytest.raises(OptionError, match=f"^Cache.dir '{f}' exists and is not a directory$"):
-            Loader(data, cache=cache, **OPTS)
+    # Refused where it is given: the group at its construction, the shorthand by the Loader,
+    # each naming what was typed.
+    with pytest.raises(OptionError, match=f"^Cache.dir '{f}' exists and is not a directory$"):
+        detload.Cache(f)
+    with pytest.raises(OptionError, match=f"^cache '{f}' exists and is not a directory$"):
+        Loader(data, cache=f, **OPTS)
+    # A file put there after the group was made is still refused when the loader opens it.
+    later = tmp_path / "later"
+    group = detload.Cache(later)
+    later.write_text("")
+    with pytest.raises(OptionError, match=f"^Cache.dir '{later}' exists and is not a directory$"):
+        Loader(data, cache=group, **OPTS)
 
 
 def test_cli_cache_info_and_clear(data, tmp_path, capsys):

@@ -193,6 +193,18 @@ def test_errors_name_the_flags(data, tmp_path, capsys, monkeypatch, flags, messa
     assert _one_error(err, "run") == f"detload run: error: {message.format(tmp=tmp_path)}"
 
 
+@pytest.mark.parametrize("cmd", ["run", "plan", "bench"])
+def test_a_cache_dir_that_is_a_file_is_refused_by_every_command(data, tmp_path, capsys, cmd):
+    # `plan` does not open the cache; it refuses what `run` would, not print a plan for it.
+    f = tmp_path / "f"
+    f.write_text("x")
+    extra = {"run": ["--batch-size", "64", "--seed", "1", "--manifest", str(tmp_path / "m.jsonl")],
+             "plan": ["--batch-size", "64", "--seed", "1"], "bench": ["--workers", "1", "--epochs", "1"]}[cmd]
+    code, out, err = _run([cmd, data, *extra, "--cache-dir", str(f)], capsys)
+    assert code == 2 and out == ""
+    assert _one_error(err, cmd) == f"detload {cmd}: error: --cache-dir '{f}' exists and is not a directory"
+
+
 @pytest.mark.parametrize("where", ["dir", "under_file", "ro"])
 def test_bench_trace_path_is_checked_before_running(data, tmp_path, capsys, monkeypatch, where):
     if where == "dir":
