@@ -359,6 +359,10 @@ class Loader:
         self._block_memory: int | None = pool_opts.block_memory_bytes
         # Estimated now, with discovery: a variable-length column's estimate reads a footer,
         # and once iteration starts a warm run must fetch nothing but the rows it needs.
+        # (Also what the workers' spill decision counts: `_beside_bytes_per_row`.)
+        self._row_parts: tuple[float, float] | None = None  # see _row_estimate
+        if self._block_memory is not None or (self.options.order == "mix" and _spill.spill_folder(self._spill)):
+            self._row_estimate()
         self._row_bytes = self._bytes_per_row() if self._block_memory is not None else 0.0
         # Benchmark-only (the determinism-tax measurement): the merger takes blocks in
         # completion order, so batches depend on timing. Never for training runs.
@@ -450,6 +454,7 @@ class Loader:
                             group_columns=self.group_columns, transform=self._xform, group_specs=group_specs,
                             memory_map=mapping, share_windows=shared, share_dir=share_dir, scratch=scratch,
                             spill_dir=spill_dir, spill_min=_spill.SPILL_MIN_BYTES,
+                            spill_beside_row_bytes=self._beside_bytes_per_row() if spill_dir else 0.0,
                             spill_share=spill_share, spill_error=spill_error, pack_share=pack_share)
 
     @staticmethod
@@ -504,25 +509,38 @@ class Loader:
         return self._held["writer"]
 
     # -- planning ------------------------------------------------------------
-    def _bytes_per_row(self) -> float:
-        """The converted NumPy bytes of one row, estimated from the column specs.
+    def _row_estimate(self) -> tuple[float, float]:
+        """The converted NumPy bytes of one delivered row, estimated from the column specs:
+        (its fixed-width 1-D columns, its other columns: strings, lists, multi-dimensional).
 
-        Fixed columns have their width; a variable-length column counts its int64
-        offset plus the Parquet metadata's uncompressed bytes per row of its chunks
-        in the first file (one footer, read only when such a column is loaded).
-        """
-        per = 0.0
-        ragged = []
-        for s in self._block_specs:
-            if s.kind == "fixed":
-                per += np.dtype(s.dtype).itemsize * int(np.prod(s.inner, dtype=np.int64))
-            else:
-                per += 8
-                if not s.partition:
-                    ragged.append(s.name)
-        if ragged and self.dataset.files:
-            per += _ragged_bytes_per_row(self.dataset, ragged)
-        return per
+        Fixed columns have their width; a variable-length column counts its int64 offset plus
+        the Parquet metadata's uncompressed bytes per row of its chunks in the first file (one
+        footer, read once per loader and only when such a column is loaded)."""
+        if self._row_parts is None:
+            flat = other = 0.0
+            ragged = []
+            for s in self._block_specs:
+                if s.kind == "fixed" and not s.inner:
+                    flat += np.dtype(s.dtype).itemsize
+                elif s.kind == "fixed":
+                    other += np.dtype(s.dtype).itemsize * int(np.prod(s.inner, dtype=np.int64))
+                else:
+                    other += 8
+                    if not s.partition:
+                        ragged.append(s.name)
+            if ragged and self.dataset.files:
+                other += _ragged_bytes_per_row(self.dataset, ragged)
+            self._row_parts = (flat, other)
+        return self._row_parts
+
+    def _bytes_per_row(self) -> float:
+        """The converted NumPy bytes of one delivered row, estimated (`_row_estimate`)."""
+        return sum(self._row_estimate())
+
+    def _beside_bytes_per_row(self) -> float:
+        """The estimated bytes a row of the string, list and multi-dimensional columns converts
+        to (`_row_estimate`): what a spilled window holds beside its file (`spill.spills`)."""
+        return self._row_estimate()[1]
 
     def _warn_block_memory(self, plan: Plan, row_bytes: float | None = None, why: str = "",
                            stacklevel: int = 4) -> None:
@@ -546,12 +564,10 @@ class Loader:
         """Whether the workers spill the plan's largest mixed-order window to a file
         (`Pool.spill`), so that it does not count against the block memory budget: the rules of
         _engine/worker.py (`_make_pack`, `_new_pack`, `_shared_pack`), read off the plan. A
-        window is spilled whole when every column a block holds is fixed-width and 1-D (with
-        strings, lists or multi-dimensional columns only its fixed 1-D columns are, and the
-        window is counted whole here), a spill folder is at hand and it holds at least
-        `spill.SPILL_MIN_BYTES` (then it is packed, whatever its chunks: `_spilled`)."""
-        from ._engine.block import all_flat
-
+        window is spilled when a spill folder is at hand and its fixed 1-D columns hold at least
+        `spill.SPILL_MIN_BYTES` (then it is packed, whatever its chunks: `_spilled`); its
+        string, list and multi-dimensional columns are then mapped from files beside the spill
+        file, a block's rows at a time (`SpillPack.publish`), not held on the heap."""
         if not isinstance(plan, MixPlan) or not plan.options.shuffle:
             return False
         biggest = max(((p, t) for p, part in enumerate(plan.tasks) for t in part), key=lambda pt: pt[1].rows,
@@ -559,8 +575,9 @@ class Loader:
         if biggest is None:
             return False
         _, task = biggest
-        return all_flat(self._block_specs) and _spill.spills(_spill.spill_folder(self._spill), self._block_specs,
-                                                             task.rows, _spill.SPILL_MIN_BYTES)
+        folder = _spill.spill_folder(self._spill)
+        return _spill.spills(folder, self._block_specs, task.rows, _spill.SPILL_MIN_BYTES,
+                             self._beside_bytes_per_row() if folder else 0.0)
 
     def _check_first_block(self, plan: Plan, nbytes: int, rows: int) -> None:
         """The first block the merger takes, against the estimate the warnings were decided by

@@ -62,8 +62,8 @@ class Pool:
       block of the plan would hold more; ``None``: no warning. Changes no batch.
     - ``spill``: where a mixed-order window's fixed-width 1-D columns (the row groups
       a task's blocks are cut from, held until its last block), when they take 32 MiB or
-      more and are read without a cache, are kept (string, list and multi-dimensional
-      columns stay in memory): ``True`` (default), in an unlinked file in the system's temporary folder
+      more and are read without a cache, are kept (its string, list and multi-dimensional
+      columns then go to files beside it, mapped a block's rows at a time): ``True`` (default), in an unlinked file in the system's temporary folder
       (``tempfile.gettempdir()``), in memory where that folder is itself in memory
       (tmpfs); a folder path, in a file there; ``False``, in memory. A spilled
       window lives in the page cache, which the kernel writes to disk and evicts

@@ -468,9 +468,10 @@ def test_a_window_with_string_and_list_columns_spills_its_fixed_columns(ds, make
     assert os.listdir(folder.root) == []
 
 
-def test_a_window_of_string_and_list_columns_only_is_not_spilled(ds, make_dataset, spills_made, packs_made,
+def test_a_window_of_string_and_list_columns_only_is_spilled_too(ds, make_dataset, spills_made, packs_made,
                                                                  monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    # No fixed 1-D column: nothing to put in a file, so no file (even with no least size).
+    # No fixed 1-D column: the spill file holds no column, and each piece's strings and lists
+    # go to a file beside it (`SpillPack.publish`); a pack in memory had held them whole.
     monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", 0)
     folder = make_dataset({}, name="spill")
     _ids_of(ds, 2, batch_size=50, seed=5, workers=1, pool=Pool(kind="thread", prefetch=1, spill=folder.root),
@@ -480,7 +481,8 @@ def test_a_window_of_string_and_list_columns_only_is_not_spilled(ds, make_datase
                 columns=["s", "lf"], **ONE_TASK) as loader:
         _Consumer.epoch = 0
         assert sum(len(b["s"]) for b in loader) == len(ds.all_ids)
-    assert spills_made == [0] and packs_made == [0]  # packed in memory
+    assert spills_made == [0, 0] and packs_made == []  # spilled too, nothing packed in memory
+    assert os.listdir(folder.root) == []
 
 
 def test_a_window_of_cache_entries_is_not_spilled(ds, tmp_path, spills_made, packs_made, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -624,12 +626,130 @@ def test_process_workers_share_a_spilled_window(ds, tmp_path, monkeypatch, worke
     assert os.listdir(folder) == []
 
 
-def test_a_spilled_window_is_not_warned_of(ds, spills_made, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    # The block memory budget warns of a mixed-order window the workers hold in memory
-    # (BlockMemoryWarning, naming mix_window); one they spill lives in the page cache, so the
-    # same window spilled is not warned of, and held in memory (spill=False) it is.
+def _resident_kib(buffers: list[np.ndarray]) -> int:
+    """KiB of this process's pages resident in the maps ``buffers`` view (/proc/self/smaps)."""
+    spans = [(int(b.ctypes.data), int(b.ctypes.data) + b.nbytes) for b in buffers]
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(" ", 1)[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = any(lo < b and a < hi for a, b in spans)
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads /proc/self/smaps")
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_spilled_windows_strings_and_lists_are_mapped_a_block_at_a_time(ds, make_dataset, spills_made, monkeypatch,
+                                                                          workers) -> None:  # type: ignore[no-untyped-def]
+    # A spilled window's string, list and multi-dimensional columns leave the heap too: each
+    # piece's are written to an unlinked file in the spill folder and mapped unpopulated, and
+    # after each block their pages are dropped from the process (the page cache keeps them),
+    # so a thread worker maps about a block's rows of them, not the window's (the heap had
+    # held every worker's window of strings whole). The batches are the in-memory window's.
     monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", 0)
-    opts = {"batch_size": 50, "seed": 5, "workers": 1, "columns": FLAT, **ONE_TASK}
+    seen: list[tuple[int, int, int]] = []  # (maps, KiB resident before the drop, after)
+    real = detload._engine.spill.SpillPack.settle_beside
+
+    def settle(self) -> None:  # type: ignore[no-untyped-def]
+        before = _resident_kib(self.mapped)
+        real(self)
+        seen.append((len(self.mapped), before, _resident_kib(self.mapped)))
+
+    monkeypatch.setattr(detload._engine.spill.SpillPack, "settle_beside", settle)
+    opts = {"batch_size": 50, "seed": 5, "workers": workers, "order": "mix", "mix_window": 4, "block_rows": 200}
+    held = _ids_of(ds, 2, pool=Pool(kind="thread", prefetch=1, spill=False), **opts)
+    assert seen == [] and spills_made == []
+    folder = make_dataset({}, name="spill")
+    with Loader(ds.root, pool=Pool(kind="thread", prefetch=1, spill=folder.root), **opts) as loader:
+        got = []
+        for e in range(2):
+            loader.set_epoch(e)
+            ids = []
+            for b in loader:
+                check_rows(b)  # every column its row's
+                ids.append(np.asarray(b["id"]))
+            got.append(np.concatenate(ids))
+    assert all(np.array_equal(a, b) for a, b in zip(held, got))
+    assert spills_made and seen, (spills_made, seen)
+    assert all(maps >= 1 for maps, _, _ in seen), seen  # every block's window had its columns mapped
+    assert any(before > 0 for _, before, _ in seen), seen  # a block touched them
+    assert all(after == 0 for _, _, after in seen), seen  # and none stayed mapped after it
+    assert os.listdir(folder.root) == []  # unlinked: nothing is left there
+
+
+def _columns_of(loader: Loader, epochs: range, look: Callable[[], None] = lambda: None
+                ) -> list[dict[str, np.ndarray]]:
+    """Each batch's columns as flat arrays (a ragged column as its values and offsets); ``look`` after each."""
+    out = []
+    for e in epochs:
+        loader.set_epoch(e)
+        for b in loader:
+            look()
+            flat = {}
+            for k, c in b.items():
+                if isinstance(c, np.ndarray):
+                    flat[k] = c
+                else:
+                    flat[k + ".offsets"] = np.asarray(c.offsets)
+                    values = c.values
+                    while not isinstance(values, np.ndarray):  # a list of strings: its strings' values
+                        flat[k + ".inner"] = np.asarray(values.offsets)
+                        values = values.values
+                    flat[k + ".values"] = values
+            out.append(flat)
+    return out
+
+
+@pytest.mark.parametrize(("columns", "workers", "kind"), [(["id", "s", "lf"], 1, "thread"), (["id", "s", "lf"], 2, "thread"),
+                                                           (["s", "lf"], 1, "thread"), (["s", "lf"], 2, "process")])
+def test_a_window_of_mostly_strings_is_spilled(ds, make_dataset, spills_made, monkeypatch, columns, workers,
+                                               kind) -> None:  # type: ignore[no-untyped-def]
+    # A window is spilled by what it holds: its fixed 1-D columns and its strings and lists
+    # (estimated from the Parquet metadata). Counted by its fixed columns alone, a window of
+    # text features (here under the threshold: the id column, or no fixed column at all)
+    # stayed whole on every worker's heap. Its batches are the in-memory window's (process
+    # workers share it: a spill file of no column, and each piece's columns beside it).
+    opts = {"batch_size": 50, "seed": 5, "workers": workers, "columns": columns, **ONE_TASK}
+    with Loader(ds.root, **opts) as loader:
+        plan = loader.plan()
+        assert isinstance(plan, MixPlan)
+        rows = max(t.rows for part in plan.tasks for t in part)
+    fixed = 8 * rows if "id" in columns else 0
+    monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", fixed + 1)  # the fixed columns alone: under it
+    with pytest.warns(BlockMemoryWarning, match=r"^a task of the mixed order holds 12 row groups .*Lower mix_window"), \
+            Loader(ds.root, pool=Pool(kind="thread", prefetch=1, spill=False, block_memory="10KB"), **opts) as loader:
+        held = _columns_of(loader, range(2))
+    assert spills_made == []
+    folder = make_dataset({}, name="spill")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BlockMemoryWarning)  # spilled, it is not warned of
+        with Loader(ds.root, pool=Pool(kind=kind, prefetch=1, spill=folder.root, block_memory="10KB"),
+                    **opts) as loader:
+            seen: set[str] = set()
+            got = _columns_of(loader, range(2), lambda: seen.update(glob.glob(f"{folder.root}/*/*")))
+    assert bool(spills_made) is (kind == "thread"), spills_made  # (process workers make theirs in their processes)
+    if kind == "process":  # the shared spill file and its pieces' files beside it
+        names = {os.path.basename(p) for p in seen}
+        assert any(n.endswith(".spill") for n in names) and any(re.search(r"\.spill\.[0-9]+$", n) for n in names), names
+    assert len(held) == len(got) and all(a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+                                         for a, b in zip(held, got))
+    if "id" in columns:
+        for b in got:
+            check_rows({k: v for k, v in b.items() if k == "id"})
+    assert os.listdir(folder.root) == []
+
+
+@pytest.mark.parametrize("columns", [FLAT, None])
+def test_a_spilled_window_is_not_warned_of(ds, spills_made, monkeypatch, columns) -> None:  # type: ignore[no-untyped-def]
+    # The block memory budget warns of a mixed-order window the workers hold in memory
+    # (BlockMemoryWarning, naming mix_window); one they spill lives in the page cache (its
+    # strings and lists too, mapped beside the file), so the same window spilled is not
+    # warned of, and held in memory (spill=False) it is.
+    monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", 0)
+    opts = {"batch_size": 50, "seed": 5, "workers": 1, "columns": columns, **ONE_TASK}
     with warnings.catch_warnings():
         warnings.simplefilter("error", BlockMemoryWarning)
         _ids_of(ds, 1, pool=Pool(kind="thread", prefetch=1, block_memory="20KB"), **opts)

@@ -46,14 +46,17 @@ class _Unmap:
         self.lib.munmap(self.addr, self.size)
 
 
-def _mmap_read(fd: int, size: int) -> np.ndarray:
-    """The first ``size`` bytes of ``fd`` mapped read-only (shared) as a uint8 array; keeps no descriptor."""
+def _mmap_read(fd: int, size: int, populate: bool = True) -> np.ndarray:
+    """The first ``size`` bytes of ``fd`` mapped read-only (shared) as a uint8 array; keeps no descriptor.
+
+    ``populate`` False: pages are mapped as they are touched (a spilled window's columns
+    beside its file, of which a block touches its own rows: _engine/spill.py)."""
     lib = libc()  # shared with the pool's descriptor-free maps (_fdless.py)
     if lib is None:
         raise OSError(errno.ENOSYS, "libc's mmap cannot be called on this platform")
     # Populated at once: the checksum reads every page right after, and setting up all
     # page-table entries in one call is a little cheaper than a fault per 64 KiB.
-    addr = lib.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_POPULATE, fd, 0)
+    addr = lib.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED | (_MAP_POPULATE if populate else 0), fd, 0)
     if addr is None or addr == MAP_FAILED:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
@@ -77,7 +80,7 @@ def _char_array(size: int) -> Any:
     return t
 
 
-def _map(path: str) -> _Mapping | None:
+def _map(path: str, populate: bool = True) -> _Mapping | None:
     """Map an entry file read-only; None if it does not exist."""
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -87,7 +90,7 @@ def _map(path: str) -> _Mapping | None:
         st = os.fstat(fd)
         if st.st_size < _PREFIX.size:
             raise _Corrupt(f"{st.st_size} bytes, shorter than the entry prefix")
-        buf = _mmap_read(fd, st.st_size)
+        buf = _mmap_read(fd, st.st_size, populate)
     finally:
         os.close(fd)
     return _Mapping(buf, (st.st_dev, st.st_ino))

@@ -74,6 +74,10 @@ class WorkerConfig:
     #: (_engine/spill.py; `Pool.spill`), or None: windows are held in memory.
     spill_dir: str | None = None
     spill_min: int = 32 << 20
+    #: The estimated bytes a row of the block's string, list and multi-dimensional columns
+    #: converts to (the loader's, from the Parquet metadata): counted with the fixed columns
+    #: against ``spill_min`` (`spill.spills`), the same on every worker and in the loader.
+    spill_beside_row_bytes: float = 0.0
     #: Process workers sharing windows without a cache: the pool's folder in ``spill_dir`` of
     #: the windows they share as one spill file each (named by `spill_name`), or None.
     spill_share: str | None = None

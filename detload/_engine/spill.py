@@ -8,6 +8,10 @@ and reads each block's rows back a few columns at a time, one ``preadv`` per pie
 (`SpillPack.gather`); a pool reuses the file for its next window (`_Reuse`). The window's bytes then live
 in the page cache, which the kernel writes back to disk and evicts under memory pressure,
 not in the process's memory. The bytes of every block are the same as from a `WindowPack`.
+A piece's string, list and multi-dimensional columns are written, in its block order, to a
+file of their own (the cache's entry format, no checksum) and mapped from there unpopulated;
+after each block their pages are dropped from the process (`SpillPack.settle_beside`), so a
+worker maps about a block's rows of them at a time (`SpillPack.publish`).
 
 File layout: piece after piece; a block-ordered piece (`Order` ``(runs, run, blocks)``) as
 its ``blocks`` chunks (the rows a block takes of it, `MixTask.block_chunks`) then the rows
@@ -25,6 +29,7 @@ runs) is read from a map of the file, and the map's pages are dropped after each
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import mmap
 import os
 import tempfile
@@ -35,6 +40,7 @@ from typing import Any, TypeGuard
 import numpy as np
 
 from .._columns import _workspace, slice_rows
+from .._fdless import address_of, libc
 from .._types import Column, ColumnSpec, UnitColumns
 from .block import Order, Rows, _from_order, _reorder, _run_part, all_flat, pack_frame, placed
 
@@ -58,14 +64,18 @@ def spill_bytes(specs: Sequence[ColumnSpec], rows: int) -> int:
     return rows * sum(k * dt.itemsize for _, k, dt in pack_frame(specs, [], None)[0])
 
 
-def spills(folder: str | None, specs: Sequence[ColumnSpec], rows: int, least: int) -> TypeGuard[str]:
+def spills(folder: str | None, specs: Sequence[ColumnSpec], rows: int, least: int,
+           beside_row_bytes: float = 0.0) -> TypeGuard[str]:
     """Whether a packed window of ``rows`` rows of ``specs`` is spilled: a spill folder is at
-    hand and its fixed-width 1-D columns (all a spill file holds) take at least ``least`` bytes
-    (`SPILL_MIN_BYTES`, and never none). Its string, list and multi-dimensional columns, if any,
-    stay in memory (process workers sharing the window hand them over in files beside the
-    spill file: `SpillPack.publish`). Where a window is packed, and not read through a cache,
-    is the engine's (_engine/worker.py) and the loader's warning's to say."""
-    return folder is not None and spill_bytes(specs, rows) >= max(least, 1)
+    hand and the window takes at least ``least`` bytes (`SPILL_MIN_BYTES`, and never none):
+    its fixed-width 1-D columns (what the spill file holds) and ``beside_row_bytes`` a row for
+    its string, list and multi-dimensional columns (the loader's estimate from the Parquet
+    metadata, `WorkerConfig.spill_beside_row_bytes`), which then go to files beside the spill
+    file, mapped a block's rows at a time (`SpillPack.publish`). So a window of mostly
+    strings is spilled too: counted by its fixed columns alone, a window of text features
+    stayed whole on every worker's heap. Where a window is packed, and not read through a
+    cache, is the engine's (_engine/worker.py) and the loader's warning's to say."""
+    return folder is not None and spill_bytes(specs, rows) + rows * beside_row_bytes >= max(least, 1)
 
 
 def _segments(rows: int, order: Order) -> list[tuple[int, int]]:
@@ -153,8 +163,8 @@ class SpillPack:
     (`_engine/worker._new_pack`, `_shared_pack`), for windows of at least `Pool.spill`'s
     threshold; its pieces (``UnitColumns.at``) name it as their pack."""
 
-    __slots__ = ("beside", "file", "folder", "groups", "map", "orders", "path", "reuse", "row_bytes", "segments",
-                 "starts", "whole", "where")
+    __slots__ = ("beside", "file", "folder", "groups", "map", "mapped", "orders", "path", "reuse", "row_bytes",
+                 "segments", "starts", "whole", "where")
 
     def __init__(self, specs: Sequence[ColumnSpec], piece_rows: Sequence[int], orders: Sequence[Order],
                  folder: str, path: str | None = None, whole: bool = False) -> None:
@@ -164,8 +174,12 @@ class SpillPack:
         self.whole = whole
         self.path = path
         #: whether a piece holds columns beside the file (strings, lists, multi-dimensional):
-        #: process workers sharing the window then hand them over as files (`publish`)
+        #: they are written to files of their own and mapped from there (`publish`)
         self.beside = not all_flat(specs)
+        #: the maps of the pieces' columns beside the file (`publish`, `piece`), whose pages
+        #: `settle_beside` drops after each block; held here so that no address it hands back
+        #: is ever another map's (a map is unmapped when nothing views it)
+        self.mapped: list[np.ndarray] = []
         self.groups, self.starts, self.orders = pack_frame(specs, piece_rows, orders)
         self.row_bytes = sum(k * dt.itemsize for _, k, dt in self.groups)
         #: per piece: its segments (first row, rows, byte offset in the file)
@@ -246,41 +260,57 @@ class SpillPack:
         return out
 
     def publish(self, q: int, piece: UnitColumns) -> UnitColumns:
-        """Piece ``q`` as `put` returned it to the process worker that converted it, for a window
-        that worker shares through this file (``path``): its columns held beside the file
-        (strings, lists, multi-dimensional ones, in the piece's order) written to a file of
-        their own next to it (`beside_name`), where the other workers map them (`piece`); the
-        piece returned holds them mapped from there, so that the window's such columns are held
-        once (in the page cache, mapped by every worker) rather than on this worker's heap and
-        again in the others' maps. Raises OSError where that file cannot be written (no room):
-        the caller keeps the piece as given, and the other workers convert the row group
-        themselves (`piece` finds no file)."""
-        if self.path is None or not self.beside:
+        """Piece ``q`` as `put` returned it, its columns held beside the file (strings, lists,
+        multi-dimensional ones, in the piece's block order) moved off this process's heap:
+        written to a file of their own and mapped from there, unpopulated (the piece returned
+        holds the map's views). A block takes one slice of each piece's such columns and
+        `settle_beside` drops their pages after it, so the window's strings and lists live in
+        the page cache as its fixed columns do, where the heap had held them whole (a mixed
+        order window of text features: `mix_window` row groups of strings per worker).
+
+        For process workers sharing the window (a file at ``path``) that file is named beside
+        it (`beside_name`) and the other workers map it too (`piece`); else it is unlinked from
+        the start, in the spill folder. Raises OSError where it cannot be written (no room):
+        the caller keeps the piece as given (and the other workers sharing the window convert
+        the row group themselves: `piece` finds no file)."""
+        if not self.beside:
             return piece
-        from .._cache.entry import _load
+        from .._cache.entry import _checked, _entry
         from .._cache.format import _buffers, _serialize
+        from .._cache.mapping import _map, _Mapping, _mmap_read
         from .._cache.write import _pwritev_all
 
-        path = beside_name(self.path, q)
-        laid = _serialize(path, list(piece.items()))
-        if laid is None:  # a header past its room (never seen): nothing shared, as on a full disk
+        path = beside_name(self.path, q) if self.path is not None else None
+        laid = _serialize(path or "", list(piece.items()))
+        if laid is None:  # a header past its room (never seen): kept on the heap, as on a full disk
             raise OSError(f"{len(piece)} columns do not fit an entry's header")
-        part = f"{path}.{os.getpid()}.{threading.get_ident()}"
-        try:
-            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
+        mapping: _Mapping | None
+        if path is None:
+            assert self.folder is not None
+            with tempfile.TemporaryFile(dir=self.folder) as f:  # unlinked: nothing is left behind
+                fd = f.fileno()
                 _pwritev_all(fd, _buffers(laid, checksum=False), 0)
-            finally:
-                os.close(fd)
-            os.replace(part, path)  # whole or not there: a waiter maps it once the claim is finished
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(part)
-            raise
-        out = _load(path, path, verify=False)
-        if out is None:  # removed meanwhile (a stopped pass): this worker's copy serves
+                st = os.fstat(fd)
+                mapping = _Mapping(_mmap_read(fd, st.st_size, populate=False), (st.st_dev, st.st_ino))
+        else:
+            part = f"{path}.{os.getpid()}.{threading.get_ident()}"
+            try:
+                fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                try:
+                    _pwritev_all(fd, _buffers(laid, checksum=False), 0)
+                finally:
+                    os.close(fd)
+                os.replace(part, path)  # whole or not there: a waiter maps it once the claim is finished
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.unlink(part)
+                raise
+            mapping = _map(path, populate=False)
+        if mapping is None:  # removed meanwhile (a stopped pass): this worker's copy serves
             return piece
+        out = _checked(_entry(mapping, path, False, verify=False), path or "", False)
         out.at = piece.at
+        self.mapped.append(mapping.buf)
         return out
 
     def piece(self, q: int) -> UnitColumns | None:
@@ -291,17 +321,19 @@ class SpillPack:
         out = UnitColumns()
         if self.beside:
             assert self.path is not None
-            from .._cache.entry import _load
+            from .._cache.entry import _checked, _entry
             from .._cache.format import _Corrupt
+            from .._cache.mapping import _map
 
             path = beside_name(self.path, q)
             try:
-                mapped = _load(path, path, verify=False)
+                mapping = _map(path, populate=False)
+                if mapping is None:
+                    return None
+                out = _checked(_entry(mapping, path, False, verify=False), path, False)
             except (OSError, _Corrupt):
                 return None
-            if mapped is None:
-                return None
-            out = mapped
+            self.mapped.append(mapping.buf)
         out.at = (self, self.starts[q], self.orders[q], q)
         return out
 
@@ -393,6 +425,17 @@ class SpillPack:
     def settle(self) -> None:
         """Drop the pages of the file's map from this process (they stay in the page cache)."""
         self.map.madvise(mmap.MADV_DONTNEED)
+
+    def settle_beside(self) -> None:
+        """After a block: drop the pages of the maps of the pieces' columns beside the file from
+        this process (they stay in the page cache; the next block faults in its own rows). A
+        block takes one slice of each piece's such columns, held in the piece's block order."""
+        lib = libc() if self.mapped else None
+        if lib is None:
+            return
+        for buf in self.mapped:
+            addr, size = address_of(buf)
+            lib.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(size), mmap.MADV_DONTNEED)
 
 
 class _Reuse:

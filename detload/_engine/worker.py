@@ -305,8 +305,14 @@ def _timed_piece(t: Timings, pack: WindowPack | SpillPack | None, q: int, cols: 
     if pack is None:
         return _piece(pack, q, cols, first, rows)
     t0 = time.perf_counter()
+    # A spilled window's strings and lists go off the heap too, unless they lie there already
+    # (a window kept from the pass before lends its pieces).
+    publish = isinstance(pack, SpillPack) and pack.beside and not placed(pack, q, cols, first, rows)[2]
     out = _piece(pack, q, cols, first, rows)
     t.add("pack", t0, time.perf_counter())
+    if publish:
+        assert isinstance(pack, SpillPack)
+        out = _published(t, pack, q, out)
     return out
 
 
@@ -675,7 +681,8 @@ def _spilled(cfg: WorkerConfig, rows: int) -> bool:
     three alternating rounds, 2026-12-07): thread W=2 2.4-2.8M -> 2.4-3.2M rows/s at 326-353
     -> 231-234 MiB peak PSS, process W=2 3.0-4.4M -> 2.8-3.8M at 464-467 -> 336-340 MiB;
     W=1 (two rounds) about equal at 40 MiB less."""
-    return cfg.cache is None and spills(cfg.spill_dir, cfg.block_specs, rows, cfg.spill_min)
+    return cfg.cache is None and spills(cfg.spill_dir, cfg.block_specs, rows, cfg.spill_min,
+                                        cfg.spill_beside_row_bytes)
 
 
 def _make_pack(cfg: WorkerConfig, piece_rows: list[int], orders: list[Order]) -> WindowPack | SpillPack:
@@ -685,13 +692,12 @@ def _make_pack(cfg: WorkerConfig, piece_rows: list[int], orders: list[Order]) ->
     window is then held as without a spill folder, the bytes of its blocks the same). Not with
     a cache: its windows are mapped entries (pages of files, as a spill's), and their pack is
     what makes warm epochs fast (bench.py, thread W=2 warm: spilled 0.74-0.89x the windowed
-    order, in memory 1.28x). String, list and multi-dimensional columns stay in memory beside
-    the file: the spill then saves a part of the window only, at a cost in rate, but that part
-    decides whether the window holds more than the windowed order's blocks. bench.py's
-    text_list (41 of its ~115 bytes a row fixed), thread W=2, one window shared: in memory
-    1.05-1.10x the windowed order's peak, spilled 0.95-0.99x, at 1.4-1.7x its rate
-    (`mix_ab.py --shape text_list`, 2026-12-07: 5.6-5.8M against 6.0-7.6M rows/s in memory
-    and 3.6-3.9M windowed; peak PSS 271-275 / 306-314 / 281-289 MiB)."""
+    order, in memory 1.28x). String, list and multi-dimensional columns go to files beside
+    the spill file, mapped a block's rows at a time (`_timed_piece`, `SpillPack.publish`):
+    held on the heap beside it, every thread worker's window of strings was whole in memory
+    (text_list of 4M rows, several windows a partition, thread W=2: 1.45-1.48x the windowed
+    order's peak PSS; mapped, 1.14x, at about a tenth less rate: docs/benchmarks.md, "Strings
+    and lists of a spilled window mapped")."""
     if _spilled(cfg, sum(piece_rows)):
         assert cfg.spill_dir is not None  # (`spills` says so)
         try:
@@ -925,9 +931,7 @@ def _share_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Tas
             if not share.claim(share_dir, gen, f, rg, tag):
                 continue
             try:
-                got[i] = convert(i)
-                if isinstance(held, SpillPack) and held.beside:
-                    got[i] = _published(t, held, i, got[i])
+                got[i] = convert(i)  # (its columns beside a spill file published: `_timed_piece`)
             except BaseException:
                 share.withdraw(share_dir, gen, f, rg, tag)  # its rows are not in the file
                 raise
@@ -1008,19 +1012,19 @@ def _share_window(cfg: WorkerConfig, reader: UnitReader, steps: Steps, task: Tas
 
 def _published(t: Timings, pack: SpillPack, q: int, pair: tuple[UnitColumns | None, UnitColumns]
                ) -> tuple[UnitColumns | None, UnitColumns]:
-    """A piece this process worker converted into a shared spill file, its columns beside the
-    file handed to the other workers (`SpillPack.publish`, traced as ``pack``): what the next
-    pass may take of it is the published piece too where it was the piece."""
+    """A piece put into a spill file, its columns beside the file moved off the heap (and, for
+    process workers sharing the window, handed to the others: `SpillPack.publish`, traced as
+    ``pack``): what the next pass may take of it is the published piece too where it was the piece."""
     keep, piece = pair
     t0 = time.perf_counter()
     try:
         out = pack.publish(q, piece)
     except OSError as exc:
-        assert pack.path is not None
-        folder = os.path.dirname(pack.path)
-        _warn_once("beside", folder, f"could not write a shared window's string, list or multi-dimensional columns "
-                   f"to {folder!r} ({exc}); the other workers convert those row groups again. Free space there, "
-                   f"or pass Pool(spill=FOLDER) for another folder (on the command line: --spill FOLDER)")
+        folder = os.path.dirname(pack.path) if pack.path is not None else str(pack.folder)
+        _warn_once("beside", folder, f"could not write a mixed-order window's string, list or multi-dimensional "
+                   f"columns to {folder!r} ({exc}); they are held in memory instead (and workers sharing the "
+                   f"window convert those row groups again). Free space there, or pass Pool(spill=FOLDER) for "
+                   f"another folder (on the command line: --spill FOLDER)")
         return pair
     finally:
         t.add("pack", t0, time.perf_counter())
@@ -1045,7 +1049,7 @@ def _shared_pack(cfg: WorkerConfig, task: Task, gen: int, kept: _Kept | None) ->
     if not task.shuffle:
         return None
     orders = piece_orders(task.chunks, len(task.units))
-    big = spills(cfg.spill_dir, cfg.block_specs, sum(rows), cfg.spill_min)
+    big = spills(cfg.spill_dir, cfg.block_specs, sum(rows), cfg.spill_min, cfg.spill_beside_row_bytes)
     spilled = cfg.spill_share is not None and big
     if cfg.spill_error is not None and big:
         assert cfg.spill_dir is not None
@@ -1082,13 +1086,23 @@ def _mix_block(cfg: WorkerConfig, win: _Window, n: int, lo: int, hi: int,
     """Build entry ``n`` of a window's blocks (rows ``[lo, hi)`` of its task's stream): its
     chunks of the window's units, concatenated and permuted."""
     units, ranges, perm = win.block(n)
+    try:
+        return _assembled(cfg, units, ranges, perm, segs, hi - lo)
+    finally:
+        if isinstance(win.pack, SpillPack):
+            win.pack.settle_beside()  # the block's rows of the window's strings and lists, mapped
+
+
+def _assembled(cfg: WorkerConfig, units: list[UnitColumns], ranges: list[Rows], perm: np.ndarray | None,
+               segs: _shm.WorkerSegments | None, rows: int) -> tuple[Any, Layout]:
+    """`_mix_block`'s block, assembled into a heap buffer (thread workers) or a segment."""
     if segs is None:
         alloc = cfg.buffers.get if cfg.buffers is not None else (lambda n: np.empty(n, dtype=np.uint8))
         return assemble(cfg.block_specs, units, perm, alloc, ranges)
     got: list[_shm.Segment] = []
 
     def alloc_shm(n: int) -> np.ndarray:
-        seg, arr = segs.get(n, hi - lo)
+        seg, arr = segs.get(n, rows)
         got.append(seg)
         return arr
 

@@ -372,10 +372,20 @@ def test_process_workers_sharing_a_spill_file_hand_over_the_other_columns(tmp_pa
     taken = [reader.piece(q) for q in range(len(units))]
     assert all(p is not None and p.at == (reader, reader.starts[q], orders[q], q) for q, p in enumerate(taken))
     plain = [{s.name: _block.slice_rows(u[s.name], a, a + n) for s in specs} for u, (a, n) in zip(units, pieces)]
-    for pieces_of in (held, taken):
-        order = [int(q) for q in rng.permutation(len(units))]
-        ranges = _block_picks(rng, [orders[q] for q in order], [sizes[q] for q in order])
-        _gathers_as_plain(specs, [pieces_of[q] for q in order], [plain[q] for q in order], ranges, rng)
+    # A worker's own window (no path): the columns go to unlinked files in the folder, mapped.
+    own = _spill.SpillPack(specs, sizes, orders, str(folder))
+    alone = [own.publish(q, own.put(q, u if isinstance(u, UnitColumns) else UnitColumns(u), a, n))
+             for q, (u, (a, n)) in enumerate(zip(units, pieces))]
+    assert len(own.mapped) == (len(units) if beside else 0)
+    assert len(writer.mapped) == len(reader.mapped) == (len(units) if beside else 0)
+    assert sorted(os.listdir(folder)) == sorted(["7-0-0-0.spill"] + [f"7-0-0-0.spill.{q}" for q in range(len(units))
+                                                                     if beside])  # nothing named of its own
+    for pieces_of, pack in ((held, writer), (taken, reader), (alone, own)):
+        for _ in range(2):  # the maps' pages dropped after a block: the next block's rows are the same
+            order = [int(q) for q in rng.permutation(len(units))]
+            ranges = _block_picks(rng, [orders[q] for q in order], [sizes[q] for q in order])
+            _gathers_as_plain(specs, [pieces_of[q] for q in order], [plain[q] for q in order], ranges, rng)
+            pack.settle_beside()
         for q, p in enumerate(pieces_of):
             _same_rows(specs, _block.stored_order(p), plain[q], sizes[q])
     os.unlink(path + ".0") if beside else None
@@ -403,10 +413,11 @@ def test_a_piece_whose_other_columns_cannot_be_published_raises_and_is_kept(tmp_
         for _ in range(2):  # once per folder and process
             assert _worker._published(t, pack, 0, (put, put)) == (put, put)
     assert [str(w.message) for w in caught] == [
-        f"could not write a shared window's string, list or multi-dimensional columns to {str(tmp_path / 'sub')!r} "
-        f"([Errno 2] No such file or directory: {path + '.0.' + str(os.getpid()) + '.' + str(threading.get_ident())!r}); "
-        f"the other workers convert those row groups again. Free space there, or pass Pool(spill=FOLDER) for "
-        f"another folder (on the command line: --spill FOLDER)"]
+        f"could not write a mixed-order window's string, list or multi-dimensional columns to "
+        f"{str(tmp_path / 'sub')!r} ([Errno 2] No such file or directory: "
+        f"{path + '.0.' + str(os.getpid()) + '.' + str(threading.get_ident())!r}); they are held in memory instead "
+        f"(and workers sharing the window convert those row groups again). Free space there, or pass "
+        f"Pool(spill=FOLDER) for another folder (on the command line: --spill FOLDER)"]
     assert [s for s, _, _ in t.spans] == ["pack", "pack"]  # traced as the window's pack, like the spill's writes
 
 
