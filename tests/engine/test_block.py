@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import threading
 
@@ -419,6 +420,35 @@ def test_a_piece_whose_other_columns_cannot_be_published_raises_and_is_kept(tmp_
         f"(and workers sharing the window convert those row groups again). Free space there, or pass "
         f"Pool(spill=FOLDER) for another folder (on the command line: --spill FOLDER)"]
     assert [s for s, _, _ in t.spans] == ["pack", "pack"]  # traced as the window's pack, like the spill's writes
+
+
+def test_a_piece_whose_other_columns_cannot_leave_the_heap_is_kept_there(tmp_path):
+    # A worker's own window (no shared file): its strings go to an unlinked file in the spill
+    # folder; where that folder went (or is full) they stay on the heap, with one warning
+    # naming the folder and what to do.
+    specs = [ColumnSpec("a", "float", "fixed", "<f4"), ColumnSpec("s", "string", "ragged", "|u1", ragged_kind="utf8")]
+    rg = UnitColumns({"a": np.arange(8, dtype=np.float32),
+                      "s": Ragged(np.frombuffer(b"abcdefgh", dtype=np.uint8), np.arange(9, dtype=np.int64), "utf8")})
+    folder = tmp_path / "spill"
+    folder.mkdir()
+    pack = _spill.SpillPack(specs, [8], [None], str(folder))
+    put = pack.put(0, rg, 0, 8)
+    folder.rmdir()
+    with pytest.raises(FileNotFoundError):
+        pack.publish(0, put)
+    assert pack.mapped == []
+    _worker._WARNED.clear()
+    t = Timings()
+    with pytest.warns(ResourceWarning) as caught:
+        for _ in range(2):  # once per folder and process
+            assert _worker._published(t, pack, 0, (put, put)) == (put, put)
+    assert len(caught) == 1
+    assert re.fullmatch(
+        re.escape(f"could not write a mixed-order window's string, list or multi-dimensional columns to {str(folder)!r} "
+                  f"([Errno 2] No such file or directory: '{folder}") + r"(/[^']*)?" + re.escape(
+            "'); they are held in memory instead (and workers sharing the window convert those row groups again). "
+            "Free space there, or pass Pool(spill=FOLDER) for another folder (on the command line: --spill FOLDER)"),
+        str(caught[0].message)), str(caught[0].message)
 
 
 def test_a_piece_already_spilled_is_not_written_again(monkeypatch):
