@@ -626,9 +626,9 @@ def test_process_workers_share_a_spilled_window(ds, tmp_path, monkeypatch, worke
     assert os.listdir(folder) == []
 
 
-def _resident_kib(buffers: list[np.ndarray]) -> int:
-    """KiB of this process's pages resident in the maps ``buffers`` view (/proc/self/smaps)."""
-    spans = [(int(b.ctypes.data), int(b.ctypes.data) + b.nbytes) for b in buffers]
+def _resident_kib(maps: list[tuple[np.ndarray, int, int]]) -> int:
+    """KiB of this process's pages resident in ``maps`` (a SpillPack's: buffer, address, bytes; /proc/self/smaps)."""
+    spans = [(int(b.ctypes.data), int(b.ctypes.data) + b.nbytes) for b, _, _ in maps]
     total, inside = 0, False
     for line in Path("/proc/self/smaps").read_text().splitlines():
         head = line.split(" ", 1)[0]
