@@ -14,7 +14,7 @@ import numpy as np
 
 from .errors import OptionError
 
-__all__ = ["check_int", "check_no_nul", "check_path", "check_seconds", "check_writable_file"]
+__all__ = ["check_cache_dir", "check_int", "check_no_nul", "check_path", "check_seconds", "check_writable_file"]
 
 
 def check_int(name: str, value: Any, lo: int, hi: int | None = None, *, below: int | None = None,
@@ -105,3 +105,21 @@ def check_no_nul(name: str, path: str) -> None:
     if at >= 0:
         raise OptionError(f"{name} {path!r} holds a NUL character (\\x00) at position {at}, which no path "
                           "or URI can contain; remove it")
+
+
+def check_cache_dir(name: str, dir: Any) -> str:
+    """A cache folder ``dir`` as text, refused (`OptionError`, naming ``name``) where it is no
+    path, empty, or names a file. Checked where the option is given and again where the cache
+    is opened (`_cache.open_cache`: a file may have come there since), so that `detload plan`,
+    which does not open the cache, refuses what `detload run` would."""
+    if isinstance(dir, bytes) or not isinstance(dir, (str, os.PathLike)):
+        raise OptionError(f"{name} must be a path (str or os.PathLike), got {dir!r}")
+    text = os.fspath(dir)
+    if not isinstance(text, str) or not text.strip():
+        # "" would make the current directory the cache (an unset $CACHE_DIR in a script).
+        raise OptionError(f"{name} must name a folder, got {dir!r}")
+    check_no_nul(name, text)
+    base = os.path.abspath(os.path.expanduser(text))
+    if os.path.exists(base) and not os.path.isdir(base):
+        raise OptionError(f"{name} {base!r} exists and is not a directory")
+    return text

@@ -564,10 +564,11 @@ class Loader:
         """Whether the workers spill the plan's largest mixed-order window to a file
         (`Pool.spill`), so that it does not count against the block memory budget: the rules of
         _engine/worker.py (`_make_pack`, `_new_pack`, `_shared_pack`), read off the plan. A
-        window is spilled when a spill folder is at hand and its fixed 1-D columns hold at least
-        `spill.SPILL_MIN_BYTES` (then it is packed, whatever its chunks: `_spilled`); its
-        string, list and multi-dimensional columns are then mapped from files beside the spill
-        file, a block's rows at a time (`SpillPack.publish`), not held on the heap."""
+        window is spilled when a spill folder is at hand and it holds at least
+        `spill.SPILL_MIN_BYTES`, its fixed 1-D columns and its others at this loader's estimate
+        (`spill.spills`; then it is packed, whatever its chunks: `_spilled`); its string, list
+        and multi-dimensional columns are then mapped from files beside the spill file, a
+        block's rows at a time (`SpillPack.publish`), not held on the heap."""
         if not isinstance(plan, MixPlan) or not plan.options.shuffle:
             return False
         biggest = max(((p, t) for p, part in enumerate(plan.tasks) for t in part), key=lambda pt: pt[1].rows,

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from ._check import check_int, check_no_nul, check_seconds
+from ._check import check_cache_dir, check_int, check_no_nul, check_seconds
 from .errors import OptionError
 
 __all__ = ["Cache", "Distributed", "MemoryMap", "Pool", "Storage"]
@@ -60,10 +60,12 @@ class Pool:
     - ``block_memory``: the block size (bytes, or a size such as ``"1GiB"``, the
       default) above which planning warns once (``BlockMemoryWarning``) that a
       block of the plan would hold more; ``None``: no warning. Changes no batch.
-    - ``spill``: where a mixed-order window's fixed-width 1-D columns (the row groups
-      a task's blocks are cut from, held until its last block), when they take 32 MiB or
-      more and are read without a cache, are kept (its string, list and multi-dimensional
-      columns then go to files beside it, mapped a block's rows at a time): ``True`` (default), in an unlinked file in the system's temporary folder
+    - ``spill``: where a mixed-order window (the row groups a task's blocks are cut from,
+      held until its last block), when it takes 32 MiB or more (its fixed-width 1-D columns,
+      and its string, list and multi-dimensional columns as estimated from the Parquet
+      metadata) and is read without a cache, is kept (its fixed 1-D columns in one file, the
+      others in files beside it, mapped a block's rows at a time): ``True`` (default), in an
+      unlinked file in the system's temporary folder
       (``tempfile.gettempdir()``), in memory where that folder is itself in memory
       (tmpfs); a folder path, in a file there; ``False``, in memory. A spilled
       window lives in the page cache, which the kernel writes to disk and evicts
@@ -116,19 +118,7 @@ def check_spill(name: str, value: Any) -> bool | str:
 
 def _check_cache(dir: Any, limit: Any, map_limit: Any, names: Mapping[str, str]) -> tuple[Any, ...]:
     _check_sizes(limit, map_limit, names)
-    if isinstance(dir, bytes) or not isinstance(dir, (str, os.PathLike)):
-        raise OptionError(f"{names['dir']} must be a path (str or os.PathLike), got {dir!r}")
-    text = os.fspath(dir)
-    if not isinstance(text, str) or not text.strip():
-        # "" would make the current directory the cache (an unset $CACHE_DIR in a script).
-        raise OptionError(f"{names['dir']} must name a folder, got {dir!r}")
-    check_no_nul(names["dir"], text)
-    # Refused where the option is given, as the loader's opening of the cache would refuse it,
-    # so that `detload plan` (which does not open the cache) refuses what `detload run` would.
-    base = os.path.abspath(os.path.expanduser(text))
-    if os.path.exists(base) and not os.path.isdir(base):
-        raise OptionError(f"{names['dir']} {base!r} exists and is not a directory")
-    return text, limit, map_limit
+    return check_cache_dir(names["dir"], dir), limit, map_limit
 
 
 def _check_sizes(limit: Any, map_limit: Any, names: Mapping[str, str]) -> None:

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._check import check_no_nul
-from ..errors import CacheWarning, OptionError
+from .._check import check_cache_dir
+from ..errors import CacheWarning
 from .format import CACHE_FORMAT
 from .sizes import memory_available, parse_size
 from .store import _evict_replaced, _prepare, _safe_host, _Store
@@ -88,16 +88,7 @@ def open_cache(cache_dir: str | os.PathLike[str], cache_limit: int | str | None,
     """
     limit = parse_size(cache_limit, "Cache.limit")
     mapped = map_limit(cache_map_limit)
-    if isinstance(cache_dir, bytes) or not isinstance(cache_dir, (str, os.PathLike)):
-        raise OptionError(f"Cache.dir must be a path (str or os.PathLike), got {cache_dir!r}")
-    text = os.fspath(cache_dir)
-    if not isinstance(text, str) or not text.strip():
-        # "" would make the current directory the cache (an unset $CACHE_DIR in a script).
-        raise OptionError(f"Cache.dir must name a folder, got {cache_dir!r}")
-    check_no_nul("Cache.dir", text)
-    base = os.path.abspath(os.path.expanduser(text))
-    if os.path.exists(base) and not os.path.isdir(base):
-        raise OptionError(f"Cache.dir {base!r} exists and is not a directory")
+    base = os.path.abspath(os.path.expanduser(check_cache_dir("Cache.dir", cache_dir)))
     root = os.path.join(base, f"v{CACHE_FORMAT}")
     session = f"{_safe_host(socket.gethostname())}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     cfg = CacheConfig(root, limit, session, map_budget=mapped, fail_after_bytes=fail_after_bytes,
