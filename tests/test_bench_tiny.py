@@ -79,3 +79,16 @@ def test_tiny_run_end_to_end(bench, tmp_path, capsys):
     assert "target: detload process W=2 vs the decode limit (2 x one thread):" in out
     assert "| detload process W=2, cache (warm) |" in out
     assert "Decode limit: one thread decodes" in out
+
+
+def test_warm_rows_time_their_own_epochs_and_pairs_match(bench):
+    # A warm CTR epoch takes ~0.1 s: the warm rows time WARM_EPOCHS epochs whatever --epochs is,
+    # the mixed row and its windowed twin alike; every other row keeps --epochs.
+    specs = dict(bench.specs_for("/data", 3, None, "ctr"))
+    warm = {label: s for label, s in specs.items() if s.get("cache")}
+    assert sorted(warm) == sorted(f"detload {pool} W=2, cache (warm){tail}" for pool in ("thread", "process")
+                                  for tail in ("", f" {bench.WINDOWED}"))
+    assert {s["epochs"] for s in warm.values()} == {1 + bench.WARM_EPOCHS}
+    assert all(s["epochs"] == 3 and s["path"] == "/data" for label, s in specs.items() if label not in warm)
+    assert warm[f"detload process W=2, cache (warm) {bench.WINDOWED}"]["order"] == "windowed"
+    assert "order" not in warm["detload process W=2, cache (warm)"]
