@@ -360,6 +360,52 @@ def test_a_spilled_window_gives_the_batches_held_in_memory(ds, make_dataset, spi
     assert os.listdir(folder.root) == []  # the files are unlinked: nothing is left there
 
 
+@pytest.mark.parametrize(("workers", "kind", "mix_window"), [(1, "thread", 64), (2, "thread", 4), (2, "process", 64),
+                                                             (2, "process", 4)])
+def test_a_spilled_window_of_timestamps_dates_and_durations_gives_the_batches_held_in_memory(
+        tmp_path, make_dataset, spills_made, monkeypatch, workers, kind, mix_window) -> None:  # type: ignore[no-untyped-def]
+    # datetime64 and timedelta64 arrays have no buffer-protocol format, and the spill file was
+    # written and read through `array.data`: every spilled window holding a timestamp failed
+    # its worker ("cannot include dtype 'M' in a buffer"). One task an epoch (64, the process
+    # workers sharing its file) and four (4, each worker its own windows).
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", 0)
+    ids = np.arange(2_000, dtype=np.int64)
+    pq.write_table(pa.table({
+        "id": ids, "ts": pa.array(ids * 1_000_003, pa.timestamp("us")),
+        "utc": pa.array(ids * 7, pa.timestamp("ms", tz="UTC")), "day": pa.array(ids.astype(np.int32), pa.date32()),
+        "d64": pa.array(ids * 86_400_000, pa.date64()), "took": pa.array(ids * 11, pa.duration("ns")),
+    }), tmp_path / "t.parquet", row_group_size=125)
+    opts = {"batch_size": 100, "seed": 2, "workers": workers, "order": "mix", "mix_window": mix_window,
+            "block_rows": 500}
+
+    def epochs(spill: str | bool) -> list[dict[str, np.ndarray]]:
+        out = []
+        with Loader(str(tmp_path / "t.parquet"), pool=Pool(kind=kind, prefetch=1, spill=spill), **opts) as loader:
+            for e in range(2):
+                loader.set_epoch(e)
+                got = [{k: np.asarray(v).copy() for k, v in b.items()} for b in loader]
+                out.append({k: np.concatenate([b[k] for b in got]) for k in got[0]})
+        return out
+
+    kept = epochs(False)
+    folder = make_dataset({}, name="spill")
+    spilled = epochs(folder.root)
+    if kind == "thread":
+        assert spills_made, "no window was spilled"
+    for a, b in zip(kept, spilled):
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+        i = b["id"]
+        assert np.array_equal(np.sort(i), ids)
+        assert b["ts"].dtype == np.dtype("datetime64[us]") and np.array_equal(b["ts"].view(np.int64), i * 1_000_003)
+        assert np.array_equal(b["utc"].view(np.int64), i * 7) and np.array_equal(b["took"].view(np.int64), i * 11)
+        assert np.array_equal(b["day"], i.astype("datetime64[D]"))
+        assert np.array_equal(b["d64"], (i * 86_400_000).astype("datetime64[ms]"))
+    assert os.listdir(folder.root) == []
+
+
 @pytest.mark.parametrize(("workers", "kind"), [(1, "thread"), (2, "thread"), (2, "process")])
 def test_a_window_of_large_chunks_is_spilled_too(make_dataset, spills_made, monkeypatch, workers,
                                                  kind) -> None:  # type: ignore[no-untyped-def]

@@ -107,10 +107,17 @@ def _segment_major(flat: np.ndarray, src: np.ndarray, order: Order, k: int, j: i
         flat[k * m :].reshape(k, rows - m)[j : j + c] = src[:, m:]
 
 
+def _raw(a: np.ndarray) -> memoryview:
+    """The bytes of a C-contiguous array, as a byte view (what ``preadv``/``pwritev`` take).
+    Through ``uint8``: the buffer protocol has no format for datetime64 and timedelta64, so
+    ``a.data`` of a timestamp column raises."""
+    return a.reshape(-1).view(np.uint8).data
+
+
 def _write_all(fd: int, bufs: list[np.ndarray], at: int) -> None:
     """Write ``bufs`` back to back at offset ``at`` (short writes continued)."""
     for i in range(0, len(bufs), _IOV):
-        part = [b.data.cast("B") for b in bufs[i : i + _IOV] if b.nbytes]
+        part = [_raw(b) for b in bufs[i : i + _IOV] if b.nbytes]
         want = sum(len(b) for b in part)
         done = os.pwritev(fd, part, at) if part else 0
         if done < want:
@@ -123,7 +130,7 @@ def _write_all(fd: int, bufs: list[np.ndarray], at: int) -> None:
 
 def _read_all(fd: int, bufs: list[np.ndarray], at: int) -> None:
     """Fill ``bufs`` (C-contiguous arrays) from the bytes back to back at offset ``at``."""
-    _read_views(fd, [b.data.cast("B") for b in bufs], at)
+    _read_views(fd, [_raw(b) for b in bufs], at)
 
 
 def _read_views(fd: int, views: list[memoryview], at: int) -> None:
@@ -411,7 +418,7 @@ class SpillPack:
             for j0 in range(0, k, step):
                 j1 = min(k, j0 + step)
                 st = stage[: (j1 - j0) * rows].reshape(j1 - j0, rows)
-                lines = [st[j].data.cast("B") for j in range(j1 - j0)]
+                lines = [_raw(st[j]) for j in range(j1 - j0)]
                 for at, m, skip, e0, n, arrays in where:
                     if arrays is None:
                         _read_views(fd, [line[e0 * it : (e0 + n) * it] for line in lines], at + m * (before + j0 * it))
