@@ -406,6 +406,48 @@ def test_a_spilled_window_of_timestamps_dates_and_durations_gives_the_batches_he
     assert os.listdir(folder.root) == []
 
 
+def test_a_spilled_window_of_tiny_row_groups_holds_a_blocks_rows_not_the_window(make_dataset, monkeypatch
+                                                                                ) -> None:  # type: ignore[no-untyped-def]
+    # 240 row groups of 256 rows, one task, 16 blocks of 3,840 rows: a chunk of 16 rows of
+    # each piece a block, too short to be cut into runs, so part of its piece's one segment of the
+    # file. Each unit's segment was read into arrays of its own and all of them held until the
+    # block's stages ran: the whole window in memory at every block (row groups of 256 rows:
+    # 880 against the windowed order's 489 MiB). Now each segment passes through one reused
+    # buffer and only the unit's rows are kept. Traced by tracemalloc around each gather.
+    import tracemalloc
+
+    monkeypatch.setattr(detload._engine.spill, "SPILL_MIN_BYTES", 0)
+    ds = make_dataset({f"f{i}.parquet": [256] * 24 for i in range(10)})
+    folder = make_dataset({}, name="spill")
+    spill_cls = detload._engine.spill.SpillPack
+    real = spill_cls.gather
+    peaks: list[int] = []
+
+    def gather(self, outs, units, ranges, spans, perm):  # type: ignore[no-untyped-def]
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        real(self, outs, units, ranges, spans, perm)
+        peaks.append(tracemalloc.get_traced_memory()[1] - before)
+
+    monkeypatch.setattr(spill_cls, "gather", gather)
+    opts = {"order": "mix", "mix_window": 240, "block_rows": 3840, "columns": FLAT}
+    tracemalloc.start()
+    try:
+        with Loader(ds.root, batch_size=384, seed=3, workers=1, pool=Pool(kind="thread", prefetch=1, spill=folder.root),
+                    **opts) as loader:
+            plan = loader.plan()
+            assert isinstance(plan, MixPlan) and [len(t.units) for t in plan.tasks[0]] == [240]
+            runs = _slow_epochs(loader, range(2))
+    finally:
+        tracemalloc.stop()
+    _are_the_plans_rows(ds, runs, batch_size=384, seed=3, **opts)
+    window = 240 * 256 * (8 + 4 + 8 + 8)  # id, f32, nf, ni: 1.7 MB
+    assert len(peaks) >= 2 * plan.tasks[0][0].blocks  # (and the next pass's first, built ahead)
+    # The first block makes the reused buffers (a block's rows); no block holds the window
+    # (a block is a sixteenth of it; the rest is the units' few Python objects).
+    assert max(peaks) < window / 3, (peaks, window)
+
+
 @pytest.mark.parametrize(("workers", "kind"), [(1, "thread"), (2, "thread"), (2, "process")])
 def test_a_window_of_large_chunks_is_spilled_too(make_dataset, spills_made, monkeypatch, workers,
                                                  kind) -> None:  # type: ignore[no-untyped-def]

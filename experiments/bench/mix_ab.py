@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the data's row groups (another value writes another dataset, under --data)")
     ap.add_argument("--epochs", type=int, default=5, help="epochs in all; the first two are not timed")
     ap.add_argument("--table", action="store_true", help="print loader.stats() of the timed epochs")
+    ap.add_argument("--prefetch", type=int, default=2, help="Pool.prefetch: finished blocks a worker may queue")
     ap.add_argument("--no-spill", action="store_true",
                     help="hold mixed-order windows in memory (Pool(spill=False)), not in a spill file")
     ap.add_argument("--cache", action="store_true",
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = tempfile.TemporaryDirectory(prefix="mix_ab_cache_") if a.cache else None
     if tmp is not None:
         kw["cache"] = tmp.name
-    with Loader(path, batch_size=4096, seed=1234, workers=a.workers, pool=Pool(kind=a.pool, prefetch=2, spill=not a.no_spill),
+    with Loader(path, batch_size=4096, seed=1234, workers=a.workers, pool=Pool(kind=a.pool, prefetch=a.prefetch, spill=not a.no_spill),
                 order=a.order, columns=a.columns.split(",") if a.columns else None, **kw) as ld:
         rows = 0
         t0 = time.perf_counter()
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                     peak = max(peak, pss_mib(proc))
         print(f"{a.shape} {a.pool} W={a.workers} {a.order}"
               f"{''.join(f' {k}={v}' for k, v in kw.items() if k in ('mix_window', 'block_rows'))}"
-              f"{' cache' if a.cache else ''}: "
+              f"{' cache' if a.cache else ''}{f' prefetch={a.prefetch}' if a.prefetch != 2 else ''}: "
               f"{rows / dt:,.0f} rows/s over epochs 2..{a.epochs - 1}, peak PSS {peak} MiB")
         if a.table:
             print(ld.stats(since=mark).table())  # the timed epochs and the sampled one after them
