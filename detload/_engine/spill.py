@@ -23,7 +23,9 @@ a memory map (each block's pages faulted in and dropped again) measured 2.3x slo
 in-memory pack on CTR data: the kernel maps 64 KiB around each faulted page, and a block's
 4 KiB runs of every column of every piece then mapped the whole window for each block.
 A chunk that is part of a segment (a piece's rows after its runs, or a piece not cut into
-runs) is read from a map of the file, and the map's pages are dropped after each block.
+runs) is read from a map of the file, and the map's pages are dropped after each block; of a
+segment of at most `_SMALL_SEGMENT` bytes, the segment is read whole into a reused buffer and
+only the chunk's rows are kept (`SpillPack._small_units`).
 """
 
 from __future__ import annotations
