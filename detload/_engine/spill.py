@@ -55,8 +55,15 @@ SPILL_MIN_BYTES = 32 << 20
 #: Iovecs per preadv/pwritev call (Linux's IOV_MAX is 1024).
 _IOV = 512
 #: A chunk inside a segment of at most this many bytes is read with the whole segment (one
-#: call); a larger one through the map.
-_SMALL_SEGMENT = 1 << 16
+#: call, into a reused buffer: `SpillPack._small_units`); a larger one through the map. Such
+#: segments are a piece's rows after its runs (under 17 rows a block) or a piece too short to
+#: be cut into runs (under 32 rows a block), so they are small unless rows are wide. Through
+#: the map, a block of row groups of 256 rows of 800 bytes (segments of 200 KiB) mapped every
+#: piece's segment, the kernel's fault-around taking the pages beside each chunk: 1.37-1.63x
+#: the windowed order's peak PSS, against 1.02x read whole, for epochs of 0.44-0.58 against
+#: 0.77-0.85 s (the windowed order's 2.0-2.2 s; `experiments/bench/small_segments.py`, two
+#: rounds, 2026-12-08). Up to 4 MiB they are read whole (64 KiB before).
+_SMALL_SEGMENT = 4 << 20
 #: A block's rows are read and permuted this many bytes of columns at a time (about L2).
 _STAGE_BYTES = 2 << 20
 
