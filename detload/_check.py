@@ -14,7 +14,8 @@ import numpy as np
 
 from .errors import OptionError
 
-__all__ = ["check_cache_dir", "check_int", "check_no_nul", "check_path", "check_seconds", "check_writable_file"]
+__all__ = ["check_cache_dir", "check_int", "check_no_nul", "check_path", "check_seconds", "check_writable_file",
+           "folder_problem"]
 
 
 def check_int(name: str, value: Any, lo: int, hi: int | None = None, *, below: int | None = None,
@@ -85,17 +86,36 @@ def check_writable_file(name: str, path: str) -> None:
         if not os.access(full, os.W_OK):
             raise OptionError(f"{name} {path} is not writable (permissions, or a read-only file system)")
         return
-    parent = os.path.dirname(full)
+    problem = _uncreatable(os.path.dirname(full))
+    if problem is not None:
+        raise OptionError(f"{name} {path} cannot be created: {problem}")
+
+
+def folder_problem(path: str) -> str | None:
+    """Why a folder at ``path`` could not be made or written into, or None where it could
+    (it is one this process may write into, or the nearest existing folder above it is).
+    Nothing is created: `detload plan` asks what a run's `Cache.dir` would do."""
+    full = os.path.abspath(path)
+    if os.path.isdir(full):
+        return None if os.access(full, os.W_OK | os.X_OK) else (
+            f"{full} is not writable (permissions, or a read-only file system)")
+    return _uncreatable(full)
+
+
+def _uncreatable(full: str) -> str | None:
+    """Why ``full`` (absolute, not an existing folder) could not be created: the nearest
+    existing path above it is a file, or a folder this process may not write into."""
+    parent = full
     while not os.path.exists(parent):
         up = os.path.dirname(parent)
         if up == parent:
             break
         parent = up
     if not os.path.isdir(parent):
-        raise OptionError(f"{name} {path} cannot be created: {parent} is a file, not a folder")
+        return f"{parent} is a file, not a folder"
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise OptionError(f"{name} {path} cannot be created: {parent} is not writable "
-                          "(permissions, or a read-only file system)")
+        return f"{parent} is not writable (permissions, or a read-only file system)"
+    return None
 
 
 def check_no_nul(name: str, path: str) -> None:

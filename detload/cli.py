@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from . import __version__
-from ._check import check_int, check_writable_file
+from ._check import check_int, check_writable_file, folder_problem
 from ._layout import cli as _layout_cli
 from ._signals import Terminated, hold_signals, interruptible
 from .errors import DetloadError, ManifestError, OptionError, SchemaMismatchError
@@ -794,8 +794,15 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     files, rgs, _rows = ds.units()
     plan = loader.plan(a.epoch)
     # The schedules the engine would use: whether workers share windows follows the pool and
-    # the cache too.
-    shared = loader._shares_windows(loader.pool_kind, cached=cache is not None and cache.limit is None)
+    # the cache too. A cache folder that cannot be made or written makes a run load without
+    # one (with a warning): the plan shows that run's schedules, and says why.
+    cached = cache is not None and cache.limit is None
+    problem = folder_problem(os.path.expanduser(os.fspath(cache.dir))) if cache is not None else None
+    if problem is not None:
+        warnings.warn(f"--cache-dir {os.fspath(cache.dir)!r} cannot be used ({problem}); a run would load "
+                      "without a cache, and these are its schedules", stacklevel=1)
+        cached = False
+    shared = loader._shares_windows(loader.pool_kind, cached=cached)
     d: dict[str, Any] = (plan.to_dict(loader.workers, shared=shared)
                          if isinstance(plan, MixPlan) else plan.to_dict(loader.workers))
     names = [f"{ds.files[f].path}#{g}" for f, g in zip(files, rgs)]

@@ -205,6 +205,27 @@ def test_a_cache_dir_that_is_a_file_is_refused_by_every_command(data, tmp_path, 
     assert _one_error(err, cmd) == f"detload {cmd}: error: --cache-dir '{f}' exists and is not a directory"
 
 
+def test_plan_with_a_cache_dir_that_cannot_be_made_shows_the_schedules_of_the_uncached_run(data, tmp_path, capsys):
+    # `run` warns and loads without a cache where the folder cannot be made (a file above it);
+    # `plan`, which opens no cache, had shown the schedules of a cached run: workers sharing
+    # every task's window. It says so now, and shows the uncached run's: a worker per task.
+    (tmp_path / "f").write_text("x")
+    bad = tmp_path / "f" / "cache"
+    base = ["plan", data, "--batch-size", "64", "--seed", "1", "--mix-window", "2", "--workers", "2", "--json"]
+    code, out, err = _run([*base, "--cache-dir", str(bad)], capsys)
+    assert code == 0
+    assert err == (f"detload plan: warning: --cache-dir '{bad}' cannot be used ({tmp_path / 'f'} is a file, not a "
+                   "folder); a run would load without a cache, and these are its schedules\n")
+    shown = json.loads(out)["tasks"]
+    code, out, _ = _run(base, capsys)
+    uncached = json.loads(out)["tasks"]
+    code, out, err = _run([*base, "--cache-dir", str(tmp_path / "ok")], capsys)
+    cached = json.loads(out)["tasks"]
+    assert err == "" and not (tmp_path / "ok").exists()  # a usable folder: no warning, and plan makes nothing
+    assert len(shown) == 4 and [t["worker"] for t in shown] == [0, 1, 0, 1]
+    assert shown == uncached and all("worker" not in t for t in cached)  # cached: the workers share each window
+
+
 @pytest.mark.parametrize("where", ["dir", "under_file", "ro"])
 def test_bench_trace_path_is_checked_before_running(data, tmp_path, capsys, monkeypatch, where):
     if where == "dir":
