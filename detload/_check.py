@@ -15,7 +15,7 @@ import numpy as np
 from .errors import OptionError
 
 __all__ = ["check_cache_dir", "check_int", "check_no_nul", "check_path", "check_seconds", "check_writable_file",
-           "folder_problem"]
+           "folder_problem", "folder_text"]
 
 
 def check_int(name: str, value: Any, lo: int, hi: int | None = None, *, below: int | None = None,
@@ -132,14 +132,21 @@ def check_cache_dir(name: str, dir: Any) -> str:
     path, empty, or names a file. Checked where the option is given and again where the cache
     is opened (`_cache.open_cache`: a file may have come there since), so that `detload plan`,
     which does not open the cache, refuses what `detload run` would."""
-    if isinstance(dir, bytes) or not isinstance(dir, (str, os.PathLike)):
-        raise OptionError(f"{name} must be a path (str or os.PathLike), got {dir!r}")
-    text = os.fspath(dir)
-    if not isinstance(text, str) or not text.strip():
-        # "" would make the current directory the cache (an unset $CACHE_DIR in a script).
-        raise OptionError(f"{name} must name a folder, got {dir!r}")
-    check_no_nul(name, text)
+    text = folder_text(name, dir, "a path (str or os.PathLike)")
     base = os.path.abspath(os.path.expanduser(text))
     if os.path.exists(base) and not os.path.isdir(base):
         raise OptionError(f"{name} {base!r} exists and is not a directory")
+    return text
+
+
+def folder_text(name: str, value: Any, kinds: str) -> str:
+    """A folder option's path as text, refused (`OptionError`, naming ``name``) where it is no
+    path (the message says it must be ``kinds``), blank, or holds a NUL. Blank is refused: ""
+    would make the current directory the folder (an unset $CACHE_DIR in a script)."""
+    if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)):
+        raise OptionError(f"{name} must be {kinds}, got {value!r}")
+    text = os.fspath(value)
+    if not isinstance(text, str) or not text.strip():
+        raise OptionError(f"{name} must name a folder, got {value!r}")
+    check_no_nul(name, text)
     return text

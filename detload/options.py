@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from ._check import check_cache_dir, check_int, check_no_nul, check_seconds
+from ._check import check_cache_dir, check_int, check_seconds, folder_text
 from .errors import OptionError
 
 __all__ = ["Cache", "Distributed", "MemoryMap", "Pool", "Storage"]
@@ -103,12 +103,7 @@ def check_spill(name: str, value: Any) -> bool | str:
     """`Pool.spill`'s value: True, False, or a path of an existing folder (as a str)."""
     if isinstance(value, bool):
         return value
-    if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)):
-        raise OptionError(f"{name} must be True, False or a folder's path, got {value!r}")
-    text = os.fspath(value)
-    if not isinstance(text, str) or not text.strip():
-        raise OptionError(f"{name} must name a folder, got {value!r}")
-    check_no_nul(name, text)
+    text = folder_text(name, value, "True, False or a folder's path")
     if not os.path.isdir(text):
         on, off = ("'on'", "'off'") if name.startswith("--") else ("True", "False")
         raise OptionError(f"{name}: {text!r} is not a folder (the spill file of a mixed-order window goes "
