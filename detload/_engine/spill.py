@@ -405,7 +405,7 @@ class SpillPack:
         # block, rows) and, unless it is the whole segment, the segment's arrays.
         where: list[tuple[int, int, int, int, int, list[np.ndarray] | None]] = []
         mapped = False
-        small = []  # (its place in `where`, segment offset, rows, first row of the unit in it)
+        small = []  # the places in `where` of the units that are parts of small segments
         for u, (first, n, _, _), (e0, _) in zip(units, ranges, spans):
             q = u.at[3]  # type: ignore[attr-defined]
             i = self.segments.get((q, first))
@@ -415,7 +415,7 @@ class SpillPack:
             arrays: list[np.ndarray] | None = None
             if m != n:
                 if m * self.row_bytes <= _SMALL_SEGMENT:
-                    small.append((len(where), at, m, first - lo))
+                    small.append(len(where))
                 else:
                     arrays, mapped = self._segment_arrays(q, i), True
             where.append((at, m, first - lo, e0, n, arrays))
@@ -442,7 +442,7 @@ class SpillPack:
             self.settle()
 
     def _small_units(self, fd: int, where: list[tuple[int, int, int, int, int, list[np.ndarray] | None]],
-                     small: list[tuple[int, int, int, int]]) -> None:
+                     small: list[int]) -> None:
         """The rows of the units that are parts of small segments (`gather`), each segment read
         whole into one reused buffer and the unit's rows of it copied out, all units' side by
         side in one reused array per group; their `where` entries then name those rows. Each
@@ -451,21 +451,20 @@ class SpillPack:
         a chunk under `MIX_MIN_RUN` x 2 rows: 16 rows of each of 3,900 row groups a block), that
         was the whole window in memory at every block, allocated and freed again (2026-12-08:
         880 against the windowed order's 489 MiB peak, and 2.5 s an epoch against 2.4)."""
-        total = sum(where[w][4] for w, *_ in small)
+        total = sum(where[w][4] for w in small)
         parts = [_workspace(f"spill-small{g}", k * total, dt).reshape(k, total)
                  for g, (_, k, dt) in enumerate(self.groups)]
-        seg = _workspace("spill-segment", max(m for _, _, m, _ in small) * self.row_bytes, np.uint8)
+        seg = _workspace("spill-segment", max(where[w][1] for w in small) * self.row_bytes, np.uint8)
         p0 = 0
-        for w, at, m, skip in small:
-            n = where[w][4]
+        for w in small:
+            at, m, skip, e0, n, _ = where[w]
             _read_all(fd, [seg[: m * self.row_bytes]], at)
             off = 0
             for part, (_, k, dt) in zip(parts, self.groups):
                 size = k * m * dt.itemsize
                 part[:, p0 : p0 + n] = seg[off : off + size].view(dt).reshape(k, m)[:, skip : skip + n]
                 off += size
-            at0, _, _, e0, _, _ = where[w]
-            where[w] = (at0, m, 0, e0, n, [part[:, p0 : p0 + n] for part in parts])
+            where[w] = (at, m, 0, e0, n, [part[:, p0 : p0 + n] for part in parts])
             p0 += n
 
     def settle(self) -> None:
