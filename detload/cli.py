@@ -797,9 +797,9 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     # the cache too. A cache folder that cannot be made or written makes a run load without
     # one (with a warning): the plan shows that run's schedules, and says why.
     cached = cache is not None and cache.limit is None
-    problem = folder_problem(os.path.expanduser(os.fspath(cache.dir))) if cache is not None else None
+    problem = folder_problem(os.path.expanduser(a.cache_dir)) if cache is not None else None
     if problem is not None:
-        warnings.warn(f"--cache-dir {os.fspath(cache.dir)!r} cannot be used ({problem}); a run would load "
+        warnings.warn(f"--cache-dir {a.cache_dir!r} cannot be used ({problem}); a run would load "
                       "without a cache, and these are its schedules", stacklevel=1)
         cached = False
     shared = loader._shares_windows(loader.pool_kind, cached=cached)
